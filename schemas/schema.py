@@ -1,0 +1,488 @@
+"""Declared record schemas: columns, their domains, nullability and the privacy unit.
+
+A schema file (YAML or JSON) looks like::
+
+    name: adult
+    privacy_id: null            # or the name of a column identifying a person
+    extra_columns: ignore       # input columns not declared here: ignore | reject
+    columns:
+      - name: age
+        type: integer
+        domain: {kind: integer, low: 17, high: 90, bins: 15}
+      - name: workclass
+        type: categorical
+        domain: {kind: categorical, values: [Private, Self-emp-not-inc, ...]}
+        nullable: false
+        null_values: [""]       # raw tokens read as null (default [""])
+        on_out_of_domain: reject   # or: other (needs a catch-all 'other' in the domain)
+        open: {tolerance: 0.5}  # optional: huge declared domain, released with CatHist (ρ)
+
+``schemas/schema.json`` is the JSON Schema of this format. Every error names the file, the column
+and the problem. Nothing here looks at data rows: domains are declared.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from beamsynth.schemas.domains import (
+    MALFORMED,
+    OUT_OF_DOMAIN,
+    CategoricalDomain,
+    Domain,
+    domain_from_spec,
+)
+
+__all__ = [
+    "Column",
+    "EncodedBatch",
+    "Schema",
+    "SchemaError",
+    "load_schema",
+    "bundled_schema_path",
+    "NULL_CODE_REASON",
+]
+
+COLUMN_TYPES = ("categorical", "integer", "float", "datetime", "string", "text")
+_TYPE_KINDS = {
+    "categorical": {"categorical", "product", "string"},
+    "integer": {"integer"},
+    "float": {"float"},
+    "datetime": {"datetime"},
+    "string": {"string", "categorical", "product"},
+    "text": {"string", "categorical", "product"},
+}
+NULL_CODE_REASON = "null in a non-nullable column"
+_EXAMPLES = Path(__file__).resolve().parent / "examples"
+
+
+class SchemaError(ValueError):
+    """A schema file or object is invalid; the message names the file, column and problem."""
+
+
+@dataclass(frozen=True)
+class Column:
+    """One declared column.
+
+    Attributes:
+      name: column name in the input.
+      type: one of categorical, integer, float, datetime, string, text.
+      domain: the declared domain.
+      nullable: whether nulls are allowed; a null is then one extra cell (index ``domain.size``).
+      null_values: raw tokens read as null.
+      on_out_of_domain: ``reject`` (dead-letter the row) or ``other`` (map to the catch-all cell).
+      tolerance: ρ for open columns (released with the CatHist mechanism), else ``None``.
+    """
+
+    name: str
+    type: str
+    domain: Domain
+    nullable: bool = False
+    null_values: tuple[str, ...] = ("",)
+    on_out_of_domain: str = "reject"
+    tolerance: float | None = None
+
+    @property
+    def cells(self) -> int:
+        """Number of cells of this column in measurements (domain size, +1 for null)."""
+        return self.domain.size + (1 if self.nullable else 0)
+
+    @property
+    def null_index(self) -> int | None:
+        """Cell index of null, if the column is nullable."""
+        return self.domain.size if self.nullable else None
+
+    @property
+    def is_open(self) -> bool:
+        """Whether the column is released with CatHist over a huge declared domain."""
+        return self.tolerance is not None
+
+    def encode(self, values: Sequence[Any]) -> tuple[np.ndarray, dict[int, str]]:
+        """Cell codes for raw values, and ``{position: reason}`` for values that could not be encoded."""
+        series = values if isinstance(values, pd.Series) else pd.Series(list(values), dtype=object)
+        series = series.reset_index(drop=True)
+        raw = series
+        is_null = (series.isna() | series.isin(list(self.null_values))).to_numpy(dtype=bool)
+        codes = np.empty(len(series), dtype=np.int64)
+        present = np.flatnonzero(~is_null)
+        if present.size:
+            codes[present] = self.domain.encode_many(series.iloc[present])
+        reasons: dict[int, str] = {}
+        if is_null.any():
+            if self.nullable:
+                codes[is_null] = self.domain.size
+            else:
+                codes[is_null] = MALFORMED
+                for i in np.flatnonzero(is_null).tolist():
+                    reasons[i] = f"column {self.name!r}: {NULL_CODE_REASON}"
+        ood = codes == OUT_OF_DOMAIN
+        if ood.any():
+            if self.on_out_of_domain == "other":
+                assert isinstance(self.domain, CategoricalDomain)  # checked at load
+                codes[ood] = self.domain.other_index
+            else:
+                for i in np.flatnonzero(ood).tolist():
+                    reasons[i] = (
+                        f"column {self.name!r}: value {_short(raw[i])} is outside the declared "
+                        f"{self.domain.kind} domain"
+                    )
+        bad = np.flatnonzero(codes == MALFORMED)
+        for i in bad:
+            reasons.setdefault(
+                int(i), f"column {self.name!r}: value {_short(raw[i])} is not a valid {self.type}"
+            )
+        return codes, reasons
+
+    def decode(self, codes: np.ndarray, rs: Any = None) -> list[Any]:
+        """Values for cell codes (null cell → None); numeric bins sample inside the bin with ``rs``."""
+        codes = np.asarray(codes, dtype=np.int64)
+        if not self.nullable:
+            return self.domain.decode_many(codes, rs)
+        out: list[Any] = [None] * codes.size
+        keep = np.flatnonzero(codes != self.domain.size)
+        if keep.size:
+            for i, v in zip(keep.tolist(), self.domain.decode_many(codes[keep], rs)):
+                out[i] = v
+        return out
+
+    def to_spec(self) -> dict[str, Any]:
+        """Declarative form."""
+        spec: dict[str, Any] = {
+            "name": self.name,
+            "type": self.type,
+            "domain": self.domain.to_spec(),
+            "nullable": self.nullable,
+            "null_values": list(self.null_values),
+            "on_out_of_domain": self.on_out_of_domain,
+        }
+        if self.tolerance is not None:
+            spec["open"] = {"tolerance": self.tolerance}
+        return spec
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+@dataclass
+class EncodedBatch:
+    """A columnar batch of encoded records: ``codes[row, column]`` are cell indices.
+
+    ``pids`` holds the privacy id of each row (strings) when the schema names a privacy-id
+    column, else ``None``. Batches are what flows between beamsynth steps (thousands of rows per
+    element), never one Python object per row.
+    """
+
+    codes: np.ndarray
+    pids: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return int(self.codes.shape[0])
+
+
+@dataclass(frozen=True)
+class Schema:
+    """A declared record schema (see the module docstring for the file format)."""
+
+    name: str
+    columns: tuple[Column, ...]
+    privacy_id: str | None = None
+    extra_columns: str = "ignore"
+    description: str = ""
+    source: str | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        names = [c.name for c in self.columns]
+        if not names:
+            raise SchemaError(f"{self._where()}: a schema needs at least one column")
+        dups = sorted({n for n in names if names.count(n) > 1})
+        if dups:
+            raise SchemaError(f"{self._where()}: duplicate column names {dups}")
+        if self.privacy_id is not None and self.privacy_id in names:
+            raise SchemaError(
+                f"{self._where()}: privacy_id column {self.privacy_id!r} must not also be a "
+                "synthesized column"
+            )
+        if self.extra_columns not in ("ignore", "reject"):
+            raise SchemaError(
+                f"{self._where()}: extra_columns ({self.extra_columns!r}) must be ignore or reject"
+            )
+
+    def _where(self) -> str:
+        return f"schema {self.source or self.name!r}"
+
+    @property
+    def names(self) -> list[str]:
+        """Column names in order."""
+        return [c.name for c in self.columns]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Cells per column."""
+        return tuple(c.cells for c in self.columns)
+
+    def column(self, name: str) -> Column:
+        """The column called ``name``."""
+        for c in self.columns:
+            if c.name == name:
+                return c
+        raise KeyError(f"{self._where()} has no column {name!r} (columns: {self.names})")
+
+    def index(self, name: str) -> int:
+        """Position of column ``name``."""
+        return self.names.index(self.column(name).name)
+
+    def select(self, names: Sequence[str]) -> Schema:
+        """A schema with only the named columns (same privacy id)."""
+        return Schema(
+            name=self.name,
+            columns=tuple(self.column(n) for n in names),
+            privacy_id=self.privacy_id,
+            extra_columns=self.extra_columns,
+            description=self.description,
+            source=self.source,
+        )
+
+    def to_spec(self) -> dict[str, Any]:
+        """Declarative form (what a schema file holds)."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "privacy_id": self.privacy_id,
+            "extra_columns": self.extra_columns,
+            "columns": [c.to_spec() for c in self.columns],
+        }
+
+    def fingerprint(self) -> str:
+        """SHA-256 of the canonical JSON form (recorded in manifests)."""
+        blob = json.dumps(self.to_spec(), sort_keys=True, default=str).encode("utf-8")
+        return hashlib.sha256(blob).hexdigest()
+
+    # -- encoding ---------------------------------------------------------------------------
+    def check_header(self, header: Sequence[str]) -> None:
+        """Raise :class:`SchemaError` if the input header lacks declared columns (or has extras
+        under ``extra_columns: reject``)."""
+        have = list(header)
+        missing = [n for n in self.names if n not in have]
+        if self.privacy_id is not None and self.privacy_id not in have:
+            missing.append(self.privacy_id)
+        if missing:
+            raise SchemaError(
+                f"input header lacks declared column(s) {missing}; header is {have}"
+            )
+        if self.extra_columns == "reject":
+            extra = [h for h in have if h not in self.names and h != self.privacy_id]
+            if extra:
+                raise SchemaError(
+                    f"input has undeclared column(s) {extra} and the schema says "
+                    "extra_columns: reject"
+                )
+        dups = sorted({h for h in have if have.count(h) > 1 and (h in self.names or h == self.privacy_id)})
+        if dups:
+            raise SchemaError(f"input header repeats declared column(s) {dups}")
+
+    def encode_columns(
+        self, columns: Mapping[str, Sequence[Any]], n_rows: int
+    ) -> tuple[EncodedBatch, list[tuple[int, str]]]:
+        """Encode raw column values; returns the batch of good rows and (row, reason) for bad rows."""
+        codes = np.empty((n_rows, len(self.columns)), dtype=np.int64)
+        reasons: dict[int, str] = {}
+        for j, col in enumerate(self.columns):
+            c, why = col.encode(columns[col.name])
+            codes[:, j] = c
+            for i, r in why.items():
+                reasons.setdefault(i, r)
+        pids = None
+        if self.privacy_id is not None:
+            raw = list(columns[self.privacy_id])
+            pids = np.empty(n_rows, dtype=object)
+            for i, v in enumerate(raw):
+                if v is None or (isinstance(v, str) and v.strip() == ""):
+                    reasons.setdefault(i, f"privacy id column {self.privacy_id!r} is empty")
+                    pids[i] = ""
+                else:
+                    pids[i] = str(v)
+        bad = sorted(reasons.items())
+        if bad:
+            keep = np.ones(n_rows, dtype=bool)
+            keep[[i for i, _ in bad]] = False
+            codes = codes[keep]
+            if pids is not None:
+                pids = pids[keep]
+        dtype = np.int32 if all(c.cells < 2**31 for c in self.columns) else np.int64
+        return EncodedBatch(codes.astype(dtype, copy=False), pids), bad
+
+    def decode_rows(self, codes: np.ndarray, rs: Any = None) -> dict[str, list[Any]]:
+        """Columns of values for a batch of cell codes."""
+        return {c.name: c.decode(codes[:, j], rs) for j, c in enumerate(self.columns)}
+
+    # -- Avro -------------------------------------------------------------------------------
+    def avro_schema(self) -> dict[str, Any]:
+        """Avro record schema for synthetic output records (nullable columns as unions)."""
+        fields = []
+        for c in self.columns:
+            t = {
+                "categorical": "string",
+                "string": "string",
+                "text": "string",
+                "datetime": "string",
+                "integer": "long",
+                "float": "double",
+            }[c.type]
+            fields.append(
+                {"name": _avro_name(c.name), "type": ["null", t] if c.nullable else t}
+            )
+        return {
+            "type": "record",
+            "name": _avro_name(self.name or "record"),
+            "namespace": "beamsynth.synthetic",
+            "fields": fields,
+        }
+
+
+def _avro_name(name: str) -> str:
+    out = "".join(ch if (ch.isalnum() or ch == "_") else "_" for ch in name)
+    return out if out and not out[0].isdigit() else f"_{out}"
+
+
+# -- loading ---------------------------------------------------------------------------------------
+_COLUMN_KEYS = {"name", "type", "domain", "nullable", "null_values", "on_out_of_domain", "open", "description"}
+_SCHEMA_KEYS = {"name", "description", "privacy_id", "extra_columns", "columns"}
+
+
+def bundled_schema_path(name: str) -> Path | None:
+    """Path of a bundled example schema (``adult``), or None."""
+    for ext in (".yaml", ".yml", ".json"):
+        p = _EXAMPLES / f"{name}{ext}"
+        if p.is_file():
+            return p
+    return None
+
+
+def load_schema(source: str | Path | Mapping[str, Any]) -> Schema:
+    """Load and validate a schema from a YAML/JSON file, a bundled name (``adult``) or a mapping."""
+    if isinstance(source, Mapping):
+        return _schema_from_dict(dict(source), where="schema", base_dir=None)
+    path = Path(source)
+    if not path.exists():
+        bundled = bundled_schema_path(str(source))
+        if bundled is None:
+            raise SchemaError(
+                f"schema {str(source)!r}: no such file, and not a bundled schema name "
+                f"(bundled: {sorted(p.stem for p in _EXAMPLES.glob('*.yaml'))})"
+            )
+        path = bundled
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SchemaError(f"schema {str(path)!r}: cannot read: {exc}") from exc
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as exc:
+        raise SchemaError(f"schema {str(path)!r}: not valid YAML/JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise SchemaError(f"schema {str(path)!r}: the top level must be a mapping")
+    return _schema_from_dict(data, where=f"schema {str(path)!r}", base_dir=path.parent, source=str(path))
+
+
+def _schema_from_dict(
+    data: dict[str, Any], *, where: str, base_dir: Path | None, source: str | None = None
+) -> Schema:
+    unknown = set(data) - _SCHEMA_KEYS
+    if unknown:
+        raise SchemaError(f"{where}: unknown top-level key(s) {sorted(unknown)} (allowed: {sorted(_SCHEMA_KEYS)})")
+    cols = data.get("columns")
+    if not isinstance(cols, list) or not cols:
+        raise SchemaError(f"{where}: 'columns' must be a non-empty list")
+    built = [
+        _column_from_dict(c, where=f"{where}, column #{i + 1}", base_dir=base_dir)
+        for i, c in enumerate(cols)
+    ]
+    pid = data.get("privacy_id")
+    if pid is not None and not isinstance(pid, str):
+        raise SchemaError(f"{where}: privacy_id must be a column name or null, got {pid!r}")
+    try:
+        return Schema(
+            name=str(data.get("name") or (Path(source).stem if source else "schema")),
+            columns=tuple(built),
+            privacy_id=pid,
+            extra_columns=str(data.get("extra_columns", "ignore")),
+            description=str(data.get("description") or ""),
+            source=source,
+        )
+    except SchemaError:
+        raise
+
+
+def _column_from_dict(c: Any, *, where: str, base_dir: Path | None) -> Column:
+    if not isinstance(c, dict):
+        raise SchemaError(f"{where}: a column must be a mapping, got {c!r}")
+    name = c.get("name")
+    if not isinstance(name, str) or not name:
+        raise SchemaError(f"{where}: 'name' must be a non-empty string, got {name!r}")
+    where = f"{where.rsplit(', column', 1)[0]}, column {name!r}"
+    unknown = set(c) - _COLUMN_KEYS
+    if unknown:
+        raise SchemaError(f"{where}: unknown key(s) {sorted(unknown)} (allowed: {sorted(_COLUMN_KEYS)})")
+    ctype = c.get("type")
+    if ctype not in COLUMN_TYPES:
+        raise SchemaError(f"{where}: type ({ctype!r}) must be one of {list(COLUMN_TYPES)}")
+    if "domain" not in c:
+        raise SchemaError(
+            f"{where}: no declared domain; every column needs one (domains are never read "
+            "from the data)"
+        )
+    try:
+        domain = domain_from_spec(c["domain"], base_dir=base_dir, where="domain")
+    except ValueError as exc:
+        raise SchemaError(f"{where}: {exc}") from exc
+    if domain.kind not in _TYPE_KINDS[ctype]:
+        raise SchemaError(
+            f"{where}: a {ctype} column cannot have a {domain.kind} domain "
+            f"(allowed: {sorted(_TYPE_KINDS[ctype])})"
+        )
+    nullable = c.get("nullable", False)
+    if not isinstance(nullable, bool):
+        raise SchemaError(f"{where}: nullable must be true or false, got {nullable!r}")
+    null_values = c.get("null_values", [""])
+    if not isinstance(null_values, list) or not all(isinstance(v, str) for v in null_values):
+        raise SchemaError(f"{where}: null_values must be a list of strings, got {null_values!r}")
+    ood = c.get("on_out_of_domain", "reject")
+    if ood not in ("reject", "other"):
+        raise SchemaError(f"{where}: on_out_of_domain ({ood!r}) must be reject or other")
+    if ood == "other" and not (isinstance(domain, CategoricalDomain) and domain.other is not None):
+        raise SchemaError(
+            f"{where}: on_out_of_domain: other needs a categorical domain with an 'other' label"
+        )
+    tolerance = None
+    if "open" in c:
+        spec = c["open"]
+        if not isinstance(spec, dict) or set(spec) != {"tolerance"}:
+            raise SchemaError(f"{where}: open must be a mapping {{tolerance: ρ}}, got {spec!r}")
+        tolerance = spec["tolerance"]
+        if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not (
+            0 < tolerance < 1
+        ):
+            raise SchemaError(f"{where}: open.tolerance ({tolerance!r}) must be in (0, 1)")
+        tolerance = float(tolerance)
+        if ctype in ("integer", "float", "datetime"):
+            raise SchemaError(f"{where}: only categorical/string/text columns can be open")
+    return Column(
+        name=name,
+        type=ctype,
+        domain=domain,
+        nullable=nullable,
+        null_values=tuple(null_values),
+        on_out_of_domain=ood,
+        tolerance=tolerance,
+    )
