@@ -1,0 +1,69 @@
+"""The ``beamsynth`` command line.
+
+Subcommands live in their own modules, each exposing ``add_parser(subparsers)`` which registers
+the subcommand and sets ``func(args, beam_args) -> int``. Adding one is one line in
+``_COMMAND_MODULES``. Arguments the CLI does not know (``--runner``, ``--direct_num_workers``, ...)
+are passed to Beam as pipeline options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main", "build_parser"]
+
+_COMMAND_MODULES = [
+    "beamsynth.pipelines.synthesize_cli",
+    "beamsynth.pipelines.schema_cli",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with every registered subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="beamsynth",
+        description="Differentially private synthetic data and statistics on Apache Beam.",
+    )
+    parser.add_argument("--quiet", action="store_true", help="print only errors")
+    parser.add_argument("--verbose", action="store_true", help="print Beam's own progress logs")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for mod in _COMMAND_MODULES:
+        importlib.import_module(mod).add_parser(sub)
+    return parser
+
+
+class _DropBeamImportNoise(logging.Filter):
+    """Beam logs an 'apitools not found' warning on import when GCP extras are absent."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "apitools not found" not in record.getMessage()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``beamsynth`` console script."""
+    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_DropBeamImportNoise())
+    parser = build_parser()
+    args, beam_args = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
+    unknown = [a for a in beam_args if a.startswith("-") and not a.startswith("--")]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    logging.getLogger().setLevel(
+        logging.ERROR if args.quiet else (logging.INFO if args.verbose else logging.WARNING))
+    if not args.verbose:
+        logging.getLogger("apache_beam").setLevel(logging.ERROR)
+    try:
+        return int(args.func(args, beam_args) or 0)
+    except (ValueError, TypeError, FileNotFoundError) as exc:
+        print(f"beamsynth {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""Release manifests: what was read, what was spent, what was written — written atomically.
+
+A manifest has two parts:
+
+* ``release``: public facts about the release — method, schema fingerprint, every budget spend
+  with its mechanism and noise, the seeded flag, versions, output rows (the output's own size).
+* ``operational``: **exact** counts of rows read, used and rejected. They are not DP: keep them
+  with the data owner and do not publish them with the release.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import tempfile
+from typing import Any
+
+__all__ = ["SEEDED_NOTE", "build_manifest", "manifest_path", "write_json_atomic", "versions"]
+
+SEEDED_NOTE = "seeded: not for release"
+
+
+def manifest_path(output: str) -> str:
+    """``OUT.manifest.json`` for an output path."""
+    return f"{output}.manifest.json"
+
+
+def versions() -> dict[str, str]:
+    """Versions of the packages that shape the output."""
+    import apache_beam
+    import numpy
+
+    out = {"python": platform.python_version(), "apache-beam": apache_beam.__version__,
+           "numpy": numpy.__version__}
+    try:
+        from importlib.metadata import version
+
+        out["beamsynth"] = version("beamsynth")
+    except Exception:  # not installed as a distribution (running from a checkout)
+        out["beamsynth"] = "unknown"
+    return out
+
+
+def build_manifest(
+    *,
+    command: str,
+    method: str,
+    inputs: list[str],
+    outputs: dict[str, str],
+    schema_name: str,
+    schema_fingerprint: str,
+    accountant: dict[str, Any],
+    seed: int | None,
+    privacy_unit: dict[str, Any],
+    counts: dict[str, Any],
+    details: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Assemble a manifest dict (see the module docstring for its two parts)."""
+    return {
+        "beamsynth_manifest": 1,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "release": {
+            "command": command,
+            "method": method,
+            "schema": {"name": schema_name, "sha256": schema_fingerprint},
+            "privacy_unit": privacy_unit,
+            "budget": accountant,
+            "randomness": SEEDED_NOTE if seed is not None else "secure (OS entropy)",
+            "seed": seed,
+            "rows_out": counts.get("rows_out"),
+            "outputs": outputs,
+            "details": details or {},
+            "versions": versions(),
+        },
+        "operational": {
+            "note": "exact counts, NOT differentially private: do not publish",
+            "inputs": inputs,
+            **{k: v for k, v in counts.items() if k != "rows_out"},
+        },
+    }
+
+
+def write_json_atomic(path: str, data: Any) -> None:
+    """Write JSON to ``path`` atomically (temp file in the same folder, fsync, rename)."""
+    folder = os.path.dirname(os.path.abspath(path)) or "."
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=2, ensure_ascii=False, default=str)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

@@ -1,0 +1,207 @@
+"""The ``synthesize`` pipeline: read → bound → measure (DP) → fit → sample → write, + manifest.
+
+:func:`plan_synthesis` builds the accountant and every spend **before** any data is read; a
+configuration that would overspend raises :class:`~beamsynth.transforms.budget.BudgetExceededError`
+there. :func:`build_synthesis` wires the Beam graph; :func:`run_synthesis` runs it and writes the
+manifest atomically next to the output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.metrics.metric import MetricsFilter
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from beamsynth.pipelines.io import (
+    METRICS_NAMESPACE,
+    ReadRecords,
+    WriteTables,
+    arrow_schema_for,
+    ensure_parent,
+    rejected_path,
+    write_rejected,
+)
+from beamsynth.pipelines.manifest import build_manifest, manifest_path, write_json_atomic
+from beamsynth.pipelines.methods import Method, get_method
+from beamsynth.schemas.schema import Schema
+from beamsynth.transforms.budget import PrivacyAccountant, as_budget
+from beamsynth.transforms.synthesis import DEFAULT_SHARD_ROWS, DPCount, SampleSynthetic
+from beamsynth.transforms.units import BoundContributions
+
+__all__ = ["SynthesisConfig", "SynthesisPlan", "build_synthesis", "plan_synthesis", "run_synthesis"]
+
+log = logging.getLogger("beamsynth")
+
+
+@dataclass
+class SynthesisConfig:
+    """Everything a ``synthesize`` run needs (the CLI fills it from its arguments)."""
+
+    input: str | list[str]
+    schema: Schema
+    output: str
+    epsilon: float
+    delta: float = 0.0
+    method: str = "independent"
+    rows: int | None = None
+    privacy_id: str | None = None
+    max_contributions: int = 1
+    seed: int | None = None
+    count_fraction: float = 0.05
+    options: dict[str, Any] = field(default_factory=dict)
+    shard_rows: int = DEFAULT_SHARD_ROWS
+    block_rows: int = 20_000
+
+
+@dataclass
+class SynthesisPlan:
+    """The validated configuration with its budget spends (made before any data is read)."""
+
+    config: SynthesisConfig
+    schema: Schema
+    accountant: PrivacyAccountant
+    method: Method
+    count_budget: Any | None
+
+
+def plan_synthesis(cfg: SynthesisConfig) -> SynthesisPlan:
+    """Validate the configuration and spend the budget; raises before any data is read."""
+    if cfg.rows is not None and (isinstance(cfg.rows, bool) or not isinstance(cfg.rows, int) or cfg.rows < 0):
+        raise ValueError(f"rows ({cfg.rows!r}) must be an int >= 0")
+    if not (0 < cfg.count_fraction < 1):
+        raise ValueError(f"count_fraction ({cfg.count_fraction!r}) must be in (0, 1)")
+    if isinstance(cfg.max_contributions, bool) or not isinstance(cfg.max_contributions, int) or cfg.max_contributions < 1:
+        raise ValueError(f"max_contributions ({cfg.max_contributions!r}) must be an int >= 1")
+    schema = cfg.schema
+    if cfg.privacy_id is not None and cfg.privacy_id != schema.privacy_id:
+        if cfg.privacy_id in schema.names:
+            raise ValueError(
+                f"privacy id column {cfg.privacy_id!r} is a synthesized column of the schema; "
+                "a privacy id must not be released"
+            )
+        schema = dataclasses.replace(schema, privacy_id=cfg.privacy_id)
+    if schema.privacy_id is None and cfg.max_contributions != 1:
+        raise ValueError(
+            f"max_contributions ({cfg.max_contributions}) needs a privacy id column; without one "
+            "every record is its own privacy unit"
+        )
+    total = as_budget(cfg.epsilon, cfg.delta)
+    accountant = PrivacyAccountant(total=total)
+    count_budget = None
+    method_budget = total
+    if cfg.rows is None:
+        parts = total.split({"count": cfg.count_fraction, "method": 1 - cfg.count_fraction})
+        count_budget = as_budget(parts["count"].epsilon)  # the count is pure ε
+        method_budget = as_budget(total.epsilon - count_budget.epsilon, total.delta)
+        accountant.spend(
+            "row_count", count_budget, mechanism="discrete Laplace on the record count",
+            details={"sensitivity": cfg.max_contributions,
+                     "scale": cfg.max_contributions / count_budget.epsilon},
+        )
+    method_cls = get_method(cfg.method)
+    method = method_cls(schema=schema, accountant=accountant, budget=method_budget,
+                        max_contributions=cfg.max_contributions, seed=cfg.seed,
+                        options=dict(cfg.options))
+    return SynthesisPlan(cfg, schema, accountant, method, count_budget)
+
+
+def build_synthesis(p: beam.Pipeline, plan: SynthesisPlan) -> dict[str, Any]:
+    """Wire the synthesis graph into ``p``; returns the main PCollections."""
+    cfg, schema = plan.config, plan.schema
+    read = p | "Read" >> ReadRecords(cfg.input, schema, block_rows=cfg.block_rows)
+    batches = read["batches"]
+    # EncodedBatch
+    if schema.privacy_id is not None:
+        batches = batches | "BoundContributions" >> BoundContributions(
+            max_contributions=cfg.max_contributions, seed=cfg.seed)
+        # EncodedBatch, <= k rows per privacy id
+    models = plan.method.expand_model(batches)
+    # SynthesisModel per window
+    if cfg.rows is None:
+        counts = batches | "DPCount" >> DPCount(
+            budget=plan.count_budget, max_contributions=cfg.max_contributions, seed=cfg.seed)
+        rows = counts | "Rows" >> beam.Map(lambda c: c.rows)
+    else:
+        fixed = cfg.rows
+        rows = models | "Rows" >> beam.Map(lambda _m: fixed)
+    model_rows = (
+        (models | "KeyModel" >> beam.Map(lambda m: (0, ("model", m))),
+         rows | "KeyRows" >> beam.Map(lambda r: (0, ("rows", r))))
+        | "JoinModelRows" >> beam.Flatten()
+        | "Group" >> beam.GroupByKey()
+        | "Pair" >> beam.Map(_pair_model_rows)
+    )
+    # (SynthesisModel, rows)
+    tables = model_rows | "Sample" >> SampleSynthetic(schema=schema, seed=cfg.seed, shard_rows=cfg.shard_rows)
+    # pyarrow.Table of synthetic rows
+    tables = tables | "CountOut" >> beam.Map(_count_out)
+    ensure_parent(cfg.output)
+    tables | "Write" >> WriteTables(cfg.output, column_names=schema.names,
+                                    avro_schema=schema.avro_schema(),
+                                    arrow_schema=arrow_schema_for(schema))
+    write_rejected(read["rejected"], cfg.output)
+    return {"batches": batches, "models": models, "tables": tables, "rejected": read["rejected"]}
+
+
+def _pair_model_rows(kv):
+    parts = dict(kv[1])
+    return parts["model"], parts["rows"]
+
+
+def _count_out(table):
+    beam.metrics.Metrics.counter(METRICS_NAMESPACE, "rows_synthesized").inc(table.num_rows)
+    return table
+
+
+def _metric(result: Any, name: str) -> int | None:
+    try:
+        res = result.metrics().query(MetricsFilter().with_namespace(METRICS_NAMESPACE).with_name(name))
+        vals = [c.committed if c.committed is not None else c.attempted for c in res["counters"]]
+        return int(sum(vals)) if vals else 0
+    except Exception:  # some runners do not report metrics
+        return None
+
+
+def run_synthesis(cfg: SynthesisConfig, pipeline_options: PipelineOptions | None = None,
+                  *, command: str = "synthesize") -> dict[str, Any]:
+    """Plan (spending the budget), run the pipeline, write the manifest; returns the manifest."""
+    plan = plan_synthesis(cfg)
+    options = pipeline_options or PipelineOptions([])
+    start = time.time()
+    p = beam.Pipeline(options=options)
+    built = build_synthesis(p, plan)
+    result = p.run()
+    result.wait_until_finish()
+    read = _metric(result, "rows_read")
+    rej_parse = _metric(result, "rows_rejected_unparseable")
+    rej_dom = _metric(result, "rows_rejected_domain")
+    used = _metric(result, "rows_encoded")
+    out_rows = _metric(result, "rows_synthesized")
+    rejected = None if rej_parse is None or rej_dom is None else rej_parse + rej_dom
+    counts = {"rows_read": read, "rows_used": used, "rows_rejected": rejected, "rows_out": out_rows,
+              "seconds": round(time.time() - start, 3)}
+    del built
+    manifest = build_manifest(
+        command=command,
+        method=plan.method.name,
+        inputs=[cfg.input] if isinstance(cfg.input, str) else list(cfg.input),
+        outputs={"synthetic": cfg.output, "rejected": rejected_path(cfg.output),
+                 "manifest": manifest_path(cfg.output)},
+        schema_name=plan.schema.name,
+        schema_fingerprint=plan.schema.fingerprint(),
+        accountant=plan.accountant.to_dict(),
+        seed=cfg.seed,
+        privacy_unit={"privacy_id": plan.schema.privacy_id,
+                      "max_contributions": cfg.max_contributions,
+                      "neighbouring": "add/remove one privacy unit"},
+        counts=counts,
+        details={"method": plan.method.details(), "rows_requested": cfg.rows},
+    )
+    write_json_atomic(manifest_path(cfg.output), manifest)
+    return manifest

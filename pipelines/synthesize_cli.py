@@ -1,0 +1,81 @@
+"""``beamsynth synthesize INPUT --schema S --epsilon E --output OUT [...]``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from beamsynth.pipelines.manifest import manifest_path
+from beamsynth.pipelines.methods import METHODS, _load_optional_methods
+from beamsynth.pipelines.synthesize import SynthesisConfig, run_synthesis
+from beamsynth.schemas.schema import load_schema
+
+__all__ = ["add_parser", "pipeline_options"]
+
+
+def pipeline_options(beam_args: list[str]) -> PipelineOptions:
+    """Beam options from the arguments the CLI did not consume (runner presets apply here)."""
+    try:
+        from beamsynth.runners.presets import options_for
+    except ImportError:  # runner presets not installed in this build
+        return PipelineOptions(beam_args)
+    return options_for(beam_args)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register the ``synthesize`` subcommand and every registered method's options."""
+    _load_optional_methods()
+    p = sub.add_parser(
+        "synthesize", help="write a differentially private synthetic table",
+        description="Read INPUT, measure it with a DP mechanism, write synthetic rows to OUTPUT "
+                    "and OUTPUT.manifest.json. Extra --options go to Beam (e.g. --runner).")
+    p.add_argument("input", help="input file or glob (.csv, .csv.gz, .jsonl, .avro, .parquet)")
+    p.add_argument("--schema", required=True, help="schema file or bundled name (adult)")
+    p.add_argument("--epsilon", type=float, required=True, help="total ε of this release (> 0)")
+    p.add_argument("--delta", type=float, default=0.0, help="total δ (default 0)")
+    p.add_argument("--output", required=True, help="output file (.csv, .jsonl, .avro, .parquet)")
+    p.add_argument("--method", default="independent", choices=sorted(METHODS),
+                   help="synthesis mechanism (default independent)")
+    p.add_argument("--rows", type=int, default=None,
+                   help="rows to synthesize (default: a DP estimate of the input size, which "
+                        "spends --count-fraction of ε)")
+    p.add_argument("--count-fraction", type=float, default=0.05,
+                   help="share of ε for the DP row count when --rows is not given (default 0.05)")
+    p.add_argument("--privacy-id", default=None, help="column identifying a privacy unit")
+    p.add_argument("--max-contributions", type=int, default=1,
+                   help="records kept per privacy unit (needs --privacy-id; default 1)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="fixed seed for tests and demos: output is marked 'seeded: not for release'")
+    for cls in METHODS.values():
+        group = p.add_argument_group(f"method {cls.name}")
+        cls.add_arguments(group)
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
+    schema = load_schema(args.schema)
+    cfg = SynthesisConfig(
+        input=args.input, schema=schema, output=args.output, epsilon=args.epsilon,
+        delta=args.delta, method=args.method, rows=args.rows, privacy_id=args.privacy_id,
+        max_contributions=args.max_contributions, seed=args.seed,
+        count_fraction=args.count_fraction, options=vars(args).copy())
+    quiet = getattr(args, "quiet", False)
+    if not quiet:
+        print(f"beamsynth synthesize: {args.method} on {args.input} (ε={args.epsilon:g}"
+              + (f", δ={args.delta:g}" if args.delta else "") + ")", file=sys.stderr)
+    manifest = run_synthesis(cfg, pipeline_options(beam_args))
+    if not quiet:
+        op, rel = manifest["operational"], manifest["release"]
+        print(f"  rows read {op['rows_read']}, used {op['rows_used']}, rejected {op['rows_rejected']}"
+              f" → wrote {rel['rows_out']} synthetic rows to {args.output}", file=sys.stderr)
+        for s in rel["budget"]["spends"]:
+            print(f"  spent ε={s['epsilon']:g} δ={s['delta']:g} on {s['step']} ({s['mechanism']})",
+                  file=sys.stderr)
+        print(f"  total ε={rel['budget']['spent']['epsilon']:g} of {rel['budget']['total']['epsilon']:g}"
+              f"; manifest: {manifest_path(args.output)}"
+              + ("  [seeded: not for release]" if args.seed is not None else ""), file=sys.stderr)
+    json.dumps(manifest, default=str)
+    return 0

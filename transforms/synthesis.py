@@ -1,0 +1,262 @@
+"""Synthesis from noisy measurements: models, the DP row count, and sharded parallel sampling.
+
+Everything in this module after :class:`DPCount` and :class:`DPIndependentMarginals` is
+post-processing: a :class:`SynthesisModel` is fitted from :class:`NoisyMarginal` values only and
+sampling reads nothing but the model, so it costs no budget.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+
+from beamsynth.schemas.schema import EncodedBatch, Schema
+from beamsynth.transforms.budget import ApproxDP
+from beamsynth.transforms.measure import DPMarginals, NoisyMarginal, combine_globally, window_labels
+from beamsynth.transforms.noise import (
+    RandomSource,
+    discrete_laplace,
+    discrete_laplace_scale,
+    sample_categorical,
+)
+
+__all__ = [
+    "DPCount",
+    "DPIndependentMarginals",
+    "IndependentModel",
+    "NoisyCount",
+    "SampleSynthetic",
+    "SynthesisModel",
+    "clip_and_normalize",
+    "codes_to_table",
+    "shard_plan",
+]
+
+DEFAULT_SHARD_ROWS = 50_000
+
+
+# -- the DP row count ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class NoisyCount:
+    """A released (DP) count of records: value + discrete Laplace(k/ε)."""
+
+    value: int
+    scale: float
+    budget: ApproxDP
+
+    @property
+    def rows(self) -> int:
+        """Post-processing: the count as a number of rows to synthesize (never negative)."""
+        return max(0, int(self.value))
+
+
+class _CountRowsFn(beam.CombineFn):
+    def create_accumulator(self) -> int:
+        return 0
+
+    def add_input(self, acc: int, batch: EncodedBatch) -> int:
+        return acc + len(batch)
+
+    def merge_accumulators(self, accs: Iterable[int]) -> int:
+        return sum(accs)
+
+    def extract_output(self, acc: int) -> int:
+        return acc
+
+
+class _NoiseCountFn(beam.DoFn):
+    def __init__(self, budget: ApproxDP, sensitivity: int, seed: int | None, step: str) -> None:
+        self._budget, self._k, self._seed, self._step = budget, sensitivity, seed, step
+
+    def process(self, count: int, window=beam.DoFn.WindowParam):
+        rs = RandomSource(seed=self._seed).child(self._step, *window_labels(window))
+        scale = discrete_laplace_scale(sensitivity=self._k, epsilon=self._budget.epsilon)
+        yield NoisyCount(int(count) + int(discrete_laplace(rs, scale, 1)[0]), scale, self._budget)
+
+
+class DPCount(beam.PTransform):
+    """ε-DP number of records: exact count + discrete Laplace of scale ``k/ε``.
+
+    Sensitivity: one privacy unit adds or removes at most ``max_contributions`` (k) records.
+    Input ``PCollection[EncodedBatch]``; output one :class:`NoisyCount` per window.
+    """
+
+    def __init__(self, *, budget: ApproxDP, max_contributions: int = 1, seed: int | None = None,
+                 label: str | None = None) -> None:
+        super().__init__(label)
+        if not isinstance(budget, ApproxDP) or budget.delta != 0:
+            raise ValueError(f"DPCount needs a pure ε budget, got {budget!r}")
+        self._budget, self._k, self._seed = budget, int(max_contributions), seed
+
+    def expand(self, batches):
+        counts = combine_globally(batches, _CountRowsFn(), "CountRows")
+        # int per window
+        return counts | "NoiseCount" >> beam.ParDo(_NoiseCountFn(self._budget, self._k, self._seed, "count"))
+        # NoisyCount per window
+
+
+# -- models ---------------------------------------------------------------------------------------
+class SynthesisModel(ABC):
+    """A fitted generative model over a schema's cells (post-processing of DP measurements)."""
+
+    @property
+    @abstractmethod
+    def shape(self) -> tuple[int, ...]:
+        """Cells per column."""
+
+    @abstractmethod
+    def sample_codes(self, n: int, rs: RandomSource) -> np.ndarray:
+        """``n`` synthetic rows as an ``(n, columns)`` int64 array of cell indices."""
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-friendly summary for manifests and reports."""
+        return {"model": type(self).__name__}
+
+
+def clip_and_normalize(values: np.ndarray) -> np.ndarray:
+    """Post-processing of a noisy table into a distribution: negatives to 0, then normalize.
+
+    An all-non-positive table becomes uniform (nothing can be learned from it).
+    """
+    v = np.clip(np.asarray(values, dtype=np.float64), 0.0, None)
+    total = v.sum()
+    if total <= 0:
+        return np.full(v.shape, 1.0 / v.size)
+    return v / total
+
+
+class IndependentModel(SynthesisModel):
+    """Each column sampled independently from its clipped, normalized noisy 1-way marginal."""
+
+    def __init__(self, marginals: Sequence[NoisyMarginal], shape: Sequence[int]) -> None:
+        self._shape = tuple(int(s) for s in shape)
+        probs: list[np.ndarray | None] = [None] * len(self._shape)
+        for m in marginals:
+            if len(m.columns) != 1:
+                raise ValueError(f"IndependentModel takes 1-way marginals, got {m.names}")
+            probs[m.columns[0]] = clip_and_normalize(m.values)
+        missing = [i for i, p in enumerate(probs) if p is None]
+        if missing:
+            raise ValueError(f"no marginal for column positions {missing}")
+        self._probs = [p for p in probs if p is not None]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    @property
+    def probabilities(self) -> list[np.ndarray]:
+        """Per-column cell probabilities."""
+        return [p.copy() for p in self._probs]
+
+    def sample_codes(self, n: int, rs: RandomSource) -> np.ndarray:
+        out = np.empty((n, len(self._shape)), dtype=np.int64)
+        for j, p in enumerate(self._probs):
+            out[:, j] = sample_categorical(rs.child("column", j), p, n)
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        return {"model": "independent marginals", "columns": len(self._shape)}
+
+
+class DPIndependentMarginals(beam.PTransform):
+    """The ``independent`` mechanism's measurement: ε-DP 1-way marginals of every column.
+
+    The budget is split equally over the columns (sequential composition); each table gets
+    discrete Laplace noise of scale ``k/ε_col`` on every declared cell (Adult: 14 tables).
+    Output: one :class:`IndependentModel` per window (fitting is post-processing).
+    """
+
+    def __init__(self, *, schema: Schema, budget: ApproxDP, max_contributions: int = 1,
+                 seed: int | None = None, label: str | None = None) -> None:
+        super().__init__(label)
+        if not isinstance(schema, Schema):
+            raise TypeError(f"schema must be a Schema, got {type(schema).__name__}")
+        per_column = budget.split({c.name: 1.0 for c in schema.columns})
+        self._schema = schema
+        self._measure = DPMarginals(
+            specs=[(j,) for j in range(len(schema.columns))],
+            shape=schema.shape,
+            names=schema.names,
+            budgets=[per_column[c.name] for c in schema.columns],
+            max_contributions=max_contributions,
+            seed=seed,
+        )
+
+    def expand(self, batches):
+        shape = self._schema.shape
+        return (
+            batches
+            | "Measure1Way" >> self._measure
+            # tuple[NoisyMarginal, ...]
+            | "Fit" >> beam.Map(lambda ms: IndependentModel(ms, shape))
+            # IndependentModel
+        )
+
+
+# -- sampling -------------------------------------------------------------------------------------
+def shard_plan(rows: int, shard_rows: int = DEFAULT_SHARD_ROWS) -> list[tuple[int, int]]:
+    """(shard id, rows) pairs covering ``rows`` in shards of at most ``shard_rows``."""
+    if rows <= 0:
+        return []
+    shards = math.ceil(rows / shard_rows)
+    base, extra = divmod(rows, shards)
+    return [(i, base + (1 if i < extra else 0)) for i in range(shards)]
+
+
+def codes_to_table(schema: Schema, codes: np.ndarray, rs: RandomSource | None) -> pa.Table:
+    """Decode cell codes into a pyarrow Table (numeric bins draw values inside the bin)."""
+    from beamsynth.pipelines.io import arrow_schema_for
+
+    cols = {}
+    for j, c in enumerate(schema.columns):
+        cols[c.name] = c.decode(codes[:, j], None if rs is None else rs.child("decode", j))
+    return pa.Table.from_pydict(cols, schema=arrow_schema_for(schema))
+
+
+class _SampleShardFn(beam.DoFn):
+    def __init__(self, schema: Schema, seed: int | None) -> None:
+        self._schema, self._seed = schema, seed
+
+    def process(self, shard, model, window=beam.DoFn.WindowParam):
+        shard_id, n = shard
+        rs = RandomSource(seed=self._seed).child("sample", shard_id, *window_labels(window))
+        codes = model.sample_codes(n, rs.child("codes"))
+        yield codes_to_table(self._schema, codes, rs.child("values"))
+
+
+class SampleSynthetic(beam.PTransform):
+    """Sample synthetic rows from a model in parallel shards (post-processing, no budget).
+
+    Input: ``PCollection[(SynthesisModel, rows)]`` with one element per window. Output:
+    ``PCollection[pyarrow.Table]``, about ``shard_rows`` rows per element. Shard ``i`` draws from the
+    stream ``(seed, "sample", i, window)``, so seeded output does not depend on the runner.
+    """
+
+    def __init__(self, *, schema: Schema, seed: int | None = None,
+                 shard_rows: int = DEFAULT_SHARD_ROWS, label: str | None = None) -> None:
+        super().__init__(label)
+        if not isinstance(shard_rows, int) or shard_rows < 1:
+            raise ValueError(f"shard_rows ({shard_rows!r}) must be an int >= 1")
+        self._schema, self._seed, self._shard_rows = schema, seed, shard_rows
+
+    def expand(self, model_and_rows):
+        shard_rows = self._shard_rows
+        models = model_and_rows | "Model" >> beam.Map(lambda mr: mr[0])
+        shards = (
+            model_and_rows
+            | "PlanShards" >> beam.FlatMap(lambda mr: shard_plan(int(mr[1]), shard_rows))
+            # (shard_id, rows)
+            | "SpreadShards" >> beam.Reshuffle()
+        )
+        return shards | "SampleShard" >> beam.ParDo(
+            _SampleShardFn(self._schema, self._seed), beam.pvalue.AsSingleton(models)
+        )
+        # pyarrow.Table
