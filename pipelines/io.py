@@ -32,7 +32,6 @@ import pandas as pd
 import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
-
 from beamsynth.schemas.schema import EncodedBatch, Schema, SchemaError
 
 __all__ = [

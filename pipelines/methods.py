@@ -12,7 +12,6 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 import apache_beam as beam
-
 from beamsynth.schemas.schema import Schema
 from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant
 from beamsynth.transforms.synthesis import DPIndependentMarginals

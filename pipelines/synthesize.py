@@ -17,7 +17,6 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
-
 from beamsynth.pipelines.io import (
     METRICS_NAMESPACE,
     ReadRecords,

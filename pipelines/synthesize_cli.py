@@ -7,7 +7,6 @@ import json
 import sys
 
 from apache_beam.options.pipeline_options import PipelineOptions
-
 from beamsynth.pipelines.manifest import manifest_path
 from beamsynth.pipelines.methods import METHODS, _load_optional_methods
 from beamsynth.pipelines.synthesize import SynthesisConfig, run_synthesis

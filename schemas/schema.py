@@ -33,7 +33,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import yaml
-
 from beamsynth.schemas.domains import (
     MALFORMED,
     OUT_OF_DOMAIN,

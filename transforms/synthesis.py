@@ -16,7 +16,6 @@ from typing import Any
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
-
 from beamsynth.schemas.schema import EncodedBatch, Schema
 from beamsynth.transforms.budget import ApproxDP
 from beamsynth.transforms.measure import DPMarginals, NoisyMarginal, combine_globally, window_labels
