@@ -1,0 +1,104 @@
+"""Runner presets: expansion, precedence of user options, validation messages."""
+
+from __future__ import annotations
+
+import pytest
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
+from beamsynth.runners.presets import (
+    DASK_RUNNER,
+    PRESETS,
+    PresetError,
+    expand_args,
+    is_dask,
+    options_for,
+)
+
+
+def _std(opts: PipelineOptions) -> StandardOptions:
+    return opts.view_as(StandardOptions)
+
+
+def test_direct_multi_defaults_to_two_worker_processes():
+    opts = options_for(["--runner", "direct-multi"])
+    assert _std(opts).runner == "DirectRunner"
+    direct = opts.view_as(DirectOptions)
+    assert direct.direct_running_mode == "multi_processing"
+    assert direct.direct_num_workers == 2
+
+
+def test_user_option_wins_over_preset_default():
+    opts = options_for(["--runner=direct-multi", "--direct_num_workers=3"])
+    assert opts.view_as(DirectOptions).direct_num_workers == 3
+    assert expand_args(["--runner=direct-multi", "--direct_num_workers", "3"]).count(
+        "--direct_num_workers=2") == 0
+
+
+def test_direct_is_in_process():
+    opts = options_for(["--runner=direct"])
+    assert opts.view_as(DirectOptions).direct_running_mode == "in_memory"
+
+
+def test_plain_beam_runner_names_pass_through():
+    assert expand_args(["--runner=PortableRunner", "--job_endpoint=embed"]) == [
+        "--runner=PortableRunner", "--job_endpoint=embed"]
+    assert _std(options_for([])).runner is None
+
+
+def test_dask_preset_and_plain_daskrunner_name_select_the_dotted_class():
+    for argv in (["--runner", "dask"], ["--runner=DaskRunner"]):
+        opts = options_for(argv + ["--dask_client_address=tcp://h:8786"])
+        assert _std(opts).runner == DASK_RUNNER
+        assert is_dask(opts)
+    assert not is_dask(options_for(["--runner=direct"]))
+    assert not is_dask(None)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--runner=dataflow", "--project=p", "--region=r"],
+         "runner preset 'dataflow' needs --temp_location (missing: ['temp_location'])"),
+        (["--runner=dataflow"],
+         "runner preset 'dataflow' needs --project, --region, --temp_location "
+         "(missing: ['project', 'region', 'temp_location'])"),
+        (["--runner=flink"], "runner preset 'flink' needs --job_endpoint (missing: ['job_endpoint'])"),
+        (["--runner=spark"], "runner preset 'spark' needs --job_endpoint (missing: ['job_endpoint'])"),
+        (["--runner=direct-multi", "--direct_num_workers=0"], "--direct_num_workers ('0') must be an int >= 1"),
+        (["--runner=direct-multi", "--direct_num_workers=two"], "--direct_num_workers ('two') must be an int >= 1"),
+        (["--runner=direct", "--direct_running_mode=fast"],
+         "--direct_running_mode ('fast') must be one of in_memory, multi_threading, multi_processing"),
+        (["--runner=dataflow", "--project=p", "--region=r", "--temp_location=/tmp/x"],
+         "--temp_location ('/tmp/x') must be a gs:// path for Dataflow"),
+        (["--runner"], "--runner needs a value"),
+    ],
+)
+def test_invalid_options_raise_with_the_value(argv, message):
+    with pytest.raises(PresetError) as err:
+        options_for(argv)
+    assert message in str(err.value)
+
+
+def test_portable_presets_expand_to_the_portable_runner():
+    argv = expand_args(["--runner", "flink", "--job_endpoint", "localhost:8099"])
+    assert argv[0] == "--runner=PortableRunner"
+    opts = PipelineOptions(argv).get_all_options()
+    assert opts["job_endpoint"] == "localhost:8099"
+    assert opts["environment_type"] == "LOOPBACK"
+
+
+def test_dataflow_preset_accepts_a_complete_option_set():
+    opts = options_for(["--runner=dataflow", "--project=p", "--region=europe-west1",
+                        "--temp_location=gs://b/tmp"]).get_all_options()
+    assert opts["runner"] == "DataflowRunner"
+    assert (opts["project"], opts["region"], opts["temp_location"]) == ("p", "europe-west1", "gs://b/tmp")
+
+
+def test_only_direct_and_dask_presets_claim_to_have_run_here():
+    assert {n for n, p in PRESETS.items() if p.tested_here} == {"direct", "direct-multi", "dask"}
+
+
+def test_cli_uses_the_presets():
+    from beamsynth.pipelines.synthesize_cli import pipeline_options
+
+    opts = pipeline_options(["--runner", "direct-multi"])
+    assert opts.view_as(DirectOptions).direct_num_workers == 2
