@@ -19,6 +19,7 @@ __all__ = ["main", "build_parser"]
 _COMMAND_MODULES = [
     "beamsynth.pipelines.synthesize_cli",
     "beamsynth.pipelines.schema_cli",
+    "beamsynth.pipelines.histogram_cli",
 ]
 
 
