@@ -20,6 +20,7 @@ _COMMAND_MODULES = [
     "beamsynth.pipelines.synthesize_cli",
     "beamsynth.pipelines.schema_cli",
     "beamsynth.pipelines.histogram_cli",
+    "beamsynth.pipelines.release_cli",
 ]
 
 
@@ -51,7 +52,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     for handler in logging.getLogger().handlers:
         handler.addFilter(_DropBeamImportNoise())
     parser = build_parser()
-    args, beam_args = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # --quiet/--verbose may also follow the subcommand; they never go to Beam.
+    flags = [a for a in argv if a in ("--quiet", "--verbose")]
+    rest = [a for a in argv if a not in ("--quiet", "--verbose")]
+    args, beam_args = parser.parse_known_args(flags + rest)
     unknown = [a for a in beam_args if a.startswith("-") and not a.startswith("--")]
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")

@@ -22,7 +22,7 @@ import gzip
 import io
 import json
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +32,7 @@ import pandas as pd
 import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
-from beamsynth.schemas.schema import EncodedBatch, Schema, SchemaError
+from beamsynth.schemas.schema import EncodedBatch, Schema, SchemaError, avro_field_name
 
 __all__ = [
     "EncodeBlocks",
@@ -284,8 +284,9 @@ def iter_raw_blocks(path: str, *, block_rows: int = DEFAULT_BLOCK_ROWS) -> Itera
 
 
 class _ReadFileFn(beam.DoFn):
-    def __init__(self, block_rows: int) -> None:
+    def __init__(self, block_rows: int, tagged: bool = True) -> None:
         self._block_rows = block_rows
+        self._tagged = tagged
         self._read = Metrics.counter(METRICS_NAMESPACE, "rows_read")
         self._rejected = Metrics.counter(METRICS_NAMESPACE, "rows_rejected_unparseable")
 
@@ -294,10 +295,41 @@ class _ReadFileFn(beam.DoFn):
             if isinstance(item, Rejected):
                 self._read.inc()
                 self._rejected.inc()
-                yield beam.pvalue.TaggedOutput("rejected", item)
+                yield beam.pvalue.TaggedOutput("rejected", item) if self._tagged else item
             else:
                 self._read.inc(len(item))
                 yield item
+
+
+def _is_rejected(item: Any) -> bool:
+    return isinstance(item, Rejected)
+
+
+def _is_not_rejected(item: Any) -> bool:
+    return not isinstance(item, Rejected)
+
+
+def _apply_with_dead_letters(pcoll: beam.PCollection, fn_cls: type, args: tuple, *, main: str,
+                             single_output: bool, label: str) -> tuple[Any, Any]:
+    """``(main, rejected)`` outputs of a DoFn whose dead letters are :class:`Rejected` rows.
+
+    By default a tagged multi-output ParDo. With ``single_output`` the DoFn emits both kinds on
+    one output and two ``Filter`` steps split them by type: Beam's DaskRunner (2.77) sends every
+    output of a multi-output ParDo to every consumer (see docs/runners.md).
+    """
+    if not single_output:
+        out = pcoll | label >> beam.ParDo(fn_cls(*args)).with_outputs("rejected", main=main)
+        return out[main], out.rejected
+    mixed = pcoll | label >> beam.ParDo(fn_cls(*args, tagged=False))
+    # RawBlock/EncodedBatch | Rejected
+    return (mixed | f"{label}Main" >> beam.Filter(_is_not_rejected),
+            mixed | f"{label}Rejected" >> beam.Filter(_is_rejected))
+
+
+def _check_flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} ({value!r}) must be a bool")
+    return value
 
 
 def _expand_paths(pattern: str) -> list[str]:
@@ -316,8 +348,9 @@ class ReadRawBlocks(beam.PTransform):
     """
 
     def __init__(self, pattern: str | Sequence[str], *, block_rows: int = DEFAULT_BLOCK_ROWS,
-                 label: str | None = None) -> None:
+                 single_output: bool = False, label: str | None = None) -> None:
         super().__init__(label)
+        self._single_output = _check_flag("single_output", single_output)
         patterns = [pattern] if isinstance(pattern, str) else list(pattern)
         self._paths = [p for pat in patterns for p in _expand_paths(pat)]
         for p in self._paths:
@@ -332,15 +365,14 @@ class ReadRawBlocks(beam.PTransform):
         return list(self._paths)
 
     def expand(self, pbegin):
-        result = (
-            pbegin
-            | "Files" >> beam.Create(self._paths)
-            # str path
-            | "ReadFiles" >> beam.ParDo(_ReadFileFn(self._block_rows)).with_outputs("rejected", main="blocks")
-        )
+        paths = pbegin | "Files" >> beam.Create(self._paths)
+        # str path
+        blocks, rejected = _apply_with_dead_letters(
+            paths, _ReadFileFn, (self._block_rows,), main="blocks",
+            single_output=self._single_output, label="ReadFiles")
         # blocks: RawBlock, rejected: Rejected
-        blocks = result.blocks | "Redistribute" >> beam.Reshuffle()
-        return {"blocks": blocks, "rejected": result.rejected}
+        blocks = blocks | "Redistribute" >> beam.Reshuffle()
+        return {"blocks": blocks, "rejected": rejected}
 
 
 def _row_text(block: RawBlock, i: int) -> str:
@@ -348,9 +380,21 @@ def _row_text(block: RawBlock, i: int) -> str:
                        ((k, s.iat[i]) for k, s in block.columns.items())}, ensure_ascii=False)
 
 
+def _align_columns(schema: Schema, columns: dict[str, pd.Series]) -> dict[str, pd.Series]:
+    """Accept Avro-sanitized field names (``education_num``) for declared ``education-num``."""
+    wanted = schema.names + ([schema.privacy_id] if schema.privacy_id else [])
+    out = dict(columns)
+    for name in wanted:
+        alias = avro_field_name(name)
+        if name not in out and alias != name and alias in out:
+            out[name] = out.pop(alias)
+    return out
+
+
 def encode_block(schema: Schema, block: RawBlock) -> tuple[EncodedBatch, list[Rejected]]:
     """Encode one raw block; every row that cannot be encoded becomes a :class:`Rejected`."""
     n = len(block)
+    block.columns = _align_columns(schema, block.columns)
     try:
         schema.check_header(list(block.columns))
     except SchemaError as exc:
@@ -372,8 +416,9 @@ def encode_block(schema: Schema, block: RawBlock) -> tuple[EncodedBatch, list[Re
 
 
 class _EncodeFn(beam.DoFn):
-    def __init__(self, schema: Schema) -> None:
+    def __init__(self, schema: Schema, tagged: bool = True) -> None:
         self._schema = schema
+        self._tagged = tagged
         self._used = Metrics.counter(METRICS_NAMESPACE, "rows_encoded")
         self._rejected = Metrics.counter(METRICS_NAMESPACE, "rows_rejected_domain")
 
@@ -382,7 +427,7 @@ class _EncodeFn(beam.DoFn):
         self._used.inc(len(batch))
         self._rejected.inc(len(rejected))
         for r in rejected:
-            yield beam.pvalue.TaggedOutput("rejected", r)
+            yield beam.pvalue.TaggedOutput("rejected", r) if self._tagged else r
         if len(batch):
             yield batch
 
@@ -390,28 +435,35 @@ class _EncodeFn(beam.DoFn):
 class EncodeBlocks(beam.PTransform):
     """``RawBlock`` → ``EncodedBatch`` (main) and ``Rejected`` (tag ``rejected``) for a schema."""
 
-    def __init__(self, schema: Schema, *, label: str | None = None) -> None:
+    def __init__(self, schema: Schema, *, single_output: bool = False,
+                 label: str | None = None) -> None:
         super().__init__(label)
         if not isinstance(schema, Schema):
             raise TypeError(f"schema must be a Schema, got {type(schema).__name__}")
         self._schema = schema
+        self._single_output = _check_flag("single_output", single_output)
 
     def expand(self, blocks):
-        out = blocks | "Encode" >> beam.ParDo(_EncodeFn(self._schema)).with_outputs("rejected", main="batches")
-        return {"batches": out.batches, "rejected": out.rejected}
+        batches, rejected = _apply_with_dead_letters(
+            blocks, _EncodeFn, (self._schema,), main="batches",
+            single_output=self._single_output, label="Encode")
+        return {"batches": batches, "rejected": rejected}
 
 
 class ReadRecords(beam.PTransform):
     """Files → encoded batches and one merged dead-letter output.
 
     Returns ``{"batches": PCollection[EncodedBatch], "rejected": PCollection[Rejected]}``.
+    ``single_output=True`` avoids multi-output ParDos (needed on Beam's DaskRunner).
     """
 
     def __init__(self, pattern: str | Sequence[str], schema: Schema, *,
-                 block_rows: int = DEFAULT_BLOCK_ROWS, label: str | None = None) -> None:
+                 block_rows: int = DEFAULT_BLOCK_ROWS, single_output: bool = False,
+                 label: str | None = None) -> None:
         super().__init__(label)
-        self._read = ReadRawBlocks(pattern, block_rows=block_rows)
+        self._read = ReadRawBlocks(pattern, block_rows=block_rows, single_output=single_output)
         self._schema = schema
+        self._single_output = single_output
 
     @property
     def paths(self) -> list[str]:
@@ -420,7 +472,7 @@ class ReadRecords(beam.PTransform):
 
     def expand(self, pbegin):
         raw = pbegin | "ReadRaw" >> self._read
-        enc = raw["blocks"] | "EncodeRows" >> EncodeBlocks(self._schema)
+        enc = raw["blocks"] | "EncodeRows" >> EncodeBlocks(self._schema, single_output=self._single_output)
         rejected = (raw["rejected"], enc["rejected"]) | "MergeRejected" >> beam.Flatten()
         return {"batches": enc["batches"], "rejected": rejected}
 
@@ -482,9 +534,10 @@ class WriteTables(beam.PTransform):
                     append_trailing_newlines=False)
             )
         if self._fmt == "avro":
+            renamed = [f["name"] for f in self._avro["fields"]]
             return (
                 tables
-                | "ToRecords" >> beam.FlatMap(lambda t: t.to_pylist())
+                | "ToRecords" >> beam.FlatMap(_avro_records, renamed)
                 | "WriteAvro" >> beam.io.WriteToAvro(
                     self._path, schema=self._avro, num_shards=self._shards,
                     shard_name_template=self._template())
@@ -492,6 +545,11 @@ class WriteTables(beam.PTransform):
         return tables | "WriteParquet" >> beam.io.WriteToParquetBatched(
             self._path, schema=self._arrow, num_shards=self._shards,
             shard_name_template=self._template())
+
+
+def _avro_records(table: pa.Table, field_names: list[str]) -> list[dict[str, Any]]:
+    """Rows of a table keyed by Avro field names (same order as the table's columns)."""
+    return table.rename_columns(field_names).to_pylist()
 
 
 def _csv_escape(value: str) -> str:
@@ -523,13 +581,3 @@ def arrow_schema_for(schema: Schema) -> pa.Schema:
     return pa.schema([pa.field(c.name, types[c.type], nullable=c.nullable) for c in schema.columns])
 
 
-def iter_column_chunks(values: Iterable[Any], n: int) -> Iterator[list[Any]]:
-    """Split an iterable into lists of at most ``n``."""
-    chunk: list[Any] = []
-    for v in values:
-        chunk.append(v)
-        if len(chunk) >= n:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk

@@ -28,8 +28,9 @@ from beamsynth.pipelines.io import (
 )
 from beamsynth.pipelines.manifest import build_manifest, manifest_path, write_json_atomic
 from beamsynth.pipelines.methods import Method, get_method
+from beamsynth.runners.presets import is_dask
 from beamsynth.schemas.schema import Schema
-from beamsynth.transforms.budget import PrivacyAccountant, as_budget
+from beamsynth.transforms.budget import BudgetExceededError, PrivacyAccountant, as_budget
 from beamsynth.transforms.synthesis import DEFAULT_SHARD_ROWS, DPCount, SampleSynthetic
 from beamsynth.transforms.units import BoundContributions
 
@@ -53,6 +54,7 @@ class SynthesisConfig:
     max_contributions: int = 1
     seed: int | None = None
     count_fraction: float = 0.05
+    count_epsilon: float | None = None
     options: dict[str, Any] = field(default_factory=dict)
     shard_rows: int = DEFAULT_SHARD_ROWS
     block_rows: int = 20_000
@@ -95,14 +97,23 @@ def plan_synthesis(cfg: SynthesisConfig) -> SynthesisPlan:
     count_budget = None
     method_budget = total
     if cfg.rows is None:
-        parts = total.split({"count": cfg.count_fraction, "method": 1 - cfg.count_fraction})
-        count_budget = as_budget(parts["count"].epsilon)  # the count is pure ε
-        method_budget = as_budget(total.epsilon - count_budget.epsilon, total.delta)
+        if cfg.count_epsilon is not None:
+            count_budget = as_budget(cfg.count_epsilon)
+        else:
+            count_budget = total.split({"count": cfg.count_fraction, "rest": 1 - cfg.count_fraction})["count"]
+            count_budget = as_budget(count_budget.epsilon)  # the count is pure ε
         accountant.spend(
             "row_count", count_budget, mechanism="discrete Laplace on the record count",
             details={"sensitivity": cfg.max_contributions,
                      "scale": cfg.max_contributions / count_budget.epsilon},
         )
+        eps_left, _ = accountant.remaining
+        if eps_left <= 1e-12 * total.epsilon:
+            raise BudgetExceededError(
+                f"the row count takes ε={count_budget.epsilon:g} of the total ε={total.epsilon:g}, "
+                f"leaving nothing for method {cfg.method!r}; lower --count-epsilon or pass --rows"
+            )
+        method_budget = as_budget(eps_left, total.delta)
     method_cls = get_method(cfg.method)
     method = method_cls(schema=schema, accountant=accountant, budget=method_budget,
                         max_contributions=cfg.max_contributions, seed=cfg.seed,
@@ -113,7 +124,9 @@ def plan_synthesis(cfg: SynthesisConfig) -> SynthesisPlan:
 def build_synthesis(p: beam.Pipeline, plan: SynthesisPlan) -> dict[str, Any]:
     """Wire the synthesis graph into ``p``; returns the main PCollections."""
     cfg, schema = plan.config, plan.schema
-    read = p | "Read" >> ReadRecords(cfg.input, schema, block_rows=cfg.block_rows)
+    dask_safe = is_dask(p.options)  # no multi-output ParDos, one sink (docs/runners.md)
+    read = p | "Read" >> ReadRecords(cfg.input, schema, block_rows=cfg.block_rows,
+                                     single_output=dask_safe)
     batches = read["batches"]
     # EncodedBatch
     if schema.privacy_id is not None:
@@ -141,10 +154,12 @@ def build_synthesis(p: beam.Pipeline, plan: SynthesisPlan) -> dict[str, Any]:
     # pyarrow.Table of synthetic rows
     tables = tables | "CountOut" >> beam.Map(_count_out)
     ensure_parent(cfg.output)
-    tables | "Write" >> WriteTables(cfg.output, column_names=schema.names,
-                                    avro_schema=schema.avro_schema(),
-                                    arrow_schema=arrow_schema_for(schema))
-    write_rejected(read["rejected"], cfg.output)
+    written = tables | "Write" >> WriteTables(cfg.output, column_names=schema.names,
+                                              avro_schema=schema.avro_schema(),
+                                              arrow_schema=arrow_schema_for(schema))
+    written_rejected = write_rejected(read["rejected"], cfg.output)
+    if dask_safe:  # the DaskRunner computes only the last step's graph: make it depend on both
+        (written, written_rejected) | "JoinSinks" >> beam.Flatten()
     return {"batches": batches, "models": models, "tables": tables, "rejected": read["rejected"]}
 
 

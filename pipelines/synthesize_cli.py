@@ -43,6 +43,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "spends --count-fraction of ε)")
     p.add_argument("--count-fraction", type=float, default=0.05,
                    help="share of ε for the DP row count when --rows is not given (default 0.05)")
+    p.add_argument("--count-epsilon", type=float, default=None,
+                   help="absolute ε for the DP row count (instead of --count-fraction)")
     p.add_argument("--privacy-id", default=None, help="column identifying a privacy unit")
     p.add_argument("--max-contributions", type=int, default=1,
                    help="records kept per privacy unit (needs --privacy-id; default 1)")
@@ -60,7 +62,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
         input=args.input, schema=schema, output=args.output, epsilon=args.epsilon,
         delta=args.delta, method=args.method, rows=args.rows, privacy_id=args.privacy_id,
         max_contributions=args.max_contributions, seed=args.seed,
-        count_fraction=args.count_fraction, options=vars(args).copy())
+        count_fraction=args.count_fraction, count_epsilon=args.count_epsilon, options=vars(args).copy())
     quiet = getattr(args, "quiet", False)
     if not quiet:
         print(f"beamsynth synthesize: {args.method} on {args.input} (ε={args.epsilon:g}"

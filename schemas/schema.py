@@ -49,6 +49,7 @@ __all__ = [
     "load_schema",
     "bundled_schema_path",
     "NULL_CODE_REASON",
+    "avro_field_name",
 ]
 
 COLUMN_TYPES = ("categorical", "integer", "float", "datetime", "string", "text")
@@ -339,17 +340,18 @@ class Schema:
                 "float": "double",
             }[c.type]
             fields.append(
-                {"name": _avro_name(c.name), "type": ["null", t] if c.nullable else t}
+                {"name": avro_field_name(c.name), "type": ["null", t] if c.nullable else t}
             )
         return {
             "type": "record",
-            "name": _avro_name(self.name or "record"),
+            "name": avro_field_name(self.name or "record"),
             "namespace": "beamsynth.synthetic",
             "fields": fields,
         }
 
 
-def _avro_name(name: str) -> str:
+def avro_field_name(name: str) -> str:
+    """The Avro-safe form of a column name (letters, digits, underscore; no leading digit)."""
     out = "".join(ch if (ch.isalnum() or ch == "_") else "_" for ch in name)
     return out if out and not out[0].isdigit() else f"_{out}"
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import apache_beam as beam
 import numpy as np
-from apache_beam.transforms.window import GlobalWindows
+from apache_beam.transforms.window import GlobalWindow, GlobalWindows
 from beamsynth.schemas.schema import EncodedBatch
 from beamsynth.transforms.budget import ApproxDP, PureDP
 from beamsynth.transforms.noise import RandomSource, discrete_laplace, discrete_laplace_scale
@@ -186,10 +186,12 @@ def noisy_marginals(
 
 def window_labels(window: Any) -> tuple[Any, ...]:
     """Stable identity of a window for seeded randomness (start/end for interval windows)."""
+    if window is None or isinstance(window, GlobalWindow):
+        return ("global",)
     start = getattr(window, "start", None)
     end = getattr(window, "end", None)
     if start is None or end is None:
-        return ("global",)
+        return ("window", repr(window))
     return ("window", int(start.micros), int(end.micros))
 
 
@@ -231,6 +233,8 @@ class DPMarginals(beam.PTransform):
       budgets: one budget per marginal (pure ε; δ is ignored and must be 0).
       max_contributions: records per privacy unit after bounding (the L1 sensitivity per table).
       seed: ``None`` for secure noise; an int only for tests and demos.
+      stream: name of the seeded random stream (distinct measurements in one pipeline must use
+        distinct names); the noise of window ``w`` comes from ``(seed, stream, w)``.
 
     Input: ``PCollection[EncodedBatch]`` (already contribution-bounded).
     Output: one element per window, ``tuple[NoisyMarginal, ...]`` in ``specs`` order.
@@ -247,6 +251,7 @@ class DPMarginals(beam.PTransform):
         budgets: Sequence[ApproxDP],
         max_contributions: int = 1,
         seed: int | None = None,
+        stream: str = "marginals",
         label: str | None = None,
     ) -> None:
         super().__init__(label)
@@ -263,6 +268,7 @@ class DPMarginals(beam.PTransform):
         self._budgets = [PureDP(epsilon=b.epsilon) for b in budgets]
         self._k = max_contributions
         self._seed = seed
+        self._stream = stream
 
     def expand(self, batches):
         # batches: EncodedBatch (columnar rows of cell codes)
@@ -275,7 +281,7 @@ class DPMarginals(beam.PTransform):
                 budgets=self._budgets,
                 sensitivity=float(self._k),
                 seed=self._seed,
-                step=self.label,
+                step=self._stream,
             )
         )
         # -> tuple[NoisyMarginal, ...]

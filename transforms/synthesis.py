@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +17,8 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 from beamsynth.schemas.schema import EncodedBatch, Schema
-from beamsynth.transforms.budget import ApproxDP
+from beamsynth.transforms.budget import ApproxDP, PureDP
+from beamsynth.transforms.cathist import ColumnCells, DPCategoricalHistogram
 from beamsynth.transforms.measure import DPMarginals, NoisyMarginal, combine_globally, window_labels
 from beamsynth.transforms.noise import (
     RandomSource,
@@ -132,19 +133,27 @@ def clip_and_normalize(values: np.ndarray) -> np.ndarray:
 
 
 class IndependentModel(SynthesisModel):
-    """Each column sampled independently from its clipped, normalized noisy 1-way marginal."""
+    """Each column sampled independently from its clipped, normalized noisy 1-way marginal.
 
-    def __init__(self, marginals: Sequence[NoisyMarginal], shape: Sequence[int]) -> None:
+    ``sparse`` maps the position of an open column to its released CatHist histogram as
+    ``(cells, counts)``; such a column is sampled from those cells in proportion to the counts
+    (uniformly over its ``shape[j]`` cells when nothing was released), never densified.
+    """
+
+    def __init__(self, marginals: Sequence[NoisyMarginal], shape: Sequence[int],
+                 sparse: Mapping[int, tuple[np.ndarray, np.ndarray]] | None = None) -> None:
         self._shape = tuple(int(s) for s in shape)
+        self._sparse = {int(j): (np.asarray(c, np.int64), np.asarray(w, np.float64))
+                        for j, (c, w) in (sparse or {}).items()}
         probs: list[np.ndarray | None] = [None] * len(self._shape)
         for m in marginals:
             if len(m.columns) != 1:
                 raise ValueError(f"IndependentModel takes 1-way marginals, got {m.names}")
             probs[m.columns[0]] = clip_and_normalize(m.values)
-        missing = [i for i, p in enumerate(probs) if p is None]
+        missing = [i for i, p in enumerate(probs) if p is None and i not in self._sparse]
         if missing:
             raise ValueError(f"no marginal for column positions {missing}")
-        self._probs = [p for p in probs if p is not None]
+        self._probs = probs
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -152,13 +161,21 @@ class IndependentModel(SynthesisModel):
 
     @property
     def probabilities(self) -> list[np.ndarray]:
-        """Per-column cell probabilities."""
-        return [p.copy() for p in self._probs]
+        """Per-column cell probabilities (dense columns only; open columns are sparse)."""
+        return [p.copy() for p in self._probs if p is not None]
 
     def sample_codes(self, n: int, rs: RandomSource) -> np.ndarray:
         out = np.empty((n, len(self._shape)), dtype=np.int64)
         for j, p in enumerate(self._probs):
-            out[:, j] = sample_categorical(rs.child("column", j), p, n)
+            crs = rs.child("column", j)
+            if p is not None:
+                out[:, j] = sample_categorical(crs, p, n)
+                continue
+            cells, weights = self._sparse[j]
+            if cells.size == 0 or weights.sum() <= 0:
+                out[:, j] = crs.integers(self._shape[j], n)
+            else:
+                out[:, j] = cells[sample_categorical(crs, weights, n)]
         return out
 
     def describe(self) -> dict[str, Any]:
@@ -170,6 +187,9 @@ class DPIndependentMarginals(beam.PTransform):
 
     The budget is split equally over the columns (sequential composition); each table gets
     discrete Laplace noise of scale ``k/ε_col`` on every declared cell (Adult: 14 tables).
+    Open columns (``Column.is_open``: huge declared domain + tolerance ρ) are released with
+    CatHist (:class:`~beamsynth.transforms.cathist.DPCategoricalHistogram`, ε_col-DP, seed 000)
+    instead, never as a dense table.
     Output: one :class:`IndependentModel` per window (fitting is post-processing).
     """
 
@@ -180,24 +200,62 @@ class DPIndependentMarginals(beam.PTransform):
             raise TypeError(f"schema must be a Schema, got {type(schema).__name__}")
         per_column = budget.split({c.name: 1.0 for c in schema.columns})
         self._schema = schema
-        self._measure = DPMarginals(
-            specs=[(j,) for j in range(len(schema.columns))],
+        closed = [j for j, c in enumerate(schema.columns) if not c.is_open]
+        self._measure = None if not closed else DPMarginals(
+            specs=[(j,) for j in closed],
             shape=schema.shape,
             names=schema.names,
-            budgets=[per_column[c.name] for c in schema.columns],
+            budgets=[per_column[schema.columns[j].name] for j in closed],
             max_contributions=max_contributions,
             seed=seed,
         )
+        self._open = {
+            j: DPCategoricalHistogram(
+                domain=ColumnCells(c), budget=PureDP(epsilon=per_column[c.name].epsilon),
+                tolerance=c.tolerance, max_contributions=max_contributions, column=j, seed=seed,
+                label=f"CatHist[{c.name}]")
+            for j, c in enumerate(schema.columns) if c.is_open
+        }
 
     def expand(self, batches):
         shape = self._schema.shape
+        if not self._open:
+            return (
+                batches
+                | "Measure1Way" >> self._measure
+                # tuple[NoisyMarginal, ...]
+                | "Fit" >> beam.Map(lambda ms: IndependentModel(ms, shape))
+                # IndependentModel
+            )
+        parts = []
+        if self._measure is not None:
+            parts.append(batches | "Measure1Way" >> self._measure
+                         | "KeyMarginals" >> beam.Map(lambda ms: (0, ("marginals", ms))))
+            # (0, ("marginals", tuple[NoisyMarginal, ...]))
+        for j, hist in self._open.items():
+            parts.append(batches | f"Measure{hist.label}" >> hist
+                         | f"Key{hist.label}" >> beam.Map(lambda h, j=j: (0, (j, h))))
+            # (0, (column position, ReleasedHistogram))
         return (
-            batches
-            | "Measure1Way" >> self._measure
-            # tuple[NoisyMarginal, ...]
-            | "Fit" >> beam.Map(lambda ms: IndependentModel(ms, shape))
+            tuple(parts)
+            | "JoinMeasurements" >> beam.Flatten()
+            | "GroupMeasurements" >> beam.GroupByKey()
+            # (0, Iterable[(tag, measurement)]) per window
+            | "Fit" >> beam.Map(_fit_independent, shape)
             # IndependentModel
         )
+
+
+def _fit_independent(keyed: tuple[int, Iterable[tuple[Any, Any]]], shape: Sequence[int]) -> IndependentModel:
+    """Post-processing: dense marginals and CatHist releases of one window → IndependentModel."""
+    marginals: tuple[NoisyMarginal, ...] = ()
+    sparse = {}
+    for tag, value in keyed[1]:
+        if tag == "marginals":
+            marginals = value
+        else:
+            sparse[tag] = (value.cells, value.counts)
+    return IndependentModel(marginals, shape, sparse=sparse)
 
 
 # -- sampling -------------------------------------------------------------------------------------

@@ -1,0 +1,113 @@
+"""The noise module: determinism when seeded, secure by default, exact samplers."""
+
+import math
+import pickle
+
+import numpy as np
+import pytest
+from beamsynth.transforms.noise import (
+    RandomSource,
+    binomial,
+    discrete_laplace,
+    discrete_laplace_cdf,
+    discrete_laplace_pmf,
+    exponential_mechanism,
+    sample_categorical,
+)
+from scipy import stats
+
+
+def test_seeded_streams_depend_only_on_labels():
+    a = RandomSource(seed=5).child("x", 3).words(4)
+    b = RandomSource(seed=5).child("x", 3).words(4)
+    c = RandomSource(seed=5).child("x", 4).words(4)
+    assert np.array_equal(a, b) and not np.array_equal(a, c)
+
+
+def test_pickled_source_restarts_its_stream():
+    rs = RandomSource(seed=1).child("s")
+    first = rs.words(2)
+    clone = pickle.loads(pickle.dumps(rs))
+    assert np.array_equal(clone.words(2), first)
+
+
+def test_secure_mode_is_not_reproducible():
+    assert not np.array_equal(RandomSource().words(4), RandomSource().words(4))
+    assert not RandomSource().seeded and RandomSource(seed=0).seeded
+
+
+def test_seed_type_checked():
+    with pytest.raises(TypeError, match="seed must be an int or None"):
+        RandomSource(seed="7")  # type: ignore[arg-type]
+
+
+def test_uniform_open_interval():
+    u = RandomSource(seed=2).uniform(100_000)
+    assert u.min() > 0 and u.max() < 1
+
+
+def test_integers_and_randbelow_in_range():
+    rs = RandomSource(seed=3)
+    x = rs.integers(7, 10_000)
+    assert x.min() == 0 and x.max() == 6
+    big = 10**30
+    assert all(0 <= rs.randbelow(big) < big for _ in range(100))
+
+
+def test_pmf_sums_to_one_and_cdf_matches():
+    k = np.arange(-200, 201)
+    p = discrete_laplace_pmf(k, 3.0)
+    assert p.sum() == pytest.approx(1.0, abs=1e-12)
+    assert np.allclose(np.cumsum(p)[190:210], discrete_laplace_cdf(k[190:210], 3.0))
+
+
+def test_discrete_laplace_is_integer_and_symmetric():
+    z = discrete_laplace(RandomSource(seed=4), 5.0, 50_000)
+    assert z.dtype == np.int64
+    assert abs(z.mean()) < 0.2
+
+
+def test_binomial_small_n_matches_scipy():
+    rs = RandomSource(seed=9)
+    draws = np.array([binomial(rs, 20, 0.3) for _ in range(4000)])
+    counts = np.bincount(draws, minlength=21)
+    expected = stats.binom.pmf(np.arange(21), 20, 0.3) * draws.size
+    keep = expected > 5
+    obs = np.r_[counts[keep], counts[~keep].sum()]
+    exp = np.r_[expected[keep], expected[~keep].sum()]
+    assert stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue > 1e-4
+
+
+def test_binomial_huge_n_has_right_mean():
+    rs = RandomSource(seed=10)
+    n, p = 10**12, 2.3e-12
+    draws = [binomial(rs, n, p) for _ in range(3000)]
+    assert np.mean(draws) == pytest.approx(n * p, rel=0.08)
+
+
+def test_binomial_edges():
+    rs = RandomSource(seed=1)
+    assert binomial(rs, 0, 0.5) == 0 and binomial(rs, 10, 0.0) == 0 and binomial(rs, 10, 1.0) == 10
+    with pytest.raises(ValueError, match=r"p \(1.5\) must be in \[0, 1\]"):
+        binomial(rs, 10, 1.5)
+
+
+def test_exponential_mechanism_prefers_high_scores():
+    rs = RandomSource(seed=6)
+    picks = [exponential_mechanism(rs.child(i), np.array([0.0, 20.0, 0.0]), epsilon=1.0,
+                                   sensitivity=1.0) for i in range(200)]
+    assert np.mean(np.array(picks) == 1) > 0.99
+
+
+def test_exponential_mechanism_probabilities():
+    rs = RandomSource(seed=7)
+    scores = np.array([0.0, math.log(3.0) * 2])  # exp(ε s / 2Δ) ratio 3 with ε=Δ=1
+    picks = np.array([exponential_mechanism(rs.child(i), scores, epsilon=1.0, sensitivity=1.0)
+                      for i in range(8000)])
+    assert np.mean(picks == 1) == pytest.approx(0.75, abs=0.02)
+
+
+def test_sample_categorical():
+    x = sample_categorical(RandomSource(seed=8), np.array([0.0, 1.0, 3.0]), 40_000)
+    assert not np.any(x == 0)
+    assert np.mean(x == 2) == pytest.approx(0.75, abs=0.01)
