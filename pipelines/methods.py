@@ -13,7 +13,8 @@ from typing import Any
 
 import apache_beam as beam
 from beamsynth.schemas.schema import Schema
-from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant
+from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, PureDP, as_budget
+from beamsynth.transforms.cathist import plan_cathist
 from beamsynth.transforms.synthesis import DPIndependentMarginals
 
 __all__ = ["METHODS", "Method", "IndependentMethod", "register", "get_method"]
@@ -55,17 +56,34 @@ class IndependentMethod(Method):
 
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
-        per_column = self.budget.epsilon / len(self.schema.columns)
-        self.accountant.spend(
-            "independent.marginals", self.budget, mechanism="discrete Laplace on 1-way marginals",
-            details={
-                "tables": len(self.schema.columns),
-                "epsilon_per_table": per_column,
-                "scale_per_table": self.max_contributions / per_column,
-                "sensitivity_per_table": self.max_contributions,
-                "paper": "Laplace mechanism (Dwork et al. 2006); DataSynthesizer independent mode (seed 004)",
-            },
-        )
+        columns = self.schema.columns
+        per_column = self.budget.epsilon / len(columns)
+        closed = [c for c in columns if not c.is_open]
+        details = {
+            "tables": len(closed),
+            "epsilon_per_table": per_column,
+            "scale_per_table": self.max_contributions / per_column,
+            "sensitivity_per_table": self.max_contributions,
+            "paper": "Laplace mechanism (Dwork et al. 2006); DataSynthesizer independent mode (seed 004)",
+        }
+        if len(closed) == len(columns):
+            self.accountant.spend("independent.marginals", self.budget,
+                                  mechanism="discrete Laplace on 1-way marginals", details=details)
+            return
+        if closed:  # equal split: the closed columns' share, with all of δ (unused by pure ε)
+            share = as_budget(per_column * len(closed), self.budget.delta)
+            self.accountant.spend("independent.marginals", share,
+                                  mechanism="discrete Laplace on 1-way marginals", details=details)
+        parts = self.budget.split({c.name: 1.0 for c in columns})  # as DPIndependentMarginals
+        for c in columns:
+            if c.is_open:  # huge declared domain: CatHist, never a dense table
+                eps = parts[c.name].epsilon
+                plan = plan_cathist(epsilon=eps, tolerance=c.tolerance, domain_size=c.cells,
+                                    max_contributions=self.max_contributions)
+                self.accountant.spend(
+                    f"independent.cathist.{c.name}", PureDP(epsilon=eps),
+                    mechanism="CatHist: discrete Laplace on every declared bin, keep ≥ τ",
+                    details={"column": c.name, **plan.details()})
 
     def expand_model(self, batches):
         return batches | "IndependentMarginals" >> DPIndependentMarginals(
@@ -95,7 +113,7 @@ def get_method(name: str) -> type[Method]:
 
 # Methods living in their own modules register themselves on import. Adding one: append its
 # module here.
-_METHOD_MODULES: list[str] = []
+_METHOD_MODULES: list[str] = ["beamsynth.pipelines.sbhg_method"]
 
 
 def _load_optional_methods() -> None:
