@@ -1,0 +1,731 @@
+"""Hierarchical prefix counting and synthesis (seed 003): adaptive histograms and direct synthesis.
+
+Keys are symbol sequences from a declared hierarchy (:mod:`beamsynth.schemas.keys`: text, spatial
+cells, categorical trees). All three algorithms of the paper run **one level at a time**: level
+``d`` counts, over the distributed data, the children of the current *frontier* (the nodes at
+depth ``d`` still being refined). The frontier is a side input (sorted prefix bytes), batches are
+columnar :class:`~beamsynth.schemas.schema.EncodedBatch` of symbol codes, counts are sparse
+``(cell, count)`` arrays merged by :class:`SparseCountsCombineFn`; the per-level decision runs on
+one small element per window whose size follows the frontier, never the data.
+
+Neighbours: add/remove one privacy unit, which contributes at most ``k`` records after
+:class:`~beamsynth.transforms.units.BoundContributions` (``k = 1`` without a privacy id). The
+paper's Definition 1 (Section 2.1) already uses the symmetric difference, i.e. add/remove of one
+record; nothing here is a replace-one analysis. Noise is discrete Laplace
+(``P(Z = z) ∝ exp(-|z|/s)``), integer-valued, from :class:`~beamsynth.transforms.noise.RandomSource`.
+
+Accounting per method (functions :func:`basic_accounting`, :func:`improved_accounting`,
+:func:`direct_accounting`; tests check each against its theorem):
+
+* **basic** (Section 2.3, Figure 1, Corollary 2): the root is always split (a data-independent
+  choice); levels ``1..B`` each measure the children of the frontier, disjoint nodes, L1
+  sensitivity ``k``, scale ``k/ε_level`` → ``ε_level`` per level; the re-measurement of the leaves
+  (Section 2.3's second pass) uses fresh noise of scale ``k/ε_final`` on every leaf (a partition)
+  → ``ε_final``. Total ``B·ε_level + ε_final`` (Corollary 2's ``εB`` plus the second pass).
+* **improved** (Section 3, Figure 2, Theorem 3; Appendix A): record-level ``ε₀``, noise scale
+  ``1/ε₀``, threshold ``b``, stable discount ``t = ⌈b + ln 2/ε₀⌉`` removed before every split
+  (implicitly, folded into the children's counts, Appendix A's remark). Theorem 3: ``2ε₀``-DP for
+  one record, **independent of depth**; the proof goes through for discrete Laplace because its
+  survival function is log-concave and ``log(1/p(-t)) ≤ ε₀(b + t) + ln 2``. Only the split
+  decisions and the leaves' noisy counts are released (internal counts would cost ``ε₀`` per
+  level). A unit of ``k`` records: group privacy, ``2kε₀``; we set ``ε₀ = ε/(2k)``.
+* **direct** (Section 4, Figures 3, 4): the root total and ``maxdepth`` levels of children counts
+  are measured, ``maxdepth + 1`` levels, each scale ``k(maxdepth + 1)/ε`` (the paper's
+  ``R = maxdepth/ε``, plus the root count) → ``ε`` total. ``Center`` is post-processing.
+
+Discounts (Appendix A): ``uniform`` (round robin over children in a fixed order, as equal as
+possible), ``proportional`` (the paper's ``Skip`` over a random order: multivariate hypergeometric;
+privacy holds for every fixed order, so its randomness is not privacy-critical) and ``progressive``
+(remove from the largest child, ties in a fixed order). All are stable t-discounts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+from beamsynth.schemas.keys import KeyCodec, prefix_bytes
+from beamsynth.schemas.schema import EncodedBatch
+from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, PureDP
+from beamsynth.transforms.measure import combine_globally, window_labels
+from beamsynth.transforms.noise import RandomSource, discrete_laplace
+
+__all__ = [
+    "DISCOUNTS",
+    "DPBasicPrefixHistogram",
+    "DPDirectPrefixSynthesis",
+    "DPImprovedPrefixHistogram",
+    "DecodeLeaves",
+    "LevelRelease",
+    "LevelState",
+    "PrefixAccounting",
+    "SparseCountsCombineFn",
+    "allocate_discount",
+    "basic_accounting",
+    "basic_step",
+    "center",
+    "child_cells",
+    "children_of",
+    "default_threshold",
+    "dense_counts",
+    "direct_accounting",
+    "direct_step",
+    "improved_accounting",
+    "improved_step",
+    "leaves_to_keys",
+    "release_to_table",
+    "round_robin_remove",
+]
+
+DISCOUNTS = ("uniform", "proportional", "progressive")
+_COMPACT_AT = 2_000_000  # sparse accumulator entries before compaction
+
+
+# -- accounting ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PrefixAccounting:
+    """The privacy arithmetic of one run (what the manifest records)."""
+
+    method: str
+    epsilon: float
+    max_contributions: int
+    levels: int
+    scale: float
+    threshold: float | None = None
+    discount: int | None = None
+    final_scale: float | None = None
+    epsilon_level: float | None = None
+    epsilon_final: float | None = None
+    paper: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+def default_threshold(scale: float, fanout: int) -> float:
+    """``b = 2·s·ln(fanout)``: a zero-count child crosses it with probability ≈ 1/(2 fanout²).
+
+    Section 3's remark asks for ``b ≥ ln(fanout)/ε₀`` so the recursion cannot diverge; twice that
+    keeps spurious expansions rare. Depends on public parameters only.
+    """
+    return float(math.ceil(2.0 * scale * math.log(max(fanout, 2))))
+
+
+def _check_pos(name: str, value: Any, *, integer: bool = False, low: float = 0.0) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
+        raise TypeError(f"{name} must be {'an int' if integer else 'a number'}, got {value!r}")
+    if not (math.isfinite(value) and value > low):
+        raise ValueError(f"{name} ({value!r}) must be finite and > {low:g}")
+
+
+def basic_accounting(*, epsilon: float, max_depth: int, max_contributions: int = 1,
+                     final_fraction: float = 0.25, fanout: int = 2,
+                     threshold: float | None = None) -> PrefixAccounting:
+    """Basic adaptive histogram (Corollary 2 + re-measurement): ``B·ε_level + ε_final = ε``."""
+    _check_pos("epsilon", epsilon)
+    _check_pos("max_depth", max_depth, integer=True)
+    _check_pos("max_contributions", max_contributions, integer=True)
+    if not 0.0 < final_fraction < 1.0:
+        raise ValueError(f"final_fraction ({final_fraction!r}) must be in (0, 1)")
+    eps_final = epsilon * final_fraction
+    eps_level = (epsilon - eps_final) / max_depth
+    scale = max_contributions / eps_level
+    b = default_threshold(scale, fanout) if threshold is None else float(threshold)
+    return PrefixAccounting(
+        method="basic", epsilon=max_depth * eps_level + eps_final, max_contributions=max_contributions,
+        levels=max_depth, scale=scale, threshold=b, final_scale=max_contributions / eps_final,
+        epsilon_level=eps_level, epsilon_final=eps_final,
+        paper="seed 003 §2.3, Figure 1, Corollary 2 (εB-DP) + second pass")
+
+
+def improved_accounting(*, epsilon: float, max_contributions: int = 1, fanout: int = 2,
+                        threshold: float | None = None) -> PrefixAccounting:
+    """Improved adaptive histogram (Theorem 3): ``ε₀ = ε/(2k)``, ``t = ⌈b + ln 2/ε₀⌉``; depth-free."""
+    _check_pos("epsilon", epsilon)
+    _check_pos("max_contributions", max_contributions, integer=True)
+    eps0 = epsilon / (2.0 * max_contributions)
+    scale = 1.0 / eps0
+    b = default_threshold(scale, fanout) if threshold is None else float(threshold)
+    t = int(math.ceil(b + math.log(2.0) / eps0))
+    return PrefixAccounting(
+        method="improved", epsilon=2.0 * max_contributions * eps0, max_contributions=max_contributions,
+        levels=0, scale=scale, threshold=b, discount=t, epsilon_level=eps0,
+        paper="seed 003 §3, Figure 2, Theorem 3 (2ε-DP), Appendix A; group privacy over k records")
+
+
+def direct_accounting(*, epsilon: float, max_depth: int, max_contributions: int = 1) -> PrefixAccounting:
+    """Direct synthesis (Section 4): root + ``maxdepth`` levels at scale ``k(maxdepth+1)/ε``."""
+    _check_pos("epsilon", epsilon)
+    _check_pos("max_depth", max_depth, integer=True)
+    _check_pos("max_contributions", max_contributions, integer=True)
+    levels = max_depth + 1
+    eps_level = epsilon / levels
+    return PrefixAccounting(
+        method="direct", epsilon=levels * eps_level, max_contributions=max_contributions,
+        levels=max_depth, scale=max_contributions / eps_level, epsilon_level=eps_level,
+        paper="seed 003 §4, Figures 3-4 (R = maxdepth/ε per level, plus the root count)")
+
+
+# -- counting -----------------------------------------------------------------------------------------
+@dataclass
+class LevelState:
+    """The frontier at ``depth``: sorted prefixes ``(F, depth)`` and one carried int per node.
+
+    ``carry`` is the owed discount (improved), the allocated count (direct) or zeros (basic).
+    """
+
+    depth: int
+    prefixes: np.ndarray
+    carry: np.ndarray
+
+    @property
+    def keys(self) -> np.ndarray | None:
+        """Sorted prefix bytes (None at the root)."""
+        return None if self.depth == 0 else prefix_bytes(self.prefixes, self.depth)
+
+    def __len__(self) -> int:
+        return int(self.prefixes.shape[0])
+
+
+def root_state(symbol_dtype: np.dtype, carry: int = 0) -> LevelState:
+    """The frontier holding only the root."""
+    return LevelState(0, np.zeros((1, 0), dtype=symbol_dtype), np.array([carry], dtype=np.int64))
+
+
+@dataclass
+class LevelRelease:
+    """Nodes released at one level: prefixes ``(m, depth)``, counts (``-1`` = not released), leaf."""
+
+    depth: int
+    prefixes: np.ndarray
+    counts: np.ndarray
+    leaf: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.counts.size)
+
+
+def child_cells(codes: np.ndarray, depth: int, keys: np.ndarray | None, fanout: int
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Sparse counts of ``frontier_index * fanout + (symbol - 1)`` over one batch of codes.
+
+    A row counts when it has a symbol at ``depth`` and its prefix is in ``keys`` (sorted bytes of
+    the frontier; ``None`` = the root).
+    """
+    if depth >= codes.shape[1] or codes.shape[0] == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    sym = codes[:, depth].astype(np.int64)
+    live = sym > 0
+    if keys is None:
+        flat = sym[live] - 1
+    else:
+        if keys.size == 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        pb = prefix_bytes(codes[live], depth)
+        pos = np.minimum(np.searchsorted(keys, pb), keys.size - 1)
+        hit = keys[pos] == pb
+        flat = pos[hit].astype(np.int64) * fanout + sym[live][hit] - 1
+    if flat.size == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    idx, cnt = np.unique(flat, return_counts=True)
+    return idx.astype(np.int64), cnt.astype(np.int64)
+
+
+def _compact(idx: np.ndarray, cnt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    if idx.size == 0:
+        return idx, cnt
+    uniq, inv = np.unique(idx, return_inverse=True)
+    return uniq, np.bincount(inv, weights=cnt, minlength=uniq.size).astype(np.int64)
+
+
+class SparseCountsCombineFn(beam.CombineFn):
+    """Adds sparse ``(cells, counts)`` arrays; merge = concatenate + sum per cell.
+
+    Accumulator: ``[idx_parts, cnt_parts, size]``; output: compacted ``(idx, cnt)``, empty on no
+    input (so an empty window still releases noise on every cell).
+    """
+
+    def create_accumulator(self) -> list[Any]:
+        return [[], [], 0]
+
+    def add_input(self, acc: list[Any], element: tuple[np.ndarray, np.ndarray]) -> list[Any]:
+        idx, cnt = element
+        acc[0].append(idx)
+        acc[1].append(cnt)
+        acc[2] += idx.size
+        if acc[2] > _COMPACT_AT:
+            i, c = _compact(np.concatenate(acc[0]), np.concatenate(acc[1]))
+            acc[0], acc[1], acc[2] = [i], [c], i.size
+        return acc
+
+    def merge_accumulators(self, accumulators: Iterable[list[Any]]) -> list[Any]:
+        out = self.create_accumulator()
+        for acc in accumulators:
+            out[0].extend(acc[0])
+            out[1].extend(acc[1])
+            out[2] += acc[2]
+        if len(out[0]) > 1:
+            i, c = _compact(np.concatenate(out[0]), np.concatenate(out[1]))
+            out[0], out[1], out[2] = [i], [c], i.size
+        return out
+
+    def extract_output(self, acc: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+        if not acc[0]:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return _compact(np.concatenate(acc[0]), np.concatenate(acc[1]))
+
+
+def dense_counts(n_nodes: int, fanout: int, idx: np.ndarray, cnt: np.ndarray) -> np.ndarray:
+    """Sparse cell counts → dense ``(n_nodes, fanout)`` int64 table."""
+    table = np.zeros(n_nodes * fanout, dtype=np.int64)
+    if idx.size:
+        table[idx] = cnt
+    return table.reshape(n_nodes, fanout)
+
+
+def children_of(prefixes: np.ndarray, fanout: int) -> np.ndarray:
+    """All ``fanout`` children of each prefix, row-major: ``(F * fanout, d + 1)``."""
+    f, d = prefixes.shape
+    out = np.empty((f * fanout, d + 1), dtype=prefixes.dtype)
+    out[:, :d] = np.repeat(prefixes, fanout, axis=0)
+    out[:, d] = np.tile(np.arange(1, fanout + 1), f).astype(prefixes.dtype)
+    return out
+
+
+# -- allocation: discounts and Center ------------------------------------------------------------------
+def _cyclic_first(elig: np.ndarray, k: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """Mark the first ``k[r]`` eligible cells of row ``r``, cycling from column ``start[r]``."""
+    f, a = elig.shape
+    cols = (start[:, None] + np.arange(a)[None, :]) % a
+    rolled = np.take_along_axis(elig, cols, axis=1)
+    sel = rolled & (np.cumsum(rolled, axis=1) <= k[:, None])
+    out = np.zeros_like(elig)
+    np.put_along_axis(out, cols, sel, axis=1)
+    return out
+
+
+def round_robin_remove(s: np.ndarray, r: np.ndarray, start: np.ndarray | None = None) -> np.ndarray:
+    """Units removed per cell when ``r[row]`` units are taken one at a time round robin.
+
+    Each pass takes one unit from every cell still positive, in cyclic order from ``start``
+    (column 0 if None). Equivalent closed form: ``min(s, m)`` plus one for the first remaining
+    cells with ``s > m``, where ``m`` is the number of full passes. Requires ``0 ≤ r ≤ Σ s``.
+    """
+    s = np.asarray(s, dtype=np.int64)
+    r = np.asarray(r, dtype=np.int64)
+    f = s.shape[0]
+    if start is None:
+        start = np.zeros(f, dtype=np.int64)
+    if f == 0:
+        return np.zeros_like(s)
+    if np.any(r < 0) or np.any(r > s.sum(axis=1)):
+        raise ValueError("round_robin_remove needs 0 <= r <= row sums")
+    lo = np.zeros(f, dtype=np.int64)  # sum(min(s, lo)) <= r always
+    hi = s.max(axis=1) + 1  # sum(min(s, hi)) = row sum; search largest m with sum <= r
+    while np.any(hi - lo > 1):
+        mid = (lo + hi) // 2
+        ok = np.minimum(s, mid[:, None]).sum(axis=1) <= r
+        lo = np.where(ok, mid, lo)
+        hi = np.where(ok, hi, mid)
+    base = np.minimum(s, lo[:, None])
+    rest = r - base.sum(axis=1)
+    extra = _cyclic_first(s > lo[:, None], rest, start)
+    return base + extra
+
+
+def _progressive_remove(s: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """Remove ``r`` units one at a time from the currently largest cell (ties: lowest column)."""
+    f = s.shape[0]
+    if f == 0:
+        return np.zeros_like(s)
+    lo = np.zeros(f, dtype=np.int64)  # level λ: removal max(0, s - λ); find smallest λ with sum <= r
+    hi = s.max(axis=1)
+    # sum(max(0, s - hi)) = 0 <= r; search smallest λ in [0, hi] with sum <= r
+    while np.any(hi > lo):
+        mid = (lo + hi) // 2
+        ok = np.maximum(s - mid[:, None], 0).sum(axis=1) <= r
+        hi = np.where(ok, mid, hi)
+        lo = np.where(ok, lo, mid + 1)
+    base = np.maximum(s - lo[:, None], 0)
+    rest = r - base.sum(axis=1)
+    extra = _cyclic_first((s >= lo[:, None]) & (lo[:, None] > 0), rest, np.zeros(f, dtype=np.int64))
+    return base + extra
+
+
+def _proportional_remove(s: np.ndarray, r: np.ndarray, rs: RandomSource) -> np.ndarray:
+    """Remove a uniformly random subset of ``r`` units (multivariate hypergeometric per row)."""
+    gen = rs.numpy_generator()
+    f, a = s.shape
+    out = np.zeros_like(s)
+    left = r.astype(np.int64).copy()
+    total = s.sum(axis=1)
+    for j in range(a):
+        good = s[:, j]
+        bad = total - good
+        active = left > 0
+        if np.any(active):
+            out[active, j] = gen.hypergeometric(good[active], bad[active], left[active])
+        left -= out[:, j]
+        total = bad
+    return out
+
+
+def allocate_discount(counts: np.ndarray, owed: np.ndarray, discount: int, rule: str,
+                      rs: RandomSource) -> np.ndarray:
+    """Records removed per child: ``min(owed + t, Σ children)`` spread by a stable t-discount rule.
+
+    ``owed`` is what ancestors already removed from each node's subtree (not yet located among
+    its children); every child of a split node ends with at least ``t`` fewer records than its
+    (discounted) parent (Appendix A).
+    """
+    r = np.minimum(owed + int(discount), counts.sum(axis=1))
+    if rule == "uniform":
+        return round_robin_remove(counts, r)
+    if rule == "progressive":
+        return _progressive_remove(counts, r)
+    if rule == "proportional":
+        return _proportional_remove(counts, r, rs)
+    raise ValueError(f"discount rule ({rule!r}) must be one of {DISCOUNTS}")
+
+
+def center(count: np.ndarray, sub: np.ndarray, valid: np.ndarray | None = None,
+           start: np.ndarray | None = None) -> np.ndarray:
+    """The paper's ``Center`` (Figure 4 / Figure 14), vectorized over rows.
+
+    Clip each noisy subcount to ``[0, count]``, then move subcounts one unit at a time round robin
+    (from ``start``) toward the target until each row sums to ``count``; decrements skip zeros.
+    Result: non-negative, sums exactly to ``count``; invalid children stay 0.
+    """
+    count = np.asarray(count, dtype=np.int64)
+    s = np.clip(np.asarray(sub, dtype=np.int64), 0, count[:, None])
+    f, a = s.shape
+    if valid is None:
+        valid = np.ones_like(s, dtype=bool)
+    if start is None:
+        start = np.zeros(f, dtype=np.int64)
+    s[~valid] = 0
+    if np.any(count < 0) or np.any((count > 0) & ~valid.any(axis=1)):
+        raise ValueError("center needs count >= 0 and a valid child wherever count > 0")
+    diff = count - s.sum(axis=1)
+    up = diff > 0
+    if np.any(up):
+        nv = valid[up].sum(axis=1)
+        d = diff[up]
+        s[up] += np.where(valid[up], (d // nv)[:, None], 0)
+        s[up] += _cyclic_first(valid[up], d % nv, start[up]).astype(np.int64)
+    down = diff < 0
+    if np.any(down):
+        s[down] -= round_robin_remove(s[down], -diff[down], start[down])
+    return s
+
+
+# -- level steps (Beam-free) ---------------------------------------------------------------------------
+def _release(depth: int, prefixes: np.ndarray, counts: np.ndarray, leaf: np.ndarray) -> LevelRelease:
+    return LevelRelease(depth, prefixes, counts.astype(np.int64), leaf.astype(bool))
+
+
+def _sorted_state(depth: int, prefixes: np.ndarray, carry: np.ndarray) -> LevelState:
+    if prefixes.shape[0] > 1:
+        order = np.argsort(prefix_bytes(prefixes, depth), kind="stable")
+        prefixes, carry = prefixes[order], carry[order]
+    return LevelState(depth, np.ascontiguousarray(prefixes), carry.astype(np.int64))
+
+
+def basic_step(state: LevelState, idx: np.ndarray, cnt: np.ndarray, codec: KeyCodec, *,
+               acct: PrefixAccounting, rs: RandomSource, last: bool) -> tuple[LevelState, LevelRelease]:
+    """One level of Figure 1: noisy child counts; ≥ b splits, else leaf re-measured (fresh noise)."""
+    a = codec.fanout
+    counts = dense_counts(len(state), a, idx, cnt)
+    valid = codec.valid_children(state.prefixes)
+    noisy = counts + discrete_laplace(rs.child("level"), acct.scale, counts.shape)
+    kids = children_of(state.prefixes, a)
+    v = valid.ravel()
+    terminal = codec.is_terminal(kids)
+    expand = v & (noisy.ravel() >= acct.threshold) & ~terminal & (not last)
+    leaf = v & ~expand
+    final = counts.ravel() + discrete_laplace(rs.child("final"), acct.final_scale, counts.size)
+    out_counts = np.where(expand, noisy.ravel(), final)
+    keep = expand | (leaf & (out_counts > 0))  # dropping non-positive leaves is post-processing
+    nxt = _sorted_state(state.depth + 1, kids[expand], np.zeros(int(expand.sum()), np.int64))
+    return nxt, _release(state.depth + 1, kids[keep], out_counts[keep], leaf[keep])
+
+
+def improved_step(state: LevelState, idx: np.ndarray, cnt: np.ndarray, codec: KeyCodec, *,
+                  acct: PrefixAccounting, rule: str, rs: RandomSource) -> tuple[LevelState, LevelRelease]:
+    """One level of Figure 2 with an implicit stable discount; internal counts are not released."""
+    a = codec.fanout
+    counts = dense_counts(len(state), a, idx, cnt)
+    valid = codec.valid_children(state.prefixes)
+    removed = allocate_discount(counts, state.carry, int(acct.discount or 0), rule, rs.child("discount"))
+    eff = counts - removed
+    noisy = eff + discrete_laplace(rs.child("level"), acct.scale, counts.shape)
+    kids = children_of(state.prefixes, a)
+    v = valid.ravel()
+    terminal = codec.is_terminal(kids)
+    expand = v & (noisy.ravel() >= acct.threshold) & ~terminal
+    leaf = v & ~expand
+    keep = expand | (leaf & (noisy.ravel() > 0))
+    out_counts = np.where(expand, -1, noisy.ravel())
+    nxt = _sorted_state(state.depth + 1, kids[expand], removed.ravel()[expand])
+    return nxt, _release(state.depth + 1, kids[keep], out_counts[keep], leaf[keep])
+
+
+def direct_step(state: LevelState, idx: np.ndarray, cnt: np.ndarray, codec: KeyCodec, *,
+                acct: PrefixAccounting, rs: RandomSource, last: bool) -> tuple[LevelState, LevelRelease]:
+    """One level of Figure 3: noisy child counts centred on each node's allocated count.
+
+    At the root (``depth == 0``) the node's count is first measured: noisy total, clipped at 0.
+    Children with allocation 1, terminal children and the last level are leaves; allocation ≥ 2
+    continues.
+    """
+    a = codec.fanout
+    counts = dense_counts(len(state), a, idx, cnt)
+    valid = codec.valid_children(state.prefixes)
+    alloc = state.carry
+    released: list[LevelRelease] = []
+    if state.depth == 0:
+        total = counts.sum() + discrete_laplace(rs.child("root"), acct.scale, 1)
+        alloc = np.maximum(total, 0).astype(np.int64)
+    noisy = counts + discrete_laplace(rs.child("level"), acct.scale, counts.shape)
+    start = rs.child("start").integers(a, len(state)) if len(state) else np.zeros(0, np.int64)
+    sub = center(alloc, noisy, valid, start).ravel()
+    kids = children_of(state.prefixes, a)
+    terminal = codec.is_terminal(kids) | last
+    expand = (sub >= 2) & ~terminal
+    leaf = (sub >= 1) & ~expand
+    keep = expand | leaf
+    nxt = _sorted_state(state.depth + 1, kids[expand], sub[expand])
+    released.append(_release(state.depth + 1, kids[keep], sub[keep], leaf[keep]))
+    return nxt, released[0]
+
+
+def release_to_table(rel: LevelRelease, codec: KeyCodec) -> pa.Table:
+    """Released nodes as a table: depth, prefix (readable), count (null when not released), leaf."""
+    counts = pa.array(rel.counts, type=pa.int64(), mask=rel.counts < 0) if len(rel) else pa.array([], pa.int64())
+    return pa.table({
+        "depth": pa.array(np.full(len(rel), rel.depth, dtype=np.int64)),
+        "prefix": pa.array(codec.labels(rel.prefixes), type=pa.string()),
+        "count": counts,
+        "leaf": pa.array(rel.leaf, type=pa.bool_()),
+    })
+
+
+def leaves_to_keys(rel: LevelRelease, codec: KeyCodec, rs: RandomSource,
+                   *, complete_only: bool = True) -> tuple[dict[str, np.ndarray], int]:
+    """Synthetic keys from released leaves: ``count`` copies of each leaf, decoded.
+
+    Text leaves that do not end in EOS are not complete strings; with ``complete_only`` they are
+    dropped and their (noisy, already released) mass is returned as the second value.
+    """
+    m = rel.leaf & (rel.counts > 0)
+    pre, cnt = rel.prefixes[m], rel.counts[m]
+    dropped = 0
+    if complete_only:
+        ok = codec.is_complete(pre) if pre.shape[1] else np.zeros(pre.shape[0], bool)
+        dropped = int(cnt[~ok].sum())
+        pre, cnt = pre[ok], cnt[ok]
+    rows = np.repeat(pre, cnt, axis=0)
+    return codec.decode(rows, rs), dropped
+
+
+# -- Beam wiring ---------------------------------------------------------------------------------------
+class _CountChildrenFn(beam.DoFn):
+    """EncodedBatch → sparse child counts of the frontier (side input) at one depth."""
+
+    def __init__(self, depth: int, fanout: int) -> None:
+        self._depth, self._fanout = depth, fanout
+        self._cache: tuple[int, np.ndarray | None] | None = None
+
+    def process(self, batch: EncodedBatch, state: LevelState | None = None):
+        keys = None
+        if state is not None:
+            if self._cache is None or self._cache[0] != id(state):
+                self._cache = (id(state), state.keys)
+            keys = self._cache[1]
+            if keys is not None and keys.size == 0:
+                return
+        idx, cnt = child_cells(batch.codes, self._depth, keys, self._fanout)
+        if idx.size:
+            yield idx, cnt
+
+
+class _LevelStepFn(beam.DoFn):
+    """Sparse counts + frontier → next frontier (main) and released nodes (tag ``release``)."""
+
+    def __init__(self, *, method: str, codec: KeyCodec, acct: PrefixAccounting, rule: str,
+                 seed: int | None, step: str, depth: int, last: bool) -> None:
+        self._method, self._codec, self._acct, self._rule = method, codec, acct, rule
+        self._seed, self._step, self._depth, self._last = seed, step, depth, last
+
+    def process(self, counts, state: LevelState | None = None, window=beam.DoFn.WindowParam):
+        if state is None:
+            state = root_state(self._codec.symbol_dtype)
+        idx, cnt = counts
+        rs = RandomSource(seed=self._seed).child(self._step, "level", self._depth, *window_labels(window))
+        if self._method == "basic":
+            nxt, rel = basic_step(state, idx, cnt, self._codec, acct=self._acct, rs=rs, last=self._last)
+        elif self._method == "improved":
+            nxt, rel = improved_step(state, idx, cnt, self._codec, acct=self._acct, rule=self._rule, rs=rs)
+        else:
+            nxt, rel = direct_step(state, idx, cnt, self._codec, acct=self._acct, rs=rs, last=self._last)
+        yield nxt
+        if len(rel):
+            yield beam.pvalue.TaggedOutput("release", rel)
+
+
+class _PrefixLevels(beam.PTransform):
+    """Shared level-by-level wiring; subclasses set the method and its accounting."""
+
+    method = ""
+
+    def __init__(self, *, codec: KeyCodec, acct: PrefixAccounting, levels: int, rule: str = "uniform",
+                 seed: int | None = None, accountant: PrivacyAccountant | None = None,
+                 label: str | None = None) -> None:
+        super().__init__(label)
+        if not isinstance(codec, KeyCodec):
+            raise TypeError(f"codec must be a KeyCodec, got {type(codec).__name__}")
+        if rule not in DISCOUNTS:
+            raise ValueError(f"discount ({rule!r}) must be one of {DISCOUNTS}")
+        if not 1 <= levels <= codec.depth:
+            raise ValueError(f"max_depth ({levels!r}) must be in [1, {codec.depth}] for this key")
+        self._codec, self._acct, self._levels, self._rule, self._seed = codec, acct, levels, rule, seed
+        if accountant is not None:
+            accountant.spend(f"prefixes/{self.method}", PureDP(epsilon=acct.epsilon),
+                             mechanism="discrete Laplace", details=acct.to_dict())
+
+    @property
+    def accounting(self) -> PrefixAccounting:
+        """The privacy arithmetic of this transform."""
+        return self._acct
+
+    def expand(self, batches):
+        # batches: EncodedBatch (codes (n, depth) of symbols), contribution-bounded
+        step = self.label
+        state = None
+        releases = []
+        for d in range(self._levels):
+            side = () if state is None else (beam.pvalue.AsSingleton(state),)
+            partial = batches | f"Count{d}" >> beam.ParDo(_CountChildrenFn(d, self._codec.fanout), *side)
+            # (cells int64[], counts int64[]) per batch
+            counts = combine_globally(partial, SparseCountsCombineFn(), f"Sum{d}")
+            # (cells, counts) merged, one per window
+            out = counts | f"Step{d}" >> beam.ParDo(_LevelStepFn(
+                method=self.method, codec=self._codec, acct=self._acct, rule=self._rule,
+                seed=self._seed, step=step, depth=d, last=d == self._levels - 1), *side,
+            ).with_outputs("release", main="state")
+            # state: LevelState (frontier at depth d+1); release: LevelRelease
+            state = out.state
+            releases.append(out.release)
+        return releases | "Released" >> beam.Flatten()
+        # -> LevelRelease (released nodes of every level)
+
+
+class DPBasicPrefixHistogram(_PrefixLevels):
+    """Basic adaptive histogram with the re-measurement pass (seed 003 §2.3, Figure 1).
+
+    Neighbours: add/remove one unit (≤ ``max_contributions`` = k records). Sensitivity k per level
+    (nodes of a level are disjoint). Discrete Laplace, scale ``k/ε_level`` per level and
+    ``k/ε_final`` for the leaves' second measurement. ``(B·ε_level + ε_final, 0)`` = ``(ε, 0)``-DP
+    (Corollary 2). Output: ``PCollection[LevelRelease]``.
+    """
+
+    method = "basic"
+
+    def __init__(self, *, codec: KeyCodec, budget: ApproxDP, max_depth: int | None = None,
+                 max_contributions: int = 1, final_fraction: float = 0.25,
+                 threshold: float | None = None, seed: int | None = None,
+                 accountant: PrivacyAccountant | None = None, label: str | None = None) -> None:
+        depth = codec.depth if max_depth is None else max_depth
+        _check_budget(budget)
+        acct = basic_accounting(epsilon=budget.epsilon, max_depth=depth, max_contributions=max_contributions,
+                                final_fraction=final_fraction, fanout=codec.fanout, threshold=threshold)
+        super().__init__(codec=codec, acct=acct, levels=depth, seed=seed, accountant=accountant, label=label)
+
+
+class DPImprovedPrefixHistogram(_PrefixLevels):
+    """Improved adaptive histogram with a stable discount (seed 003 §3, Figure 2, Theorem 3, App. A).
+
+    Neighbours: add/remove one unit (≤ k records). Discrete Laplace scale ``1/ε₀ = 2k/ε`` on each
+    discounted child count; threshold ``b``, discount ``t = ⌈b + ln 2/ε₀⌉``. ``2ε₀`` per record
+    (Theorem 3, independent of depth), ``(2kε₀, 0) = (ε, 0)``-DP per unit by group privacy. The tree
+    runs to the key's full depth. Output: ``PCollection[LevelRelease]`` (internal counts withheld).
+    """
+
+    method = "improved"
+
+    def __init__(self, *, codec: KeyCodec, budget: ApproxDP, max_contributions: int = 1,
+                 discount: str = "uniform", threshold: float | None = None, seed: int | None = None,
+                 accountant: PrivacyAccountant | None = None, label: str | None = None) -> None:
+        _check_budget(budget)
+        acct = improved_accounting(epsilon=budget.epsilon, max_contributions=max_contributions,
+                                   fanout=codec.fanout, threshold=threshold)
+        super().__init__(codec=codec, acct=acct, levels=codec.depth, rule=discount, seed=seed,
+                         accountant=accountant, label=label)
+
+
+class DPDirectPrefixSynthesis(_PrefixLevels):
+    """Direct data synthesis with ``Center`` (seed 003 §4, Figures 3, 4).
+
+    Neighbours: add/remove one unit (≤ k records). Sensitivity k per level; discrete Laplace scale
+    ``k(maxdepth + 1)/ε`` on the root total and on every child count of ``maxdepth`` levels →
+    ``(ε, 0)``-DP. Allocations (``Center``) are post-processing. Output: ``PCollection[LevelRelease]``
+    (allocated counts of all nodes; leaves carry the synthetic multiplicities).
+    """
+
+    method = "direct"
+
+    def __init__(self, *, codec: KeyCodec, budget: ApproxDP, max_depth: int | None = None,
+                 max_contributions: int = 1, seed: int | None = None,
+                 accountant: PrivacyAccountant | None = None, label: str | None = None) -> None:
+        depth = codec.depth if max_depth is None else max_depth
+        _check_budget(budget)
+        acct = direct_accounting(epsilon=budget.epsilon, max_depth=depth, max_contributions=max_contributions)
+        super().__init__(codec=codec, acct=acct, levels=depth, seed=seed, accountant=accountant, label=label)
+
+
+def _check_budget(budget: Any) -> None:
+    if not isinstance(budget, ApproxDP) or budget.delta != 0:
+        raise ValueError(f"budget must be pure ε (PureDP), got {budget!r}")
+
+
+class _DecodeLeavesFn(beam.DoFn):
+    def __init__(self, codec: KeyCodec, seed: int | None, step: str, complete_only: bool) -> None:
+        self._codec, self._seed, self._step, self._complete = codec, seed, step, complete_only
+
+    def process(self, rel: LevelRelease, window=beam.DoFn.WindowParam):
+        rs = RandomSource(seed=self._seed).child(self._step, rel.depth, *window_labels(window))
+        cols, dropped = leaves_to_keys(rel, self._codec, rs, complete_only=self._complete)
+        if dropped:
+            beam.metrics.Metrics.counter("beamsynth", "incomplete_leaf_mass_dropped").inc(dropped)
+        n = len(next(iter(cols.values()))) if cols else 0
+        if n:
+            yield pa.table({k: pa.array(v) for k, v in cols.items()})
+
+
+class DecodeLeaves(beam.PTransform):
+    """``LevelRelease`` → ``pyarrow.Table`` of synthetic keys (post-processing only).
+
+    ``count`` copies of every released leaf, decoded by the codec (uniform inside spatial cells
+    and below partial hierarchy nodes); incomplete text leaves are dropped (counted in a metric).
+    """
+
+    def __init__(self, *, codec: KeyCodec, seed: int | None = None, complete_only: bool = True,
+                 label: str | None = None) -> None:
+        super().__init__(label)
+        self._codec, self._seed, self._complete = codec, seed, complete_only
+
+    def expand(self, releases):
+        return releases | "Decode" >> beam.ParDo(
+            _DecodeLeavesFn(self._codec, self._seed, "decode", self._complete))
+        # -> pyarrow.Table with the codec's output columns
+
+
+def synth_sizes(releases: Sequence[LevelRelease]) -> int:
+    """Total synthetic multiplicity of released leaves (helper for reports and tests)."""
+    return int(sum(int(r.counts[r.leaf & (r.counts > 0)].sum()) for r in releases))
