@@ -37,6 +37,7 @@ __all__ = [
     "IntegerDomain",
     "ProductDomain",
     "StringDomain",
+    "UnionDomain",
     "domain_from_spec",
 ]
 
@@ -635,6 +636,42 @@ class ProductDomain(Domain):
             return OUT_OF_DOMAIN
         return self._encode_parts(pieces, self.parts)
 
+    def encode_many(self, values: Sequence[Any]) -> np.ndarray:
+        """Vectorized :meth:`encode` for two-part products (word pairs): the split at the first
+        separator is encoded with each part's ``encode_many``; only values that fail there and
+        hold more separators are retried one by one (same first-valid-split rule)."""
+        if len(self.parts) != 2 or self._size >= 2**63:
+            return super().encode_many(values)
+        series = values if isinstance(values, pd.Series) else pd.Series(list(values), dtype=object)
+        series = series.reset_index(drop=True)
+        codes, uniques = pd.factorize(series.astype(object), use_na_sentinel=True)
+        if uniques.size == 0:
+            return np.full(codes.size, OUT_OF_DOMAIN, dtype=np.int64)
+        if uniques.size < codes.size:  # encode each distinct value once
+            enc = self._encode_distinct(pd.Series(np.asarray(uniques, dtype=object), dtype=object))
+            return np.where(codes >= 0, enc[np.maximum(codes, 0)], OUT_OF_DOMAIN).astype(np.int64)
+        return self._encode_distinct(series)
+
+    def _encode_distinct(self, series: pd.Series) -> np.ndarray:
+        present = series.notna().to_numpy()
+        text = series.where(present, "").astype(str)
+        out = np.full(len(text), OUT_OF_DOMAIN, dtype=np.int64)
+        if not len(text):
+            return out
+        pieces = text.str.split(self.separator, n=1, expand=True, regex=False)
+        if pieces.shape[1] < 2:
+            return out
+        has_sep = pieces[1].notna().to_numpy() & present
+        idx = np.flatnonzero(has_sep)
+        head = self.parts[0].encode_many(pieces[0].iloc[idx].reset_index(drop=True))
+        tail = self.parts[1].encode_many(pieces[1].iloc[idx].reset_index(drop=True))
+        ok = (head >= 0) & (tail >= 0)
+        out[idx[ok]] = head[ok] * int(self.parts[1].size) + tail[ok]
+        retry = [int(i) for i in idx[~ok] if text.iat[int(i)].count(self.separator) > 1]
+        for i in retry:
+            out[i] = self.encode(text.iat[i])
+        return out
+
     def decode(self, index: int) -> str:
         i = int(index)
         if not 0 <= i < self._size:
@@ -651,6 +688,66 @@ class ProductDomain(Domain):
             "separator": self.separator,
             "parts": [p.to_spec() for p in self.parts],
         }
+
+
+class UnionDomain(Domain):
+    """Declared categories, then every value of a (possibly huge) base domain not among them.
+
+    E.g. a codebook's categories plus all English word pairs. Cells ``0..m-1`` are the
+    categories; the rest are the base domain's cells with the ``m`` categories' own cells (if any)
+    removed, so every value has exactly one cell and ``size = m + base.size - |overlap|`` exactly.
+    The overlap is found by encoding the ``m`` categories in the base domain (never enumerating it).
+    """
+
+    kind = "union"
+
+    def __init__(self, first: CategoricalDomain, rest: Domain) -> None:
+        if not isinstance(first, CategoricalDomain) or first.other is not None:
+            raise TypeError("the first part of a union must be a CategoricalDomain without 'other'")
+        if not isinstance(rest, Domain):
+            raise TypeError(f"the base of a union must be a Domain, got {type(rest).__name__}")
+        self.first, self.rest = first, rest
+        codes = np.asarray(rest.encode_many(first.values), dtype=np.int64)
+        self._overlap = np.unique(codes[codes >= 0])
+        self._m = first.size
+        self._size = first.size + rest.size - int(self._overlap.size)
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def encode_many(self, values: Sequence[Any]) -> np.ndarray:
+        series = values if isinstance(values, pd.Series) else pd.Series(list(values), dtype=object)
+        series = series.reset_index(drop=True)
+        out = self.first.encode_many(series)
+        miss = np.flatnonzero(out < 0)
+        if miss.size:
+            base = np.asarray(self.rest.encode_many(series.iloc[miss].reset_index(drop=True)))
+            good = base >= 0
+            shift = np.searchsorted(self._overlap, base[good], side="left")
+            out[miss[good]] = self._m + base[good] - shift
+            out[miss[~good]] = base[~good]
+        return out
+
+    def encode(self, value: Any) -> int:
+        return int(self.encode_many([value])[0])
+
+    def decode(self, index: int) -> Any:
+        i = int(index)
+        if not 0 <= i < self._size:
+            raise IndexError(f"cell {i} outside union domain of size {self._size}")
+        if i < self._m:
+            return self.first.decode(i)
+        j = i - self._m  # the j-th base cell that is not in the overlap
+        c = j
+        while True:
+            nxt = j + int(np.searchsorted(self._overlap, c, side="right"))
+            if nxt == c:
+                return self.rest.decode(c)
+            c = nxt
+
+    def to_spec(self) -> dict[str, Any]:
+        return {"kind": "union", "parts": [self.first.to_spec(), self.rest.to_spec()]}
 
 
 # -- construction from a declarative spec -------------------------------------------------------
