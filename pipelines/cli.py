@@ -21,6 +21,7 @@ _COMMAND_MODULES = [
     "beamsynth.pipelines.schema_cli",
     "beamsynth.pipelines.histogram_cli",
     "beamsynth.pipelines.release_cli",
+    "beamsynth.pipelines.prefixes_cli",
 ]
 
 

@@ -563,9 +563,10 @@ class _LevelStepFn(beam.DoFn):
         self._method, self._codec, self._acct, self._rule = method, codec, acct, rule
         self._seed, self._step, self._depth, self._last = seed, step, depth, last
 
-    def process(self, counts, state: LevelState | None = None, window=beam.DoFn.WindowParam):
-        if state is None:
-            state = root_state(self._codec.symbol_dtype)
+    def process(self, counts, state: LevelState, window=beam.DoFn.WindowParam):
+        yield from self._advance(counts, state, window)
+
+    def _advance(self, counts, state: LevelState, window):
         idx, cnt = counts
         rs = RandomSource(seed=self._seed).child(self._step, "level", self._depth, *window_labels(window))
         if self._method == "basic":
@@ -577,6 +578,13 @@ class _LevelStepFn(beam.DoFn):
         yield nxt
         if len(rel):
             yield beam.pvalue.TaggedOutput("release", rel)
+
+
+class _RootStepFn(_LevelStepFn):
+    """Level 0: the frontier is the root (no side input)."""
+
+    def process(self, counts, window=beam.DoFn.WindowParam):
+        yield from self._advance(counts, root_state(self._codec.symbol_dtype), window)
 
 
 class _PrefixLevels(beam.PTransform):
@@ -615,7 +623,8 @@ class _PrefixLevels(beam.PTransform):
             # (cells int64[], counts int64[]) per batch
             counts = combine_globally(partial, SparseCountsCombineFn(), f"Sum{d}")
             # (cells, counts) merged, one per window
-            out = counts | f"Step{d}" >> beam.ParDo(_LevelStepFn(
+            fn = _LevelStepFn if state is not None else _RootStepFn
+            out = counts | f"Step{d}" >> beam.ParDo(fn(
                 method=self.method, codec=self._codec, acct=self._acct, rule=self._rule,
                 seed=self._seed, step=step, depth=d, last=d == self._levels - 1), *side,
             ).with_outputs("release", main="state")
