@@ -30,6 +30,7 @@ from typing import Any
 import apache_beam as beam
 import pyarrow as pa
 from apache_beam.options.pipeline_options import PipelineOptions
+
 from beamsynth.pipelines.io import (
     METRICS_NAMESPACE,
     ReadRecords,

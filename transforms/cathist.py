@@ -65,6 +65,7 @@ from typing import Any
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
+
 from beamsynth.schemas.domains import Domain
 from beamsynth.schemas.schema import Column, EncodedBatch
 from beamsynth.transforms.budget import ApproxDP

@@ -5,6 +5,7 @@ import json
 
 import numpy as np
 import pytest
+
 from beamsynth.pipelines.methods import IndependentMethod
 from beamsynth.pipelines.synthesize import SynthesisConfig, run_synthesis
 from beamsynth.schemas.schema import load_schema

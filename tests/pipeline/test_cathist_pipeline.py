@@ -7,6 +7,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms import window
+
 from beamsynth.schemas.domains import CategoricalDomain, ProductDomain
 from beamsynth.schemas.schema import EncodedBatch
 from beamsynth.transforms.budget import PureDP

@@ -22,11 +22,11 @@ import math
 
 import numpy as np
 import pytest
+from scipy import stats
+
 from beamsynth.schemas.domains import IntegerDomain
 from beamsynth.transforms.cathist import plan_cathist, release_histogram
 from beamsynth.transforms.noise import RandomSource, discrete_laplace
-from scipy import stats
-
 from tests.statistical import P_THRESHOLD, discrete_gof_pvalue
 
 pytestmark = pytest.mark.statistical

@@ -5,6 +5,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+
 from beamsynth.schemas.domains import CategoricalDomain, IntegerDomain, ProductDomain
 from beamsynth.schemas.schema import EncodedBatch
 from beamsynth.transforms import cathist

@@ -1,6 +1,9 @@
 """Domain extensions used by CatHist: vectorized word-pair encoding and the union domain."""
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from beamsynth.schemas.domains import (
     OUT_OF_DOMAIN,
     CategoricalDomain,
@@ -8,15 +11,13 @@ from beamsynth.schemas.domains import (
     UnionDomain,
 )
 from beamsynth.transforms.noise import RandomSource
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 WORDS = CategoricalDomain([f"w{i}" for i in range(50)] + ["new york", "new", "a b"])
 PAIRS = ProductDomain([WORDS, WORDS])
 TOKENS = st.sampled_from(["w1", "w7", "w49", "new", "york", "new york", "a", "b", "zz", ""])
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.lists(st.one_of(st.none(), st.integers(0, 3),
                           st.lists(TOKENS, min_size=0, max_size=4).map(" ".join)), max_size=30))
 def test_product_encode_many_equals_scalar_encode(values):
