@@ -40,6 +40,7 @@ from typing import Any
 
 import apache_beam as beam
 import numpy as np
+
 from beamsynth.schemas.schema import EncodedBatch
 from beamsynth.transforms.budget import ApproxDP
 from beamsynth.transforms.measure import MarginalCountsCombineFn, combine_globally, window_labels
@@ -580,6 +581,11 @@ class SBHGModel(SynthesisModel):
     @property
     def shape(self) -> tuple[int, ...]:
         return self._shape
+
+    @property
+    def released(self) -> ReleasedConditionals:
+        """The DP measurement this model was fitted from."""
+        return self._released
 
     @property
     def parents(self) -> tuple[tuple[int, ...], ...]:

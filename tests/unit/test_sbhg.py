@@ -6,6 +6,8 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from sklearn.metrics import mutual_info_score
+
 from beamsynth.pipelines.sbhg_method import SBHGMethod
 from beamsynth.schemas.schema import load_schema
 from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, PureDP
@@ -25,7 +27,6 @@ from beamsynth.transforms.sbhg import (
     sba_threshold,
     select_hash_features,
 )
-from sklearn.metrics import mutual_info_score
 
 
 # -- MI score -------------------------------------------------------------------------------------
