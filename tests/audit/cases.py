@@ -1,0 +1,347 @@
+"""The audit registry: every mechanism (and every deliberately broken variant) as an AuditCase.
+
+Adding a mechanism is a few lines: write ``run(dataset, rs) -> release`` calling its Beam-free
+core, reuse or write hard pairs, pick a statistic, and call :func:`register`. Broken variants go
+through :func:`register_broken`; the same audit must catch them (tests/audit/test_privacy_audit.py).
+
+Convention: ``pairs[0]`` is the tightest pair of a case; the fast audit runs it with ``runs``
+executions per side and the other pairs with a tenth of that.
+
+Datasets are :class:`Records` (raw column values as read from a file, plus privacy ids); the
+mechanisms encode them with the declared :data:`SCHEMA` exactly as the pipeline does.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from apache_beam.transforms.window import GlobalWindow
+
+from beamsynth.schemas.schema import EncodedBatch, Schema, load_schema
+from beamsynth.transforms.audit import AuditCase, NeighbourPair
+from beamsynth.transforms.budget import PureDP
+from beamsynth.transforms.measure import MarginalCountsCombineFn, NoisyMarginal, noisy_marginals
+from beamsynth.transforms.noise import RandomSource, discrete_laplace, discrete_laplace_scale
+from beamsynth.transforms.synthesis import IndependentModel, NoisyCount, _NoiseCountFn
+from beamsynth.transforms.units import bound_rows
+
+__all__ = ["AUDITS", "BROKEN", "SCHEMA", "Records", "register", "register_broken"]
+
+EPSILON = 1.0
+K = 2  # max contributions per privacy unit in the bounded cases
+HEAVY = 25  # records of the heavy privacy unit
+
+# Declared, data-independent: color has a catch-all for out-of-domain values, age is binned.
+SCHEMA: Schema = load_schema({
+    "name": "audit",
+    "privacy_id": "pid",
+    "columns": [
+        {"name": "color", "type": "categorical", "on_out_of_domain": "other",
+         "domain": {"kind": "categorical", "values": ["red", "green", "blue"], "other": "OTHER"}},
+        {"name": "age", "type": "integer",
+         "domain": {"kind": "integer", "low": 0, "high": 99, "edges": [0, 20, 40, 60, 80, 100]}},
+        {"name": "city", "type": "categorical",
+         "domain": {"kind": "categorical", "values": ["x", "y"]}},
+    ],
+})
+SPECS: tuple[tuple[int, ...], ...] = ((0,), (1,), (0, 1))
+
+
+@dataclass(eq=False)
+class Records:
+    """Raw rows (column → values) and their privacy ids; encodes once per schema (deterministic)."""
+
+    columns: dict[str, list[Any]]
+    _cache: dict[str, EncodedBatch] = field(default_factory=dict, repr=False)
+
+    def __len__(self) -> int:
+        return len(next(iter(self.columns.values())))
+
+    def plus(self, rows: list[dict[str, Any]]) -> Records:
+        """A copy with ``rows`` appended (the neighbour with one more unit)."""
+        cols = {k: list(v) + [r[k] for r in rows] for k, v in self.columns.items()}
+        return Records(cols)
+
+    def encoded(self, schema: Schema = SCHEMA) -> EncodedBatch:
+        """Encoded good rows (rejected rows dropped, as the pipeline's dead letter does)."""
+        if schema.name not in self._cache:
+            self._cache[schema.name] = schema.encode_columns(self.columns, len(self))[0]
+        return self._cache[schema.name]
+
+
+def _base_records() -> Records:
+    rows = [("red", 30, "x"), ("green", 45, "y"), ("blue", 12, "x"), ("red", 71, "y"),
+            ("green", 33, "x"), ("red", 90, "x")]
+    return Records({"color": [r[0] for r in rows], "age": [r[1] for r in rows],
+                    "city": [r[2] for r in rows], "pid": [f"p{i}" for i in range(len(rows))]})
+
+
+def _row(color: Any, age: Any, city: Any, pid: str) -> dict[str, Any]:
+    return {"color": color, "age": age, "city": city, "pid": pid}
+
+
+BASE = _base_records()
+# Hard pairs: the added unit lands in cells of every measured table; extreme and catch-all values.
+PAIRS: tuple[NeighbourPair, ...] = (
+    NeighbourPair("add one unit (worst case: existing cell)", BASE, BASE.plus([_row("red", 30, "x", "new")]),
+                  {"row": ("red", 30)}),
+    NeighbourPair("add one unit (edge values, empty cell)", BASE, BASE.plus([_row("blue", 99, "y", "new")]),
+                  {"row": ("blue", 99)}),
+    NeighbourPair("add one unit (out-of-domain → catch-all)", BASE,
+                  BASE.plus([_row("purple\x00☃", 0, "x", "new")]), {"row": ("OTHER", 0)}),
+    NeighbourPair("add one unit to an empty dataset", Records(
+        {"color": [], "age": [], "city": [], "pid": []}), Records(
+        {"color": ["green"], "age": [50], "city": ["y"], "pid": ["only"]}), {"row": ("green", 50)}),
+)
+HEAVY_PAIRS: tuple[NeighbourPair, ...] = (
+    NeighbourPair(f"add a heavy unit ({HEAVY} identical records)", BASE,
+                  BASE.plus([_row("red", 30, "x", "heavy")] * HEAVY), {"row": ("red", 30)}),
+    NeighbourPair(f"add a heavy unit ({HEAVY} records, 3 cells)", BASE,
+                  BASE.plus([_row(c, 30, "x", "heavy") for c in ("red", "green", "blue") * (HEAVY // 3)]),
+                  {"row": ("red", 30)}),
+)
+
+AUDITS: dict[str, AuditCase] = {}
+BROKEN: dict[str, AuditCase] = {}
+
+
+def register(case: AuditCase) -> AuditCase:
+    """Add a real mechanism to the audit."""
+    AUDITS[case.name] = case
+    return case
+
+
+def register_broken(case: AuditCase) -> AuditCase:
+    """Add a deliberately broken variant (the audit must catch it)."""
+    if not case.broken:
+        raise ValueError(f"broken case {case.name!r} must say what it breaks")
+    BROKEN[case.name] = case
+    return case
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=64)
+def _cell_codes(row: tuple[Any, Any]) -> tuple[int, int]:
+    color = SCHEMA.columns[0].encode([row[0]])[0][0]
+    age = SCHEMA.columns[1].encode([row[1]])[0][0]
+    return int(color), int(age)
+
+
+@functools.lru_cache(maxsize=64)
+def exact_tables(data: Records, specs=SPECS, k: int | None = K) -> tuple[np.ndarray, ...]:
+    """Exact marginal counts through the production CombineFn (after bounding to ``k`` if set)."""
+    batch = data.encoded()
+    codes = batch.codes
+    if k is not None and len(batch):
+        # bounding keeps every row of a unit with <= k rows, so the base counts are exact
+        keep = bound_rows(codes, batch.pids, k, RandomSource(seed=0))
+        codes = codes[keep]
+    fn = MarginalCountsCombineFn(specs, SCHEMA.shape)
+    return fn.extract_output(fn.add_input(fn.create_accumulator(), EncodedBatch(codes, None)))
+
+
+def _marginal_stat(release: tuple[NoisyMarginal, ...], pair: NeighbourPair) -> float:
+    """min over the tables of (noisy count − exact count on ``smaller``) at the added row's cells."""
+    color, age = _cell_codes(pair.context["row"])
+    base = exact_tables(pair.smaller)
+    cells = ((color,), (age,), (color, age))
+    return float(min(int(m.values[c]) - int(b[c]) for m, b, c in zip(release, base, cells)))
+
+
+def _marginal_stats(values: list[np.ndarray], pair: NeighbourPair) -> np.ndarray:
+    """Vectorized :func:`_marginal_stat` over a leading runs axis."""
+    color, age = _cell_codes(pair.context["row"])
+    base = exact_tables(pair.smaller)
+    cells = ((color,), (age,), (color, age))
+    per_table = [v[(slice(None), *c)] - int(b[c]) for v, b, c in zip(values, base, cells)]
+    return np.min(np.stack(per_table), axis=0).astype(np.float64)
+
+
+def _bound_is_fixed(batch: EncodedBatch, k: int) -> bool:
+    """True when bounding to k keeps the same multiset of rows whatever its randomness:
+    every unit with more than k rows has identical rows."""
+    order = np.argsort(batch.pids, kind="stable")
+    pids, codes = batch.pids[order], batch.codes[order]
+    starts = np.r_[0, np.flatnonzero(pids[1:] != pids[:-1]) + 1, len(pids)]
+    return all(e - s <= k or bool(np.all(codes[s:e] == codes[s])) for s, e in zip(starts[:-1], starts[1:]))
+
+
+def _count_tables(codes: np.ndarray, specs) -> tuple[np.ndarray, ...]:
+    fn = MarginalCountsCombineFn(specs, SCHEMA.shape)
+    return fn.extract_output(fn.add_input(fn.create_accumulator(), EncodedBatch(codes, None)))
+
+
+def bounded_tables(data: Records, runs: int, rs: RandomSource, *, k: int, bound: bool,
+                   specs) -> list[np.ndarray]:
+    """Exact tables of ``runs`` executions (leading runs axis), bounding drawn per run unless
+    its outcome is fixed (then computed once: same law, much faster)."""
+    batch = data.encoded()
+    if not bound or not len(batch) or _bound_is_fixed(batch, k):
+        codes = batch.codes
+        if bound and len(batch):
+            codes = codes[bound_rows(codes, batch.pids, k, rs.child("bound"))]
+        return [np.broadcast_to(t, (runs, *t.shape)) for t in _count_tables(codes, specs)]
+    per_run = [_count_tables(batch.codes[bound_rows(batch.codes, batch.pids, k, rs.child("bound", i))], specs)
+               for i in range(runs)]
+    return [np.stack([r[j] for r in per_run]) for j in range(len(specs))]
+
+
+def batch_marginals(data: Records, pair: NeighbourPair, runs: int, rs: RandomSource, *,
+                    k: int = K, bound: bool = True, noise_factor: float = 1.0) -> np.ndarray:
+    """:func:`run_marginals` vectorized over runs (the same noisy_marginals on stacked tables)."""
+    tables = bounded_tables(data, runs, rs, k=k, bound=bound, specs=SPECS)
+    budgets = list(PureDP(epsilon=EPSILON).split({str(s): 1.0 for s in SPECS}).values())
+    ms = noisy_marginals(tables, specs=SPECS, names=SCHEMA.names, budgets=budgets,
+                         sensitivity=k * noise_factor, rs=rs.child("noise"))
+    return _marginal_stats([m.values for m in ms], pair)
+
+
+def _public_marginals(release: tuple[NoisyMarginal, ...]) -> Any:
+    return [(m.columns, m.names, m.shape, m.values.shape, m.scale, m.budget, m.sensitivity, m.meta)
+            for m in release]
+
+
+# -- marginals (transforms/measure.py) --------------------------------------------------------------
+def run_marginals(data: Records, rs: RandomSource, *, k: int = K, bound: bool = True,
+                  noise_factor: float = 1.0) -> tuple[NoisyMarginal, ...]:
+    """The marginal mechanism core: bound to k per unit, count (CombineFn), discrete Laplace.
+
+    ``bound=False`` and ``noise_factor=0.5`` are the broken variants.
+    """
+    batch = data.encoded()
+    codes = batch.codes
+    if bound and len(batch):
+        codes = codes[bound_rows(codes, batch.pids, k, rs.child("bound"))]
+    fn = MarginalCountsCombineFn(SPECS, SCHEMA.shape)
+    tables = fn.extract_output(fn.add_input(fn.create_accumulator(), EncodedBatch(codes, None)))
+    budgets = list(PureDP(epsilon=EPSILON).split({str(s): 1.0 for s in SPECS}).values())
+    return noisy_marginals(tables, specs=SPECS, names=SCHEMA.names, budgets=budgets,
+                           sensitivity=k * noise_factor, rs=rs.child("noise"))
+
+
+MARGINAL_THRESHOLDS = tuple(range(-2, 7))
+register(AuditCase(
+    name="marginals", epsilon=EPSILON, delta=0.0, run=run_marginals, pairs=HEAVY_PAIRS + PAIRS,
+    statistic=_marginal_stat, thresholds=MARGINAL_THRESHOLDS, public=_public_marginals,
+    batch=batch_marginals, runs=20_000, slow_runs=200_000,
+))
+register_broken(AuditCase(
+    name="marginals: noise halved", epsilon=EPSILON, delta=0.0,
+    run=lambda d, rs: run_marginals(d, rs, noise_factor=0.5), pairs=HEAVY_PAIRS[:1],
+    statistic=_marginal_stat, thresholds=MARGINAL_THRESHOLDS, public=_public_marginals,
+    batch=lambda d, p, n, rs: batch_marginals(d, p, n, rs, noise_factor=0.5), runs=20_000,
+    broken="discrete Laplace scale k/(2ε) instead of k/ε",
+))
+register_broken(AuditCase(
+    name="marginals: missing contribution bound", epsilon=EPSILON, delta=0.0,
+    run=lambda d, rs: run_marginals(d, rs, bound=False), pairs=HEAVY_PAIRS[:1],
+    statistic=_marginal_stat, thresholds=MARGINAL_THRESHOLDS, public=_public_marginals,
+    batch=lambda d, p, n, rs: batch_marginals(d, p, n, rs, bound=False), runs=20_000,
+    broken="no BoundContributions: a heavy unit moves counts by 25, not k=2",
+))
+
+
+# -- a data-derived domain (broken on purpose: DataSynthesizer's weakness, seed 004) --------------
+@dataclass(frozen=True)
+class DerivedHistogram:
+    """Release of the broken variant: categories read off the data, with noisy counts."""
+
+    categories: tuple[str, ...]
+    values: np.ndarray
+
+
+def run_derived_domain(data: Records, rs: RandomSource) -> DerivedHistogram:
+    """Noisy histogram of ``color`` over the categories **seen in the data** (not declared)."""
+    cats = tuple(sorted({str(v) for v in data.columns["color"]}))
+    counts = np.array([sum(1 for v in data.columns["color"] if str(v) == c) for c in cats], np.int64)
+    scale = discrete_laplace_scale(sensitivity=1, epsilon=EPSILON)
+    return DerivedHistogram(cats, counts + discrete_laplace(rs, scale, counts.shape))
+
+
+register_broken(AuditCase(
+    name="histogram: data-derived domain", epsilon=EPSILON, delta=0.0, run=run_derived_domain,
+    pairs=(PAIRS[2],), statistic=lambda r, _p: float(len(r.categories)), thresholds=(4, 5),
+    public=lambda r: r.categories, broken="category list read off the data (active domain)",
+))
+
+
+# -- the DP row count (transforms/synthesis.py DPCount) ---------------------------------------------
+def run_count(data: Records, rs: RandomSource, *, k: int = K, bound: bool = True,
+              noise_factor: float = 1.0) -> NoisyCount:
+    """DPCount's core: bound to k per unit, count rows, then its noise DoFn (seed from ``rs``)."""
+    batch = data.encoded()
+    n = len(batch)
+    if bound and n:
+        n = int(bound_rows(batch.codes, batch.pids, k, rs.child("bound")).size)
+    seed = int(rs.child("count").words(1)[0] >> np.uint64(2))
+    fn = _NoiseCountFn(PureDP(epsilon=EPSILON), k * noise_factor, seed, "count")
+    return next(iter(fn.process(n, window=GlobalWindow())))
+
+
+def _count_stat(release: NoisyCount, pair: NeighbourPair) -> float:
+    return float(release.value - len(pair.smaller.encoded()))
+
+
+def batch_count(data: Records, pair: NeighbourPair, runs: int, rs: RandomSource, *, k: int = K,
+                bound: bool = True, noise_factor: float = 1.0) -> np.ndarray:
+    """:func:`run_count` vectorized over runs (same bounding, same scale formula and noise)."""
+    n = bounded_tables(data, runs, rs, k=k, bound=bound, specs=((2,),))[0].sum(axis=1)
+    scale = discrete_laplace_scale(sensitivity=k * noise_factor, epsilon=EPSILON)
+    return (n + discrete_laplace(rs.child("count"), scale, runs) - len(pair.smaller.encoded())).astype(float)
+
+
+COUNT_THRESHOLDS = tuple(range(-2, 7))
+register(AuditCase(
+    name="dp_count", epsilon=EPSILON, delta=0.0, run=run_count, pairs=HEAVY_PAIRS + (PAIRS[0], PAIRS[3]),
+    statistic=_count_stat, thresholds=COUNT_THRESHOLDS, batch=batch_count, runs=20_000,
+    slow_runs=400_000, public=lambda r: (r.scale, r.budget),
+))
+register_broken(AuditCase(
+    name="dp_count: noise halved", epsilon=EPSILON, delta=0.0,
+    run=lambda d, rs: run_count(d, rs, noise_factor=0.5), pairs=HEAVY_PAIRS[:1],
+    statistic=_count_stat, thresholds=COUNT_THRESHOLDS, public=lambda r: (r.scale, r.budget),
+    batch=lambda d, p, n, rs: batch_count(d, p, n, rs, noise_factor=0.5), runs=20_000,
+    broken="discrete Laplace scale k/(2ε) instead of k/ε",
+))
+register_broken(AuditCase(
+    name="dp_count: missing contribution bound", epsilon=EPSILON, delta=0.0,
+    run=lambda d, rs: run_count(d, rs, bound=False), pairs=HEAVY_PAIRS[:1],
+    statistic=_count_stat, thresholds=COUNT_THRESHOLDS, public=lambda r: (r.scale, r.budget),
+    batch=lambda d, p, n, rs: batch_count(d, p, n, rs, bound=False), runs=20_000,
+    broken="no contribution bound: the heavy unit adds 25 rows, the noise assumes k=2",
+))
+
+
+# -- the independent synthesizer (noisy 1-way marginals → IndependentModel → sample) --------------
+SYNTH_ROWS = 12
+
+
+def run_independent(data: Records, rs: RandomSource, *, noise_factor: float = 1.0) -> np.ndarray:
+    """The ``independent`` method's core: 1-way noisy marginals, fit, sample SYNTH_ROWS rows."""
+    batch = data.encoded()
+    codes = batch.codes
+    if len(batch):
+        codes = codes[bound_rows(codes, batch.pids, K, rs.child("bound"))]
+    specs = [(j,) for j in range(len(SCHEMA.columns))]
+    fn = MarginalCountsCombineFn(specs, SCHEMA.shape)
+    tables = fn.extract_output(fn.add_input(fn.create_accumulator(), EncodedBatch(codes, None)))
+    per_col = PureDP(epsilon=EPSILON).split({c.name: 1.0 for c in SCHEMA.columns})
+    ms = noisy_marginals(tables, specs=specs, names=SCHEMA.names,
+                         budgets=[per_col[c.name] for c in SCHEMA.columns],
+                         sensitivity=K * noise_factor, rs=rs.child("noise"))
+    return IndependentModel(ms, SCHEMA.shape).sample_codes(SYNTH_ROWS, rs.child("sample"))
+
+
+def _synth_stat(release: np.ndarray, pair: NeighbourPair) -> float:
+    color, _ = _cell_codes(pair.context["row"])
+    return float(np.sum(release[:, 0] == color))
+
+
+register(AuditCase(
+    name="independent", epsilon=EPSILON, delta=0.0, run=run_independent,
+    pairs=(HEAVY_PAIRS[0],), statistic=_synth_stat, thresholds=tuple(range(2, SYNTH_ROWS + 1, 2)),
+    runs=600, slow_runs=6000, public=lambda r: r.shape,
+))

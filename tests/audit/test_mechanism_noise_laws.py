@@ -1,0 +1,101 @@
+"""Each mechanism's released values on a degenerate input follow its noise law (rule 14).
+
+The whole transform runs on an input whose exact answer is known, so every released cell minus
+its exact value must be discrete Laplace with the documented scale b = k/ε. The true scale must
+pass (p > P_THRESHOLD) and scales ×0.7 and ×1.3 must fail.
+
+False-failure rate: P_THRESHOLD = 1e-4 per passing check; the ±30% checks fail to reject with
+probability < 1e-9 at SAMPLES = 20,000 (tests/statistical/__init__.py). All runs are seeded.
+"""
+
+import apache_beam as beam
+import numpy as np
+import pytest
+from apache_beam.testing import test_pipeline
+from apache_beam.testing.util import BeamAssertException, assert_that
+from apache_beam.transforms.window import GlobalWindow
+
+from beamsynth.schemas.schema import EncodedBatch
+from beamsynth.transforms.budget import PureDP
+from beamsynth.transforms.measure import DPMarginals
+from beamsynth.transforms.noise import discrete_laplace_pmf
+from beamsynth.transforms.synthesis import _NoiseCountFn
+from beamsynth.transforms.units import BoundContributions
+from tests.statistical import P_THRESHOLD, SAMPLES, discrete_gof_pvalue
+
+pytestmark = [pytest.mark.statistical, pytest.mark.audit]
+
+
+def law_verdicts(residuals: np.ndarray, scale: float) -> dict[float, float]:
+    """p-values of the residuals against discrete Laplace at scale × {0.7, 1, 1.3}."""
+    return {f: discrete_gof_pvalue(residuals, lambda k, s=scale * f: discrete_laplace_pmf(k, s))
+            for f in (0.7, 1.0, 1.3)}
+
+
+def check_law(residuals: np.ndarray, scale: float) -> None:
+    """True scale passes, ±30% fails; raises AssertionError otherwise."""
+    p = law_verdicts(np.asarray(residuals), scale)
+    if not (p[1.0] > P_THRESHOLD and p[0.7] < P_THRESHOLD and p[1.3] < P_THRESHOLD):
+        raise BeamAssertException(f"noise law check failed at scale {scale}: p-values {p}")
+
+
+def _marginal_matcher(exact: np.ndarray, scale: float):
+    def match(outputs):
+        (release,) = outputs
+        (m,) = release
+        if m.scale != scale or m.values.shape != exact.shape:
+            raise BeamAssertException(f"scale {m.scale} / shape {m.values.shape}, expected {scale} / {exact.shape}")
+        check_law((m.values - exact).ravel(), scale)
+    return match
+
+
+@pytest.mark.parametrize("epsilon", [0.5, 2.0])
+def test_dp_marginals_transform_releases_discrete_laplace(epsilon):
+    """DPMarginals on a degenerate input (all 40 records in one cell of a 100×200 table)."""
+    shape = (100, 200)  # 20,000 cells = SAMPLES noisy values from one run of the transform
+    assert shape[0] * shape[1] == SAMPLES
+    codes = np.zeros((40, 2), dtype=np.int32)
+    exact = np.zeros(shape, dtype=np.int64)
+    exact[0, 0] = 40
+    with test_pipeline.TestPipeline() as p:
+        out = (p | beam.Create([EncodedBatch(codes[:25]), EncodedBatch(codes[25:])])
+               | DPMarginals(specs=[(0, 1)], shape=shape, names=["a", "b"],
+                             budgets=[PureDP(epsilon=epsilon)], seed=31))
+        assert_that(out, _marginal_matcher(exact, 1 / epsilon))
+
+
+def test_bounded_marginals_release_law_at_scale_k_over_epsilon():
+    """BoundContributions(k=3) + DPMarginals(k=3): 30 heavy units of 10 identical records each
+    leave exactly 90 records in one cell, and every cell is discrete Laplace(3/ε)."""
+    k, eps, shape = 3, 1.0, (100, 200)
+    pids = np.repeat(np.array([f"u{i}" for i in range(30)], dtype=object), 10)
+    codes = np.zeros((pids.size, 2), dtype=np.int32)
+    codes[:, 0], codes[:, 1] = 7, 9
+    exact = np.zeros(shape, dtype=np.int64)
+    exact[7, 9] = 30 * k
+    with test_pipeline.TestPipeline() as p:
+        out = (p | beam.Create([EncodedBatch(codes[:150], pids[:150]), EncodedBatch(codes[150:], pids[150:])])
+               | BoundContributions(max_contributions=k, seed=3, num_shards=4)
+               | DPMarginals(specs=[(0, 1)], shape=shape, names=["a", "b"],
+                             budgets=[PureDP(epsilon=eps)], max_contributions=k, seed=4))
+        assert_that(out, _marginal_matcher(exact, k / eps))
+
+
+@pytest.mark.parametrize("k,epsilon", [(1, 1.0), (5, 0.7)])
+def test_dp_count_releases_discrete_laplace(k, epsilon):
+    """DPCount's noise step on a fixed count, SAMPLES independent runs (one seed per run)."""
+    count = 1234
+    values = np.array([
+        next(iter(_NoiseCountFn(PureDP(epsilon=epsilon), k, seed, "count").process(count, window=GlobalWindow()))).value
+        for seed in range(SAMPLES)
+    ])
+    check_law(values - count, k / epsilon)
+
+
+def test_check_law_rejects_a_wrong_mechanism():
+    """The helper can fail: noise at half the scale is rejected at the claimed scale."""
+    from beamsynth.transforms.noise import RandomSource, discrete_laplace
+
+    z = discrete_laplace(RandomSource(seed=1), 1.0, SAMPLES)
+    with pytest.raises(BeamAssertException):
+        check_law(z, 2.0)
