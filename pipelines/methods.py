@@ -47,6 +47,18 @@ class Method(ABC):
         """Method parameters for the manifest."""
         return {}
 
+    def expand_tables(self, batches: beam.PCollection, rows: beam.PCollection) -> beam.PCollection:
+        """Optional hook for methods that release records directly instead of sampling a model.
+
+        Overriding it makes ``synthesize`` call it instead of :meth:`expand_model` +
+        ``SampleSynthetic``: bounded ``EncodedBatch`` records and ``rows`` (``PCollection[int]``,
+        one per window) → ``PCollection[pyarrow.Table]``.
+        """
+        raise NotImplementedError
+
+    def collect_metrics(self, result: Any) -> None:
+        """Optional hook: read the finished run's Beam metrics (for :meth:`details`)."""
+
 
 class IndependentMethod(Method):
     """Noisy 1-way marginals of every column (discrete Laplace), columns sampled independently."""
@@ -113,7 +125,7 @@ def get_method(name: str) -> type[Method]:
 
 # Methods living in their own modules register themselves on import. Adding one: append its
 # module here.
-_METHOD_MODULES: list[str] = ["beamsynth.pipelines.sbhg_method"]
+_METHOD_MODULES: list[str] = ["beamsynth.pipelines.sbhg_method", "beamsynth.pipelines.plausible"]
 
 
 def _load_optional_methods() -> None:

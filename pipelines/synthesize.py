@@ -133,7 +133,8 @@ def build_synthesis(p: beam.Pipeline, plan: SynthesisPlan) -> dict[str, Any]:
         batches = batches | "BoundContributions" >> BoundContributions(
             max_contributions=cfg.max_contributions, seed=cfg.seed)
         # EncodedBatch, <= k rows per privacy id
-    models = plan.method.expand_model(batches)
+    direct = type(plan.method).expand_tables is not Method.expand_tables  # releases records itself
+    models = None if direct else plan.method.expand_model(batches)
     # SynthesisModel per window
     if cfg.rows is None:
         counts = batches | "DPCount" >> DPCount(
@@ -141,16 +142,21 @@ def build_synthesis(p: beam.Pipeline, plan: SynthesisPlan) -> dict[str, Any]:
         rows = counts | "Rows" >> beam.Map(lambda c: c.rows)
     else:
         fixed = cfg.rows
-        rows = models | "Rows" >> beam.Map(lambda _m: fixed)
-    model_rows = (
-        (models | "KeyModel" >> beam.Map(lambda m: (0, ("model", m))),
-         rows | "KeyRows" >> beam.Map(lambda r: (0, ("rows", r))))
-        | "JoinModelRows" >> beam.Flatten()
-        | "Group" >> beam.GroupByKey()
-        | "Pair" >> beam.Map(_pair_model_rows)
-    )
-    # (SynthesisModel, rows)
-    tables = model_rows | "Sample" >> SampleSynthetic(schema=schema, seed=cfg.seed, shard_rows=cfg.shard_rows)
+        base = models if models is not None else p | "RowsOnce" >> beam.Create([None])
+        rows = base | "Rows" >> beam.Map(lambda _m: fixed)
+    if direct:
+        tables = plan.method.expand_tables(batches, rows)
+    else:
+        model_rows = (
+            (models | "KeyModel" >> beam.Map(lambda m: (0, ("model", m))),
+             rows | "KeyRows" >> beam.Map(lambda r: (0, ("rows", r))))
+            | "JoinModelRows" >> beam.Flatten()
+            | "Group" >> beam.GroupByKey()
+            | "Pair" >> beam.Map(_pair_model_rows)
+        )
+        # (SynthesisModel, rows)
+        tables = model_rows | "Sample" >> SampleSynthetic(schema=schema, seed=cfg.seed, shard_rows=cfg.shard_rows,
+                                                      side_input=not dask_safe)
     # pyarrow.Table of synthetic rows
     tables = tables | "CountOut" >> beam.Map(_count_out)
     ensure_parent(cfg.output)
@@ -192,6 +198,7 @@ def run_synthesis(cfg: SynthesisConfig, pipeline_options: PipelineOptions | None
     built = build_synthesis(p, plan)
     result = p.run()
     result.wait_until_finish()
+    plan.method.collect_metrics(result)
     read = _metric(result, "rows_read")
     rej_parse = _metric(result, "rows_rejected_unparseable")
     rej_dom = _metric(result, "rows_rejected_domain")

@@ -1,0 +1,271 @@
+"""``--method plausible``: plausible-deniability synthesis (seed 001) as a ``synthesize`` method.
+
+Wires :mod:`beamsynth.transforms.plausible`: split → DP Bayesian network → candidates from seeds →
+privacy test → released records. Unlike model-sampling methods it needs the seed records, so it
+implements the optional :meth:`Method.expand_tables` hook (``rows`` = number of candidates).
+See ``docs/plausible.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.metrics.metric import MetricsFilter
+
+from beamsynth.pipelines.methods import Method, register
+from beamsynth.schemas.schema import EncodedBatch, Schema
+from beamsynth.transforms.budget import PureDP
+from beamsynth.transforms.measure import combine_globally, window_labels
+from beamsynth.transforms.noise import RandomSource
+from beamsynth.transforms.plausible import (
+    DEFAULT_MAX_RECORDS,
+    METRICS_NAMESPACE,
+    REJECT_BELOW_K,
+    REJECT_NOISY_THRESHOLD,
+    DPPlausibleBayesNet,
+    GenerateCandidates,
+    PlausibleDeniabilityFilter,
+    SplitForPlausible,
+    _batch_label,
+    _CountRowsFn,
+    theorem1_guarantee,
+)
+from beamsynth.transforms.synthesis import codes_to_table
+
+__all__ = ["PlausibleMethod", "PlausibleSynthesis"]
+
+_DEFAULTS: dict[str, Any] = {
+    "k": 50, "gamma": 4.0, "epsilon0": 1.0, "omega": None, "plausible_test": "randomized",
+    "plausible_t": None, "max_plausible": None, "max_check_plausible": None,
+    "plausible_split": "0.5,0.2,0.3", "pd_max_parents": 3, "pd_max_cost": 1000, "pd_alpha": 1.0,
+    "pd_max_records": DEFAULT_MAX_RECORDS, "pd_generic": False,
+}
+
+
+class _DecodeFn(beam.DoFn):
+    def __init__(self, schema: Schema, seed: int | None) -> None:
+        self._schema, self._seed = schema, seed
+
+    def process(self, batch: EncodedBatch, window=beam.DoFn.WindowParam):
+        rs = RandomSource(seed=self._seed).child("plausible.decode", _batch_label(batch), *window_labels(window))
+        yield codes_to_table(self._schema, batch.codes, rs)
+
+
+class PlausibleSynthesis(beam.PTransform):
+    """Records → released synthetic tables (Mechanism 1 with Privacy Test 1 or 2), one composite.
+
+    Input: ``PCollection[EncodedBatch]`` (bounded). Side: ``rows`` (``PCollection[int]``, the number
+    of candidates). Output: ``{"tables": PCollection[pyarrow.Table], "released":
+    PCollection[EncodedBatch], "rejected": PCollection[RejectedCandidates], "model": ...}``.
+    The ``rejected`` candidates were generated from private seeds and failed the test: count them,
+    **never write them**. Privacy: see :mod:`beamsynth.transforms.plausible`.
+    """
+
+    def __init__(self, *, schema: Schema, rows, budget: PureDP, k: int, gamma: float,
+                 epsilon0: float | None, omega: int, fractions=(0.5, 0.2, 0.3),
+                 max_plausible: int | None = None, max_check_plausible: int | None = None,
+                 max_parents: int = 3, max_cost: int = 1000, alpha: float = 1.0,
+                 max_records: int = DEFAULT_MAX_RECORDS, max_contributions: int = 1,
+                 fast_path: bool = True, seed: int | None = None, label: str | None = None) -> None:
+        super().__init__(label)
+        self._schema, self._rows, self._seed = schema, rows, seed
+        self._split = SplitForPlausible(fractions=fractions, seed=seed)
+        self._model = DPPlausibleBayesNet(
+            shape=schema.shape, budget=budget, omega=omega, max_parents=max_parents, max_cost=max_cost,
+            alpha=alpha, max_records=max_records, max_contributions=max_contributions, seed=seed)
+        self._test_args = dict(k=k, gamma=gamma, epsilon0=epsilon0, max_plausible=max_plausible,
+                               max_check_plausible=max_check_plausible, fast_path=fast_path, seed=seed)
+
+    def expand(self, batches):
+        parts = batches | "Split" >> self._split
+        # seeds / structure / params: EncodedBatch (disjoint)
+        model = {"structure": parts["structure"], "params": parts["params"]} | "Model" >> self._model
+        # PlausibleBayesNet (singleton)
+        n_seeds = combine_globally(parts["seeds"], _CountRowsFn(), "CountSeeds")
+        # int |D_S|
+        cands = parts["seeds"] | "Candidates" >> GenerateCandidates(
+            model=model, rows=self._rows, n_seeds=n_seeds, seed=self._seed)
+        # CandidateBatch
+        tested = cands | "PrivacyTest" >> PlausibleDeniabilityFilter(
+            records=parts["seeds"], model=model, **self._test_args)
+        # released: EncodedBatch; rejected: RejectedCandidates (never written)
+        tables = tested["released"] | "Decode" >> beam.ParDo(_DecodeFn(self._schema, self._seed))
+        # pyarrow.Table
+        return {"tables": tables, "released": tested["released"], "rejected": tested["rejected"],
+                "model": model}
+
+
+def _add(parser: argparse._ActionsContainer, flag: str, **kw: Any) -> None:
+    """Add an option unless another method already defined the same flag (shared namespace)."""
+    if flag in getattr(parser, "_option_string_actions", {}):
+        return
+    parser.add_argument(flag, **kw)
+
+
+@register
+class PlausibleMethod(Method):
+    """Plausible deniability (Bindschaedler, Shokri, Gunter, VLDB 2017)."""
+
+    name = "plausible"
+    description = "seed-based synthesis released through the plausible-deniability privacy test"
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        o = {key: (self.options.get(key) if self.options.get(key) is not None else d)
+             for key, d in _DEFAULTS.items()}
+        m = len(self.schema.columns)
+        self.k = _int(o["k"], "k", 1)
+        self.gamma = float(o["gamma"])
+        if not (self.gamma > 1 and math.isfinite(self.gamma)):
+            raise ValueError(f"gamma ({o['gamma']!r}) must be a finite number > 1")
+        self.test = str(o["plausible_test"])
+        if self.test not in ("randomized", "deterministic"):
+            raise ValueError(f"plausible_test ({self.test!r}) must be 'randomized' or 'deterministic'")
+        self.epsilon0 = float(o["epsilon0"])
+        if not (self.epsilon0 > 0 and math.isfinite(self.epsilon0)):
+            raise ValueError(f"epsilon0 ({o['epsilon0']!r}) must be a finite number > 0")
+        self.omega = m if o["omega"] is None else _int(o["omega"], "omega", 1)
+        if self.omega > m:
+            raise ValueError(f"omega ({self.omega}) must be in [1, {m}] (the schema has {m} columns)")
+        self.t = max(1, self.k // 2) if o["plausible_t"] is None else _int(o["plausible_t"], "plausible_t", 1)
+        if self.test == "randomized" and not (self.k >= 2 and self.t < self.k):
+            raise ValueError(f"plausible_t ({self.t}) must be in [1, k-1] with k ({self.k}) >= 2")
+        self.max_plausible = None if o["max_plausible"] is None else _int(o["max_plausible"], "max_plausible", self.k)
+        self.max_check = None if o["max_check_plausible"] is None else _int(o["max_check_plausible"], "max_check_plausible", 1)
+        try:
+            self.fractions = tuple(float(x) for x in str(o["plausible_split"]).split(","))
+        except ValueError:
+            raise ValueError(f"plausible_split ({o['plausible_split']!r}) must be three numbers 'seeds,structure,params'") from None
+        if len(self.fractions) != 3 or min(self.fractions) <= 0:
+            raise ValueError(f"plausible_split ({o['plausible_split']!r}) must be three numbers > 0")
+        self.max_parents = _int(o["pd_max_parents"], "pd_max_parents", 0)
+        self.max_cost = _int(o["pd_max_cost"], "pd_max_cost", 1)
+        self.alpha = float(o["pd_alpha"])
+        self.max_records = _int(o["pd_max_records"], "pd_max_records", 2)
+        self.fast_path = not bool(o["pd_generic"])
+        if not self.fast_path and self.max_check is None:
+            self.max_check = 10_000
+        self.model_budget = PureDP(epsilon=self.budget.epsilon)
+        self._transform_probe = DPPlausibleBayesNet(
+            shape=self.schema.shape, budget=self.model_budget, omega=self.omega,
+            max_parents=self.max_parents, max_cost=self.max_cost, alpha=self.alpha,
+            max_records=self.max_records, max_contributions=self.max_contributions, seed=self.seed)
+        self.accountant.spend(
+            "plausible.model", self.model_budget,
+            mechanism="Laplace on n·H (structure) + discrete Laplace on conditional counts (parameters), "
+                      "disjoint random splits",
+            details={
+                "composition": "parallel over disjoint splits D_T (structure) and D_P (parameters); "
+                               "sequential within each",
+                "structure_entropy_scale": self._transform_probe.entropy_scale,
+                "structure_count_epsilon": 0.1 * self.model_budget.epsilon,
+                "entropy_sum_sensitivity": "log2 N + (N-1)·log2(N/(N-1)), N = max_records",
+                "max_records": self.max_records,
+                "parameter_scale": self._transform_probe.param_scale,
+                "parameter_sensitivity_per_table": self.max_contributions,
+                "split_fractions": {"seeds": self.fractions[0], "structure": self.fractions[1],
+                                    "params": self.fractions[2]},
+                "paper": "Bindschaedler, Shokri, Gunter, VLDB 2017, Sections 3.3-3.5",
+            },
+        )
+        self._metrics: dict[str, int] = {}
+
+    @classmethod
+    def add_arguments(cls, parser: argparse._ActionsContainer) -> None:
+        _add(parser, "--k", type=int, default=None, help="plausible: k, plausible seeds needed (default 50)")
+        _add(parser, "--gamma", type=float, default=None, help="plausible: γ > 1 (default 4)")
+        _add(parser, "--epsilon0", type=float, default=None,
+             help="plausible: ε0 of the randomized threshold k + Lap(1/ε0) (default 1)")
+        _add(parser, "--omega", type=int, default=None,
+             help="plausible: attributes resampled from a seed (default: all)")
+        _add(parser, "--plausible-test", choices=["randomized", "deterministic"], default=None,
+             help="plausible: Privacy Test 2 (randomized, DP; default) or Test 1 (deterministic, no DP)")
+        _add(parser, "--plausible-t", type=int, default=None,
+             help="plausible: t of Theorem 1 for the reported (ε, δ) (default k//2)")
+        _add(parser, "--max-plausible", type=int, default=None, help="plausible: stop counting at this k'")
+        _add(parser, "--max-check-plausible", type=int, default=None,
+             help="plausible: examine at most this many seed records per candidate")
+        _add(parser, "--plausible-split", default=None,
+             help="plausible: fractions seeds,structure,params (default 0.5,0.2,0.3)")
+        _add(parser, "--pd-max-parents", type=int, default=None, help="plausible: max parents (default 3)")
+        _add(parser, "--pd-max-cost", type=int, default=None,
+             help="plausible: max parent configurations per attribute (default 1000)")
+        _add(parser, "--pd-alpha", type=float, default=None, help="plausible: Dirichlet prior α (default 1)")
+        _add(parser, "--pd-max-records", type=int, default=None,
+             help="plausible: declared bound on records (entropy sensitivity; default 1e9)")
+        _add(parser, "--pd-generic", action="store_true", default=None,
+             help="plausible: use the generic privacy-test path (sampled seeds) instead of the fast path")
+
+    def expand_model(self, batches):
+        """The plausible method releases records directly; see :meth:`expand_tables`."""
+        raise NotImplementedError("plausible releases records through expand_tables, not a model")
+
+    def expand_tables(self, batches, rows):
+        out = batches | "Plausible" >> PlausibleSynthesis(
+            schema=self.schema, rows=rows, budget=self.model_budget, k=self.k, gamma=self.gamma,
+            epsilon0=self.epsilon0 if self.test == "randomized" else None, omega=self.omega,
+            fractions=self.fractions, max_plausible=self.max_plausible,
+            max_check_plausible=self.max_check, max_parents=self.max_parents, max_cost=self.max_cost,
+            alpha=self.alpha, max_records=self.max_records, max_contributions=self.max_contributions,
+            fast_path=self.fast_path, seed=self.seed)
+        return out["tables"]
+
+    def collect_metrics(self, result: Any) -> None:
+        names = ["plausible_candidates", "plausible_tested", "plausible_released",
+                 f"plausible_rejected_{REJECT_BELOW_K}", f"plausible_rejected_{REJECT_NOISY_THRESHOLD}"]
+        for n in names:
+            try:
+                res = result.metrics().query(MetricsFilter().with_namespace(METRICS_NAMESPACE).with_name(n))
+                vals = [c.committed if c.committed is not None else c.attempted for c in res["counters"]]
+                self._metrics[n] = int(sum(vals)) if vals else 0
+            except Exception:  # runners without metrics
+                pass
+
+    def release_guarantee(self, released: int | None = None) -> dict[str, Any]:
+        """Theorem 1 per released record, and composed over ``released`` records (basic composition)."""
+        if self.test == "deterministic":
+            return {"test": "Privacy Test 1 (deterministic)", "differential_privacy": None,
+                    "note": "(k, γ)-plausible deniability only; no DP guarantee for the release"}
+        eps, delta = theorem1_guarantee(k=self.k, gamma=self.gamma, epsilon0=self.epsilon0, t=self.t)
+        out: dict[str, Any] = {
+            "test": "Privacy Test 2 (randomized threshold k + Lap(1/ε0))",
+            "per_record": {"epsilon": eps, "delta": delta, "t": self.t},
+            "neighbouring": "add/remove one record of the seed split D_S",
+            "paper": "Theorem 1, Section 2.3 (Appendix C); checked by brute force in tests",
+            "composition": "released records compose sequentially; D_S is disjoint from the model's splits",
+        }
+        if released is not None:
+            out["released_records"] = released
+            out["composed"] = {"epsilon": released * eps, "delta": min(1.0, released * delta)}
+        return out
+
+    def details(self) -> dict[str, Any]:
+        tested = self._metrics.get("plausible_tested")
+        released = self._metrics.get("plausible_released")
+        return {
+            "k": self.k, "gamma": self.gamma, "epsilon0": self.epsilon0, "omega": self.omega,
+            "test": self.test, "max_plausible": self.max_plausible,
+            "max_check_plausible": self.max_check, "path": "fast" if self.fast_path else "generic",
+            "model": {"epsilon": self.model_budget.epsilon, "delta": 0.0,
+                      "max_parents": self.max_parents, "max_cost": self.max_cost, "alpha": self.alpha},
+            "release_guarantee": self.release_guarantee(released),
+            "candidates": self._metrics.get("plausible_candidates"),
+            "tested": tested, "released": released,
+            "pass_rate": (released / tested) if tested else None,
+            "rejection_reasons": {
+                REJECT_BELOW_K: self._metrics.get(f"plausible_rejected_{REJECT_BELOW_K}"),
+                REJECT_NOISY_THRESHOLD: self._metrics.get(f"plausible_rejected_{REJECT_NOISY_THRESHOLD}"),
+            },
+            "operational_note": "candidate/pass/rejection counts are diagnostics computed on private "
+                                "data without noise; they are not covered by the DP guarantee",
+        }
+
+
+def _int(value: Any, name: str, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} ({value!r}) must be an int >= {low}")
+    return value
+

@@ -1,0 +1,131 @@
+"""Pipeline tests of the plausible-deniability stage (TestPipeline + assert_that)."""
+
+from __future__ import annotations
+
+import json
+
+import apache_beam as beam
+import numpy as np
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
+from apache_beam.testing.util import assert_that
+
+from beamsynth.schemas.schema import EncodedBatch
+from beamsynth.transforms.budget import PureDP
+from beamsynth.transforms.noise import RandomSource
+from beamsynth.transforms.plausible import (
+    DPPlausibleBayesNet,
+    GenerateCandidates,
+    PlausibleDeniabilityFilter,
+    SplitForPlausible,
+)
+
+OPTIONS = PipelineOptions(["--runner=DirectRunner", "--direct_num_workers=1"])
+SHAPE = (3, 2, 4, 3)
+
+
+def _data(n=3000, seed=0):
+    rs = RandomSource(seed=seed)
+    codes = np.stack([rs.child(i).integers(s, n) for i, s in enumerate(SHAPE)], 1)
+    codes[:, 1] = (codes[:, 0] + (rs.child("x").uniform(n) < 0.1)) % 2
+    return codes
+
+
+def _batches(codes, size=700):
+    return [EncodedBatch(codes[i:i + size]) for i in range(0, len(codes), size)]
+
+
+def _rows(batches):
+    return sorted(tuple(r) for b in batches for r in b.codes.tolist())
+
+
+def test_fast_and_generic_paths_release_the_same_records_under_test1():
+    codes = _data()
+    with BeamTestPipeline(options=OPTIONS) as p:
+        batches = p | beam.Create(_batches(codes))
+        seeds = batches  # the whole data as seeds; the model from a separate split of the same data
+        parts = batches | "Split" >> SplitForPlausible(seed=1)
+        model = parts | "Model" >> DPPlausibleBayesNet(shape=SHAPE, budget=PureDP(epsilon=5.0), omega=1, seed=1)
+        n_seeds = p | "N" >> beam.Create([len(codes)])
+        rows = p | "Rows" >> beam.Create([4000])
+        cands = seeds | "Cands" >> GenerateCandidates(model=model, rows=rows, n_seeds=n_seeds, seed=1)
+        common = dict(records=seeds, model=model, k=50, gamma=4.0, epsilon0=None, seed=1)
+        fast = cands | "Fast" >> PlausibleDeniabilityFilter(**common)
+        generic = cands | "Generic" >> PlausibleDeniabilityFilter(
+            **common, fast_path=False, max_check_plausible=len(codes))
+
+        def tagged(pc, tag, label):
+            return pc | label >> beam.Map(lambda b, t=tag: (t, b.codes.tolist()))
+
+        both = (tagged(fast["released"], "fast", "TF"), tagged(generic["released"], "generic", "TG"),
+                tagged(fast["rejected"], "fast_rej", "TFR"), tagged(generic["rejected"], "gen_rej", "TGR")) \
+            | beam.Flatten() | beam.combiners.ToList()
+
+        def check(elements):
+            (lists,) = elements
+            got = {}
+            for tag, rows in lists:
+                got.setdefault(tag, []).extend(tuple(r) for r in rows)
+            assert sorted(got.get("fast", [])) == sorted(got.get("generic", []))
+            assert sorted(got.get("fast_rej", [])) == sorted(got.get("gen_rej", []))
+            total = len(got.get("fast", [])) + len(got.get("fast_rej", []))
+            assert 3000 < total < 5000  # Poisson(4000) candidates
+            assert got.get("fast") and got.get("fast_rej")  # both outputs used
+
+        assert_that(both, check)
+
+
+def test_unique_record_is_never_released_under_test1():
+    codes = _data(2000, seed=4)
+    unique = np.array([[2, 1, 3, 2]])
+    codes = codes[~np.any(codes == unique, axis=1)]  # nobody else shares any value with it
+    codes = np.concatenate([codes, unique])
+    with BeamTestPipeline(options=OPTIONS) as p:
+        seeds = p | "Seeds" >> beam.Create(_batches(codes))
+        train = p | "Train" >> beam.Create(_batches(_data(3000, seed=5)))
+        model = {"structure": train, "params": train} | DPPlausibleBayesNet(
+            shape=SHAPE, budget=PureDP(epsilon=3.0), omega=1, seed=2)
+        n_seeds = p | "N" >> beam.Create([len(codes)])
+        rows = p | "Rows" >> beam.Create([40 * len(codes)])  # ~40 candidates from the unique seed
+        cands = seeds | GenerateCandidates(model=model, rows=rows, n_seeds=n_seeds, seed=2)
+        out = cands | PlausibleDeniabilityFilter(records=seeds, model=model, k=2, gamma=4.0, epsilon0=None, seed=2)
+
+        def no_unique(batches):
+            for b in batches:
+                # any candidate of the unique seed keeps >= 3 of its 4 values; others have <= 1
+                assert (np.sum(b.codes == unique, axis=1) <= 1).all()
+
+        def unique_rejected(batches):
+            hits = sum(int((np.sum(b.codes == unique, axis=1) >= 3).sum()) for b in batches)
+            assert hits > 0  # the unique seed did produce candidates, and they were rejected
+
+        assert_that(out["released"], no_unique, label="NoUniqueReleased")
+        assert_that(out["rejected"], unique_rejected, label="UniqueRejected")
+
+
+def test_synthesize_cli_plausible_writes_released_rows_and_manifest(tmp_path):
+    from beamsynth.pipelines.cli import main
+
+    src = tmp_path / "in.csv"
+    import pandas as pd
+
+    df = pd.read_csv("examples/data/adult/adult.csv", dtype=str, keep_default_na=False).head(6000)
+    df.to_csv(src, index=False)
+    out = tmp_path / "out.csv"
+    rc = main(["synthesize", str(src), "--schema", "adult", "--epsilon", "1", "--output", str(out),
+               "--method", "plausible", "--k", "10", "--gamma", "4", "--epsilon0", "1", "--omega", "12",
+               "--rows", "3000", "--seed", "7", "--runner=DirectRunner"])
+    assert rc == 0
+    man = json.loads((tmp_path / "out.csv.manifest.json").read_text())
+    det = man["release"]["details"]["method"]
+    assert det["tested"] == det["candidates"] > 2000
+    rej = det["rejection_reasons"]
+    assert det["released"] + sum(v for v in rej.values()) == det["tested"]
+    assert man["release"]["rows_out"] == det["released"]
+    g = det["release_guarantee"]["per_record"]
+    assert g["t"] == 5 and g["delta"] == pytest.approx(np.exp(-5))
+    spends = {s["step"]: s for s in man["release"]["budget"]["spends"]}
+    assert "plausible.model" in spends
+    written = pd.read_csv(out)
+    assert len(written) == det["released"]

@@ -1,0 +1,1095 @@
+"""Plausible deniability: seed-based synthesis filtered by a privacy test (seed 001).
+
+Bindschaedler, Shokri, Gunter, "Plausible Deniability for Privacy-Preserving Data Synthesis",
+VLDB 2017 (``../shared/seeds/001_a58ab0304eaaa797.txt``; formulas restated in
+``../shared/notes/algorithms.md`` and re-derived/checked by brute force in ``tests/unit``).
+
+Pipeline (one composite transform per mechanism, arithmetic in the Beam-free functions below):
+
+1. :class:`SplitForPlausible` — a random, order-independent split of the (bounded) records into
+   disjoint parts: seeds ``D_S``, structure ``D_T`` and parameters ``D_P`` (Section 3.5).
+2. :class:`DPPlausibleBayesNet` — the generative model of Section 3, learned with privacy:
+   structure by correlation-based feature selection (CFS, Section 3.3) on noisy entropies from one
+   pass of pairwise counts over ``D_T``; parameters by sampling Dirichlet posteriors over noisy
+   conditional counts of ``D_P`` (Section 3.4), the noise of a parent configuration derived lazily
+   from a **secret** HMAC key. Everything after the two measurements is post-processing.
+3. :class:`GenerateCandidates` — Mechanism 1 (Section 2): seeds drawn uniformly from ``D_S``
+   (Poissonized: seed ``d`` yields ``Poisson(rows/|D_S|)`` candidates), the last ``ω`` attributes of a
+   topological order resampled, the rest copied (Section 3.1).
+4. :class:`PlausibleDeniabilityFilter` — Privacy Test 1 (deterministic) or 2 (randomized threshold)
+   with two outputs, ``released`` and ``rejected`` (Section 2.2). A generic path works for any
+   :class:`PlausibleModel`; the fast path for the seed-resampling model groups candidates and seed
+   records by their copied-attribute values (no candidate × record cross product).
+
+Privacy (add/remove one privacy unit, contributions bounded to one record per unit before this
+stage; with ``max_contributions = c`` every sensitivity below is multiplied by ``c``):
+
+* structure: ``|H|+1`` queries on ``D_T`` (every single and pairwise entropy, plus the count of
+  ``D_T``), basic sequential composition, see :func:`entropy_sum_sensitivity`;
+* parameters: one table per attribute on ``D_P``, each record in exactly one cell per table, discrete
+  Laplace of scale ``m/ε`` on every cell (sequential composition over the ``m`` tables);
+* ``D_T``, ``D_P`` and ``D_S`` are disjoint and a unit's part depends only on the unit, so the model is
+  ε-DP by parallel composition (structure and parameters each get the full model ε);
+* the release of one candidate by Privacy Test 2 is ``(ε0 + ln(1 + γ/t), exp(-ε0(k - t)))``-DP
+  (Theorem 1, :func:`theorem1_guarantee`); released records compose sequentially. Test 1 has no
+  DP guarantee (only (k, γ)-plausible deniability, Definition 1).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import itertools
+import math
+from abc import abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import apache_beam as beam
+import numpy as np
+
+from beamsynth.schemas.schema import EncodedBatch
+from beamsynth.transforms.budget import ApproxDP
+from beamsynth.transforms.measure import MarginalCountsCombineFn, combine_globally, window_labels
+from beamsynth.transforms.noise import (
+    RandomSource,
+    discrete_laplace,
+    discrete_laplace_scale,
+    laplace_internal,
+)
+from beamsynth.transforms.synthesis import SynthesisModel
+from beamsynth.transforms.synthesis import _CountRowsFn as _CountRowsFn  # record count CombineFn
+
+__all__ = [
+    "DEFAULT_MAX_RECORDS",
+    "REJECT_BELOW_K",
+    "REJECT_NOISY_THRESHOLD",
+    "CandidateBatch",
+    "DPPlausibleBayesNet",
+    "GenerateCandidates",
+    "PlausibleBayesNet",
+    "PlausibleDeniabilityFilter",
+    "PlausibleModel",
+    "PlausibleStructure",
+    "RejectedCandidates",
+    "SplitForPlausible",
+    "cfs_structure",
+    "count_plausible_generic",
+    "entropy_sensitivity_add_remove",
+    "entropy_sensitivity_replace_one",
+    "entropy_sum",
+    "entropy_sum_sensitivity",
+    "group_keys",
+    "noisy_entropies",
+    "plausible_interval",
+    "privacy_test",
+    "split_assignments",
+    "symmetrical_uncertainty",
+    "theorem1_guarantee",
+    "topological_order",
+]
+
+METRICS_NAMESPACE = "beamsynth"
+DEFAULT_MAX_RECORDS = 10**9
+REJECT_BELOW_K = "fewer_than_k_plausible_seeds"
+REJECT_NOISY_THRESHOLD = "below_noisy_threshold"
+_LOG2E = 1.0 / math.log(2.0)
+
+
+# =============================================================================================
+# Entropy sensitivity (Section 3.3.1, Appendix B), converted to add/remove neighbours
+# =============================================================================================
+def entropy_sum(counts: np.ndarray) -> float:
+    """``n·H`` in bits of a histogram: ``n·log2 n - Σ c·log2 c`` (0 for an empty histogram)."""
+    c = np.asarray(counts, dtype=np.float64).ravel()
+    c = c[c > 0]
+    n = c.sum()
+    if n <= 0:
+        return 0.0
+    return float(n * math.log2(n) - np.sum(c * np.log2(c)))
+
+
+def entropy_sum_sensitivity(max_records: int) -> float:
+    """Add/remove sensitivity of ``n·H`` (bits) over datasets of at most ``max_records`` records.
+
+    Adding one record to cell ``c`` of a histogram of ``N`` records changes ``f = N·H`` by
+    ``g(N) - g(c)`` with ``g(x) = (x+1)·log2(x+1) - x·log2 x``, increasing, ``g(0) = 0``; so the change
+    lies in ``[0, g(N)]`` and the maximum, reached by adding a record to an empty cell, is
+    ``g(n-1) = log2 n + (n-1)·log2(n/(n-1)) < log2 n + log2 e`` for the larger dataset of ``n``
+    records. Checked exactly by brute force over all histograms in ``tests/unit/test_plausible.py``.
+    We noise ``f`` (not ``H``) so the scale does not depend on the private ``n``; ``H`` is then
+    ``f̃ / ñ`` with a separately noised count (post-processing).
+    """
+    n = int(max_records)
+    if n < 1:
+        raise ValueError(f"max_records ({max_records!r}) must be an int >= 1")
+    if n == 1:
+        return 0.0
+    return math.log2(n) + (n - 1) * math.log2(n / (n - 1))
+
+
+def entropy_sensitivity_add_remove(n: int) -> float:
+    """Bound on ``|H(D) - H(D')|`` (bits) for add/remove neighbours, the larger of size ``n >= 2``.
+
+    ``H' - H = (Δf - H)/n`` with ``Δf ∈ [0, log2 n + log2 e]`` and ``H ∈ [0, log2(n-1)]`` give
+    ``ΔH ≤ (log2 n + 1/ln 2)/n``. Stated for comparison with the paper's replace-one Lemma 1; the
+    mechanism uses :func:`entropy_sum_sensitivity` (no dependence on the private ``n``).
+    """
+    if n < 2:
+        raise ValueError(f"n ({n!r}) must be >= 2")
+    return (math.log2(n) + _LOG2E) / n
+
+
+def entropy_sensitivity_replace_one(n: int) -> float:
+    """The paper's Lemma 1 (replace-one, ``n`` fixed): ``(1/n)·(2 + 1/ln 2 + 2·log2 n)``."""
+    if n < 1:
+        raise ValueError(f"n ({n!r}) must be >= 1")
+    return (2.0 + _LOG2E + 2.0 * math.log2(n)) / n
+
+
+def noisy_entropies(
+    tables: Sequence[np.ndarray],
+    n_records: int,
+    *,
+    shape: Sequence[int],
+    epsilon: float,
+    max_records: int,
+    rs: RandomSource,
+    count_fraction: float = 0.1,
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Noisy single entropies ``H̃(X_i)`` and pairwise ``H̃(X_i, X_j)`` (bits) from exact tables.
+
+    ``tables`` are the ``m`` single then ``m(m-1)/2`` pair tables (``itertools.combinations``
+    order) of ``D_T``. Privacy (add/remove one record, ``ε``-DP by sequential composition):
+    ``ε·count_fraction`` on ``|D_T|`` (discrete Laplace, sensitivity 1), the rest split equally
+    over the ``f = n·H`` values, each with Laplace noise of scale ``Δf·Q/ε_f`` where
+    ``Δf = entropy_sum_sensitivity(max_records)`` and ``Q`` the number of tables. The noisy scores
+    are internal (only the chosen structure is released), hence continuous Laplace.
+    Returns ``(H1[m], H2[m, m] (diagonal = H1), noisy count)``; values clipped to
+    ``[0, log2(cells)]``.
+    """
+    m = len(shape)
+    q = m + m * (m - 1) // 2
+    if len(tables) != q:
+        raise ValueError(f"need {q} tables (singles then pairs) for {m} columns, got {len(tables)}")
+    eps_count = epsilon * count_fraction
+    eps_each = (epsilon - eps_count) / q
+    n_noisy = int(n_records) + int(discrete_laplace(rs.child("count"), 1.0 / eps_count, 1)[0])
+    n_eff = max(n_noisy, 1)
+    sens = max(entropy_sum_sensitivity(max_records), 1e-12)
+    f = np.array([entropy_sum(t) for t in tables], dtype=np.float64)
+    f = f + laplace_internal(rs.child("entropies"), sens / eps_each, q)
+    h = f / n_eff
+    cells = [shape[i] for i in range(m)] + [shape[i] * shape[j] for i, j in itertools.combinations(range(m), 2)]
+    h = np.clip(h, 0.0, np.log2(np.maximum(np.asarray(cells, dtype=np.float64), 1.0)))
+    h1 = h[:m]
+    h2 = np.diag(h1).astype(np.float64)
+    for idx, (i, j) in enumerate(itertools.combinations(range(m), 2)):
+        h2[i, j] = h2[j, i] = h[m + idx]
+    return h1, h2, n_noisy
+
+
+def symmetrical_uncertainty(h1: np.ndarray, h2: np.ndarray) -> np.ndarray:
+    """``corr(X,Y) = 2 - 2·H(X,Y)/(H(X)+H(Y))`` clipped to [0, 1] (Section 3.3), as an m×m matrix."""
+    h1 = np.asarray(h1, dtype=np.float64)
+    denom = h1[:, None] + h1[None, :]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        corr = np.where(denom > 0, 2.0 - 2.0 * np.asarray(h2) / denom, 0.0)
+    corr = np.clip(corr, 0.0, 1.0)
+    np.fill_diagonal(corr, 1.0)
+    return corr
+
+
+# =============================================================================================
+# Structure: greedy acyclic CFS (Section 3.3)
+# =============================================================================================
+@dataclass(frozen=True)
+class PlausibleStructure:
+    """A DAG over the columns: ``parents[i]`` (column positions) and a topological ``order``."""
+
+    parents: tuple[tuple[int, ...], ...]
+    order: tuple[int, ...]
+
+    def to_dict(self, names: Sequence[str] | None = None) -> dict[str, Any]:
+        """JSON form (column names when given)."""
+        nm = (lambda i: names[i]) if names is not None else (lambda i: i)
+        return {"order": [nm(i) for i in self.order],
+                "parents": {str(nm(i)): [nm(j) for j in ps] for i, ps in enumerate(self.parents)}}
+
+
+def _merit(corr: np.ndarray, i: int, subset: Sequence[int]) -> float:
+    if not subset:
+        return 0.0
+    s = list(subset)
+    num = float(corr[i, s].sum())
+    inter = float(corr[np.ix_(s, s)].sum() - len(s))  # Σ_{j≠l}
+    return num / math.sqrt(len(s) + inter)
+
+
+def _reaches(parents: list[list[int]], start: int, target: int) -> bool:
+    """Whether ``target`` is an ancestor-or-self of ``start`` following parent links."""
+    stack, seen = [start], set()
+    while stack:
+        v = stack.pop()
+        if v == target:
+            return True
+        if v in seen:
+            continue
+        seen.add(v)
+        stack.extend(parents[v])
+    return False
+
+
+def topological_order(parents: Sequence[Sequence[int]], shape: Sequence[int] | None = None) -> tuple[int, ...]:
+    """Kahn's algorithm; among ready columns the one with fewest cells first, then lowest index.
+
+    Columns early in the order are the ones copied from a seed; preferring small (public) domains
+    there keeps more seeds plausible for the same ω. Deterministic, uses no data.
+    """
+    m = len(parents)
+    size = [1] * m if shape is None else [int(s) for s in shape]
+    remaining = {i: set(ps) for i, ps in enumerate(parents)}
+    order: list[int] = []
+    while remaining:
+        ready = sorted((i for i, ps in remaining.items() if not ps), key=lambda v: (size[v], v))
+        if not ready:
+            raise ValueError(f"parents {parents!r} contain a cycle")
+        v = ready[0]
+        order.append(v)
+        del remaining[v]
+        for ps in remaining.values():
+            ps.discard(v)
+    if len(order) != m:
+        raise ValueError("topological sort failed")
+    return tuple(order)
+
+
+def cfs_structure(corr: np.ndarray, shape: Sequence[int], *, max_parents: int, max_cost: int) -> PlausibleStructure:
+    """Greedy acyclic correlation-based feature selection (post-processing of noisy entropies).
+
+    Attributes are visited by decreasing total correlation; for each, parents are added greedily
+    while the CFS merit ``Σ_j corr(i,j) / sqrt(|S| + Σ_{j≠l} corr(j,l))`` improves, the edge keeps
+    the graph acyclic, ``|S| ≤ max_parents`` and the configuration count ``Π |X_j| ≤ max_cost``.
+    """
+    corr = np.asarray(corr, dtype=np.float64)
+    m = len(shape)
+    parents: list[list[int]] = [[] for _ in range(m)]
+    total = corr.sum(axis=1) - 1.0
+    for i in sorted(range(m), key=lambda v: (-total[v], v)):
+        chosen: list[int] = []
+        best = 0.0
+        while len(chosen) < max_parents:
+            cand_best, cand_j = best, -1
+            cost = math.prod(shape[j] for j in chosen)
+            for j in range(m):
+                if j == i or j in chosen or cost * shape[j] > max_cost:
+                    continue
+                if _reaches(parents, j, i):  # i is an ancestor of j: edge j -> i makes a cycle
+                    continue
+                mval = _merit(corr, i, chosen + [j])
+                if mval > cand_best + 1e-12:
+                    cand_best, cand_j = mval, j
+            if cand_j < 0:
+                break
+            chosen.append(cand_j)
+            parents[i] = sorted(chosen)
+            best = cand_best
+    ps = tuple(tuple(sorted(p)) for p in parents)
+    return PlausibleStructure(parents=ps, order=topological_order(ps, shape))
+
+
+# =============================================================================================
+# The models
+# =============================================================================================
+class PlausibleModel(SynthesisModel):
+    """A generative model usable by the privacy test: ``Pr{y = M(d)}`` for any seed ``d``.
+
+    Subclasses implement :meth:`generate` and :meth:`log_prob` (natural log, ``-inf`` for 0),
+    vectorized over batches. Models whose probability factorises as ``1[d_C = y_C]·q(y)`` also
+    return the copied columns ``C`` from :meth:`copied_columns` and enable the fast path.
+    """
+
+    @abstractmethod
+    def generate(self, seeds: np.ndarray, rs: RandomSource) -> tuple[np.ndarray, np.ndarray]:
+        """Candidates ``y`` (one per seed row) and ``log Pr{y = M(seed)}``."""
+
+    @abstractmethod
+    def log_prob(self, y: np.ndarray, d: np.ndarray) -> np.ndarray:
+        """``log Pr{y_a = M(d_b)}`` as a ``(len(y), len(d))`` matrix."""
+
+    def copied_columns(self) -> tuple[int, ...] | None:
+        """Columns copied from the seed when ``Pr{y=M(d)} = 1[d_C = y_C]·q(y)``; ``None`` otherwise."""
+        return None
+
+
+def _hmac_seed(key: bytes, *labels: Any) -> int:
+    msg = repr(labels).encode("utf-8")
+    return int.from_bytes(hmac.new(key, msg, hashlib.sha256).digest(), "little")
+
+
+class PlausibleBayesNet(PlausibleModel):
+    """Bayesian network with lazily noised, Dirichlet-sampled conditionals (Section 3.4).
+
+    Holds the **exact** parameter counts of ``D_P`` and the secret HMAC key, so it must stay inside
+    the pipeline (it is a side input, never written). Every conditional ``P(X_i | pa)`` it uses is
+    ``Dir(α + max(0, n_{i,pa} + Z))`` with ``Z`` discrete Laplace of scale ``m/ε_P`` per cell; ``Z``
+    and the Dirichlet draw come from a :class:`RandomSource` seeded by ``HMAC(key, (i, pa))``, so
+    every worker derives the same conditional for the same configuration, but nobody without the
+    key can recompute (and subtract) the noise. Configurations are noised when first needed.
+    """
+
+    def __init__(self, *, structure: PlausibleStructure, shape: Sequence[int], counts: Sequence[np.ndarray],
+                 noise_scale: float, alpha: float, omega: int, key: bytes) -> None:
+        self._structure = structure
+        self._shape = tuple(int(s) for s in shape)
+        m = len(self._shape)
+        if not (1 <= omega <= m):
+            raise ValueError(f"omega ({omega!r}) must be in [1, {m}]")
+        if len(key) < 16:
+            raise ValueError("the HMAC key must have at least 16 bytes")
+        self._counts = [np.asarray(c, dtype=np.int64).reshape(-1, self._shape[i]) for i, c in enumerate(counts)]
+        self._scale = float(noise_scale)
+        self._alpha = float(alpha)
+        self._omega = int(omega)
+        self._key = bytes(key)
+        self._cache: list[np.ndarray | None] = [None] * m
+        self._filled: list[np.ndarray | None] = [None] * m
+
+    # -- pickling: drop caches (they are re-derived identically from the key) ---------------------
+    def __getstate__(self) -> dict[str, Any]:
+        st = dict(self.__dict__)
+        st["_cache"] = [None] * len(self._shape)
+        st["_filled"] = [None] * len(self._shape)
+        return st
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    @property
+    def structure(self) -> PlausibleStructure:
+        """The learned DAG."""
+        return self._structure
+
+    @property
+    def omega(self) -> int:
+        """Number of resampled attributes."""
+        return self._omega
+
+    def copied_columns(self) -> tuple[int, ...]:
+        return tuple(sorted(self._structure.order[: len(self._shape) - self._omega]))
+
+    def resampled_columns(self) -> tuple[int, ...]:
+        """Resampled columns in generation (topological) order."""
+        return self._structure.order[len(self._shape) - self._omega:]
+
+    def with_omega(self, omega: int) -> PlausibleBayesNet:
+        """The same network resampling ``omega`` attributes (post-processing)."""
+        return PlausibleBayesNet(structure=self._structure, shape=self._shape, counts=self._counts,
+                                 noise_scale=self._scale, alpha=self._alpha, omega=omega, key=self._key)
+
+    def describe(self) -> dict[str, Any]:
+        return {"model": "plausible Bayesian network", "omega": self._omega,
+                "structure": self._structure.to_dict(), "dirichlet_alpha": self._alpha,
+                "noise_scale": self._scale}
+
+    # -- conditionals ------------------------------------------------------------------------
+    def config_index(self, i: int, codes: np.ndarray) -> np.ndarray:
+        """Index of each row's parent configuration for attribute ``i``."""
+        ps = self._structure.parents[i]
+        if not ps:
+            return np.zeros(codes.shape[0], dtype=np.int64)
+        return np.ravel_multi_index(tuple(codes[:, j] for j in ps), tuple(self._shape[j] for j in ps)).astype(np.int64)
+
+    def conditional_rows(self, i: int, configs: np.ndarray) -> np.ndarray:
+        """``P(X_i | pa = config)`` rows for each config index (lazily derived and cached)."""
+        table = self._counts[i]
+        if self._cache[i] is None:
+            self._cache[i] = np.zeros(table.shape, dtype=np.float64)
+            self._filled[i] = np.zeros(table.shape[0], dtype=bool)
+        cache, filled = self._cache[i], self._filled[i]
+        missing = np.unique(configs[~filled[configs]])
+        for cfg in missing.tolist():
+            rs = RandomSource(seed=_hmac_seed(self._key, "plausible.params", i, int(cfg)))
+            noisy = table[cfg] + discrete_laplace(rs.child("noise"), self._scale, table.shape[1])
+            conc = self._alpha + np.clip(noisy, 0, None).astype(np.float64)
+            p = rs.child("dirichlet").numpy_generator().dirichlet(conc)
+            p = np.clip(p, 1e-300, None)
+            cache[cfg] = p / p.sum()
+            filled[cfg] = True
+        return cache[configs]
+
+    # -- generation and probabilities ----------------------------------------------------------
+    def generate(self, seeds: np.ndarray, rs: RandomSource) -> tuple[np.ndarray, np.ndarray]:
+        y = np.array(seeds, dtype=np.int64, copy=True)
+        logp = np.zeros(y.shape[0], dtype=np.float64)
+        if y.shape[0] == 0:
+            return y, logp
+        for i in self.resampled_columns():
+            probs = self.conditional_rows(i, self.config_index(i, y))
+            cdf = np.cumsum(probs, axis=1)
+            u = rs.child("resample", i).uniform(y.shape[0]) * cdf[:, -1]
+            v = np.minimum((cdf < u[:, None]).sum(axis=1), probs.shape[1] - 1)
+            y[:, i] = v
+            logp += np.log(probs[np.arange(y.shape[0]), v])
+        return y, logp
+
+    def log_q(self, y: np.ndarray) -> np.ndarray:
+        """``log Π_{resampled i} P(y_i | y_PA(i))``: the seed-independent factor of ``Pr{y = M(d)}``."""
+        out = np.zeros(y.shape[0], dtype=np.float64)
+        for i in self.resampled_columns():
+            probs = self.conditional_rows(i, self.config_index(i, y))
+            out += np.log(probs[np.arange(y.shape[0]), y[:, i]])
+        return out
+
+    def log_prob(self, y: np.ndarray, d: np.ndarray) -> np.ndarray:
+        cols = list(self.copied_columns())
+        q = self.log_q(y)
+        match = np.all(y[:, None, cols] == d[None, :, cols], axis=2) if cols else np.ones((len(y), len(d)), bool)
+        return np.where(match, q[:, None], -np.inf)
+
+    def sample_codes(self, n: int, rs: RandomSource) -> np.ndarray:
+        """Forward sampling of ``n`` rows from scratch (no seed): the network as a plain model."""
+        out = np.zeros((n, len(self._shape)), dtype=np.int64)
+        for i in self._structure.order:
+            probs = self.conditional_rows(i, self.config_index(i, out))
+            cdf = np.cumsum(probs, axis=1)
+            u = rs.child("forward", i).uniform(n) * cdf[:, -1]
+            out[:, i] = np.minimum((cdf < u[:, None]).sum(axis=1), probs.shape[1] - 1)
+        return out
+
+
+# =============================================================================================
+# Privacy tests (Section 2.2) and Theorem 1
+# =============================================================================================
+def plausible_interval(logp: np.ndarray, gamma: float) -> np.ndarray:
+    """The integer ``i ≥ 0`` with ``γ^-(i+1) < p ≤ γ^-i`` for ``p = exp(logp)``; ``-1`` when p = 0.
+
+    Computed as ``floor(-ln p / ln γ)`` with a relative 1e-9 guard so probabilities equal to a
+    power of γ up to round-off land in the interval the inequality assigns them.
+    """
+    logp = np.asarray(logp, dtype=np.float64)
+    x = -logp / math.log(gamma)
+    with np.errstate(invalid="ignore"):
+        i = np.floor(x + 1e-9 * np.maximum(np.abs(x), 1.0))
+    i = np.where(np.isfinite(logp), np.maximum(i, 0), -1)
+    return i.astype(np.int64)
+
+
+def count_plausible_generic(cand_logp: np.ndarray, logp_matrix: np.ndarray, gamma: float,
+                            max_plausible: int | None = None) -> np.ndarray:
+    """``k'`` per candidate: records whose ``Pr{y = M(d)}`` falls in the interval of the seed's.
+
+    ``cand_logp[a]`` = log Pr{y_a = M(seed_a)}; ``logp_matrix[a, b]`` = log Pr{y_a = M(d_b)}.
+    Capped at ``max_plausible`` (the early stop of Section 5; no effect on privacy).
+    """
+    ref = plausible_interval(cand_logp, gamma)
+    idx = plausible_interval(logp_matrix, gamma)
+    k = np.sum((idx == ref[:, None]) & (idx >= 0), axis=1).astype(np.int64)
+    if max_plausible is not None:
+        k = np.minimum(k, int(max_plausible))
+    return k
+
+
+def privacy_test(kprime: np.ndarray, *, k: int, epsilon0: float | None, rs: RandomSource | None) -> tuple[np.ndarray, np.ndarray]:
+    """Privacy Test 1 (``epsilon0=None``: pass iff ``k' ≥ k``) or Test 2 (pass iff ``k' ≥ k + L``).
+
+    Test 2 draws fresh ``L ~ Lap(1/ε0)`` per test (continuous Laplace: only the pass/fail bit is
+    released, as in Theorem 1). Returns ``(passed, noisy_threshold)`` (threshold = k for Test 1).
+    """
+    kprime = np.asarray(kprime, dtype=np.int64)
+    if epsilon0 is None:
+        thr = np.full(kprime.shape, float(k))
+    else:
+        if rs is None:
+            raise ValueError("the randomized test needs a RandomSource")
+        thr = k + laplace_internal(rs, 1.0 / epsilon0, kprime.shape)
+    return kprime >= thr, thr
+
+
+def theorem1_guarantee(*, k: int, gamma: float, epsilon0: float, t: int) -> tuple[float, float]:
+    """(ε, δ) of releasing one candidate with Privacy Test 2 (Theorem 1, Appendix C).
+
+    ``ε = ε0 + ln(1 + γ/t)``, ``δ = exp(-ε0·(k - t))`` for an integer ``1 ≤ t < k``; the neighbours
+    add or remove one record of the seed data set. Checked by brute-force hockey-stick divergence
+    over all small datasets in ``tests/unit/test_plausible.py``.
+    """
+    if not (isinstance(k, int) and k >= 2):
+        raise ValueError(f"k ({k!r}) must be an int >= 2")
+    if not (isinstance(t, int) and 1 <= t < k):
+        raise ValueError(f"t ({t!r}) must be an int in [1, {k - 1}]")
+    if not gamma >= 1:
+        raise ValueError(f"gamma ({gamma!r}) must be >= 1")
+    if not epsilon0 > 0:
+        raise ValueError(f"epsilon0 ({epsilon0!r}) must be > 0")
+    return epsilon0 + math.log1p(gamma / t), math.exp(-epsilon0 * (k - t))
+
+
+# =============================================================================================
+# Columnar helpers for the fast path
+# =============================================================================================
+def group_keys(codes: np.ndarray, cols: Sequence[int], shape: Sequence[int]) -> np.ndarray:
+    """Collision-free integer keys of the values in ``cols``: ``(n, words)`` uint64 mixed radix."""
+    n = codes.shape[0]
+    words: list[np.ndarray] = []
+    cur = np.zeros(n, dtype=np.uint64)
+    radix = 1
+    for c in cols:
+        s = int(shape[c])
+        if radix * s >= 2**63:
+            words.append(cur)
+            cur = np.zeros(n, dtype=np.uint64)
+            radix = 1
+        cur = cur * np.uint64(s) + codes[:, c].astype(np.uint64)
+        radix *= s
+    words.append(cur)
+    return np.stack(words, axis=1)
+
+
+def _shard_of(keys: np.ndarray, shards: int) -> np.ndarray:
+    h = np.zeros(keys.shape[0], dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for w in range(keys.shape[1]):
+            h = (h ^ keys[:, w]) * np.uint64(0x9E3779B97F4A7C15)
+            h ^= h >> np.uint64(29)
+    return (h % np.uint64(shards)).astype(np.int64)
+
+
+def _unique_counts(keys: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    if keys.shape[0] == 0:
+        return keys, counts
+    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+    return uniq, np.bincount(inv.ravel(), weights=counts, minlength=uniq.shape[0]).astype(np.int64)
+
+
+def lookup_counts(table_keys: np.ndarray, table_counts: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Counts of ``keys`` rows in a (keys, counts) table; 0 for absent keys (vectorized)."""
+    if keys.shape[0] == 0:
+        return np.zeros(0, dtype=np.int64)
+    if table_keys.shape[0] == 0:
+        return np.zeros(keys.shape[0], dtype=np.int64)
+    allk = np.concatenate([table_keys, keys], axis=0)
+    _, inv = np.unique(allk, axis=0, return_inverse=True)
+    inv = inv.ravel()
+    per_id = np.bincount(inv[: table_keys.shape[0]], weights=table_counts, minlength=int(inv.max()) + 1)
+    return per_id[inv[table_keys.shape[0]:]].astype(np.int64)
+
+
+def split_assignments(rs: RandomSource, n: int, fractions: Sequence[float]) -> np.ndarray:
+    """Part index of ``n`` rows: i.i.d. categorical draws with the given fractions (0 = seeds)."""
+    cdf = np.cumsum(np.asarray(fractions, dtype=np.float64))
+    cdf /= cdf[-1]
+    return np.searchsorted(cdf, rs.uniform(n), side="right").astype(np.int64)
+
+
+def _batch_label(batch: EncodedBatch) -> str:
+    """Stable identity of a batch from its content (seeded streams must not use arrival order)."""
+    h = hashlib.sha256(np.ascontiguousarray(batch.codes).tobytes())
+    h.update(str(batch.codes.shape).encode())
+    return h.hexdigest()[:32]
+
+
+# =============================================================================================
+# Element types
+# =============================================================================================
+@dataclass(frozen=True)
+class CandidateBatch:
+    """Candidates ``codes[c, m]`` with ``logp[c] = log Pr{y = M(seed)}`` of their own seed."""
+
+    codes: np.ndarray
+    logp: np.ndarray
+    batch_id: str = ""
+
+    def __len__(self) -> int:
+        return int(self.codes.shape[0])
+
+
+@dataclass(frozen=True)
+class RejectedCandidates:
+    """Rejected candidates (dead-letter output): codes, ``k'``, threshold and one reason each."""
+
+    codes: np.ndarray
+    kprime: np.ndarray
+    reasons: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.codes.shape[0])
+
+    def reason_counts(self) -> dict[str, int]:
+        """Number of rejections per reason."""
+        vals, cnt = np.unique(self.reasons, return_counts=True)
+        return {str(v): int(c) for v, c in zip(vals, cnt)}
+
+
+# =============================================================================================
+# Beam: split
+# =============================================================================================
+class _SplitFn(beam.DoFn):
+    def __init__(self, fractions: tuple[float, float, float], seed: int | None) -> None:
+        self._fractions, self._seed = fractions, seed
+
+    def process(self, batch: EncodedBatch, window=beam.DoFn.WindowParam):
+        rs = RandomSource(seed=self._seed).child("plausible.split", _batch_label(batch), *window_labels(window))
+        part = split_assignments(rs, len(batch), self._fractions)
+        for p, tag in enumerate(("seeds", "structure", "params")):
+            idx = np.flatnonzero(part == p)
+            if idx.size:
+                sub = EncodedBatch(batch.codes[idx], None if batch.pids is None else batch.pids[idx])
+                yield sub if tag == "seeds" else beam.pvalue.TaggedOutput(tag, sub)
+
+
+class SplitForPlausible(beam.PTransform):
+    """Random disjoint split of records into seeds / structure / parameters (Section 3.5).
+
+    Every row is assigned independently with probabilities ``fractions`` from a stream keyed by
+    (seed, step, batch content digest, window) — random in secure mode, reproducible and
+    independent of arrival order when seeded. A unit's part depends on nothing but its own draw,
+    so the three mechanisms that follow compose in parallel. Returns a dict of three
+    ``PCollection[EncodedBatch]``: ``seeds``, ``structure``, ``params``.
+    """
+
+    def __init__(self, *, fractions: Sequence[float] = (0.5, 0.2, 0.3), seed: int | None = None,
+                 label: str | None = None) -> None:
+        super().__init__(label)
+        fr = tuple(float(f) for f in fractions)
+        if len(fr) != 3 or any(not (f > 0) for f in fr):
+            raise ValueError(f"fractions ({fractions!r}) must be three numbers > 0 (seeds, structure, params)")
+        self._fractions, self._seed = fr, seed
+
+    def expand(self, batches):
+        # batches: EncodedBatch
+        parts = batches | "AssignParts" >> beam.ParDo(_SplitFn(self._fractions, self._seed)).with_outputs(
+            "structure", "params", main="seeds")
+        # seeds / structure / params: EncodedBatch sub-batches
+        return {"seeds": parts.seeds, "structure": parts.structure, "params": parts.params}
+
+
+# =============================================================================================
+# Beam: the DP model
+# =============================================================================================
+class _StructureFn(beam.DoFn):
+    """Exact single/pair tables + count → noisy entropies → CFS structure (pure function of noise)."""
+
+    def __init__(self, *, shape, epsilon, max_records, max_parents, max_cost, seed, step):
+        self._shape, self._eps, self._max_records = tuple(shape), epsilon, max_records
+        self._max_parents, self._max_cost, self._seed, self._step = max_parents, max_cost, seed, step
+
+    def process(self, tables, n_records, window=beam.DoFn.WindowParam):
+        if n_records > self._max_records:
+            raise ValueError(f"the structure split has more records than the declared bound "
+                             f"max_records ({self._max_records}); raise max_records")
+        rs = RandomSource(seed=self._seed).child(self._step, *window_labels(window))
+        h1, h2, _ = noisy_entropies(list(tables), n_records, shape=self._shape, epsilon=self._eps,
+                                    max_records=self._max_records, rs=rs)
+        corr = symmetrical_uncertainty(h1, h2)
+        yield cfs_structure(corr, self._shape, max_parents=self._max_parents, max_cost=self._max_cost)
+
+
+class _ParamCountsFn(beam.DoFn):
+    """EncodedBatch → exact (parents..., child) count tables for one structure (list of arrays)."""
+
+    def __init__(self, shape) -> None:
+        self._shape = tuple(shape)
+
+    def process(self, batch: EncodedBatch, structure: PlausibleStructure):
+        yield _param_tables(batch.codes, structure, self._shape)
+
+
+def _param_tables(codes: np.ndarray, structure: PlausibleStructure, shape: Sequence[int]) -> list[np.ndarray]:
+    from beamsynth.transforms.measure import count_marginals
+
+    specs = [tuple(structure.parents[i]) + (i,) for i in range(len(shape))]
+    return count_marginals(codes, specs, shape)
+
+
+class _SumTablesFn(beam.CombineFn):
+    def create_accumulator(self):
+        return None
+
+    def add_input(self, acc, tables):
+        if acc is None:
+            return [t.copy() for t in tables]
+        for a, t in zip(acc, tables):
+            a += t
+        return acc
+
+    def merge_accumulators(self, accs):
+        out = None
+        for a in accs:
+            if a is not None:
+                out = self.add_input(out, a)
+        return out
+
+    def extract_output(self, acc):
+        return acc
+
+
+class _BuildModelFn(beam.DoFn):
+    def __init__(self, *, shape, scale, alpha, omega, seed, step) -> None:
+        self._shape, self._scale, self._alpha, self._omega = tuple(shape), scale, alpha, omega
+        self._seed, self._step = seed, step
+
+    def process(self, tables, structure: PlausibleStructure, window=beam.DoFn.WindowParam):
+        if tables is None:  # empty parameter split: all-zero counts, still noised
+            tables = _param_tables(np.zeros((0, len(self._shape)), np.int64), structure, self._shape)
+        key = RandomSource(seed=self._seed).child(self._step, "hmac-key", *window_labels(window)).secret_key()
+        yield PlausibleBayesNet(structure=structure, shape=self._shape, counts=tables,
+                                noise_scale=self._scale, alpha=self._alpha, omega=self._omega, key=key)
+
+
+class DPPlausibleBayesNet(beam.PTransform):
+    """ε-DP Bayesian network of Section 3 from disjoint structure and parameter splits.
+
+    Input: ``{"structure": PCollection[EncodedBatch], "params": PCollection[EncodedBatch]}``
+    (disjoint). Output: one :class:`PlausibleBayesNet` per window.
+
+    Privacy (add/remove one record; multiply sensitivities by ``max_contributions``):
+
+    * structure on ``D_T``: ``10%`` of ε on the count (discrete Laplace, sensitivity 1), the rest
+      split over ``m + m(m-1)/2`` values ``f = n·H`` with Laplace of scale ``Δf·Q/ε``,
+      ``Δf = log2 N + (N-1)·log2(N/(N-1))`` for the declared bound ``N = max_records``
+      (:func:`entropy_sum_sensitivity`; the paper's Lemma 1 is for replace-one neighbours and a
+      known ``n``). ε-DP by sequential composition (Section 3.3.1, 3.5).
+    * parameters on ``D_P``: ``m`` tables (parents + child), each record in one cell per table,
+      discrete Laplace of scale ``m·c/ε`` per cell (Section 3.4.1), noise derived lazily per parent
+      configuration from ``HMAC(secret key, (i, configuration))``; ε-DP.
+    * parallel composition over the disjoint splits: the model is ε-DP (δ = 0). We do not claim
+      the subsampling amplification of Section 3.5.
+    """
+
+    def __init__(self, *, shape: Sequence[int], budget: ApproxDP, omega: int, max_parents: int = 3,
+                 max_cost: int = 1000, alpha: float = 1.0, max_records: int = DEFAULT_MAX_RECORDS,
+                 max_contributions: int = 1, seed: int | None = None, label: str | None = None) -> None:
+        super().__init__(label)
+        if not isinstance(budget, ApproxDP):
+            raise TypeError(f"budget must be a PureDP/ApproxDP, got {type(budget).__name__}")
+        m = len(shape)
+        if not (isinstance(omega, int) and 1 <= omega <= m):
+            raise ValueError(f"omega ({omega!r}) must be an int in [1, {m}]")
+        if isinstance(max_parents, bool) or not (isinstance(max_parents, int) and max_parents >= 0):
+            raise ValueError(f"max_parents ({max_parents!r}) must be an int >= 0")
+        if not (isinstance(max_cost, int) and max_cost >= 1):
+            raise ValueError(f"max_cost ({max_cost!r}) must be an int >= 1")
+        if not (alpha > 0 and math.isfinite(alpha)):
+            raise ValueError(f"alpha ({alpha!r}) must be a finite number > 0")
+        if not (isinstance(max_records, int) and max_records >= 2):
+            raise ValueError(f"max_records ({max_records!r}) must be an int >= 2")
+        self._shape, self._eps, self._omega = tuple(int(s) for s in shape), budget.epsilon, omega
+        self._max_parents, self._max_cost, self._alpha = min(max_parents, m - 1), max_cost, float(alpha)
+        self._max_records, self._c, self._seed = max_records, int(max_contributions), seed
+
+    @property
+    def param_scale(self) -> float:
+        """Discrete Laplace scale per parameter cell: ``m·c/ε``."""
+        return discrete_laplace_scale(sensitivity=len(self._shape) * self._c, epsilon=self._eps)
+
+    @property
+    def entropy_scale(self) -> float:
+        """Laplace scale on each ``n·H`` value."""
+        m = len(self._shape)
+        q = m + m * (m - 1) // 2
+        return self._c * entropy_sum_sensitivity(self._max_records) * q / (0.9 * self._eps)
+
+    def expand(self, parts):
+        m = len(self._shape)
+        specs = [(i,) for i in range(m)] + list(itertools.combinations(range(m), 2))
+        tables = combine_globally(parts["structure"], MarginalCountsCombineFn(specs, self._shape), "PairCounts")
+        # tuple[np.ndarray] exact single + pair tables of D_T (one pass)
+        n_t = combine_globally(parts["structure"], _CountRowsFn(), "CountStructure")
+        # int |D_T|
+        structure = tables | "Structure" >> beam.ParDo(
+            _StructureFn(shape=self._shape, epsilon=self._eps / self._c, max_records=self._max_records,
+                         max_parents=self._max_parents, max_cost=self._max_cost, seed=self._seed,
+                         step="plausible.structure"), beam.pvalue.AsSingleton(n_t))
+        # PlausibleStructure (post-processing of noisy entropies)
+        counts = (parts["params"]
+                  | "ParamCounts" >> beam.ParDo(_ParamCountsFn(self._shape), beam.pvalue.AsSingleton(structure)))
+        # list[np.ndarray] exact conditional tables per batch of D_P
+        summed = combine_globally(counts, _SumTablesFn(), "SumParamCounts")
+        # list[np.ndarray] | None
+        return summed | "BuildModel" >> beam.ParDo(
+            _BuildModelFn(shape=self._shape, scale=self.param_scale, alpha=self._alpha, omega=self._omega,
+                          seed=self._seed, step="plausible.params"), beam.pvalue.AsSingleton(structure))
+        # PlausibleBayesNet (lazy noisy conditionals)
+
+
+# =============================================================================================
+# Beam: candidates
+# =============================================================================================
+class _GenerateFn(beam.DoFn):
+    def __init__(self, seed: int | None, max_batch: int) -> None:
+        self._seed, self._max_batch = seed, max_batch
+
+    def process(self, batch: EncodedBatch, model: PlausibleModel, rows: int, n_seeds: int,
+                window=beam.DoFn.WindowParam):
+        label = _batch_label(batch)
+        rs = RandomSource(seed=self._seed).child("plausible.candidates", label, *window_labels(window))
+        lam = float(rows) / max(int(n_seeds), 1)
+        reps = rs.child("poisson").numpy_generator().poisson(lam, len(batch))
+        idx = np.repeat(np.arange(len(batch)), reps)
+        for start in range(0, idx.size, self._max_batch):
+            part = idx[start:start + self._max_batch]
+            y, logp = model.generate(batch.codes[part], rs.child("generate", start))
+            beam.metrics.Metrics.counter(METRICS_NAMESPACE, "plausible_candidates").inc(len(part))
+            yield CandidateBatch(y, logp, f"{label}:{start}")
+
+
+class GenerateCandidates(beam.PTransform):
+    """Mechanism 1's generation step, Poissonized and columnar (post-processing of the model).
+
+    Each seed record yields ``Poisson(rows/|D_S|)`` candidates, so the candidates' seeds are i.i.d.
+    uniform over ``D_S`` and their number is ``Poisson(rows)``. Input: ``PCollection[EncodedBatch]``
+    of seeds; side inputs: the model, ``rows`` and ``|D_S|`` (singletons).
+    Output: ``PCollection[CandidateBatch]`` of at most ``max_batch`` candidates.
+    """
+
+    def __init__(self, *, model, rows, n_seeds, seed: int | None = None, max_batch: int = 50_000,
+                 label: str | None = None) -> None:
+        super().__init__(label)
+        self._model, self._rows, self._n_seeds = model, rows, n_seeds
+        self._seed, self._max_batch = seed, int(max_batch)
+
+    def expand(self, seeds):
+        return seeds | "Generate" >> beam.ParDo(
+            _GenerateFn(self._seed, self._max_batch), beam.pvalue.AsSingleton(self._model),
+            beam.pvalue.AsSingleton(self._rows), beam.pvalue.AsSingleton(self._n_seeds))
+        # CandidateBatch
+
+
+# =============================================================================================
+# Beam: the privacy test
+# =============================================================================================
+def _decide(kprime: np.ndarray, *, k: int, epsilon0: float | None, rs: RandomSource):
+    passed, _thr = privacy_test(kprime, k=k, epsilon0=epsilon0, rs=rs.child("threshold"))
+    reasons = np.where(kprime < k, REJECT_BELOW_K, REJECT_NOISY_THRESHOLD)
+    return passed, reasons
+
+
+def _emit(codes: np.ndarray, kprime: np.ndarray, passed: np.ndarray, reasons: np.ndarray):
+    ok = np.flatnonzero(passed)
+    bad = np.flatnonzero(~passed)
+    beam.metrics.Metrics.counter(METRICS_NAMESPACE, "plausible_tested").inc(int(passed.size))
+    beam.metrics.Metrics.counter(METRICS_NAMESPACE, "plausible_released").inc(int(ok.size))
+    if ok.size:
+        yield EncodedBatch(codes[ok])
+    if bad.size:
+        rej = RejectedCandidates(codes[bad], kprime[bad], reasons[bad])
+        for reason, cnt in rej.reason_counts().items():
+            beam.metrics.Metrics.counter(METRICS_NAMESPACE, f"plausible_rejected_{reason}").inc(cnt)
+        yield beam.pvalue.TaggedOutput("rejected", rej)
+
+
+class _GenericTestFn(beam.DoFn):
+    """Candidates vs a uniform random sample (size ≤ max_check) of the seed data."""
+
+    def __init__(self, *, k, gamma, epsilon0, max_plausible, seed, chunk=2_000_000):
+        self._k, self._gamma, self._eps0, self._maxp = k, gamma, epsilon0, max_plausible
+        self._seed, self._chunk = seed, chunk
+
+    def process(self, cands: CandidateBatch, model: PlausibleModel, sample: np.ndarray,
+                window=beam.DoFn.WindowParam):
+        rs = RandomSource(seed=self._seed).child("plausible.test", cands.batch_id, *window_labels(window))
+        step = max(1, self._chunk // max(sample.shape[0], 1))
+        kp = np.zeros(len(cands), dtype=np.int64)
+        for s in range(0, len(cands), step):
+            y = cands.codes[s:s + step]
+            mat = model.log_prob(y, sample) if sample.shape[0] else np.full((len(y), 0), -np.inf)
+            kp[s:s + step] = count_plausible_generic(cands.logp[s:s + step], mat, self._gamma, self._maxp)
+        passed, reasons = _decide(kp, k=self._k, epsilon0=self._eps0, rs=rs)
+        yield from _emit(cands.codes, kp, passed, reasons)
+
+
+class _ReservoirFn(beam.CombineFn):
+    """Uniform sample without replacement of ≤ size rows: keep the rows with the smallest random tags."""
+
+    def __init__(self, size: int, seed: int | None) -> None:
+        self._size, self._seed = size, seed
+
+    def create_accumulator(self):
+        return (np.zeros(0), None)
+
+    def add_input(self, acc, batch: EncodedBatch):
+        rs = RandomSource(seed=self._seed).child("plausible.check-sample", _batch_label(batch))
+        tags = rs.uniform(len(batch))
+        return self._merge([acc, (tags, batch.codes)])
+
+    def _merge(self, accs):
+        tags = [a[0] for a in accs if a[1] is not None]
+        rows = [a[1] for a in accs if a[1] is not None]
+        if not rows:
+            return (np.zeros(0), None)
+        t, r = np.concatenate(tags), np.concatenate(rows, axis=0)
+        if t.size > self._size:
+            keep = np.argpartition(t, self._size - 1)[: self._size]
+            t, r = t[keep], r[keep]
+        return (t, r)
+
+    def merge_accumulators(self, accs):
+        return self._merge(list(accs))
+
+    def extract_output(self, acc):
+        return acc[1]
+
+
+class _KeyCountsFn(beam.DoFn):
+    """Seed records → (shard, (copied-value keys, counts)) per shard present in the batch."""
+
+    def __init__(self, shards: int) -> None:
+        self._shards = shards
+
+    def process(self, batch: EncodedBatch, model: PlausibleModel):
+        keys = group_keys(batch.codes, model.copied_columns(), model.shape)
+        uk, cnt = _unique_counts(keys, np.ones(keys.shape[0], dtype=np.int64))
+        sh = _shard_of(uk, self._shards)
+        for s in np.unique(sh).tolist():
+            sel = sh == s
+            yield s, (uk[sel], cnt[sel])
+
+
+class _MergeKeyCountsFn(beam.CombineFn):
+    def create_accumulator(self):
+        return []
+
+    def add_input(self, acc, kc):
+        acc.append(kc)
+        if len(acc) > 16:
+            acc = [self._merge(acc)]
+        return acc
+
+    @staticmethod
+    def _merge(parts):
+        parts = [p for p in parts if p is not None and p[0].shape[0]]
+        if not parts:
+            return None
+        keys = np.concatenate([p[0] for p in parts], axis=0)
+        counts = np.concatenate([p[1] for p in parts])
+        return _unique_counts(keys, counts)
+
+    def merge_accumulators(self, accs):
+        return [self._merge([p for a in accs for p in a])]
+
+    def extract_output(self, acc):
+        return self._merge(acc)
+
+
+class _KeyCandidatesFn(beam.DoFn):
+    """Candidates → (shard, (sub-batch, copied-value keys)) per shard present in the batch."""
+
+    def __init__(self, shards: int) -> None:
+        self._shards = shards
+
+    def process(self, cands: CandidateBatch, model: PlausibleModel):
+        keys = group_keys(cands.codes, model.copied_columns(), model.shape)
+        sh = _shard_of(keys, self._shards)
+        for s in np.unique(sh).tolist():
+            sel = np.flatnonzero(sh == s)
+            yield s, (CandidateBatch(cands.codes[sel], cands.logp[sel], f"{cands.batch_id}:{s}"), keys[sel])
+
+
+class _FastTestFn(beam.DoFn):
+    """Per shard: look candidates' copied values up in the seed counts; no cross product."""
+
+    def __init__(self, *, k, epsilon0, max_plausible, max_check, seed):
+        self._k, self._eps0, self._maxp, self._maxc, self._seed = k, epsilon0, max_plausible, max_check, seed
+
+    def process(self, kv, n_seeds: int, window=beam.DoFn.WindowParam):
+        shard, grouped = kv
+        tables = [t for t in grouped["counts"] if t is not None]
+        tk = np.concatenate([t[0] for t in tables], axis=0) if tables else np.zeros((0, 1), np.uint64)
+        tc = np.concatenate([t[1] for t in tables]) if tables else np.zeros(0, np.int64)
+        for cands, keys in grouped["candidates"]:
+            rs = RandomSource(seed=self._seed).child("plausible.test", cands.batch_id, *window_labels(window))
+            kp = fast_plausible_counts(lookup_counts(tk, tc, keys), n_seeds=n_seeds, max_check=self._maxc,
+                                       max_plausible=self._maxp, rs=rs.child("check"))
+            passed, reasons = _decide(kp, k=self._k, epsilon0=self._eps0, rs=rs)
+            yield from _emit(cands.codes, kp, passed, reasons)
+
+
+def fast_plausible_counts(matching: np.ndarray, *, n_seeds: int, max_check: int | None,
+                          max_plausible: int | None, rs: RandomSource) -> np.ndarray:
+    """``k'`` for the seed-resampling model from the number of seed records matching the copied values.
+
+    Every matching record has the same ``Pr{y = M(d)} = q(y)`` (same interval), every other has 0,
+    so ``k'`` = matching count. With ``max_check < |D_S|`` the generic path examines a uniform
+    sample of ``max_check`` records: ``k' ~ Hypergeometric(|D_S|, matching, max_check)``, drawn here.
+    Capped at ``max_plausible``.
+    """
+    kp = np.asarray(matching, dtype=np.int64)
+    if max_check is not None and max_check < n_seeds and kp.size:
+        kp = rs.numpy_generator().hypergeometric(kp, np.maximum(n_seeds - kp, 0), max_check).astype(np.int64)
+    if max_plausible is not None:
+        kp = np.minimum(kp, int(max_plausible))
+    return kp
+
+
+class PlausibleDeniabilityFilter(beam.PTransform):
+    """Privacy Test 1 or 2 over candidate batches; outputs ``released`` and ``rejected``.
+
+    Input: ``PCollection[CandidateBatch]``; constructor takes the seed records
+    (``PCollection[EncodedBatch]``, the data ``D`` of the test) and the model (singleton
+    ``PCollection[PlausibleModel]``). Output: ``{"released": PCollection[EncodedBatch],
+    "rejected": PCollection[RejectedCandidates]}``.
+
+    Test 1 (``epsilon0=None``): pass iff ``k' ≥ k`` — (k, γ)-plausible deniability, no DP.
+    Test 2: pass iff ``k' ≥ k + Lap(1/ε0)`` (fresh noise per candidate); releasing one candidate is
+    ``(ε0 + ln(1 + γ/t), exp(-ε0·(k-t)))``-DP for any ``1 ≤ t < k`` (Theorem 1, Section 2.3,
+    add/remove one seed record; :func:`theorem1_guarantee`). ``max_plausible``/``max_check_plausible``
+    stop the count early (speed and pass rate only, not privacy; Section 5).
+
+    ``fast_path=True`` requires a model with :meth:`PlausibleModel.copied_columns`: seed counts per
+    copied-value key (``CombinePerKey`` on hashed shards) are joined with candidates by
+    ``CoGroupByKey``; otherwise every candidate is compared with one uniform sample of
+    ``max_check_plausible`` seed records (generic path, any :class:`PlausibleModel`).
+    """
+
+    def __init__(self, *, records, model, k: int, gamma: float, epsilon0: float | None,
+                 max_plausible: int | None = None, max_check_plausible: int | None = None,
+                 fast_path: bool = True, shards: int = 16, seed: int | None = None,
+                 label: str | None = None) -> None:
+        super().__init__(label)
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k ({k!r}) must be an int >= 1")
+        if not (isinstance(gamma, (int, float)) and gamma > 1 and math.isfinite(gamma)):
+            raise ValueError(f"gamma ({gamma!r}) must be a finite number > 1")
+        if epsilon0 is not None and not (epsilon0 > 0 and math.isfinite(epsilon0)):
+            raise ValueError(f"epsilon0 ({epsilon0!r}) must be a finite number > 0 or None (Test 1)")
+        if max_plausible is not None and (not isinstance(max_plausible, int) or max_plausible < k):
+            raise ValueError(f"max_plausible ({max_plausible!r}) must be an int >= k ({k}) or None")
+        if max_check_plausible is not None and (not isinstance(max_check_plausible, int) or max_check_plausible < 1):
+            raise ValueError(f"max_check_plausible ({max_check_plausible!r}) must be an int >= 1 or None")
+        if not (isinstance(shards, int) and shards >= 1):
+            raise ValueError(f"shards ({shards!r}) must be an int >= 1")
+        self._records, self._model = records, model
+        self._k, self._gamma, self._eps0 = k, float(gamma), epsilon0
+        self._maxp, self._maxc = max_plausible, max_check_plausible
+        self._fast, self._shards, self._seed = fast_path, shards, seed
+
+    def expand(self, candidates):
+        model = beam.pvalue.AsSingleton(self._model)
+        if not self._fast:
+            if self._maxc is None:
+                raise ValueError("the generic path needs max_check_plausible (the sample size)")
+            sample = combine_globally(self._records, _ReservoirFn(self._maxc, self._seed), "CheckSample")
+            # np.ndarray (≤ max_check, m) | None
+            sample = sample | "SampleOrEmpty" >> beam.Map(lambda s: np.zeros((0, 0), np.int64) if s is None else s)
+            out = candidates | "TestGeneric" >> beam.ParDo(
+                _GenericTestFn(k=self._k, gamma=self._gamma, epsilon0=self._eps0,
+                               max_plausible=self._maxp, seed=self._seed),
+                model, beam.pvalue.AsSingleton(sample)).with_outputs("rejected", main="released")
+            return {"released": out.released, "rejected": out.rejected}
+        n_seeds = combine_globally(self._records, _CountRowsFn(), "CountSeeds")
+        # int |D_S|
+        counts = (self._records
+                  | "KeySeeds" >> beam.ParDo(_KeyCountsFn(self._shards), model)
+                  # (shard, (keys[u, w] uint64, counts[u]))
+                  | "MergeSeedCounts" >> beam.CombinePerKey(_MergeKeyCountsFn()))
+        # (shard, (keys, counts) | None)
+        keyed = candidates | "KeyCandidates" >> beam.ParDo(_KeyCandidatesFn(self._shards), model)
+        # (shard, (CandidateBatch, keys))
+        joined = {"counts": counts, "candidates": keyed} | "JoinByCopiedValues" >> beam.CoGroupByKey()
+        # (shard, {"counts": [...], "candidates": [...]})
+        out = joined | "TestFast" >> beam.ParDo(
+            _FastTestFn(k=self._k, epsilon0=self._eps0, max_plausible=self._maxp, max_check=self._maxc,
+                        seed=self._seed), beam.pvalue.AsSingleton(n_seeds)).with_outputs("rejected", main="released")
+        return {"released": out.released, "rejected": out.rejected}
