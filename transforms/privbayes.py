@@ -1,0 +1,706 @@
+"""PrivBayes: a differentially private Bayesian network, fitted from noisy marginals on Beam.
+
+Seed paper: Zhang, Cormode, Procopiuc, Srivastava, Xiao, "PrivBayes: Private Data Release via
+Bayesian Networks" (SIGMOD 2014 / TODS 2017), as implemented by DataSynthesizer's correlated
+attribute mode (Ping, Stoyanovich, Howe 2017, seed 004, §3 "GreedyBayes"). Formulas:
+``shared/notes/algorithms.md``.
+
+Pipeline (one pass over the private data, plus the row count done by the caller):
+
+1. **Count** (``CountCandidates``): one :class:`~beamsynth.transforms.measure.MarginalCountsCombineFn`
+   computes the exact counts of every ``(k+1)``-column subset (the candidate families). Nothing
+   leaves this step but what step 2 releases.
+2. **Measure** (``ChooseAndMeasure``, :class:`PrivBayesMeasureFn`), both on the exact tables:
+
+   a. *Structure* — greedy network construction (PrivBayes Alg. 4 / DataSynthesizer GreedyBayes):
+      the root is drawn uniformly (data-independent), then each of the ``d−1`` remaining
+      attributes is added with its parent set ``Π ⊆ V, |Π| ≤ k`` chosen by the **exponential
+      mechanism** (:func:`~beamsynth.transforms.noise.exponential_mechanism`) with budget
+      ``ε_s/(d−1)`` each on the score
+      ``indif(X, Π) − cells(X, Π)·b`` where ``indif`` (:func:`indif_score`, PrivSyn's InDif,
+      Zhang et al. 2021 §4) is the L1 distance, in counts, between the joint table of ``(X, Π)``
+      and the product of its two marginals, and ``cells·b`` is a **data-independent** penalty,
+      the expected L1 noise of that family's released table (b = its discrete Laplace scale):
+      the analogue of PrivBayes' θ-usefulness (§4.4) in count units. PrivBayes' own F/R scores
+      are analysed for replace-one neighbours with a public ``n``; InDif needs no ``n``.
+      **Sensitivity** (add/remove one record; proof in :func:`indif_score`): ``Δ ≤ 4``; with at most
+      ``m`` records per privacy unit, ``Δ ≤ 4m``. The penalty does not change ``Δ``.
+   b. *Marginals* — the chosen families ``X ∪ Π`` (the root's 1-way table only if it lies in no
+      other family) released with discrete Laplace noise of scale ``m/ε_t`` on every declared cell
+      (:func:`~beamsynth.transforms.measure.noisy_marginals`), ``ε_t ∝ √cells_t``, ``Σ ε_t = ε_m``.
+
+   Privacy: ``ε = ε_s + ε_m`` by sequential composition, pure DP (δ = 0), add/remove-one-unit
+   neighbours. Default split ``ε_s = 0.1·ε`` (PrivBayes uses β = 0.3, §6.2; InDif scores are
+   in counts, so a smaller share already separates candidates, and measured on Adult at ε = 1
+   the marginals gain more from the rest); ``ε_m`` is split over the tables ∝ √cells
+   (:func:`split_marginal_budget`).
+3. **Fit** (post-processing, :func:`fit_privbayes`, consumes only :class:`NoisyMarginal`):
+   mutual consistency of the released tables on their shared 1-way marginals
+   (:func:`make_consistent`, inverse-variance weighted means + least-squares projection, as in
+   PriView, Qardaji et al. 2014 §4.2), then non-negativity with the total kept
+   (:func:`norm_sub`, PrivSyn's Norm-Sub), then conditionals ``P(X | Π)`` shrunk toward ``P(X)``
+   in parent cells with little mass (:func:`conditional_from_table`).
+4. **Sample** (post-processing): ancestral sampling, vectorized, in parallel shards via
+   :class:`~beamsynth.transforms.synthesis.SampleSynthetic` (:meth:`PrivBayesModel.sample_codes`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import apache_beam as beam
+import numpy as np
+
+from beamsynth.pipelines.methods import Method, register
+from beamsynth.schemas.schema import Schema
+from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, PureDP
+from beamsynth.transforms.measure import (
+    MarginalCountsCombineFn,
+    NoisyMarginal,
+    combine_globally,
+    noisy_marginals,
+    window_labels,
+)
+from beamsynth.transforms.noise import (
+    RandomSource,
+    discrete_laplace_scale,
+    exponential_mechanism,
+)
+from beamsynth.transforms.synthesis import DPCount, SampleSynthetic, SynthesisModel
+
+__all__ = [
+    "DEFAULT_DEGREE",
+    "DEFAULT_SHRINK",
+    "DEFAULT_STRUCTURE_FRACTION",
+    "PrivBayesMethod",
+    "INDIF_SENSITIVITY",
+    "MAX_CANDIDATE_CELLS",
+    "DPPrivBayes",
+    "PrivBayesMeasureFn",
+    "PrivBayesMeasurement",
+    "PrivBayesModel",
+    "PrivBayesPlan",
+    "PrivBayesSynthesizer",
+    "candidate_families",
+    "choose_structure",
+    "conditional_from_table",
+    "fit_privbayes",
+    "indif_score",
+    "make_consistent",
+    "measure_privbayes",
+    "family_specs",
+    "spend_privbayes",
+    "split_marginal_budget",
+    "marginalize",
+    "norm_sub",
+    "plan_privbayes",
+]
+
+DEFAULT_DEGREE = 2
+DEFAULT_STRUCTURE_FRACTION = 0.1
+DEFAULT_SHRINK = 0.1
+INDIF_SENSITIVITY = 4.0  # per record, add/remove neighbours (see indif_score)
+MAX_CANDIDATE_CELLS = 16_000_000  # exact candidate counts kept in one accumulator
+
+
+# -- scores --------------------------------------------------------------------------------------
+def indif_score(joint: np.ndarray) -> float:
+    """InDif of a 2-d count table ``joint[x, π]``: ``Σ |n(x,π) − n(x)·n(π)/n|`` (0 if n = 0).
+
+    Sensitivity under adding or removing one record is at most 4 (:data:`INDIF_SENSITIVITY`).
+    Proof (add a record at cell (a, b); removal is the same pair read backwards): write
+    ``e(x,π) = n(x)n(π)/n``. By the triangle inequality the score moves by at most
+    ``Σ|Δn(x,π)| + Σ|Δe(x,π)| = 1 + Σ|Δe|``. Cells with ``x≠a, π≠b`` have ``Δe ≤ 0`` and
+    ``Σ|Δe| = Σ n(x)n(π)/(n(n+1)) ≤ n²/(n(n+1)) < 1`` over them; every other cell has
+    ``Δe ≥ 0``; and ``ΣΔe = Δn = 1`` over all cells, so the positive part sums to less than 2.
+    Hence ``Σ|Δe| < 3`` and the score moves by less than 4. (From n = 0 the score goes from 0 to
+    0.) With ``m`` records per privacy unit the bound is ``4m`` (m single-record steps).
+    """
+    t = np.asarray(joint, dtype=np.float64)
+    if t.ndim != 2:
+        raise ValueError(f"joint must be a 2-d table, got shape {t.shape}")
+    n = t.sum()
+    if n <= 0:
+        return 0.0
+    expected = np.outer(t.sum(axis=1), t.sum(axis=0)) / n
+    return float(np.abs(t - expected).sum())
+
+
+def marginalize(table: np.ndarray, table_cols: Sequence[int], keep: Sequence[int]) -> np.ndarray:
+    """Sum a table over ``table_cols`` down to the columns ``keep`` (in ``keep`` order)."""
+    table_cols = list(table_cols)
+    axes = [table_cols.index(c) for c in keep]
+    drop = tuple(i for i in range(len(table_cols)) if i not in axes)
+    out = table.sum(axis=drop) if drop else table
+    remaining = [i for i in range(len(table_cols)) if i in axes]
+    order = [remaining.index(a) for a in axes]
+    return np.transpose(out, order) if order != list(range(len(order))) else out
+
+
+def candidate_families(n_columns: int, degree: int) -> list[tuple[int, ...]]:
+    """The ``(degree+1)``-column subsets whose counts cover every candidate family (all columns
+    if there are fewer)."""
+    size = min(degree + 1, n_columns)
+    return list(itertools.combinations(range(n_columns), size))
+
+
+def _family_table(tables: dict[tuple[int, ...], np.ndarray], cols: tuple[int, ...]) -> np.ndarray:
+    key = tuple(sorted(cols))
+    if key in tables:
+        return marginalize(tables[key], key, cols)
+    for fam, t in tables.items():
+        if set(key) <= set(fam):
+            return marginalize(t, fam, cols)
+    raise KeyError(f"no counted family covers columns {cols}")
+
+
+def choose_structure(
+    tables: dict[tuple[int, ...], np.ndarray],
+    shape: Sequence[int],
+    *,
+    degree: int,
+    epsilon: float,
+    sensitivity: float,
+    noise_scale: float,
+    rs: RandomSource,
+) -> list[tuple[int, tuple[int, ...]]]:
+    """Greedy private network construction (PrivBayes Alg. 4, DataSynthesizer GreedyBayes).
+
+    ``tables`` maps sorted column tuples to exact counts covering every candidate family. Root:
+    uniform over the columns (no data used). Step ``i`` (``d−1`` steps): candidates are
+    ``(X, Π)`` with ``X`` not yet placed and ``Π`` any subset of the placed columns with
+    ``|Π| ≤ degree``; one is chosen by the exponential mechanism with ``epsilon`` (already the
+    per-step budget) and ``sensitivity`` on ``indif(X, Π) − cells(X ∪ Π)·noise_scale``.
+    Each step is ``epsilon``-DP (add/remove), the whole ``(d−1)·epsilon``-DP.
+    Returns ``[(column, parents), ...]`` in sampling order.
+    """
+    d = len(shape)
+    # every candidate's score is fixed by the data: compute each once (cached sub-tables)
+    cache: dict[tuple[int, ...], np.ndarray] = {}
+
+    def sub(cols: tuple[int, ...]) -> np.ndarray:
+        key = tuple(sorted(cols))
+        if key not in cache:
+            cache[key] = _family_table(tables, key)
+        return marginalize(cache[key], key, cols)
+
+    scored: dict[tuple[int, tuple[int, ...]], float] = {}
+    root = rs.child("root").randbelow(d)
+    placed = [root]
+    order: list[tuple[int, tuple[int, ...]]] = [(root, ())]
+    for step in range(1, d):
+        cands: list[tuple[int, tuple[int, ...]]] = []
+        scores: list[float] = []
+        for x in range(d):
+            if x in placed:
+                continue
+            for size in range(0, min(degree, len(placed)) + 1):
+                for parents in itertools.combinations(sorted(placed), size):
+                    key = (x, parents)
+                    if key not in scored:
+                        cells = shape[x] * math.prod(shape[p] for p in parents)
+                        gain = indif_score(sub((x, *parents)).reshape(shape[x], -1)) if parents else 0.0
+                        scored[key] = gain - cells * noise_scale
+                    cands.append(key)
+                    scores.append(scored[key])
+        pick = exponential_mechanism(rs.child("step", step), np.asarray(scores),
+                                     epsilon=epsilon, sensitivity=sensitivity)
+        order.append(cands[pick])
+        placed.append(cands[pick][0])
+    return order
+
+
+def family_specs(structure: Sequence[tuple[int, tuple[int, ...]]]) -> list[tuple[int, ...]]:
+    """Tables to release for a structure: ``(X, *Π)`` per attribute with parents, plus 1-way
+    tables for parentless attributes that appear in no other family."""
+    fams = [(x, *ps) for x, ps in structure if ps]
+    covered = {c for f in fams for c in f}
+    singles = [(x,) for x, ps in structure if not ps and x not in covered]
+    return singles + fams
+
+
+# -- budget plan ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PrivBayesPlan:
+    """Data-independent parameters of one PrivBayes run (fixed when the pipeline is built)."""
+
+    degree: int
+    structure_budget: PureDP | None
+    marginal_budget: PureDP
+    n_columns: int
+    max_contributions: int
+    penalty: float = 1.0
+
+    @property
+    def step_epsilon(self) -> float:
+        """Exponential-mechanism budget of each of the ``d−1`` structure steps."""
+        if self.structure_budget is None:
+            return 0.0
+        return self.structure_budget.epsilon / max(1, self.n_columns - 1)
+
+    @property
+    def score_sensitivity(self) -> float:
+        """InDif sensitivity for ``max_contributions`` records per unit."""
+        return INDIF_SENSITIVITY * self.max_contributions
+
+    @property
+    def max_tables(self) -> int:
+        """Upper bound on the number of released tables (one per column)."""
+        return self.n_columns
+
+    def table_scale(self, tables: int) -> float:
+        """Discrete Laplace scale per cell when the marginal budget is split over ``tables``."""
+        return discrete_laplace_scale(sensitivity=self.max_contributions,
+                                      epsilon=self.marginal_budget.epsilon / tables)
+
+    def details(self) -> dict[str, Any]:
+        """Manifest details."""
+        return {
+            "degree": self.degree,
+            "structure_epsilon": 0.0 if self.structure_budget is None else self.structure_budget.epsilon,
+            "structure_steps": max(0, self.n_columns - 1),
+            "epsilon_per_step": self.step_epsilon,
+            "score": "InDif − cells·b (exponential mechanism)",
+            "score_sensitivity": self.score_sensitivity,
+            "marginal_epsilon": self.marginal_budget.epsilon,
+            "max_tables": self.max_tables,
+        }
+
+
+def plan_privbayes(
+    shape: Sequence[int],
+    budget: ApproxDP,
+    *,
+    degree: int = DEFAULT_DEGREE,
+    structure_fraction: float = DEFAULT_STRUCTURE_FRACTION,
+    max_contributions: int = 1,
+    max_candidate_cells: int = MAX_CANDIDATE_CELLS,
+) -> PrivBayesPlan:
+    """Validate parameters and split the budget; lowers ``degree`` (from the declared shape
+    only) until all candidate counts fit in ``max_candidate_cells``."""
+    if not isinstance(budget, ApproxDP):
+        raise TypeError(f"budget must be an ApproxDP/PureDP, got {type(budget).__name__}")
+    if isinstance(degree, bool) or not isinstance(degree, int) or not 0 <= degree <= 8:
+        raise ValueError(f"degree ({degree!r}) must be an int in [0, 8]")
+    if not isinstance(structure_fraction, (int, float)) or not 0 < structure_fraction < 1:
+        raise ValueError(f"structure_fraction ({structure_fraction!r}) must be in (0, 1)")
+    if isinstance(max_contributions, bool) or not isinstance(max_contributions, int) or max_contributions < 1:
+        raise ValueError(f"max_contributions ({max_contributions!r}) must be an int >= 1")
+    if not isinstance(max_candidate_cells, int) or max_candidate_cells < 1:
+        raise ValueError(f"max_candidate_cells ({max_candidate_cells!r}) must be an int >= 1")
+    shape = [int(s) for s in shape]
+    if not shape:
+        raise ValueError("shape must name at least one column")
+    while degree > 0 and sum(
+        math.prod(shape[c] for c in f) for f in candidate_families(len(shape), degree)
+    ) > max_candidate_cells:
+        degree -= 1
+    if len(shape) == 1:
+        structure, rest = 0.0, budget.epsilon
+    else:
+        structure = budget.epsilon * float(structure_fraction)
+        rest = budget.epsilon - structure
+    return PrivBayesPlan(
+        degree=degree,
+        structure_budget=PureDP(epsilon=structure) if structure > 0 else None,
+        marginal_budget=PureDP(epsilon=rest),
+        n_columns=len(shape),
+        max_contributions=max_contributions,
+    )
+
+
+def spend_privbayes(accountant: PrivacyAccountant, plan: PrivBayesPlan, prefix: str = "privbayes") -> None:
+    """Record the two spends (structure, marginals) on ``accountant`` (raises if overspent)."""
+    if plan.structure_budget is not None:
+        accountant.spend(
+            f"{prefix}.structure", plan.structure_budget,
+            mechanism="exponential mechanism (Gumbel-max) on InDif − cells·b, greedy network",
+            details={"steps": plan.n_columns - 1, "epsilon_per_step": plan.step_epsilon,
+                     "sensitivity": plan.score_sensitivity, "degree": plan.degree,
+                     "neighbours": "add/remove one privacy unit",
+                     "paper": "PrivBayes Alg. 4 (Zhang et al. 2014); InDif score (PrivSyn §4)"},
+        )
+    accountant.spend(
+        f"{prefix}.marginals", plan.marginal_budget,
+        mechanism="discrete Laplace on the chosen (k+1)-way marginals",
+        details={"max_tables": plan.max_tables, "sensitivity_per_table": plan.max_contributions,
+                 "scale_per_cell_if_all_tables": plan.table_scale(plan.max_tables),
+                 "split": "equal over the released tables",
+                 "paper": "PrivBayes §4.2 (noisy conditionals), converted to add/remove counts"},
+    )
+
+
+def split_marginal_budget(budget: PureDP, cells: Sequence[int]) -> list[PureDP]:
+    """ε_i ∝ √cells_i: minimizes the expected total L1 noise Σ cells_i·m/ε_i for Σ ε_i = ε
+    (Lagrange). Depends only on the chosen structure and the declared shape."""
+    w = np.sqrt(np.asarray(cells, dtype=np.float64))
+    w = w / w.sum()
+    return [PureDP(epsilon=float(budget.epsilon * wi)) for wi in w]
+
+
+# -- measurement (the only step that reads exact counts) -----------------------------------------
+@dataclass(frozen=True)
+class PrivBayesMeasurement:
+    """What the measurement releases: the private structure and the noisy family tables."""
+
+    structure: tuple[tuple[int, tuple[int, ...]], ...]
+    marginals: tuple[NoisyMarginal, ...]
+
+
+def measure_privbayes(
+    counts: Sequence[np.ndarray],
+    families: Sequence[tuple[int, ...]],
+    *,
+    shape: Sequence[int],
+    names: Sequence[str],
+    plan: PrivBayesPlan,
+    rs: RandomSource,
+) -> PrivBayesMeasurement:
+    """Structure (exponential mechanism) then noisy family tables from exact candidate counts."""
+    tables = {tuple(f): np.asarray(t) for f, t in zip(families, counts)}
+    d = len(shape)
+    # the penalty uses the scale the tables would get if every column had a family (data-independent)
+    scale = plan.penalty * plan.table_scale(plan.max_tables)
+    if d > 1:
+        structure = choose_structure(
+            tables, shape, degree=plan.degree, epsilon=plan.step_epsilon,
+            sensitivity=plan.score_sensitivity, noise_scale=scale, rs=rs.child("structure"))
+    else:
+        structure = [(0, ())]
+    specs = family_specs(structure)
+    exact = [_family_table(tables, s) for s in specs]
+    budgets = split_marginal_budget(plan.marginal_budget, [t.size for t in exact])
+    released = noisy_marginals(
+        exact, specs=specs, names=names, budgets=budgets,
+        sensitivity=float(plan.max_contributions), rs=rs.child("marginals"))
+    return PrivBayesMeasurement(tuple((x, tuple(p)) for x, p in structure), released)
+
+
+class PrivBayesMeasureFn(beam.DoFn):
+    """Exact candidate counts (one element per window) → :class:`PrivBayesMeasurement`.
+
+    Randomness from ``(seed, "privbayes", window)``, never worker or arrival order.
+    """
+
+    def __init__(self, *, families: Sequence[tuple[int, ...]], shape: Sequence[int],
+                 names: Sequence[str], plan: PrivBayesPlan, seed: int | None) -> None:
+        self._families = [tuple(f) for f in families]
+        self._shape, self._names = tuple(shape), tuple(names)
+        self._plan, self._seed = plan, seed
+
+    def process(self, counts, window=beam.DoFn.WindowParam):
+        rs = RandomSource(seed=self._seed).child("privbayes", *window_labels(window))
+        yield measure_privbayes(counts, self._families, shape=self._shape, names=self._names,
+                                plan=self._plan, rs=rs)
+
+
+# -- post-processing: consistency, non-negativity, conditionals ----------------------------------
+def make_consistent(marginals: Sequence[NoisyMarginal], rounds: int = 3) -> list[np.ndarray]:
+    """Tables made to agree on every shared column's 1-way marginal (post-processing).
+
+    For each column in two or more tables, the 1-way estimate is the inverse-variance weighted
+    mean of the tables' sums (a table of ``C`` cells summed to a column of ``c`` cells has
+    per-cell variance ``(C/c)·var``); each table is then moved by the least-squares projection
+    onto that constraint (the difference spread evenly over the summed cells). Repeated
+    ``rounds`` times for overlapping constraints. Totals are made equal the same way.
+    """
+    tables = [m.values.astype(np.float64).copy() for m in marginals]
+    var = [m.variance for m in marginals]
+    cols = [list(m.columns) for m in marginals]
+    all_cols = sorted({c for cs in cols for c in cs})
+    for _ in range(rounds):
+        # totals
+        w = np.array([1.0 / (var[i] * tables[i].size) for i in range(len(tables))])
+        totals = np.array([t.sum() for t in tables])
+        target = float((w * totals).sum() / w.sum())
+        for i, t in enumerate(tables):
+            t += (target - totals[i]) / t.size
+        for c in all_cols:
+            holders = [i for i, cs in enumerate(cols) if c in cs]
+            if len(holders) < 2:
+                continue
+            sums, weights = [], []
+            for i in holders:
+                s = marginalize(tables[i], cols[i], [c])
+                spread = tables[i].size / s.size
+                sums.append(s)
+                weights.append(1.0 / (var[i] * spread))
+            est = sum(wi * si for wi, si in zip(weights, sums)) / sum(weights)
+            for i, s in zip(holders, sums):
+                axis = cols[i].index(c)
+                spread = tables[i].size / s.size
+                shape = [1] * tables[i].ndim
+                shape[axis] = s.size
+                tables[i] += ((est - s) / spread).reshape(shape)
+    return tables
+
+
+def norm_sub(values: np.ndarray, total: float) -> np.ndarray:
+    """Non-negative table with the given total: ``max(v − δ, 0)`` with δ chosen so the sum is
+    ``total`` (PrivSyn's Norm-Sub; removes the positive noise mass clipping would keep).
+
+    A non-positive ``total`` or an all-non-positive table gives zeros.
+    """
+    v = np.asarray(values, dtype=np.float64)
+    if total <= 0 or not np.any(v > 0):
+        return np.zeros_like(v)
+    flat = np.sort(v.ravel())[::-1]
+    csum = np.cumsum(flat)
+    # largest j with flat[j] − (csum[j] − total)/(j+1) > 0
+    deltas = (csum - total) / np.arange(1, flat.size + 1)
+    ok = np.flatnonzero(flat - deltas > 0)
+    delta = deltas[ok[-1]] if ok.size else 0.0
+    return np.clip(v - delta, 0.0, None)
+
+
+def conditional_from_table(table: np.ndarray, prior: np.ndarray, strength: float) -> np.ndarray:
+    """``P(X | Π)`` rows from a non-negative table ``[x, π...]`` (post-processing).
+
+    Row ``π`` is ``(T[·, π] + strength·prior) / (T[π] + strength)``: parent cells with little
+    (noisy) mass fall back on the child's marginal ``prior`` instead of on noise. Returns an
+    array ``[π_flat, x]`` of probability rows.
+    """
+    t = np.asarray(table, dtype=np.float64)
+    cx = t.shape[0]
+    rows = t.reshape(cx, -1).T
+    prior = np.asarray(prior, dtype=np.float64)
+    prior = prior / prior.sum() if prior.sum() > 0 else np.full(cx, 1.0 / cx)
+    out = rows + strength * prior[None, :]
+    sums = out.sum(axis=1, keepdims=True)
+    zero = sums[:, 0] <= 0
+    out[zero] = 1.0 / cx
+    sums[zero] = 1.0
+    return out / sums
+
+
+class PrivBayesModel(SynthesisModel):
+    """Bayesian network ``Π_i P(X_i | Π_i)`` sampled ancestrally (post-processing only)."""
+
+    def __init__(self, shape: Sequence[int], structure: Sequence[tuple[int, tuple[int, ...]]],
+                 conditionals: Sequence[np.ndarray], names: Sequence[str] | None = None) -> None:
+        self._shape = tuple(int(s) for s in shape)
+        self._structure = [(int(x), tuple(int(p) for p in ps)) for x, ps in structure]
+        if sorted(x for x, _ in self._structure) != list(range(len(self._shape))):
+            raise ValueError(f"structure must place every column once, got {self._structure}")
+        self._cdfs = []
+        for (x, ps), cond in zip(self._structure, conditionals):
+            rows = math.prod(self._shape[p] for p in ps)
+            if cond.shape != (rows, self._shape[x]):
+                raise ValueError(f"conditional of column {x} has shape {cond.shape}, "
+                                 f"expected {(rows, self._shape[x])}")
+            cdf = np.cumsum(cond, axis=1)
+            cdf[:, -1] = 1.0
+            self._cdfs.append(cdf)
+        self._names = list(names) if names is not None else None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    @property
+    def structure(self) -> list[tuple[int, tuple[int, ...]]]:
+        """``(column, parents)`` in sampling order."""
+        return list(self._structure)
+
+    def conditional(self, column: int) -> np.ndarray:
+        """``P(column | parents)`` as ``[parent cell, value]`` probability rows."""
+        for (x, _), cdf in zip(self._structure, self._cdfs):
+            if x == column:
+                return np.diff(cdf, axis=1, prepend=0.0)
+        raise KeyError(column)
+
+    def sample_codes(self, n: int, rs: RandomSource) -> np.ndarray:
+        out = np.zeros((n, len(self._shape)), dtype=np.int64)
+        for (x, ps), cdf in zip(self._structure, self._cdfs):
+            u = rs.child("column", x).uniform(n)
+            if ps:
+                pidx = np.ravel_multi_index(tuple(out[:, p] for p in ps), [self._shape[p] for p in ps])
+            else:
+                pidx = np.zeros(n, dtype=np.int64)
+            rows = cdf[pidx]
+            idx = (u[:, None] >= rows).sum(axis=1)
+            out[:, x] = np.minimum(idx, self._shape[x] - 1)
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        name = (lambda c: self._names[c]) if self._names else (lambda c: c)
+        return {"model": "PrivBayes network",
+                "structure": [[name(x), [name(p) for p in ps]] for x, ps in self._structure]}
+
+
+def fit_privbayes(
+    measurement: PrivBayesMeasurement, shape: Sequence[int], names: Sequence[str] | None = None,
+    *, shrink: float = DEFAULT_SHRINK,
+) -> PrivBayesModel:
+    """Fit the network from released tables only: consistency → Norm-Sub → shrunk conditionals.
+
+    ``shrink`` multiplies the fallback strength ``c_X · b`` (about the noise mass one row of the
+    conditional carries) used by :func:`conditional_from_table`.
+    """
+    ms = list(measurement.marginals)
+    tables = make_consistent(ms)
+    total = max(float(np.mean([t.sum() for t in tables])), 0.0)
+    tables = [norm_sub(t, total) for t in tables]
+    by_col: dict[int, int] = {}
+    for i, m in enumerate(ms):
+        by_col.setdefault(m.columns[0], i)
+    # 1-way estimates of every column from whichever table holds it (all agree after consistency)
+    one_way: dict[int, np.ndarray] = {}
+    for i, m in enumerate(ms):
+        for c in m.columns:
+            if c not in one_way:
+                one_way[c] = marginalize(tables[i], m.columns, [c])
+    conditionals = []
+    for x, ps in measurement.structure:
+        i = next(j for j, m in enumerate(ms) if m.columns == (x, *ps)) if ps else None
+        if i is None:
+            prior = one_way[x]
+            conditionals.append((prior / prior.sum() if prior.sum() > 0
+                                 else np.full(shape[x], 1.0 / shape[x]))[None, :])
+            continue
+        strength = shrink * shape[x] * ms[i].scale
+        conditionals.append(conditional_from_table(tables[i], one_way[x], strength))
+    return PrivBayesModel(shape, measurement.structure, conditionals, names)
+
+
+# -- Beam transforms -------------------------------------------------------------------------------
+class DPPrivBayes(beam.PTransform):
+    """PrivBayes measurement + fit: ``PCollection[EncodedBatch]`` → one :class:`PrivBayesModel`
+    per window.
+
+    Privacy: ``budget.epsilon``-DP (pure), add/remove one privacy unit of at most
+    ``max_contributions`` records (bound them first with ``BoundContributions``); split and
+    mechanisms in the module docstring. Spends are recorded on ``accountant`` (if given) here,
+    when the pipeline is built.
+
+    Args (keyword-only): schema, budget, degree (parents per attribute, default 2, lowered
+    automatically if the candidate counts exceed ``max_candidate_cells``), structure_fraction
+    (share of ε for the structure, default 0.1), max_contributions, seed (``None`` = secure),
+    shrink (conditional fallback strength, post-processing), accountant.
+    """
+
+    def __init__(self, *, schema: Schema, budget: ApproxDP, degree: int = DEFAULT_DEGREE,
+                 structure_fraction: float = DEFAULT_STRUCTURE_FRACTION, max_contributions: int = 1,
+                 seed: int | None = None, shrink: float = DEFAULT_SHRINK,
+                 max_candidate_cells: int = MAX_CANDIDATE_CELLS,
+                 accountant: PrivacyAccountant | None = None, label: str | None = None) -> None:
+        super().__init__(label)
+        if not isinstance(schema, Schema):
+            raise TypeError(f"schema must be a Schema, got {type(schema).__name__}")
+        if not isinstance(shrink, (int, float)) or not 0 <= shrink <= 100:
+            raise ValueError(f"shrink ({shrink!r}) must be a number in [0, 100]")
+        self._schema = schema
+        self.plan = plan_privbayes(schema.shape, budget, degree=degree,
+                                   structure_fraction=structure_fraction,
+                                   max_contributions=max_contributions,
+                                   max_candidate_cells=max_candidate_cells)
+        if accountant is not None:
+            spend_privbayes(accountant, self.plan)
+        self._families = candidate_families(len(schema.shape), self.plan.degree)
+        self._seed, self._shrink = seed, float(shrink)
+
+    def expand(self, batches):
+        shape, names, shrink = self._schema.shape, self._schema.names, self._shrink
+        counts = combine_globally(batches, MarginalCountsCombineFn(self._families, shape),
+                                  "CountCandidates")
+        # tuple[np.ndarray, ...]: exact counts of every (k+1)-column family, one per window
+        measured = counts | "ChooseAndMeasure" >> beam.ParDo(PrivBayesMeasureFn(
+            families=self._families, shape=shape, names=names, plan=self.plan, seed=self._seed))
+        # PrivBayesMeasurement (structure + NoisyMarginal tables): the DP boundary
+        return measured | "Fit" >> beam.Map(fit_privbayes, shape, names, shrink=shrink)
+        # PrivBayesModel
+
+
+class PrivBayesSynthesizer(beam.PTransform):
+    """End to end from Python: ``batches | PrivBayesSynthesizer(...)`` → ``PCollection[pa.Table]``.
+
+    Fits :class:`DPPrivBayes` on the batches and samples ``rows`` synthetic rows (or a DP row
+    count, discrete Laplace with ``count_fraction`` of ε, when ``rows`` is None) in shards.
+    Privacy: ``budget.epsilon``-DP in total (add/remove one unit of ≤ ``max_contributions``
+    records); the count's share is taken off before the PrivBayes split.
+    """
+
+    def __init__(self, *, schema: Schema, budget: ApproxDP, rows: int | None = None,
+                 count_fraction: float = 0.05, seed: int | None = None,
+                 shard_rows: int = 50_000, accountant: PrivacyAccountant | None = None,
+                 label: str | None = None, **privbayes: Any) -> None:
+        super().__init__(label)
+        if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 0):
+            raise ValueError(f"rows ({rows!r}) must be None or an int >= 0")
+        if not 0 < count_fraction < 1:
+            raise ValueError(f"count_fraction ({count_fraction!r}) must be in (0, 1)")
+        self._count_budget = None
+        model_budget = budget
+        if rows is None:
+            self._count_budget = PureDP(epsilon=budget.epsilon * count_fraction)
+            model_budget = PureDP(epsilon=budget.epsilon - self._count_budget.epsilon)
+            if accountant is not None:
+                accountant.spend("privbayes.row_count", self._count_budget,
+                                 mechanism="discrete Laplace on the record count",
+                                 details={"sensitivity": privbayes.get("max_contributions", 1)})
+        self._model = DPPrivBayes(schema=schema, budget=model_budget, seed=seed,
+                                  accountant=accountant, **privbayes)
+        self._schema, self._rows, self._seed, self._shard_rows = schema, rows, seed, shard_rows
+        self._k = privbayes.get("max_contributions", 1)
+
+    def expand(self, batches):
+        models = batches | "PrivBayes" >> self._model
+        # PrivBayesModel per window
+        if self._rows is None:
+            rows = (batches | "DPCount" >> DPCount(budget=self._count_budget, max_contributions=self._k,
+                                                     seed=self._seed)
+                    | "Rows" >> beam.Map(lambda c: c.rows))
+            # int per window
+            pair = models | "Pair" >> beam.Map(lambda m, r: (m, r), beam.pvalue.AsSingleton(rows))
+        else:
+            fixed = self._rows
+            pair = models | "Pair" >> beam.Map(lambda m: (m, fixed))
+        # (PrivBayesModel, rows)
+        return pair | "Sample" >> SampleSynthetic(schema=self._schema, seed=self._seed,
+                                                  shard_rows=self._shard_rows)
+        # pyarrow.Table
+
+
+# -- CLI / synthesize registration ---------------------------------------------------------------
+@register
+class PrivBayesMethod(Method):
+    """``--method privbayes``: private Bayesian network (structure + noisy family tables)."""
+
+    name = "privbayes"
+    description = "PrivBayes: private k-parent Bayesian network from noisy (k+1)-way marginals"
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        opts = self.options
+        self._transform = DPPrivBayes(
+            schema=self.schema, budget=self.budget,
+            degree=int(opts.get("degree") or DEFAULT_DEGREE),
+            structure_fraction=float(opts.get("structure_fraction") or DEFAULT_STRUCTURE_FRACTION),
+            shrink=float(DEFAULT_SHRINK if opts.get("shrink") is None else opts["shrink"]),
+            max_contributions=self.max_contributions, seed=self.seed, accountant=self.accountant)
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        taken = getattr(parser, "_option_string_actions", {})
+        if "--degree" not in taken and "--k-parents" not in taken:
+            parser.add_argument("--degree", "--k-parents", dest="degree", type=int, default=None,
+                                help=f"privbayes: parents per attribute (default {DEFAULT_DEGREE}; "
+                                     "lowered if the declared domains make candidate counts too large)")
+        if "--pb-structure-fraction" not in taken:
+            parser.add_argument("--pb-structure-fraction", dest="structure_fraction", type=float,
+                                default=None, help="privbayes: share of the method's ε for the "
+                                f"structure (default {DEFAULT_STRUCTURE_FRACTION})")
+        if "--pb-shrink" not in taken:
+            parser.add_argument("--pb-shrink", dest="shrink", type=float, default=None,
+                                help=f"privbayes: conditional fallback strength (default {DEFAULT_SHRINK})")
+
+    def expand_model(self, batches):
+        return batches | "PrivBayes" >> self._transform
+
+    def details(self) -> dict[str, Any]:
+        return {"privbayes": self._transform.plan.details()}
