@@ -1,0 +1,660 @@
+"""Declarative releases: one YAML file → validated plan → ledger reservation → one release folder.
+
+A release config (see ``docs/releases.md`` and :data:`RELEASE_CONFIG_SCHEMA`) names the inputs,
+schemas, privacy unit, per-table mechanism and parameters, the release's total budget, output
+formats, the release folder and the privacy ledger with a budget policy per data source.
+
+:func:`load_release_config` validates the whole file **before any data is read** — unknown keys,
+schemas and their domains, methods, per-column options, overspend — and reports problems with the
+YAML path (``tables[1].columns.age.epsilon``). :func:`plan_release` then builds every table's
+:class:`~beamsynth.pipelines.synthesize.SynthesisPlan` (all spends are made here, by the methods
+themselves), and :func:`run_release` reserves the spends in the
+:class:`~beamsynth.pipelines.ledger.PrivacyLedger`, runs the pipelines into a hidden temp folder,
+publishes it with one atomic rename and commits the reservation.
+
+Release folder layout::
+
+    FOLDER/release.json               public: what was released, every spend, ledger entry
+    FOLDER/public/TABLE.FORMAT        the synthetic tables (DP)
+    FOLDER/public/TABLE.model.json    the fitted model's description (post-processing of DP outputs)
+    FOLDER/public/report.html         public report: built from the DP outputs only
+    FOLDER/private/TABLE.manifest.json  full manifest incl. exact, non-DP operational counts
+    FOLDER/private/TABLE.rejected.jsonl dead-letter rows (raw private data)
+    FOLDER/private/report.html        quality report with private statistics (data owner only)
+
+Publish ``public/`` and ``release.json``; keep ``private/`` with the data owner.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import glob
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import apache_beam as beam
+import yaml
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from beamsynth.pipelines.io import METRICS_NAMESPACE, WriteTables, arrow_schema_for, rejected_path
+from beamsynth.pipelines.ledger import RELEASE_MARKER, LedgerPolicy, LedgerSpend, PrivacyLedger
+from beamsynth.pipelines.manifest import build_manifest, write_json_atomic
+from beamsynth.pipelines.methods import get_method
+from beamsynth.pipelines.synthesize import (
+    SynthesisConfig,
+    SynthesisPlan,
+    _metric,
+    build_synthesis,
+    plan_synthesis,
+)
+from beamsynth.schemas.schema import Schema, load_schema
+from beamsynth.transforms.budget import BudgetExceededError
+
+__all__ = [
+    "FORMATS",
+    "RELEASE_CONFIG_SCHEMA",
+    "Progress",
+    "ReleaseConfig",
+    "ReleaseConfigError",
+    "ReleasePlan",
+    "TableSpec",
+    "load_release_config",
+    "plan_release",
+    "run_release",
+]
+
+FORMATS = ("csv", "jsonl", "avro", "parquet")
+_TOP_KEYS = {"name", "description", "folder", "budget", "privacy_unit", "ledger", "seed", "tables",
+             "reports"}
+_TABLE_KEYS = {"name", "source", "input", "schema", "method", "epsilon", "delta", "rows",
+               "count_fraction", "options", "columns", "formats", "privacy_unit"}
+_UNIT_KEYS = {"privacy_id", "max_contributions"}
+_LEDGER_KEYS = {"path", "policies"}
+_POLICY_KEYS = {"epsilon", "delta", "window_days"}
+_REPORT_KEYS = {"private", "public", "target", "max_plot_rows"}
+_BUDGET_KEYS = {"epsilon", "delta"}
+
+RELEASE_CONFIG_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "beamsynth release configuration",
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "folder", "budget", "ledger", "tables"],
+    "$defs": {
+        "budget": {"type": "object", "additionalProperties": False, "required": ["epsilon"],
+                   "properties": {"epsilon": {"type": "number", "exclusiveMinimum": 0},
+                                  "delta": {"type": "number", "minimum": 0, "exclusiveMaximum": 1}}},
+        "unit": {"type": "object", "additionalProperties": False,
+                 "properties": {"privacy_id": {"type": ["string", "null"]},
+                                "max_contributions": {"type": "integer", "minimum": 1}}},
+    },
+    "properties": {
+        "name": {"type": "string", "minLength": 1},
+        "description": {"type": "string"},
+        "folder": {"type": "string", "description": "release folder; {name} and {date} are filled in"},
+        "budget": {"$ref": "#/$defs/budget"},
+        "privacy_unit": {"$ref": "#/$defs/unit"},
+        "seed": {"type": ["integer", "null"]},
+        "ledger": {
+            "type": "object", "additionalProperties": False, "required": ["path", "policies"],
+            "properties": {
+                "path": {"type": "string"},
+                "policies": {"type": "object", "additionalProperties": {
+                    "type": "object", "additionalProperties": False, "required": ["epsilon"],
+                    "properties": {"epsilon": {"type": "number", "exclusiveMinimum": 0},
+                                   "delta": {"type": "number", "minimum": 0},
+                                   "window_days": {"type": "number", "exclusiveMinimum": 0}}}},
+            }},
+        "reports": {"type": "object", "additionalProperties": False,
+                    "properties": {"private": {"type": "boolean"}, "public": {"type": "boolean"},
+                                   "target": {"type": ["string", "null"]},
+                                   "max_plot_rows": {"type": "integer", "minimum": 1}}},
+        "tables": {"type": "array", "minItems": 1, "items": {
+            "type": "object", "additionalProperties": False,
+            "required": ["name", "input", "schema", "epsilon"],
+            "properties": {
+                "name": {"type": "string", "pattern": "^[A-Za-z0-9_.-]+$"},
+                "source": {"type": "string"},
+                "input": {"type": ["string", "array"]},
+                "schema": {"type": ["string", "object"]},
+                "method": {"type": "string"},
+                "epsilon": {"type": "number", "exclusiveMinimum": 0},
+                "delta": {"type": "number", "minimum": 0},
+                "rows": {"type": ["integer", "null"], "minimum": 0},
+                "count_fraction": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
+                "options": {"type": "object"},
+                "columns": {"type": ["array", "object"]},
+                "formats": {"type": "array", "items": {"enum": list(FORMATS)}, "minItems": 1},
+                "privacy_unit": {"$ref": "#/$defs/unit"},
+            }}},
+    },
+}
+
+
+class ReleaseConfigError(ValueError):
+    """A release configuration problem, reported with the YAML path of the offending entry."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"{path}: {message}" if path else message)
+        self.yaml_path = path
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One table of a release, validated."""
+
+    name: str
+    source: str
+    inputs: tuple[str, ...]
+    schema: Schema
+    method: str
+    epsilon: float
+    delta: float
+    rows: int | None
+    count_fraction: float
+    options: dict[str, Any]
+    formats: tuple[str, ...]
+    privacy_id: str | None
+    max_contributions: int
+
+    @property
+    def privacy_unit(self) -> str:
+        """Ledger form of the privacy unit, e.g. ``record`` or ``person_id×3``."""
+        return "record" if self.privacy_id is None else f"{self.privacy_id}×{self.max_contributions}"
+
+
+@dataclass(frozen=True)
+class ReleaseConfig:
+    """A validated release configuration (paths resolved against the config file's folder)."""
+
+    name: str
+    description: str
+    folder: str
+    epsilon: float
+    delta: float
+    ledger_path: str
+    policies: dict[str, LedgerPolicy]
+    seed: int | None
+    tables: tuple[TableSpec, ...]
+    private_report: bool = True
+    public_report: bool = True
+    target: str | None = None
+    max_plot_rows: int = 200_000
+    config_path: str | None = None
+
+
+@dataclass
+class ReleasePlan:
+    """A release whose every spend is made (nothing read yet)."""
+
+    config: ReleaseConfig
+    plans: dict[str, SynthesisPlan]
+    spends: list[LedgerSpend] = field(default_factory=list)
+
+
+class Progress:
+    """Stage and row-count messages on the terminal (stderr); silent when ``quiet``."""
+
+    def __init__(self, *, quiet: bool = False, stream: IO[str] | None = None) -> None:
+        self.quiet = bool(quiet)
+        self._stream = stream
+        self._t0 = time.time()
+
+    def __call__(self, message: str) -> None:
+        """Print one progress line with the elapsed time."""
+        if not self.quiet:
+            stream = self._stream or sys.stderr
+            print(f"[{time.time() - self._t0:6.1f}s] {message}", file=stream, flush=True)
+
+
+class _RowProgressFn(beam.DoFn):
+    """Passes batches through and prints the running number of rows read (stderr)."""
+
+    def __init__(self, label: str) -> None:
+        self._label = label
+        self._rows = 0
+
+    def process(self, batch):
+        self._rows += len(batch)
+        print(f"         {self._label}: rows read {self._rows}", file=sys.stderr, flush=True)
+        yield batch
+
+
+# -- validation ------------------------------------------------------------------------------------
+def _keys(data: Any, allowed: set[str], path: str, *, required: tuple[str, ...] = ()) -> dict[str, Any]:
+    if not isinstance(data, Mapping):
+        raise ReleaseConfigError(path, f"must be a mapping, got {data!r}")
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        where = f"{path}.{unknown[0]}" if path else unknown[0]
+        raise ReleaseConfigError(where, f"unknown key (allowed: {sorted(allowed)})")
+    for key in required:
+        if key not in data:
+            raise ReleaseConfigError(f"{path}.{key}" if path else key, "is required")
+    return dict(data)
+
+
+def _number(value: Any, path: str, *, low: float, high: float | None = None,
+            low_open: bool = True, high_open: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ReleaseConfigError(path, f"must be a number, got {value!r}")
+    v = float(value)
+    bad = (v <= low if low_open else v < low) or (
+        high is not None and (v >= high if high_open else v > high)) or v != v
+    if bad:
+        rng = ("(" if low_open else "[") + f"{low:g}, " + (
+            "∞)" if high is None else f"{high:g}" + (")" if high_open else "]"))
+        raise ReleaseConfigError(path, f"({value!r}) must be in {rng}")
+    return v
+
+
+def _int(value: Any, path: str, *, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ReleaseConfigError(path, f"({value!r}) must be an integer >= {low}")
+    return value
+
+
+def _string(value: Any, path: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ReleaseConfigError(path, f"must be a non-empty string, got {value!r}")
+    return value
+
+
+def _unit(data: Any, path: str, base: tuple[str | None, int]) -> tuple[str | None, int]:
+    if data is None:
+        return base
+    d = _keys(data, _UNIT_KEYS, path)
+    pid = d.get("privacy_id", base[0])
+    if pid is not None and not isinstance(pid, str):
+        raise ReleaseConfigError(f"{path}.privacy_id", f"must be a column name or null, got {pid!r}")
+    k = _int(d.get("max_contributions", base[1]), f"{path}.max_contributions", low=1)
+    if pid is None and k != 1:
+        raise ReleaseConfigError(f"{path}.max_contributions",
+                                 f"({k}) needs a privacy_id; without one every record is its own unit")
+    return pid, k
+
+
+def _resolve(base: Path, p: str) -> str:
+    return str(p) if os.path.isabs(p) else str((base / p).resolve())
+
+
+def _table(data: Any, i: int, base: Path, unit: tuple[str | None, int], default_source: str,
+           seen: set[str]) -> TableSpec:
+    path = f"tables[{i}]"
+    d = _keys(data, _TABLE_KEYS, path, required=("name", "input", "schema", "epsilon"))
+    name = _string(d["name"], f"{path}.name")
+    if not all(ch.isalnum() or ch in "_.-" for ch in name):
+        raise ReleaseConfigError(f"{path}.name", f"({name!r}) may use only letters, digits, _ . -")
+    if name in seen:
+        raise ReleaseConfigError(f"{path}.name", f"({name!r}) repeats another table's name")
+    seen.add(name)
+    source = _string(d.get("source", default_source), f"{path}.source")
+    raw_inputs = d["input"] if isinstance(d["input"], list) else [d["input"]]
+    inputs = []
+    for j, pattern in enumerate(raw_inputs):
+        where = f"{path}.input" + (f"[{j}]" if isinstance(d["input"], list) else "")
+        full = _resolve(base, _string(pattern, where))
+        if not glob.glob(full):
+            raise ReleaseConfigError(where, f"no file matches {full!r}")
+        inputs.append(full)
+    schema_src = d["schema"]
+    try:
+        if isinstance(schema_src, Mapping):
+            schema = load_schema(schema_src)
+        else:
+            s = _string(schema_src, f"{path}.schema")
+            local = base / s
+            schema = load_schema(str(local) if local.exists() else s)
+    except ValueError as exc:
+        raise ReleaseConfigError(f"{path}.schema", str(exc)) from None
+    pid, k = _unit(d.get("privacy_unit"), f"{path}.privacy_unit", unit)
+    method = _string(d.get("method", "independent"), f"{path}.method")
+    try:
+        method_cls = get_method(method)
+    except ValueError as exc:
+        raise ReleaseConfigError(f"{path}.method", str(exc)) from None
+    options = d.get("options", {}) or {}
+    if not isinstance(options, Mapping):
+        raise ReleaseConfigError(f"{path}.options", f"must be a mapping, got {options!r}")
+    options = dict(options)
+    cols = d.get("columns")
+    if cols is not None:
+        schema, column_options = _columns(cols, f"{path}.columns", schema, method_cls)
+        if column_options:
+            options["columns"] = column_options
+    formats = d.get("formats", ["csv"])
+    if not isinstance(formats, list) or not formats:
+        raise ReleaseConfigError(f"{path}.formats", f"must be a non-empty list of {list(FORMATS)}")
+    for j, f in enumerate(formats):
+        if f not in FORMATS:
+            raise ReleaseConfigError(f"{path}.formats[{j}]", f"({f!r}) must be one of {list(FORMATS)}")
+    if len(set(formats)) != len(formats):
+        raise ReleaseConfigError(f"{path}.formats", f"({formats!r}) lists a format twice")
+    rows = d.get("rows")
+    if rows is not None:
+        rows = _int(rows, f"{path}.rows", low=0)
+    return TableSpec(
+        name=name, source=source, inputs=tuple(inputs), schema=schema, method=method,
+        epsilon=_number(d["epsilon"], f"{path}.epsilon", low=0),
+        delta=_number(d.get("delta", 0.0), f"{path}.delta", low=0, high=1, low_open=False, high_open=True),
+        rows=rows,
+        count_fraction=_number(d.get("count_fraction", 0.05), f"{path}.count_fraction", low=0,
+                               high=1, high_open=True),
+        options=options, formats=tuple(formats), privacy_id=pid, max_contributions=k)
+
+
+def _columns(cols: Any, path: str, schema: Schema, method_cls: type) -> tuple[Schema, dict[str, Any]]:
+    """Select released columns; per-column options only where the method declares them."""
+    allowed = set(getattr(method_cls, "column_options", ()) or ())
+    if isinstance(cols, list):
+        names, per = cols, {}
+        for j, c in enumerate(cols):
+            if not isinstance(c, str) or c not in schema.names:
+                raise ReleaseConfigError(f"{path}[{j}]", f"({c!r}) is not a column of schema "
+                                                         f"{schema.name!r} (columns: {schema.names})")
+    elif isinstance(cols, Mapping):
+        names, per = list(cols), {}
+        for c, opts in cols.items():
+            if c not in schema.names:
+                raise ReleaseConfigError(f"{path}.{c}", f"is not a column of schema {schema.name!r} "
+                                                        f"(columns: {schema.names})")
+            opts = {} if opts is None else opts
+            if not isinstance(opts, Mapping):
+                raise ReleaseConfigError(f"{path}.{c}", f"must be a mapping of options, got {opts!r}")
+            for key in opts:
+                if key not in allowed:
+                    raise ReleaseConfigError(
+                        f"{path}.{c}.{key}",
+                        f"method {method_cls.name!r} takes no per-column option {key!r} (it takes: "
+                        f"{sorted(allowed) or 'none'})")
+            if opts:
+                per[c] = dict(opts)
+    else:
+        raise ReleaseConfigError(path, f"must be a list of column names or a mapping, got {cols!r}")
+    if not names:
+        raise ReleaseConfigError(path, "must name at least one column")
+    if len(set(names)) != len(names):
+        raise ReleaseConfigError(path, f"({names!r}) names a column twice")
+    return schema.select(names), per
+
+
+def load_release_config(source: str | os.PathLike[str] | Mapping[str, Any], *,
+                        date: str | None = None) -> ReleaseConfig:
+    """Read and validate a release config (a YAML file or a mapping); reads no data.
+
+    ``date`` (``YYYY-MM-DD``, default today in UTC) fills ``{date}`` in the folder.
+    """
+    if isinstance(source, Mapping):
+        data, base, cfg_path = dict(source), Path.cwd(), None
+    else:
+        cfg_path = str(source)
+        try:
+            text = Path(cfg_path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ReleaseConfigError("", f"cannot read release config {cfg_path!r}: {exc}") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ReleaseConfigError("", f"{cfg_path!r} is not valid YAML: {exc}") from None
+        base = Path(cfg_path).resolve().parent
+    d = _keys(data, _TOP_KEYS, "", required=("name", "folder", "budget", "ledger", "tables"))
+    name = _string(d["name"], "name")
+    if date is None:
+        date = _dt.datetime.now(_dt.timezone.utc).date().isoformat()
+    try:
+        _dt.date.fromisoformat(date)
+    except (TypeError, ValueError):
+        raise ValueError(f"date ({date!r}) must be YYYY-MM-DD") from None
+    folder_t = _string(d["folder"], "folder")
+    try:
+        folder = _resolve(base, folder_t.format(name=name, date=date))
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ReleaseConfigError("folder", f"({folder_t!r}) may use only {{name}} and {{date}}: {exc}") from None
+    b = _keys(d["budget"], _BUDGET_KEYS, "budget", required=("epsilon",))
+    epsilon = _number(b["epsilon"], "budget.epsilon", low=0)
+    delta = _number(b.get("delta", 0.0), "budget.delta", low=0, high=1, low_open=False, high_open=True)
+    unit = _unit(d.get("privacy_unit"), "privacy_unit", (None, 1))
+    seed = d.get("seed")
+    if seed is not None:
+        seed = _int(seed, "seed", low=0)
+    lg = _keys(d["ledger"], _LEDGER_KEYS, "ledger", required=("path", "policies"))
+    ledger_path = _resolve(base, _string(lg["path"], "ledger.path"))
+    pol = lg["policies"]
+    if not isinstance(pol, Mapping) or not pol:
+        raise ReleaseConfigError("ledger.policies", f"must map each data source to a policy, got {pol!r}")
+    policies = {}
+    for src, p in pol.items():
+        where = f"ledger.policies.{src}"
+        pd_ = _keys(p, _POLICY_KEYS, where, required=("epsilon",))
+        window = pd_.get("window_days")
+        policies[str(src)] = LedgerPolicy(
+            epsilon=_number(pd_["epsilon"], f"{where}.epsilon", low=0),
+            delta=_number(pd_.get("delta", 0.0), f"{where}.delta", low=0, high=1, low_open=False,
+                          high_open=True),
+            window_days=None if window is None else _number(window, f"{where}.window_days", low=0))
+    rep = _keys(d.get("reports") or {}, _REPORT_KEYS, "reports")
+    for key in ("private", "public"):
+        if not isinstance(rep.get(key, True), bool):
+            raise ReleaseConfigError(f"reports.{key}", f"must be true or false, got {rep[key]!r}")
+    tabs = d["tables"]
+    if not isinstance(tabs, list) or not tabs:
+        raise ReleaseConfigError("tables", f"must be a non-empty list, got {tabs!r}")
+    default_source = next(iter(policies)) if len(policies) == 1 else name
+    seen: set[str] = set()
+    tables = tuple(_table(t, i, base, unit, default_source, seen) for i, t in enumerate(tabs))
+    for i, t in enumerate(tables):
+        if t.source not in policies:
+            raise ReleaseConfigError(f"tables[{i}].source", f"({t.source!r}) has no policy under "
+                                                            f"ledger.policies ({sorted(policies)})")
+    target = rep.get("target")
+    if target is not None:
+        for i, t in enumerate(tables):
+            if target not in t.schema.names:
+                raise ReleaseConfigError("reports.target", f"({target!r}) is not a column of "
+                                                           f"tables[{i}] ({t.schema.names})")
+    _check_budget(tables, epsilon, delta)
+    return ReleaseConfig(
+        name=name, description=str(d.get("description") or ""), folder=folder, epsilon=epsilon,
+        delta=delta, ledger_path=ledger_path, policies=policies, seed=seed, tables=tables,
+        private_report=rep.get("private", True), public_report=rep.get("public", True),
+        target=target,
+        max_plot_rows=_int(rep.get("max_plot_rows", 200_000), "reports.max_plot_rows", low=1),
+        config_path=cfg_path)
+
+
+def _check_budget(tables: tuple[TableSpec, ...], epsilon: float, delta: float) -> None:
+    spent_e = spent_d = 0.0
+    for i, t in enumerate(tables):
+        if spent_e + t.epsilon > epsilon * (1 + 1e-9):
+            raise ReleaseConfigError(
+                f"tables[{i}].epsilon",
+                f"({t.epsilon:g}) overspends budget.epsilon ({epsilon:g}): earlier tables already "
+                f"take ε={spent_e:g}, {max(0.0, epsilon - spent_e):g} remains")
+        if spent_d + t.delta > delta * (1 + 1e-9) + 1e-300:
+            raise ReleaseConfigError(
+                f"tables[{i}].delta",
+                f"({t.delta:g}) overspends budget.delta ({delta:g}): earlier tables already take "
+                f"δ={spent_d:g}")
+        spent_e += t.epsilon
+        spent_d += t.delta
+
+
+# -- planning --------------------------------------------------------------------------------------
+def _synthesis_config(cfg: ReleaseConfig, t: TableSpec, output: str) -> SynthesisConfig:
+    return SynthesisConfig(
+        input=list(t.inputs) if len(t.inputs) > 1 else t.inputs[0], schema=t.schema, output=output,
+        epsilon=t.epsilon, delta=t.delta, method=t.method, rows=t.rows, privacy_id=t.privacy_id,
+        max_contributions=t.max_contributions, seed=cfg.seed, count_fraction=t.count_fraction,
+        options=dict(t.options))
+
+
+def plan_release(cfg: ReleaseConfig, *, output_root: str | None = None) -> ReleasePlan:
+    """Build every table's synthesis plan (all budget spends happen here; no data is read)."""
+    root = output_root or cfg.folder
+    plans: dict[str, SynthesisPlan] = {}
+    spends: list[LedgerSpend] = []
+    for i, t in enumerate(cfg.tables):
+        out = os.path.join(root, "public", f"{t.name}.{t.formats[0]}")
+        try:
+            plan = plan_synthesis(_synthesis_config(cfg, t, out))
+        except BudgetExceededError as exc:
+            raise ReleaseConfigError(f"tables[{i}].epsilon", str(exc)) from None
+        except (ValueError, TypeError) as exc:
+            raise ReleaseConfigError(f"tables[{i}]", str(exc)) from None
+        plans[t.name] = plan
+        for s in plan.accountant.spends:
+            spends.append(LedgerSpend(source=t.source, privacy_unit=t.privacy_unit,
+                                      step=f"{t.name}.{s.step}", epsilon=s.budget.epsilon,
+                                      delta=s.budget.delta, mechanism=s.mechanism))
+    return ReleasePlan(cfg, plans, spends)
+
+
+def run_key(cfg: ReleaseConfig) -> str:
+    """The identity of one night's release: its name and its resolved folder."""
+    return f"{cfg.name}@{cfg.folder}"
+
+
+# -- running ---------------------------------------------------------------------------------------
+def _run_table(plan: SynthesisPlan, t: TableSpec, tmp: str, options: PipelineOptions,
+               progress: Progress) -> dict[str, Any]:
+    cfg = plan.config
+    start = time.time()
+    p = beam.Pipeline(options=options)
+    built = build_synthesis(p, plan)
+    if not progress.quiet:
+        _ = built["batches"] | "Progress" >> beam.ParDo(_RowProgressFn(t.name))
+    for fmt in t.formats[1:]:
+        built["tables"] | f"Write_{fmt}" >> WriteTables(
+            os.path.join(tmp, "public", f"{t.name}.{fmt}"), column_names=plan.schema.names,
+            avro_schema=plan.schema.avro_schema(), arrow_schema=arrow_schema_for(plan.schema))
+    model_path = os.path.join(tmp, "public", f"{t.name}.model.json")
+    (built["models"]
+     | "Describe" >> beam.Map(lambda m: json.dumps(m.describe(), default=str))
+     | "WriteModel" >> beam.io.WriteToText(model_path, num_shards=1, shard_name_template=""))
+    result = p.run()
+    result.wait_until_finish()
+    rej_parse = _metric(result, "rows_rejected_unparseable")
+    rej_dom = _metric(result, "rows_rejected_domain")
+    counts = {"rows_read": _metric(result, "rows_read"), "rows_used": _metric(result, "rows_encoded"),
+              "rows_rejected": None if rej_parse is None or rej_dom is None else rej_parse + rej_dom,
+              "rows_out": _metric(result, "rows_synthesized"),
+              "seconds": round(time.time() - start, 3)}
+    os.makedirs(os.path.join(tmp, "private"), exist_ok=True)
+    rejected = os.path.join(tmp, "private", f"{t.name}.rejected.jsonl")
+    if os.path.exists(rejected_path(cfg.output)):
+        os.replace(rejected_path(cfg.output), rejected)
+    else:  # some runners skip empty outputs
+        Path(rejected).touch()
+    outputs = {fmt: f"public/{t.name}.{fmt}" for fmt in t.formats}
+    manifest = build_manifest(
+        command="release", method=plan.method.name, inputs=list(t.inputs),
+        outputs={**outputs, "model": f"public/{t.name}.model.json",
+                 "rejected": f"private/{t.name}.rejected.jsonl"},
+        schema_name=plan.schema.name, schema_fingerprint=plan.schema.fingerprint(),
+        accountant=plan.accountant.to_dict(), seed=cfg.seed,
+        privacy_unit={"privacy_id": plan.schema.privacy_id,
+                      "max_contributions": cfg.max_contributions,
+                      "neighbouring": "add/remove one privacy unit"},
+        counts=counts,
+        details={"method": plan.method.details(), "rows_requested": cfg.rows, "table": t.name,
+                 "source": t.source, "columns": plan.schema.names},
+    )
+    write_json_atomic(os.path.join(tmp, "private", f"{t.name}.manifest.json"), manifest)
+    progress(f"table {t.name}: read {counts['rows_read']} rows, rejected {counts['rows_rejected']}"
+             f", wrote {counts['rows_out']} synthetic rows ({counts['seconds']:.1f}s)")
+    return manifest
+
+
+def _fsync_tree(folder: str) -> None:
+    for root, _dirs, files in os.walk(folder):
+        for f in files:
+            fd = os.open(os.path.join(root, f), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+def run_release(
+    cfg: ReleaseConfig,
+    pipeline_options: PipelineOptions | None = None,
+    *,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Plan, reserve in the ledger, run, publish atomically, commit; returns ``release.json``.
+
+    Raises (before reading any data) :class:`ReleaseConfigError` for a bad plan and
+    :class:`~beamsynth.pipelines.ledger.LedgerError` when the ledger refuses the release.
+    """
+    progress = progress or Progress(quiet=True)
+    options = pipeline_options or PipelineOptions([])
+    plan = plan_release(cfg)
+    eps = sum(s.epsilon for s in plan.spends)
+    progress(f"release {cfg.name}: validated {len(cfg.tables)} table(s), plan spends ε={eps:g}")
+    if os.path.exists(cfg.folder) and PrivacyLedger.published_release_id(cfg.folder) is None:
+        raise ReleaseConfigError("folder", f"{cfg.folder!r} exists and is not a beamsynth release; "
+                                           "move it away or choose another folder")
+    ledger = PrivacyLedger(cfg.ledger_path)
+    release_id = ledger.reserve(run_key=run_key(cfg), name=cfg.name, folder=cfg.folder,
+                                spends=plan.spends, policies=cfg.policies)
+    progress(f"reserved ε={eps:g} in ledger {cfg.ledger_path} (release {release_id}, pending)")
+    parent = os.path.dirname(cfg.folder)
+    os.makedirs(parent, exist_ok=True)
+    for stale in glob.glob(os.path.join(parent, f".{os.path.basename(cfg.folder)}.tmp-*")):
+        shutil.rmtree(stale, ignore_errors=True)  # left by a killed run of this night
+    tmp = os.path.join(parent, f".{os.path.basename(cfg.folder)}.tmp-{release_id}")
+    try:
+        os.makedirs(os.path.join(tmp, "public"))
+        manifests = {}
+        for t in cfg.tables:
+            progress(f"table {t.name}: reading {', '.join(t.inputs)} and synthesizing ({t.method})")
+            p = plan.plans[t.name]
+            p = dataclasses.replace(p, config=dataclasses.replace(
+                p.config, output=os.path.join(tmp, "public", f"{t.name}.{t.formats[0]}")))
+            manifests[t.name] = _run_table(p, t, tmp, options, progress)
+        release = _release_document(cfg, release_id, manifests)
+        if cfg.public_report or cfg.private_report:
+            progress("writing reports")
+            from beamsynth.pipelines.report import write_release_reports
+
+            write_release_reports(cfg, tmp, release, manifests)
+        write_json_atomic(os.path.join(tmp, RELEASE_MARKER), release)
+        _fsync_tree(tmp)
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        ledger.abort(release_id, f"failed before publishing: {type(exc).__name__}: {exc}"[:500])
+        raise
+    if os.path.exists(cfg.folder):  # an earlier publication of the same folder (ledger refused it)
+        raise ReleaseConfigError("folder", f"{cfg.folder!r} appeared while the release ran")
+    os.rename(tmp, cfg.folder)  # publish: atomic on one file system
+    ledger.commit(release_id)
+    progress(f"published {cfg.folder} and committed release {release_id}")
+    return release
+
+
+def _release_document(cfg: ReleaseConfig, release_id: str,
+                      manifests: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
+    """``release.json``: the public parts of the manifests plus the ledger entry."""
+    return {
+        "beamsynth_release": 1,
+        "release_id": release_id,
+        "name": cfg.name,
+        "description": cfg.description,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "budget": {"epsilon": cfg.epsilon, "delta": cfg.delta},
+        "spent": {"epsilon": sum(m["release"]["budget"]["spent"]["epsilon"] for m in manifests.values()),
+                  "delta": sum(m["release"]["budget"]["spent"]["delta"] for m in manifests.values())},
+        "ledger": {"path": os.path.basename(cfg.ledger_path), "run_key": run_key(cfg),
+                   "policies": {s: p.describe() for s, p in cfg.policies.items()}},
+        "tables": {name: {"source": next(t.source for t in cfg.tables if t.name == name),
+                          **m["release"]} for name, m in manifests.items()},
+        "metrics_namespace": METRICS_NAMESPACE,
+    }
