@@ -284,9 +284,22 @@ class _SampleShardFn(beam.DoFn):
 
     def process(self, shard, model, window=beam.DoFn.WindowParam):
         shard_id, n = shard
-        rs = RandomSource(seed=self._seed).child("sample", shard_id, *window_labels(window))
-        codes = model.sample_codes(n, rs.child("codes"))
-        yield codes_to_table(self._schema, codes, rs.child("values"))
+        yield _sample_shard(self._schema, self._seed, shard_id, n, model, window)
+
+
+class _SampleShardWithModelFn(_SampleShardFn):
+    """Side-input-free form: elements are ``(shard_id, rows, model)``."""
+
+    def process(self, shard, window=beam.DoFn.WindowParam):
+        shard_id, n, model = shard
+        yield _sample_shard(self._schema, self._seed, shard_id, n, model, window)
+
+
+def _sample_shard(schema: Schema, seed: int | None, shard_id: int, n: int, model: SynthesisModel,
+                  window: Any) -> pa.Table:
+    rs = RandomSource(seed=seed).child("sample", shard_id, *window_labels(window))
+    codes = model.sample_codes(n, rs.child("codes"))
+    return codes_to_table(schema, codes, rs.child("values"))
 
 
 class SampleSynthetic(beam.PTransform):
@@ -295,17 +308,35 @@ class SampleSynthetic(beam.PTransform):
     Input: ``PCollection[(SynthesisModel, rows)]`` with one element per window. Output:
     ``PCollection[pyarrow.Table]``, about ``shard_rows`` rows per element. Shard ``i`` draws from the
     stream ``(seed, "sample", i, window)``, so seeded output does not depend on the runner.
+
+    ``side_input=False`` sends the model inside every shard element instead of as a singleton
+    side input: Beam's DaskRunner (2.77) feeds wrong side-input contents when the side input and
+    the main input share an upstream ``GroupByKey`` (see docs/runners.md). Same output.
     """
 
     def __init__(self, *, schema: Schema, seed: int | None = None,
-                 shard_rows: int = DEFAULT_SHARD_ROWS, label: str | None = None) -> None:
+                 shard_rows: int = DEFAULT_SHARD_ROWS, side_input: bool = True,
+                 label: str | None = None) -> None:
         super().__init__(label)
         if not isinstance(shard_rows, int) or shard_rows < 1:
             raise ValueError(f"shard_rows ({shard_rows!r}) must be an int >= 1")
+        if not isinstance(side_input, bool):
+            raise TypeError(f"side_input ({side_input!r}) must be a bool")
         self._schema, self._seed, self._shard_rows = schema, seed, shard_rows
+        self._side_input = side_input
 
     def expand(self, model_and_rows):
         shard_rows = self._shard_rows
+        if not self._side_input:
+            return (
+                model_and_rows
+                | "PlanShards" >> beam.FlatMap(
+                    lambda mr: [(i, n, mr[0]) for i, n in shard_plan(int(mr[1]), shard_rows)])
+                # (shard_id, rows, SynthesisModel)
+                | "SpreadShards" >> beam.Reshuffle()
+                | "SampleShard" >> beam.ParDo(_SampleShardWithModelFn(self._schema, self._seed))
+                # pyarrow.Table
+            )
         models = model_and_rows | "Model" >> beam.Map(lambda mr: mr[0])
         shards = (
             model_and_rows
