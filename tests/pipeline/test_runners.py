@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
+
 from beamsynth.pipelines.synthesize import SynthesisConfig, run_synthesis
 from beamsynth.runners.presets import DASK_RUNNER, options_for
 from beamsynth.schemas.schema import load_schema

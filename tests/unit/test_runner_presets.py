@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
+
 from beamsynth.runners.presets import (
     DASK_RUNNER,
     PRESETS,
