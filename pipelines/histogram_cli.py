@@ -225,6 +225,11 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
                           privacy_id=args.privacy_id, max_contributions=args.max_contributions,
                           domain_spec=args.domain)
     manifest = run_histogram(cfg, pipeline_options(beam_args))
+    op = manifest["operational"]
+    if op.get("rows_read") and not op.get("rows_used"):  # exact, operator-only (not released)
+        print(f"beamsynth histogram: warning: none of the {op['rows_read']} rows was usable (wrong "
+              f"--column or domain?); the release holds only random categories. Reasons: "
+              f"{rejected_path(args.output)}", file=sys.stderr)
     if not getattr(args, "quiet", False):
         rel, op, d = manifest["release"], manifest["operational"], manifest["release"]["details"]
         print(f"beamsynth histogram: {rel['rows_out']} categories of {args.column!r} released to "

@@ -14,7 +14,7 @@ then run with a plan whose ``q`` corresponds to 0.7× or 1.3× the scale, τ unc
 
 False-failure rate: every passing check fails with probability P_THRESHOLD = 1e-4 (χ² and
 binomial tests at that level; pooled-count χ² is conservative since per-value counts are sums of
-independent indicators, variance ≤ mean); the file has 7 passing checks, so < 1e-3 in all.
+independent indicators, variance ≤ mean); the file has 8 passing checks, so < 1e-3 in all.
 """
 
 import dataclasses
@@ -161,3 +161,20 @@ def test_each_check_fails_when_noise_scale_is_off_by_30_percent(factor, brute):
     expected = PLAN.achieved_tolerance ** ((N - ACTIVE.size) / N)
     assert stats.binomtest(int(no_out.sum()), WRONG_RUNS, expected).pvalue < P_THRESHOLD
     assert not math.isclose(_with_scale(factor).scale, PLAN.scale)
+
+
+@pytest.mark.parametrize("factor,passes", [(1.0, True), (0.7, False), (1.3, False)])
+def test_number_of_random_bins_on_a_10_to_12_domain(factor, passes):
+    """K ~ Binomial(n - a, p) at n = 10^12 (Poisson(n·p) to 1e-12): checks the exact sampler."""
+    n, eps, rho = 10**12, 1.0, 0.05
+    domain = IntegerDomain(low=0, high=n - 1)
+    plan = plan_cathist(epsilon=eps, tolerance=rho, domain_size=n)
+    active = np.array([0, 10**11], dtype=np.int64)
+    base = RandomSource(seed=500)
+    used = plan if factor == 1.0 else dataclasses.replace(plan, log_q=plan.log_q / factor)
+    runs = 6_000 if passes else 300  # a wrong scale moves the mean by orders of magnitude
+    k = np.array([len(release_histogram(active, np.array([-10**6, -10**6]), plan=used,
+                                        domain=domain, rs=base.child(i))) for i in range(runs)])
+    mean = (n - active.size) * plan.tail_probability
+    p = discrete_gof_pvalue(k, lambda v: stats.poisson.pmf(v, mean))
+    assert (p > P_THRESHOLD) == passes
