@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 from apache_beam.metrics import Metrics
 from apache_beam.metrics.metric import MetricsFilter
+
 from beamsynth.pipelines.io import (
     METRICS_NAMESPACE,
     RawBlock,
@@ -139,7 +140,7 @@ class EncodeKeys(beam.PTransform):
 # -- the pipeline -------------------------------------------------------------------------------------
 def make_transform(*, method: str, codec: KeyCodec, epsilon: float, max_contributions: int,
                    seed: int | None, accountant: PrivacyAccountant, max_depth: int | None = None,
-                   discount: str = "uniform", threshold: float | None = None,
+                   discount: str = "proportional", threshold: float | None = None,
                    final_fraction: float = 0.25) -> beam.PTransform:
     """The method's PTransform; spends the budget on ``accountant`` now (build time)."""
     budget = PureDP(epsilon=epsilon)
@@ -323,7 +324,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g = p.add_argument_group("method options")
     g.add_argument("--max-depth", type=int, default=None,
                    help="basic/direct: levels measured (default: the key's full depth)")
-    g.add_argument("--discount", choices=DISCOUNTS, default="uniform", help="improved: discount rule")
+    g.add_argument("--discount", choices=DISCOUNTS, default="proportional", help="improved: discount rule (default proportional)")
     g.add_argument("--threshold", type=float, default=None,
                    help="split threshold b (default 2·scale·ln(fanout), from public parameters)")
     g.add_argument("--final-fraction", type=float, default=0.25,

@@ -240,7 +240,7 @@ class TextKeyCodec(KeyCodec):
             if self.on_other == "reject":
                 bad = "".join(sorted(set(other)))[:20]
                 return None, f"characters outside the declared alphabet: {bad!r}"
-            s = "".join(ch for ch in s if ch in self._to_sym)
+            s = "".join(ch for ch in s if ord(ch) in self._to_sym)
         if len(s) > self.max_length:
             if self.on_too_long == "reject":
                 return None, f"length {len(s)} exceeds the declared max_length {self.max_length}"
@@ -297,13 +297,13 @@ class TextKeyCodec(KeyCodec):
         m, d = prefixes.shape
         if d == 0:
             return np.zeros(m, dtype=bool)
-        return (prefixes[:, -1] == self._eos) | (d >= self.depth)
+        return (prefixes[:, -1] == self._eos) | (d >= self.depth)  # EOS can only come last
 
     def is_complete(self, prefixes: np.ndarray) -> np.ndarray:
         m, d = prefixes.shape
         if d == 0:
             return np.zeros(m, dtype=bool)
-        return prefixes[:, -1] == self._eos
+        return (prefixes == self._eos).any(axis=1)
 
     def labels(self, prefixes: np.ndarray) -> list[str]:
         out = []

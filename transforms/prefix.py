@@ -33,10 +33,23 @@ Accounting per method (functions :func:`basic_accounting`, :func:`improved_accou
   are measured, ``maxdepth + 1`` levels, each scale ``k(maxdepth + 1)/ε`` (the paper's
   ``R = maxdepth/ε``, plus the root count) → ``ε`` total. ``Center`` is post-processing.
 
-Discounts (Appendix A): ``uniform`` (round robin over children in a fixed order, as equal as
-possible), ``proportional`` (the paper's ``Skip`` over a random order: multivariate hypergeometric;
-privacy holds for every fixed order, so its randomness is not privacy-critical) and ``progressive``
-(remove from the largest child, ties in a fixed order). All are stable t-discounts.
+Discounts (Section 3 and Appendix A), all applied implicitly: each node carries the number of
+records its ancestors removed from its subtree ("owed"), and a split spreads ``owed + t`` over the
+children.
+
+* ``skip``: the paper's ``Skip`` over the fixed lexicographic order of keys. Subtrees are
+  contiguous in that order, so the removed records of every node are its first ones and the
+  deferred bookkeeping is *exactly* the explicit Skip; Theorem 3's proof applies verbatim.
+* ``proportional`` (default): ``Skip`` over a uniformly random order of the records, which
+  Appendix A calls proportional discounting. The deferred version draws the children's shares
+  from the multivariate hypergeometric law, which has the same joint law as the explicit random
+  order (the remaining records stay exchangeable); for every fixed order the mechanism is a
+  stable Skip, so the mixture is 2ε₀-DP and this randomness is not privacy-critical.
+* ``uniform``: round robin over the children in a fixed order (equal shares, empty children
+  skipped). Stability of the whole deferred discount is checked by property tests on random
+  trees (``tests/unit/test_prefix.py``), not proved; prefer ``skip``/``proportional`` when a
+  proof is required. (Progressive discounting with deferral is *not* stable — the tests keep a
+  counterexample — so it is not offered.)
 """
 
 from __future__ import annotations
@@ -49,6 +62,7 @@ from typing import Any
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
+
 from beamsynth.schemas.keys import KeyCodec, prefix_bytes
 from beamsynth.schemas.schema import EncodedBatch
 from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, PureDP
@@ -82,7 +96,7 @@ __all__ = [
     "round_robin_remove",
 ]
 
-DISCOUNTS = ("uniform", "proportional", "progressive")
+DISCOUNTS = ("proportional", "skip", "uniform")
 _COMPACT_AT = 2_000_000  # sparse accumulator entries before compaction
 
 
@@ -339,23 +353,14 @@ def round_robin_remove(s: np.ndarray, r: np.ndarray, start: np.ndarray | None = 
     return base + extra
 
 
-def _progressive_remove(s: np.ndarray, r: np.ndarray) -> np.ndarray:
-    """Remove ``r`` units one at a time from the currently largest cell (ties: lowest column)."""
-    f = s.shape[0]
-    if f == 0:
-        return np.zeros_like(s)
-    lo = np.zeros(f, dtype=np.int64)  # level λ: removal max(0, s - λ); find smallest λ with sum <= r
-    hi = s.max(axis=1)
-    # sum(max(0, s - hi)) = 0 <= r; search smallest λ in [0, hi] with sum <= r
-    while np.any(hi > lo):
-        mid = (lo + hi) // 2
-        ok = np.maximum(s - mid[:, None], 0).sum(axis=1) <= r
-        hi = np.where(ok, mid, hi)
-        lo = np.where(ok, lo, mid + 1)
-    base = np.maximum(s - lo[:, None], 0)
-    rest = r - base.sum(axis=1)
-    extra = _cyclic_first((s >= lo[:, None]) & (lo[:, None] > 0), rest, np.zeros(f, dtype=np.int64))
-    return base + extra
+def _skip_remove(s: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """Remove the first ``r`` units in child order (the paper's ``Skip`` over a fixed record order).
+
+    Subtrees are contiguous in the lexicographic order of keys, so "the first records" of a node
+    are always the first records of its first children: removal is determined by counts alone.
+    """
+    before = np.cumsum(s, axis=1) - s
+    return np.clip(r[:, None] - before, 0, s)
 
 
 def _proportional_remove(s: np.ndarray, r: np.ndarray, rs: RandomSource) -> np.ndarray:
@@ -387,8 +392,8 @@ def allocate_discount(counts: np.ndarray, owed: np.ndarray, discount: int, rule:
     r = np.minimum(owed + int(discount), counts.sum(axis=1))
     if rule == "uniform":
         return round_robin_remove(counts, r)
-    if rule == "progressive":
-        return _progressive_remove(counts, r)
+    if rule == "skip":
+        return _skip_remove(counts, r)
     if rule == "proportional":
         return _proportional_remove(counts, r, rs)
     raise ValueError(f"discount rule ({rule!r}) must be one of {DISCOUNTS}")
@@ -592,7 +597,7 @@ class _PrefixLevels(beam.PTransform):
 
     method = ""
 
-    def __init__(self, *, codec: KeyCodec, acct: PrefixAccounting, levels: int, rule: str = "uniform",
+    def __init__(self, *, codec: KeyCodec, acct: PrefixAccounting, levels: int, rule: str = "proportional",
                  seed: int | None = None, accountant: PrivacyAccountant | None = None,
                  label: str | None = None) -> None:
         super().__init__(label)
@@ -669,7 +674,7 @@ class DPImprovedPrefixHistogram(_PrefixLevels):
     method = "improved"
 
     def __init__(self, *, codec: KeyCodec, budget: ApproxDP, max_contributions: int = 1,
-                 discount: str = "uniform", threshold: float | None = None, seed: int | None = None,
+                 discount: str = "proportional", threshold: float | None = None, seed: int | None = None,
                  accountant: PrivacyAccountant | None = None, label: str | None = None) -> None:
         _check_budget(budget)
         acct = improved_accounting(epsilon=budget.epsilon, max_contributions=max_contributions,

@@ -1,0 +1,299 @@
+"""Prefix algorithms: accounting vs the paper's theorems, Center, stable discounts, counting."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from beamsynth.schemas.keys import SpatialKeyCodec, TextKeyCodec
+from beamsynth.transforms import prefix as P
+from beamsynth.transforms.budget import PrivacyAccountant, PureDP
+from beamsynth.transforms.noise import RandomSource, discrete_laplace_cdf
+
+# -- accounting against the theorems ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("depth", [4, 21])
+def test_basic_accounting_is_corollary_2_plus_second_pass(k, depth):
+    a = P.basic_accounting(epsilon=2.0, max_depth=depth, max_contributions=k, final_fraction=0.25)
+    assert a.levels == depth
+    # Corollary 2: depth B at ε_level each, plus the re-measurement ε_final
+    assert depth * a.epsilon_level + a.epsilon_final == pytest.approx(2.0)
+    assert a.epsilon == pytest.approx(2.0)
+    assert a.scale == pytest.approx(k / a.epsilon_level)  # sensitivity k per level
+    assert a.final_scale == pytest.approx(k / a.epsilon_final)
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_improved_accounting_is_theorem_3_and_depth_free(k):
+    a = P.improved_accounting(epsilon=1.0, max_contributions=k, fanout=39)
+    eps0 = 1.0 / (2 * k)
+    assert a.scale == pytest.approx(1 / eps0)
+    assert a.discount >= a.threshold + math.log(2) / eps0  # t >= b + ln2/ε₀
+    assert a.epsilon == pytest.approx(2 * k * eps0) == pytest.approx(1.0)  # 2ε₀ per record, × k
+    # depth-independent: the same spend for keys of any depth
+    spends = []
+    for max_length in (3, 60):
+        acct = PrivacyAccountant(total=PureDP(epsilon=1.0))
+        P.DPImprovedPrefixHistogram(codec=TextKeyCodec(column="q", max_length=max_length),
+                                    budget=PureDP(epsilon=1.0), max_contributions=k, accountant=acct)
+        spends.append(acct.spent_epsilon)
+    assert spends[0] == spends[1] == pytest.approx(1.0)
+
+
+def test_direct_accounting_is_maxdepth_over_epsilon_per_level():
+    a = P.direct_accounting(epsilon=1.0, max_depth=20, max_contributions=2)
+    assert a.scale == pytest.approx(2 * 21 / 1.0)  # paper's R = maxdepth/ε, + root count, × k
+    assert a.epsilon == pytest.approx(1.0)
+
+
+def _log_ratio_sum(eps0: float, b: float, t: float, steps: int = 4000) -> float:
+    """Worst case of the product in eq. (3) for 'add a record': Σ log p(x+1)/p(x) along a path
+    whose counts grow by t per level from 0 (discrete Laplace continuation probabilities)."""
+    scale = 1 / eps0
+
+    def p(x):  # P(x + Z >= b) for integer x, b
+        return 1.0 - discrete_laplace_cdf(np.ceil(b) - x - 1, scale)
+
+    xs = np.arange(0, steps) * t
+    return float(np.sum(np.log(p(xs + 1)) - np.log(p(xs))))
+
+
+@pytest.mark.parametrize("epsilon, k", [(0.1, 1), (1.0, 1), (1.0, 3), (10.0, 1)])
+def test_theorem_3_bound_holds_for_the_discrete_noise_and_fails_without_discount(epsilon, k):
+    a = P.improved_accounting(epsilon=epsilon, max_contributions=k, fanout=39)
+    eps0 = a.epsilon_level
+    # internal path nodes (add case) cost at most 2ε₀ in total, whatever the depth
+    assert _log_ratio_sum(eps0, a.threshold, a.discount) <= 2 * eps0 + 1e-9
+    # the leaf term (remove case) costs at most ε₀: one step of the discrete Laplace cdf
+    scale = 1 / eps0
+    xs = np.arange(-50, int(a.threshold) + 50)
+    leaf = (discrete_laplace_cdf(a.threshold - xs, scale) / discrete_laplace_cdf(a.threshold - xs - 1, scale))
+    assert np.log(leaf).max() <= eps0 + 1e-9
+    # without a discount the path cost grows with depth: the check above can fail
+    assert _log_ratio_sum(eps0, a.threshold, 1.0, steps=int(a.threshold) * 4) > 2 * eps0
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"epsilon": 0}, r"epsilon \(0\) must be finite and > 0"),
+    ({"epsilon": 1, "max_depth": 0}, r"max_depth \(0\) must be finite and > 0"),
+    ({"epsilon": 1, "max_depth": 3, "final_fraction": 1.5}, r"final_fraction \(1.5\) must be in \(0, 1\)"),
+])
+def test_accounting_validation(bad, message):
+    with pytest.raises(ValueError, match=message):
+        P.basic_accounting(**{"max_depth": 3, **bad})
+
+
+# -- Center (Figures 4 and 14) ------------------------------------------------------------------------
+def _center_reference(count, sub, start):
+    """The paper's Figure 14 loop, literally."""
+    sub = [min(count, max(0, s)) for s in sub]
+    total = sum(sub)
+    direction = 1 if count > total else -1
+    i = start
+    while count != total:
+        j = i % len(sub)
+        if (direction == 1 and sub[j] < count) or (direction == -1 and sub[j] > 0):
+            sub[j] += direction
+            total += direction
+        i += 1
+    return sub
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 60), st.lists(st.integers(-30, 80), min_size=1, max_size=9), st.integers(0, 20))
+def test_center_matches_the_paper_exact_total_never_negative(count, sub, start):
+    got = P.center(np.array([count]), np.array([sub]), start=np.array([start % len(sub)]))[0]
+    assert got.sum() == count
+    assert (got >= 0).all()
+    assert got.tolist() == _center_reference(count, sub, start % len(sub))
+
+
+def test_center_respects_invalid_children_and_many_rows():
+    rs = RandomSource(seed=4)
+    counts = rs.integers(200, 500)
+    sub = rs.integers(300, 500 * 5).reshape(500, 5) - 100
+    valid = np.ones((500, 5), bool)
+    valid[::3, 1:] = False
+    out = P.center(counts, sub, valid, start=rs.integers(5, 500))
+    assert (out.sum(axis=1) == counts).all() and (out >= 0).all()
+    assert (out[~valid] == 0).all()
+
+
+# -- stable discounts (Appendix A) --------------------------------------------------------------------
+def _loop_remove(s, r, start=0):
+    s = list(s)
+    rem = [0] * len(s)
+    i = start
+    while r > 0:
+        j = i % len(s)
+        if s[j] - rem[j] > 0:
+            rem[j] += 1
+            r -= 1
+        i += 1
+    return rem
+
+
+def _loop_progressive(s, r):
+    """Remove from the currently largest child (a rule whose deferred form is NOT stable)."""
+    s = np.asarray(s)
+    out = np.zeros_like(s)
+    for row in range(s.shape[0]):
+        for _ in range(int(r[row])):
+            out[row, int(np.argmax(s[row] - out[row]))] += 1
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 40), min_size=1, max_size=8), st.integers(0, 400), st.integers(0, 7))
+def test_round_robin_and_skip_match_loops(s, r, start):
+    r = min(r, sum(s))
+    start %= len(s)
+    got = P.round_robin_remove(np.array([s]), np.array([r]), np.array([start]))[0]
+    assert got.tolist() == _loop_remove(s, r, start)
+    skip = P.allocate_discount(np.array([s]), np.array([r - min(r, 1)]), min(r, 1), "skip", None)[0]
+    flat = [i for i, c in enumerate(s) for _ in range(c)][:r]  # the first r records in key order
+    assert skip.tolist() == np.bincount(flat, minlength=len(s)).tolist()
+
+
+def _discount_tree(leaf_counts: np.ndarray, t: int, rule) -> np.ndarray:
+    """Remaining records per leaf after the implicit discount applied at every internal node."""
+    fan, depth = leaf_counts.shape[0], leaf_counts.ndim
+    owed = np.zeros(1, np.int64)
+    removed = None
+    for d in range(depth):
+        sub = leaf_counts.reshape((fan ** (d + 1),) + (fan,) * (depth - d - 1))
+        child = sub.reshape(fan ** (d + 1), -1).sum(axis=1).reshape(fan ** d, fan)
+        if callable(rule):
+            removed = rule(child, np.minimum(owed + t, child.sum(axis=1)))
+        else:
+            removed = P.allocate_discount(child, owed, t, rule, RandomSource(seed=0))
+        owed = removed.ravel()
+    return leaf_counts.ravel() - removed.ravel()
+
+
+@pytest.mark.parametrize("rule", ["uniform", "skip"])
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_whole_tree_discount_is_stable(rule, data):
+    """|T(A) Δ T(B)| <= |A Δ B| = 1 when B adds one record (Appendix A, eq. 9)."""
+    fan, depth = 3, 3
+    counts = np.array(data.draw(st.lists(st.integers(0, 12), min_size=fan ** depth, max_size=fan ** depth)))
+    t = data.draw(st.integers(1, 6))
+    where = data.draw(st.integers(0, fan ** depth - 1))
+    more = counts.copy()
+    more[where] += 1
+    a = _discount_tree(counts.reshape((fan,) * depth), t, rule)
+    b = _discount_tree(more.reshape((fan,) * depth), t, rule)
+    assert (a >= 0).all() and (b >= 0).all()
+    assert np.abs(a - b).sum() <= 1
+
+
+def test_the_stability_check_catches_deferred_progressive_discounting():
+    counts = np.zeros(27, np.int64)
+    counts[[8, 17]] = 3
+    more = counts.copy()
+    more[9] += 1
+    a = _discount_tree(counts.reshape(3, 3, 3), 1, _loop_progressive)
+    b = _discount_tree(more.reshape(3, 3, 3), 1, _loop_progressive)
+    assert np.abs(a - b).sum() == 2  # |T(A) Δ T(B)| = 2 > 1: not a stable discount
+
+
+def test_discount_leaves_each_child_t_below_its_parent_and_proportional_sums():
+    rs = RandomSource(seed=9)
+    counts = rs.integers(50, 40 * 6).reshape(40, 6)
+    owed = rs.integers(20, 40)
+    for rule in P.DISCOUNTS:
+        rem = P.allocate_discount(counts, owed, 7, rule, rs.child(rule))
+        assert (rem >= 0).all() and (rem <= counts).all()
+        assert (rem.sum(axis=1) == np.minimum(owed + 7, counts.sum(axis=1))).all()
+        parent_eff = counts.sum(axis=1) - owed
+        assert ((counts - rem).max(axis=1) <= np.maximum(parent_eff - 7, 0)).all()
+    with pytest.raises(ValueError, match=r"discount rule \('progressive'\) must be one of"):
+        P.allocate_discount(counts, owed, 7, "progressive", rs)
+
+
+# -- counting --------------------------------------------------------------------------------------
+def test_child_cells_and_sparse_combine_across_shards():
+    c = TextKeyCodec(column="q", max_length=4)
+    words = ["the", "then", "to", "a", "the", "tie", "x"] * 7
+    codes = c.encode_strings(words)
+    frontier = c.encode_strings(["t"])[:, :1]  # prefix 't'
+    keys = P.prefix_bytes(frontier, 1)
+    fn = P.SparseCountsCombineFn()
+    shards = [fn.add_input(fn.create_accumulator(), P.child_cells(codes[i::3], 1, keys, c.fanout))
+              for i in range(3)]
+    idx, cnt = fn.extract_output(fn.merge_accumulators(shards))
+    table = P.dense_counts(1, c.fanout, idx, cnt)
+    labels = c.labels(P.children_of(frontier, c.fanout))
+    got = {labels[j]: int(v) for j, v in enumerate(table[0]) if v}
+    assert got == {"th": 14 + 7, "to": 7, "ti": 7}
+    idx0, cnt0 = P.child_cells(codes, 0, None, c.fanout)
+    assert cnt0.sum() == len(words)
+    e_idx, e_cnt = fn.extract_output(fn.create_accumulator())
+    assert e_idx.size == 0 and e_cnt.size == 0
+
+
+def _run_levels(method, codec, codes, acct, levels, seed=1, rule="uniform"):
+    st_ = P.root_state(codec.symbol_dtype)
+    rels = []
+    for d in range(levels):
+        idx, cnt = P.child_cells(codes, d, st_.keys, codec.fanout)
+        rs = RandomSource(seed=seed).child(d)
+        if method == "basic":
+            st_, rel = P.basic_step(st_, idx, cnt, codec, acct=acct, rs=rs, last=d == levels - 1)
+        elif method == "improved":
+            st_, rel = P.improved_step(st_, idx, cnt, codec, acct=acct, rule=rule, rs=rs)
+        else:
+            st_, rel = P.direct_step(st_, idx, cnt, codec, acct=acct, rs=rs, last=d == levels - 1)
+        rels.append(rel)
+    return rels
+
+
+def _leaves(codec, rels):
+    out = {}
+    for r in rels:
+        for lab, cnt, leaf in zip(codec.labels(r.prefixes), r.counts.tolist(), r.leaf.tolist()):
+            if leaf:
+                out[lab] = cnt
+    return out
+
+
+def test_methods_recover_frequent_strings_at_large_epsilon():
+    c = TextKeyCodec(column="q", max_length=5)
+    codes = c.encode_strings(["the"] * 400 + ["then"] * 150 + ["a"] * 300)
+    b = _leaves(c, _run_levels("basic", c, codes, P.basic_accounting(
+        epsilon=200, max_depth=c.depth, fanout=c.fanout), c.depth))
+    assert b["the$"] == 400 and b["then$"] == 150 and b["a$"] == 300
+    acct = P.improved_accounting(epsilon=200, fanout=c.fanout)
+    imp = _leaves(c, _run_levels("improved", c, codes, acct, c.depth))
+    # each split removes t records: 'the$' lost t at 4 splits (root, t, th, the) shared with 'then'
+    assert 300 - 2 * acct.discount <= imp["a$"] <= 300
+    assert imp["the$"] + imp["then$"] >= 550 - 5 * acct.discount
+    d = _leaves(c, _run_levels("direct", c, codes, P.direct_accounting(epsilon=500, max_depth=c.depth), c.depth))
+    assert d == {"the$": 400, "then$": 150, "a$": 300}
+
+
+def test_direct_totals_exact_and_nonnegative_at_small_epsilon():
+    c = SpatialKeyCodec(columns=("x", "y"), box=((0, 1), (0, 1)), depth=6)
+    pts = RandomSource(seed=3).uniform((2000, 2)) ** 3
+    codes = c.encode_points(pts)
+    rels = _run_levels("direct", c, codes, P.direct_accounting(epsilon=0.5, max_depth=6), 6)
+    root_children = rels[0].counts.sum()
+    assert P.synth_sizes(rels) == root_children  # every allocated unit ends in exactly one leaf
+    for r in rels:
+        assert (r.counts >= 1).all()
+    keys, dropped = P.leaves_to_keys(rels[-1], c, RandomSource(seed=1))
+    assert dropped == 0 and len(keys["x"]) == int(rels[-1].counts[rels[-1].leaf].sum())
+
+
+def test_release_table_hides_improved_internal_counts():
+    c = TextKeyCodec(column="q", max_length=3)
+    codes = c.encode_strings(["ab"] * 100)
+    rels = _run_levels("improved", c, codes, P.improved_accounting(epsilon=50, fanout=c.fanout), c.depth)
+    table = P.release_to_table(rels[0], c).to_pylist()
+    row = next(r for r in table if r["prefix"] == "a")
+    assert row["count"] is None and row["leaf"] is False
