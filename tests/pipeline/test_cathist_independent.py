@@ -83,3 +83,17 @@ def test_synthesize_with_open_column_end_to_end(tmp_path):
     assert "independent.cathist.job" in steps
     rejected = (tmp_path / "out.csv.rejected.jsonl").read_text().splitlines()
     assert len(rejected) == 3 and "outside the declared" in json.loads(rejected[0])["reason"]
+
+
+def test_schema_with_only_open_columns(tmp_path):
+    schema = _schema(tmp_path, tolerance=0.5).select(["job"])
+    data = tmp_path / "in.csv"
+    data.write_text("job\n" + "w5 w6\n" * 500)
+    out = tmp_path / "only_open.csv"
+    manifest = run_synthesis(SynthesisConfig(input=str(data), schema=schema, output=str(out),
+                                             epsilon=1.0, rows=300, seed=8))
+    with out.open() as fh:
+        got = [r["job"] for r in csv.DictReader(fh)]
+    assert len(got) == 300 and got.count("w5 w6") > 150
+    steps = [s["step"] for s in manifest["release"]["budget"]["spends"]]
+    assert steps == ["independent.cathist.job"]
