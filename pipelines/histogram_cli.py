@@ -43,7 +43,7 @@ from beamsynth.pipelines.manifest import build_manifest, manifest_path, write_js
 from beamsynth.pipelines.synthesize import _metric
 from beamsynth.pipelines.synthesize_cli import pipeline_options
 from beamsynth.schemas.domains import CategoricalDomain, IntegerDomain, ProductDomain, StringDomain
-from beamsynth.schemas.schema import Column, Schema, load_schema
+from beamsynth.schemas.schema import Column, Schema, avro_field_name, load_schema
 from beamsynth.transforms.budget import PrivacyAccountant, PureDP
 from beamsynth.transforms.cathist import ColumnCells, DPCategoricalHistogram, histogram_table
 from beamsynth.transforms.units import BoundContributions
@@ -163,8 +163,8 @@ def run_histogram(cfg: HistogramConfig, options: PipelineOptions | None = None) 
     names = [column.name, _count_column_name(column.name)]
     arrow = pa.schema([pa.field(names[0], pa.string()), pa.field(names[1], pa.int64())])
     avro = {"type": "record", "name": "histogram", "namespace": "beamsynth.release",
-            "fields": [{"name": "category", "type": ["null", "string"]},
-                       {"name": "count", "type": "long"}]}
+            "fields": [{"name": avro_field_name(names[0]), "type": ["null", "string"]},
+                       {"name": avro_field_name(names[1]), "type": "long"}]}
     tables | "Write" >> WriteTables(cfg.output, column_names=names, arrow_schema=arrow,
                                     avro_schema=avro)
     write_rejected(read["rejected"], cfg.output)
