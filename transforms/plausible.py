@@ -51,7 +51,12 @@ import numpy as np
 
 from beamsynth.schemas.schema import EncodedBatch
 from beamsynth.transforms.budget import ApproxDP
-from beamsynth.transforms.measure import MarginalCountsCombineFn, combine_globally, window_labels
+from beamsynth.transforms.measure import (
+    MarginalCountsCombineFn,
+    combine_globally,
+    count_marginals,
+    window_labels,
+)
 from beamsynth.transforms.noise import (
     RandomSource,
     discrete_laplace,
@@ -81,6 +86,9 @@ __all__ = [
     "entropy_sum",
     "entropy_sum_sensitivity",
     "group_keys",
+    "learn_structure",
+    "param_tables",
+    "structure_specs",
     "noisy_entropies",
     "plausible_interval",
     "privacy_test",
@@ -676,14 +684,32 @@ class _StructureFn(beam.DoFn):
         self._max_parents, self._max_cost, self._seed, self._step = max_parents, max_cost, seed, step
 
     def process(self, tables, n_records, window=beam.DoFn.WindowParam):
-        if n_records > self._max_records:
-            raise ValueError(f"the structure split has more records than the declared bound "
-                             f"max_records ({self._max_records}); raise max_records")
         rs = RandomSource(seed=self._seed).child(self._step, *window_labels(window))
-        h1, h2, _ = noisy_entropies(list(tables), n_records, shape=self._shape, epsilon=self._eps,
-                                    max_records=self._max_records, rs=rs)
-        corr = symmetrical_uncertainty(h1, h2)
-        yield cfs_structure(corr, self._shape, max_parents=self._max_parents, max_cost=self._max_cost)
+        yield learn_structure(list(tables), n_records, shape=self._shape, epsilon=self._eps,
+                              max_records=self._max_records, max_parents=self._max_parents,
+                              max_cost=self._max_cost, rs=rs)
+
+
+def structure_specs(m: int) -> list[tuple[int, ...]]:
+    """Marginals measured for the structure: every single column, then every pair."""
+    return [(i,) for i in range(m)] + list(itertools.combinations(range(m), 2))
+
+
+def learn_structure(tables: Sequence[np.ndarray], n_records: int, *, shape: Sequence[int], epsilon: float,
+                    max_records: int, max_parents: int, max_cost: int, rs: RandomSource) -> PlausibleStructure:
+    """ε-DP structure from exact single/pair tables of ``D_T`` (:func:`structure_specs` order).
+
+    Noisy entropies (:func:`noisy_entropies`, the only data access) → symmetrical uncertainty →
+    greedy CFS (post-processing). Raises if ``n_records`` exceeds the declared ``max_records``
+    (the sensitivity bound would not hold).
+    """
+    if n_records > max_records:
+        raise ValueError(f"the structure split has more records than the declared bound "
+                         f"max_records ({max_records}); raise max_records")
+    h1, h2, _ = noisy_entropies(list(tables), n_records, shape=shape, epsilon=epsilon,
+                                max_records=max_records, rs=rs)
+    corr = symmetrical_uncertainty(h1, h2)
+    return cfs_structure(corr, shape, max_parents=min(max_parents, len(shape) - 1), max_cost=max_cost)
 
 
 class _ParamCountsFn(beam.DoFn):
@@ -693,12 +719,11 @@ class _ParamCountsFn(beam.DoFn):
         self._shape = tuple(shape)
 
     def process(self, batch: EncodedBatch, structure: PlausibleStructure):
-        yield _param_tables(batch.codes, structure, self._shape)
+        yield param_tables(batch.codes, structure, self._shape)
 
 
-def _param_tables(codes: np.ndarray, structure: PlausibleStructure, shape: Sequence[int]) -> list[np.ndarray]:
-    from beamsynth.transforms.measure import count_marginals
-
+def param_tables(codes: np.ndarray, structure: PlausibleStructure, shape: Sequence[int]) -> list[np.ndarray]:
+    """Exact ``(parents..., child)`` count tables of ``codes`` for each attribute (``D_P`` only)."""
     specs = [tuple(structure.parents[i]) + (i,) for i in range(len(shape))]
     return count_marginals(codes, specs, shape)
 
@@ -732,7 +757,7 @@ class _BuildModelFn(beam.DoFn):
 
     def process(self, tables, structure: PlausibleStructure, window=beam.DoFn.WindowParam):
         if tables is None:  # empty parameter split: all-zero counts, still noised
-            tables = _param_tables(np.zeros((0, len(self._shape)), np.int64), structure, self._shape)
+            tables = param_tables(np.zeros((0, len(self._shape)), np.int64), structure, self._shape)
         key = RandomSource(seed=self._seed).child(self._step, "hmac-key", *window_labels(window)).secret_key()
         yield PlausibleBayesNet(structure=structure, shape=self._shape, counts=tables,
                                 noise_scale=self._scale, alpha=self._alpha, omega=self._omega, key=key)
@@ -793,8 +818,8 @@ class DPPlausibleBayesNet(beam.PTransform):
 
     def expand(self, parts):
         m = len(self._shape)
-        specs = [(i,) for i in range(m)] + list(itertools.combinations(range(m), 2))
-        tables = combine_globally(parts["structure"], MarginalCountsCombineFn(specs, self._shape), "PairCounts")
+        tables = combine_globally(parts["structure"], MarginalCountsCombineFn(structure_specs(m), self._shape),
+                                  "PairCounts")
         # tuple[np.ndarray] exact single + pair tables of D_T (one pass)
         n_t = combine_globally(parts["structure"], _CountRowsFn(), "CountStructure")
         # int |D_T|
