@@ -536,9 +536,10 @@ def _run_table(plan: SynthesisPlan, t: TableSpec, tmp: str, options: PipelineOpt
             os.path.join(tmp, "public", f"{t.name}.{fmt}"), column_names=plan.schema.names,
             avro_schema=plan.schema.avro_schema(), arrow_schema=arrow_schema_for(plan.schema))
     model_path = os.path.join(tmp, "public", f"{t.name}.model.json")
-    (built["models"]
-     | "Describe" >> beam.Map(lambda m: json.dumps(m.describe(), default=str))
-     | "WriteModel" >> beam.io.WriteToText(model_path, num_shards=1, shard_name_template=""))
+    if built.get("models") is not None:  # methods releasing records directly have no model
+        (built["models"]
+         | "Describe" >> beam.Map(lambda m: json.dumps(m.describe(), default=str))
+         | "WriteModel" >> beam.io.WriteToText(model_path, num_shards=1, shard_name_template=""))
     result = p.run()
     result.wait_until_finish()
     rej_parse = _metric(result, "rows_rejected_unparseable")
