@@ -1,0 +1,140 @@
+"""Streaming: three days of records through TestStream, one DP release per daily window."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections import Counter
+from pathlib import Path
+
+import apache_beam as beam
+import numpy as np
+import pandas as pd
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from apache_beam.testing import test_stream as beam_test_stream
+from apache_beam.testing.util import assert_that
+from apache_beam.transforms import window as beam_window
+
+from beamsynth.pipelines.stream import DAY, WindowedSynthesis, window_output_path
+from beamsynth.pipelines.synthesize import SynthesisConfig, plan_synthesis
+from beamsynth.schemas.schema import EncodedBatch, load_schema
+
+ADULT = Path(__file__).resolve().parents[3] / "shared" / "data" / "adult" / "adult.csv"
+T0 = int(dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc).timestamp())
+K = 2
+
+
+def _plan(tmp_path: Path):
+    cfg = SynthesisConfig(input="stream", schema=load_schema("adult"), output=str(tmp_path / "day.csv"),
+                          epsilon=2.0, seed=11, privacy_id="pid", max_contributions=K,
+                          shard_rows=400)
+    return plan_synthesis(cfg)
+
+
+def _days(schema):
+    """Three days of 900 Adult rows; pid 'traveller' has 5 rows every day; one late batch."""
+    if not ADULT.exists():
+        pytest.skip(f"shared data not found: {ADULT}")
+    df = pd.read_csv(ADULT, nrows=2800, dtype=str, keep_default_na=False)
+    cols = {c: df[c].astype(object) for c in schema.names}
+    cols["pid"] = pd.Series(["p"] * len(df), dtype=object)  # replaced per day below
+    batch, bad = schema.encode_columns(cols, len(df))
+    assert bad == []
+    days = []
+    for d in range(3):
+        codes = batch.codes[d * 900:(d + 1) * 900]
+        pids = np.array([f"d{d}u{i // 3}" for i in range(900)], dtype=object)
+        pids[:5] = "traveller"
+        days.append(EncodedBatch(codes, pids))
+    late = EncodedBatch(batch.codes[2700:2760], np.array([f"late{i}" for i in range(60)], dtype=object))
+    return days, late
+
+
+def _kept_rows(b: EncodedBatch) -> int:
+    return int(sum(min(c, K) for c in Counter(b.pids.tolist()).values()))
+
+
+def test_three_days_give_three_releases_with_own_budget_and_manifest(tmp_path):
+    plan = _plan(tmp_path)
+    days, late = _days(plan.schema)
+    stream = beam_test_stream.TestStream().advance_watermark_to(T0)
+    for d, b in enumerate(days):
+        half = len(b) // 2  # two batches a day, arriving in order within the day
+        stream = stream.add_elements([
+            beam_window.TimestampedValue(EncodedBatch(b.codes[:half], b.pids[:half]), T0 + d * DAY + 3600),
+            beam_window.TimestampedValue(EncodedBatch(b.codes[half:], b.pids[half:]), T0 + d * DAY + 7200),
+        ]).advance_watermark_to(T0 + (d + 1) * DAY + 1)
+    # a batch stamped on day 1 arriving after day 1 was released: late
+    stream = stream.add_elements([beam_window.TimestampedValue(late, T0 + 5000)])
+    stream = stream.advance_watermark_to_infinity()
+
+    options = PipelineOptions(["--direct_running_mode=in_memory"])
+    options.view_as(StandardOptions).streaming = True
+    expected_budget = plan.accountant.to_dict()
+    with beam.Pipeline(options=options) as p:
+        out = p | stream | WindowedSynthesis(plan=plan, output=str(tmp_path / "day.csv"))
+        releases = out["releases"] | "GlobalReleases" >> beam.WindowInto(beam_window.GlobalWindows())
+        late_counts = out["late"] | "GlobalLate" >> beam.WindowInto(beam_window.GlobalWindows())
+        per_window = (
+            out["batches"]
+            | "PidCounts" >> beam.Map(
+                lambda b, w=beam.DoFn.WindowParam: (int(w.start), dict(Counter(b.pids.tolist()))))
+            | "GlobalCounts" >> beam.WindowInto(beam_window.GlobalWindows()))
+
+        def check_releases(rs):
+            assert sorted(r.start for r in rs) == [
+                "2024-01-01T00:00:00Z", "2024-01-02T00:00:00Z", "2024-01-03T00:00:00Z"]
+            for r in rs:
+                assert r.budget == expected_budget
+                assert r.end[:10] > r.start[:10]
+                lines = Path(r.synthetic).read_text().splitlines()
+                assert lines[0] == ",".join(plan.schema.names)
+                assert len(lines) - 1 == r.rows_out
+                assert 400 < r.rows_out < 800  # DP count of ~606 kept rows (ε=0.1, k=2: scale 20)
+                m = json.loads(Path(r.manifest).read_text())
+                assert m["release"]["budget"] == expected_budget
+                assert m["release"]["details"]["window"] == {"start": r.start, "end": r.end}
+                assert m["release"]["privacy_unit"]["per"] == "window"
+
+        def check_late(ls):
+            assert [(x.start, x.late_rows) for x in ls] == [("2024-01-01T00:00:00Z", len(late))]
+
+        def check_bounding(items):
+            totals: dict[int, Counter] = {}
+            for start, counts in items:
+                totals.setdefault(start, Counter()).update(counts)
+            assert sorted(totals) == [T0, T0 + DAY, T0 + 2 * DAY]
+            for d, start in enumerate(sorted(totals)):
+                counts = totals[start]
+                assert max(counts.values()) <= K  # bounded per window
+                assert counts["traveller"] == K  # ...so a unit in 3 windows contributes 3·k
+                assert sum(counts.values()) == _kept_rows(days[d])  # the late batch is not in
+                assert not any(pid.startswith("late") for pid in counts)
+
+        assert_that(releases, check_releases, label="Releases")
+        assert_that(late_counts, check_late, label="Late")
+        assert_that(per_window, check_bounding, label="Bounding")
+
+    files = sorted(f.name for f in tmp_path.glob("day.*.csv"))
+    assert files == ["day.20240101T000000Z.csv", "day.20240102T000000Z.csv", "day.20240103T000000Z.csv"]
+
+
+def test_window_output_path_inserts_the_window_start():
+    w = beam_window.IntervalWindow(T0 + DAY, T0 + 2 * DAY)
+    assert window_output_path("/x/out.csv", w) == "/x/out.20240102T000000Z.csv"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"window_seconds": 0}, "window_seconds (0) must be an int >= 1"),
+        ({"allowed_lateness": -1}, "allowed_lateness (-1) must be an int >= 0"),
+        ({"output": "/x/out.parquet"}, "output ('/x/out.parquet') must be a .csv path"),
+    ],
+)
+def test_windowed_synthesis_validates(kwargs, message, tmp_path):
+    args = {"plan": _plan(tmp_path), "output": str(tmp_path / "day.csv"), **kwargs}
+    with pytest.raises(ValueError) as err:
+        WindowedSynthesis(**args)
+    assert message in str(err.value)
