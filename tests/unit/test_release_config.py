@@ -1,0 +1,124 @@
+"""Release configs are validated before any data is read, with the YAML path of each problem."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from beamsynth.pipelines.release import (
+    RELEASE_CONFIG_SCHEMA,
+    ReleaseConfigError,
+    load_release_config,
+    plan_release,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "release_adult.yaml"
+
+
+def _base(tmp_path: Path) -> dict:
+    data = tmp_path / "in.csv"
+    data.write_text("age,sex\n30,Male\n", encoding="utf-8")
+    return {
+        "name": "t",
+        "folder": str(tmp_path / "rel-{date}"),
+        "budget": {"epsilon": 1.0},
+        "ledger": {"path": str(tmp_path / "l.sqlite"), "policies": {"src": {"epsilon": 5.0}}},
+        "tables": [{"name": "a", "source": "src", "input": str(data), "schema": "adult",
+                    "epsilon": 0.6, "columns": ["age", "sex"]}],
+    }
+
+
+def _error(cfg: dict) -> str:
+    with pytest.raises(ReleaseConfigError) as info:
+        load_release_config(cfg, date="2026-01-01")
+    return str(info.value)
+
+
+@pytest.mark.skipif(not EXAMPLE.exists(), reason="examples/release_adult.yaml not in this checkout")
+def test_example_release_config_validates_and_plans() -> None:
+    cfg = load_release_config(EXAMPLE, date="2026-01-02")
+    assert cfg.folder.endswith("adult-2026-01-02")
+    plan = plan_release(cfg)
+    assert sum(s.epsilon for s in plan.spends) == pytest.approx(1.0)
+    assert {s.source for s in plan.spends} == {"adult"}
+
+
+def test_valid_config_fills_date_and_selects_columns(tmp_path: Path) -> None:
+    cfg = load_release_config(_base(tmp_path), date="2026-01-01")
+    assert cfg.folder == str(tmp_path / "rel-2026-01-01")
+    assert cfg.tables[0].schema.names == ["age", "sex"]
+    assert cfg.tables[0].privacy_unit == "record"
+
+
+@pytest.mark.parametrize(
+    ("edit", "path", "message"),
+    [
+        (lambda c: c.update(colour=1), "colour", "unknown key"),
+        (lambda c: c["tables"][0].update(colour=1), "tables[0].colour", "unknown key"),
+        (lambda c: c["budget"].update(epsilon=-1), "budget.epsilon", "(-1) must be in (0, ∞)"),
+        (lambda c: c["tables"][0].update(epsilon=1.5), "tables[0].epsilon",
+         "(1.5) overspends budget.epsilon (1)"),
+        (lambda c: c["tables"].append(dict(c["tables"][0], name="b")), "tables[1].epsilon",
+         "(0.6) overspends budget.epsilon (1): earlier tables already take ε=0.6, 0.4 remains"),
+        (lambda c: c["tables"][0].update(columns={"age": {"epsilon": 0.1}}),
+         "tables[0].columns.age.epsilon", "method 'independent' takes no per-column option 'epsilon'"),
+        (lambda c: c["tables"][0].update(columns=["age", "shoe"]), "tables[0].columns[1]",
+         "('shoe') is not a column"),
+        (lambda c: c["tables"][0].update(formats=["csv", "xls"]), "tables[0].formats[1]",
+         "('xls') must be one of"),
+        (lambda c: c["tables"][0].update(method="magic"), "tables[0].method", "unknown method 'magic'"),
+        (lambda c: c["tables"][0].update(source="other"), "tables[0].source",
+         "('other') has no policy"),
+        (lambda c: c["tables"][0].update(input="/nonexistent/*.csv"), "tables[0].input", "no file matches"),
+        (lambda c: c["tables"][0].update(schema={"columns": [{"name": "age", "type": "integer"}]}),
+         "tables[0].schema", "domain"),
+        (lambda c: c["ledger"]["policies"]["src"].update(window_days=0),
+         "ledger.policies.src.window_days", "(0) must be in (0, ∞)"),
+        (lambda c: c.pop("ledger"), "ledger", "is required"),
+        (lambda c: c["tables"][0].update(privacy_unit={"max_contributions": 3}),
+         "tables[0].privacy_unit.max_contributions", "needs a privacy_id"),
+        (lambda c: c.update(reports={"target": "income"}), "reports.target", "('income') is not a column"),
+        (lambda c: c.update(folder="x-{night}"), "folder", "may use only {name} and {date}"),
+    ],
+)
+def test_problems_are_reported_with_their_yaml_path(tmp_path: Path, edit, path: str, message: str) -> None:
+    cfg = copy.deepcopy(_base(tmp_path))
+    edit(cfg)
+    text = _error(cfg)
+    assert text.startswith(f"{path}: "), text
+    assert message in text, text
+
+
+def test_method_overspend_is_reported_at_plan_time(tmp_path: Path) -> None:
+    cfg = _base(tmp_path)
+    cfg["tables"][0]["count_fraction"] = 1.0
+    assert _error(cfg).startswith("tables[0].count_fraction: ")
+
+
+def test_config_file_errors_and_relative_paths(tmp_path: Path) -> None:
+    cfg = _base(tmp_path)
+    cfg["tables"][0]["input"] = "in.csv"  # relative to the config file
+    path = tmp_path / "release.yaml"
+    path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    loaded = load_release_config(path, date="2026-01-01")
+    assert loaded.tables[0].inputs == (str(tmp_path / "in.csv"),)
+    path.write_text("name: [unclosed", encoding="utf-8")
+    with pytest.raises(ReleaseConfigError, match="not valid YAML"):
+        load_release_config(path)
+    with pytest.raises(ValueError, match=r"date \('01/02/2026'\) must be YYYY-MM-DD"):
+        load_release_config(_base(tmp_path), date="01/02/2026")
+
+
+def test_json_schema_accepts_the_example_and_rejects_unknown_keys() -> None:
+    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema not installed")
+    if not EXAMPLE.exists():
+        pytest.skip("examples/release_adult.yaml not in this checkout")
+    data = yaml.safe_load(EXAMPLE.read_text(encoding="utf-8"))
+    jsonschema.validate(data, RELEASE_CONFIG_SCHEMA)
+    data["tables"][0]["colour"] = 1
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(data, RELEASE_CONFIG_SCHEMA)
