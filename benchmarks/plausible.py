@@ -78,7 +78,8 @@ def fit(schema, codes, *, epsilon: float, omega: int, seed: int, fractions=(0.5,
     m = len(shape)
     tables = count_marginals(dt, P.structure_specs(m), shape)
     structure = P.learn_structure(tables, len(dt), shape=shape, epsilon=epsilon, max_records=P.DEFAULT_MAX_RECORDS,
-                                  max_parents=3, max_cost=1000, rs=rs.child("structure"))
+                                  max_parents=3, max_cost=1000, rs=rs.child("structure"),
+                                  cells_per_record=(fractions[2] / fractions[1]) * (epsilon / m) / 4.0)
     model = P.PlausibleBayesNet(structure=structure, shape=shape, counts=P.param_tables(dp, structure, shape),
                                 noise_scale=m / epsilon, alpha=1.0, omega=omega, key=rs.child("key").secret_key())
     return model, seeds

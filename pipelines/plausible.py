@@ -75,7 +75,8 @@ class PlausibleSynthesis(beam.PTransform):
         self._split = SplitForPlausible(fractions=fractions, seed=seed)
         self._model = DPPlausibleBayesNet(
             shape=schema.shape, budget=budget, omega=omega, max_parents=max_parents, max_cost=max_cost,
-            alpha=alpha, max_records=max_records, max_contributions=max_contributions, seed=seed)
+            alpha=alpha, max_records=max_records, max_contributions=max_contributions, seed=seed,
+            params_ratio=float(fractions[2]) / float(fractions[1]))
         self._test_args = dict(k=k, gamma=gamma, epsilon0=epsilon0, max_plausible=max_plausible,
                                max_check_plausible=max_check_plausible, fast_path=fast_path, seed=seed)
 
@@ -152,7 +153,8 @@ class PlausibleMethod(Method):
         self._transform_probe = DPPlausibleBayesNet(
             shape=self.schema.shape, budget=self.model_budget, omega=self.omega,
             max_parents=self.max_parents, max_cost=self.max_cost, alpha=self.alpha,
-            max_records=self.max_records, max_contributions=self.max_contributions, seed=self.seed)
+            max_records=self.max_records, max_contributions=self.max_contributions, seed=self.seed,
+            params_ratio=self.fractions[2] / self.fractions[1])
         self.accountant.spend(
             "plausible.model", self.model_budget,
             mechanism="Laplace on n·H (structure) + discrete Laplace on conditional counts (parameters), "

@@ -273,12 +273,14 @@ def topological_order(parents: Sequence[Sequence[int]], shape: Sequence[int] | N
     return tuple(order)
 
 
-def cfs_structure(corr: np.ndarray, shape: Sequence[int], *, max_parents: int, max_cost: int) -> PlausibleStructure:
+def cfs_structure(corr: np.ndarray, shape: Sequence[int], *, max_parents: int, max_cost: int,
+                  max_cells: float | None = None) -> PlausibleStructure:
     """Greedy acyclic correlation-based feature selection (post-processing of noisy entropies).
 
     Attributes are visited by decreasing total correlation; for each, parents are added greedily
     while the CFS merit ``Σ_j corr(i,j) / sqrt(|S| + Σ_{j≠l} corr(j,l))`` improves, the edge keeps
-    the graph acyclic, ``|S| ≤ max_parents`` and the configuration count ``Π |X_j| ≤ max_cost``.
+    the graph acyclic, ``|S| ≤ max_parents``, the configuration count ``Π |X_j| ≤ max_cost`` and,
+    when given, the conditional table size ``|X_i|·Π |X_j| ≤ max_cells``.
     """
     corr = np.asarray(corr, dtype=np.float64)
     m = len(shape)
@@ -292,6 +294,8 @@ def cfs_structure(corr: np.ndarray, shape: Sequence[int], *, max_parents: int, m
             cost = math.prod(shape[j] for j in chosen)
             for j in range(m):
                 if j == i or j in chosen or cost * shape[j] > max_cost:
+                    continue
+                if max_cells is not None and cost * shape[j] * shape[i] > max_cells:
                     continue
                 if _reaches(parents, j, i):  # i is an ancestor of j: edge j -> i makes a cycle
                     continue
@@ -679,15 +683,16 @@ class SplitForPlausible(beam.PTransform):
 class _StructureFn(beam.DoFn):
     """Exact single/pair tables + count → noisy entropies → CFS structure (pure function of noise)."""
 
-    def __init__(self, *, shape, epsilon, max_records, max_parents, max_cost, seed, step):
+    def __init__(self, *, shape, epsilon, max_records, max_parents, max_cost, seed, step, cells_per_record=None):
         self._shape, self._eps, self._max_records = tuple(shape), epsilon, max_records
         self._max_parents, self._max_cost, self._seed, self._step = max_parents, max_cost, seed, step
+        self._cells_per_record = cells_per_record
 
     def process(self, tables, n_records, window=beam.DoFn.WindowParam):
         rs = RandomSource(seed=self._seed).child(self._step, *window_labels(window))
         yield learn_structure(list(tables), n_records, shape=self._shape, epsilon=self._eps,
                               max_records=self._max_records, max_parents=self._max_parents,
-                              max_cost=self._max_cost, rs=rs)
+                              max_cost=self._max_cost, rs=rs, cells_per_record=self._cells_per_record)
 
 
 def structure_specs(m: int) -> list[tuple[int, ...]]:
@@ -696,20 +701,26 @@ def structure_specs(m: int) -> list[tuple[int, ...]]:
 
 
 def learn_structure(tables: Sequence[np.ndarray], n_records: int, *, shape: Sequence[int], epsilon: float,
-                    max_records: int, max_parents: int, max_cost: int, rs: RandomSource) -> PlausibleStructure:
+                    max_records: int, max_parents: int, max_cost: int, rs: RandomSource,
+                    cells_per_record: float | None = None) -> PlausibleStructure:
     """ε-DP structure from exact single/pair tables of ``D_T`` (:func:`structure_specs` order).
 
     Noisy entropies (:func:`noisy_entropies`, the only data access) → symmetrical uncertainty →
-    greedy CFS (post-processing). Raises if ``n_records`` exceeds the declared ``max_records``
-    (the sensitivity bound would not hold).
+    greedy CFS (post-processing). With ``cells_per_record`` the conditional tables are limited to
+    ``ñ_T · cells_per_record`` cells, ``ñ_T`` the **noisy** count of ``D_T`` (θ-usefulness of
+    PrivBayes, Zhang et al. 2014: a table must hold enough records per cell to outweigh its noise;
+    post-processing). Raises if ``n_records`` exceeds the declared ``max_records`` (the
+    sensitivity bound would not hold).
     """
     if n_records > max_records:
         raise ValueError(f"the structure split has more records than the declared bound "
                          f"max_records ({max_records}); raise max_records")
-    h1, h2, _ = noisy_entropies(list(tables), n_records, shape=shape, epsilon=epsilon,
-                                max_records=max_records, rs=rs)
+    h1, h2, n_noisy = noisy_entropies(list(tables), n_records, shape=shape, epsilon=epsilon,
+                                      max_records=max_records, rs=rs)
     corr = symmetrical_uncertainty(h1, h2)
-    return cfs_structure(corr, shape, max_parents=min(max_parents, len(shape) - 1), max_cost=max_cost)
+    max_cells = None if cells_per_record is None else max(1.0, n_noisy * cells_per_record)
+    return cfs_structure(corr, shape, max_parents=min(max_parents, len(shape) - 1), max_cost=max_cost,
+                         max_cells=max_cells)
 
 
 class _ParamCountsFn(beam.DoFn):
@@ -781,12 +792,22 @@ class DPPlausibleBayesNet(beam.PTransform):
       configuration from ``HMAC(secret key, (i, configuration))``; ε-DP.
     * parallel composition over the disjoint splits: the model is ε-DP (δ = 0). We do not claim
       the subsampling amplification of Section 3.5.
+
+    ``theta`` (default 4) additionally limits each conditional table to
+    ``ñ_T·(|D_P|/|D_T|)·(ε/m)/(c·θ)`` cells using the noisy ``D_T`` count (post-processing; PrivBayes'
+    θ-usefulness), since with small data the paper's ``maxcost`` alone lets noise swamp the tables.
+    ``params_ratio`` is the split's public ratio ``|D_P|/|D_T|`` (fractions).
     """
 
     def __init__(self, *, shape: Sequence[int], budget: ApproxDP, omega: int, max_parents: int = 3,
                  max_cost: int = 1000, alpha: float = 1.0, max_records: int = DEFAULT_MAX_RECORDS,
+                 theta: float | None = 4.0, params_ratio: float = 1.5,
                  max_contributions: int = 1, seed: int | None = None, label: str | None = None) -> None:
         super().__init__(label)
+        if theta is not None and not (theta > 0 and math.isfinite(theta)):
+            raise ValueError(f"theta ({theta!r}) must be a finite number > 0 or None")
+        if not (params_ratio > 0 and math.isfinite(params_ratio)):
+            raise ValueError(f"params_ratio ({params_ratio!r}) must be a finite number > 0")
         if not isinstance(budget, ApproxDP):
             raise TypeError(f"budget must be a PureDP/ApproxDP, got {type(budget).__name__}")
         m = len(shape)
@@ -803,6 +824,14 @@ class DPPlausibleBayesNet(beam.PTransform):
         self._shape, self._eps, self._omega = tuple(int(s) for s in shape), budget.epsilon, omega
         self._max_parents, self._max_cost, self._alpha = min(max_parents, m - 1), max_cost, float(alpha)
         self._max_records, self._c, self._seed = max_records, int(max_contributions), seed
+        self._theta, self._params_ratio = theta, float(params_ratio)
+
+    @property
+    def cells_per_record(self) -> float | None:
+        """Table cells allowed per noisy record of ``D_T``: ``(|D_P|/|D_T|)·(ε/m)/(c·θ)`` (θ-usefulness)."""
+        if self._theta is None:
+            return None
+        return self._params_ratio * (self._eps / len(self._shape)) / (self._c * self._theta)
 
     @property
     def param_scale(self) -> float:
@@ -826,7 +855,8 @@ class DPPlausibleBayesNet(beam.PTransform):
         structure = tables | "Structure" >> beam.ParDo(
             _StructureFn(shape=self._shape, epsilon=self._eps / self._c, max_records=self._max_records,
                          max_parents=self._max_parents, max_cost=self._max_cost, seed=self._seed,
-                         step="plausible.structure"), beam.pvalue.AsSingleton(n_t))
+                         step="plausible.structure", cells_per_record=self.cells_per_record),
+            beam.pvalue.AsSingleton(n_t))
         # PlausibleStructure (post-processing of noisy entropies)
         counts = (parts["params"]
                   | "ParamCounts" >> beam.ParDo(_ParamCountsFn(self._shape), beam.pvalue.AsSingleton(structure)))
