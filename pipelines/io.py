@@ -84,12 +84,14 @@ class Rejected:
     line: int | None = None
 
     def to_json(self) -> str:
-        """One JSON line."""
-        return json.dumps(
+        """One JSON line (valid UTF-8: lone surrogates from undecodable bytes or JSON ``\\ud800``
+        escapes become ``\\udXXX`` escapes instead of failing the dead-letter write)."""
+        text = json.dumps(
             {"source": self.source, "row": self.row, "line": self.line, "reason": self.reason,
              "raw": self.raw[:_RAW_LIMIT]},
             ensure_ascii=False,
         )
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 @dataclass

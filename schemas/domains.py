@@ -242,7 +242,8 @@ def _parse_numbers(values: Sequence[Any]) -> np.ndarray:
     try:
         arr = pa.array(s, type=pa.string(), from_pandas=True)
         return pc.cast(pc.utf8_trim_whitespace(arr), pa.float64()).to_numpy(zero_copy_only=False)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, UnicodeError):
+        # UnicodeError: strings holding lone surrogates (undecodable input bytes) are not UTF-8
         return pd.to_numeric(s, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
 
 
