@@ -764,6 +764,7 @@ def domain_from_spec(spec: Any, *, base_dir: Path | None = None, where: str = "d
         {kind: datetime, start: 2020-01-01, end: 2020-12-31, granularity: day}
         {kind: string, alphabet: "abc", min_length: 1, max_length: 8}
         {kind: product, separator: " ", parts: [<domain>, <domain>]}
+        {kind: union, parts: [<categorical domain>, <any domain>]}  # codebook ∪ huge base
     """
     if not isinstance(spec, dict):
         raise ValueError(f"{where}: a domain must be a mapping, got {type(spec).__name__}")
@@ -775,6 +776,7 @@ def domain_from_spec(spec: Any, *, base_dir: Path | None = None, where: str = "d
         "datetime": {"kind", "start", "end", "granularity"},
         "string": {"kind", "alphabet", "min_length", "max_length"},
         "product": {"kind", "parts", "separator"},
+        "union": {"kind", "parts"},
     }
     if kind not in allowed:
         raise ValueError(f"{where}: kind ({kind!r}) must be one of {sorted(allowed)}")
@@ -829,6 +831,12 @@ def domain_from_spec(spec: Any, *, base_dir: Path | None = None, where: str = "d
             domain_from_spec(p, base_dir=base_dir, where=f"{where}.parts[{i}]")
             for i, p in enumerate(parts)
         ]
+        if kind == "union":
+            if len(built) != 2 or not isinstance(built[0], CategoricalDomain):
+                raise ValueError(
+                    "a union needs exactly two parts: a categorical domain, then any domain"
+                )
+            return UnionDomain(built[0], built[1])
         return ProductDomain(built, separator=str(spec.get("separator", " ")))
     except (TypeError, ValueError) as exc:
         msg = str(exc)

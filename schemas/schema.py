@@ -54,12 +54,12 @@ __all__ = [
 
 COLUMN_TYPES = ("categorical", "integer", "float", "datetime", "string", "text")
 _TYPE_KINDS = {
-    "categorical": {"categorical", "product", "string"},
+    "categorical": {"categorical", "product", "string", "union"},
     "integer": {"integer"},
     "float": {"float"},
     "datetime": {"datetime"},
-    "string": {"string", "categorical", "product"},
-    "text": {"string", "categorical", "product"},
+    "string": {"string", "categorical", "product", "union"},
+    "text": {"string", "categorical", "product", "union"},
 }
 NULL_CODE_REASON = "null in a non-nullable column"
 _EXAMPLES = Path(__file__).resolve().parent / "examples"

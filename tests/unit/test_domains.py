@@ -159,3 +159,16 @@ def test_domain_from_spec_errors_name_location():
     d = domain_from_spec({"kind": "product", "parts": [{"kind": "categorical", "values": ["a", "b"]},
                                                       {"kind": "integer", "low": 0, "high": 2}]})
     assert d.size == 6 and d.decode(d.encode("b 2")) == "b 2"
+
+
+def test_union_domain_from_spec(tmp_path):
+    words = tmp_path / "w.txt"
+    words.write_text("alpha\nbeta\nMale\n", encoding="utf-8")
+    d = domain_from_spec({"kind": "union", "parts": [
+        {"kind": "categorical", "values": ["Female", "Male"]},
+        {"kind": "product", "parts": [{"kind": "categorical", "values_file": str(words)}] * 2}]})
+    assert d.size == 2 + 9  # "Male" is a codebook value and not a pair: no overlap among pairs
+    assert d.decode(d.encode("Male")) == "Male" and d.decode(d.encode("alpha beta")) == "alpha beta"
+    with pytest.raises(ValueError, match="a union needs exactly two parts"):
+        domain_from_spec({"kind": "union", "parts": [{"kind": "integer", "low": 0, "high": 1},
+                                                      {"kind": "integer", "low": 0, "high": 1}]})
