@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from beamsynth.pipelines.quality import encode_frame, marginal_table, ml_efficacy, quality_report
-from beamsynth.schemas.schema import Column, Schema
+from beamsynth.schemas.schema import Column, Schema, avro_field_name
 from beamsynth.transforms.measure import count_marginals
 from beamsynth.transforms.noise import RandomSource
 
@@ -130,6 +130,13 @@ def read_table(path: str, *, max_rows: int | None = None) -> pd.DataFrame:
         with open(path, "rb") as fh:
             frame = pd.DataFrame.from_records(list(fastavro.reader(fh)))
     return frame if max_rows is None else frame.iloc[:max_rows]
+
+
+def _aligned(schema: Schema, frame: pd.DataFrame) -> pd.DataFrame:
+    """Accept Avro/Beam-safe column names (``education_num``) for declared ``education-num``."""
+    renames = {avro_field_name(n): n for n in schema.names
+               if n not in frame.columns and avro_field_name(n) in frame.columns}
+    return frame.rename(columns=renames) if renames else frame
 
 
 def discrete_laplace_interval(scale: float, *, level: float = 0.95) -> int:
@@ -306,8 +313,8 @@ def private_report_html(
         raise TypeError(f"schema must be a Schema, got {type(schema).__name__}")
     if target is not None and target not in schema.names:
         raise ValueError(f"target ({target!r}) is not a column of the schema ({schema.names})")
-    real_codes, real_dropped = encode_frame(schema, real)
-    synth_codes, synth_dropped = encode_frame(schema, synthetic)
+    real_codes, real_dropped = encode_frame(schema, _aligned(schema, real))
+    synth_codes, synth_dropped = encode_frame(schema, _aligned(schema, synthetic))
     sections = [
         f"<p>Real rows compared: {real_codes.shape[0]} ({real_dropped} outside the declared "
         f"domains dropped); synthetic rows: {synth_codes.shape[0]} ({synth_dropped} dropped). "
@@ -353,7 +360,7 @@ def _marginal_scale(spends: Sequence[Mapping[str, Any]]) -> float | None:
 def _public_plots(schema: Schema, synthetic: pd.DataFrame, rows_out: int | None,
                   scale: float | None) -> str:
     plt = _plt()
-    codes, _ = encode_frame(schema, synthetic)
+    codes, _ = encode_frame(schema, _aligned(schema, synthetic))
     half = None if scale is None or not rows_out else discrete_laplace_interval(scale) / rows_out
     figs = []
     for j, col in enumerate(schema.columns):
