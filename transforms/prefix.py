@@ -553,11 +553,8 @@ class _CountChildrenFn(beam.DoFn):
             if self._cache is None or self._cache[0] != id(state):
                 self._cache = (id(state), state.keys)
             keys = self._cache[1]
-            if keys is not None and keys.size == 0:
-                return
-        idx, cnt = child_cells(batch.codes, self._depth, keys, self._fanout)
-        if idx.size:
-            yield idx, cnt
+        # always emit (possibly empty) so every window with data gets a state at every level
+        yield child_cells(batch.codes, self._depth, keys, self._fanout)
 
 
 class _LevelStepFn(beam.DoFn):
@@ -623,7 +620,8 @@ class _PrefixLevels(beam.PTransform):
         state = None
         releases = []
         for d in range(self._levels):
-            side = () if state is None else (beam.pvalue.AsSingleton(state),)
+            empty = LevelState(d, np.zeros((0, d), self._codec.symbol_dtype), np.zeros(0, np.int64))
+            side = () if state is None else (beam.pvalue.AsSingleton(state, default_value=empty),)
             partial = batches | f"Count{d}" >> beam.ParDo(_CountChildrenFn(d, self._codec.fanout), *side)
             # (cells int64[], counts int64[]) per batch
             counts = combine_globally(partial, SparseCountsCombineFn(), f"Sum{d}")

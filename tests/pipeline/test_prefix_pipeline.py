@@ -1,0 +1,145 @@
+"""Prefix transforms on the DirectRunner: structure with noise patched to zero, windows, the CLI."""
+
+import json
+from unittest import mock
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
+from apache_beam.testing.util import assert_that, equal_to
+from apache_beam.transforms import window
+
+from beamsynth.pipelines.cli import main
+from beamsynth.schemas.keys import SpatialKeyCodec, TextKeyCodec
+from beamsynth.schemas.schema import EncodedBatch
+from beamsynth.transforms import prefix as P
+from beamsynth.transforms.budget import PrivacyAccountant, PureDP
+
+
+def _opts():
+    return PipelineOptions(["--runner=DirectRunner"])
+
+
+def _zero_noise(rs, scale, size):
+    return np.zeros(size, dtype=np.int64)
+
+
+def _batches(codec, words, per=4):
+    codes = codec.encode_strings(words)
+    return [EncodedBatch(codes[i:i + per]) for i in range(0, len(words), per)]
+
+
+def _leaf_rows(codec):
+    def rows(rel):
+        labels = codec.labels(rel.prefixes)
+        return [(lab, int(c)) for lab, c, leaf in zip(labels, rel.counts.tolist(), rel.leaf.tolist()) if leaf]
+    return rows
+
+
+WORDS = ["ab"] * 40 + ["abc"] * 30 + ["b"] * 25 + ["ca"] * 3
+
+
+def test_basic_with_zero_noise_releases_exact_leaves_and_spends_at_build():
+    codec = TextKeyCodec(column="q", max_length=3, alphabet="abc")
+    acct = PrivacyAccountant(total=PureDP(epsilon=2.0))
+    with mock.patch.object(P, "discrete_laplace", _zero_noise):
+        t = P.DPBasicPrefixHistogram(codec=codec, budget=PureDP(epsilon=2.0), threshold=10, accountant=acct)
+        assert acct.spent_epsilon == 2.0  # spent when the pipeline is built
+        with BeamTestPipeline(options=_opts()) as p:
+            rel = p | beam.Create(_batches(codec, WORDS)) | t
+            leaves = rel | beam.FlatMap(_leaf_rows(codec))
+            assert_that(leaves, equal_to([("ab$", 40), ("abc$", 30), ("b$", 25), ("c", 3)]))
+
+
+def test_direct_with_zero_noise_allocates_exactly():
+    codec = TextKeyCodec(column="q", max_length=3, alphabet="abc")
+    with mock.patch.object(P, "discrete_laplace", _zero_noise):
+        with BeamTestPipeline(options=_opts()) as p:
+            rel = p | beam.Create(_batches(codec, WORDS)) | P.DPDirectPrefixSynthesis(
+                codec=codec, budget=PureDP(epsilon=1.0), seed=1)
+            keys = rel | P.DecodeLeaves(codec=codec, seed=1) | beam.FlatMap(lambda t: t.column("q").to_pylist())
+            assert_that(keys, equal_to(["ab"] * 40 + ["abc"] * 30 + ["b"] * 25 + ["ca"] * 3))
+
+
+def test_improved_runs_per_window_with_seeded_streams():
+    codec = TextKeyCodec(column="q", max_length=3, alphabet="abc")
+    first = _batches(codec, ["ab"] * 60)
+    second = _batches(codec, ["c"] * 80)
+
+    def run():
+        with mock.patch.object(P, "discrete_laplace", _zero_noise):
+            with BeamTestPipeline(options=_opts()) as p:
+                items = [window.TimestampedValue(b, 1) for b in first] + [
+                    window.TimestampedValue(b, 15) for b in second]
+                rel = (p | beam.Create(items) | "Fixed" >> beam.WindowInto(window.FixedWindows(10))
+                       | P.DPImprovedPrefixHistogram(codec=codec, budget=PureDP(epsilon=4.0),
+                                                     threshold=5, discount="skip", seed=3))
+                t = P.improved_accounting(epsilon=4.0, threshold=5).discount
+                leaves = (rel | "Global" >> beam.WindowInto(window.GlobalWindows())
+                          | beam.FlatMap(_leaf_rows(codec)))
+                # each window is its own tree: 'ab$' lost t at the root, 'a' and 'ab' splits
+                assert_that(leaves, equal_to([("ab$", 60 - 3 * t), ("c$", 80 - 2 * t)]))
+    run()
+
+
+def _write(tmp_path, name, text):
+    p = tmp_path / name
+    p.write_text(text, encoding="utf-8")
+    return str(p)
+
+
+def test_cli_text_end_to_end(tmp_path):
+    rows = "".join(f"{i % 7},{w}\n" for i, w in enumerate(["The"] * 30 + ["tea"] * 20 + ["don't"] * 2 + ["x"]))
+    inp = _write(tmp_path, "q.csv", "user_id,query\n" + rows)
+    out = str(tmp_path / "out.csv")
+    rc = main(["--quiet", "prefixes", inp, "--kind", "text", "--column", "query", "--max-length", "4",
+               "--method", "improved", "--epsilon", "8", "--output", out, "--privacy-id", "user_id",
+               "--max-contributions", "5", "--seed", "2"])
+    assert rc == 0
+    man = json.loads((tmp_path / "out.csv.manifest.json").read_text())
+    op, rel = man["operational"], man["release"]
+    assert op["rows_read"] == 53 and op["rows_used"] == 51 and op["rows_rejected"] == 2
+    assert rel["budget"]["spent"]["epsilon"] == 8.0
+    assert rel["details"]["accounting"]["max_contributions"] == 5
+    synth = (tmp_path / "out.csv").read_text().splitlines()
+    assert synth[0] == "query" and all(len(s) <= 4 for s in synth[1:])
+    assert (tmp_path / "out.csv.tree.csv").read_text().startswith("depth,prefix,count,leaf")
+    rejected = [json.loads(x) for x in (tmp_path / "out.csv.rejected.jsonl").read_text().splitlines()]
+    assert len(rejected) == 2 and all("alphabet" in r["reason"] for r in rejected)
+
+
+def test_cli_spatial_and_bad_arguments(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    pts = "".join(f"{a:.4f},{b:.4f}\n" for a, b in rng.uniform(0, 1, (200, 2)))
+    inp = _write(tmp_path, "p.csv", "x,y\n" + pts + "5,5\n")
+    out = str(tmp_path / "pts.csv")
+    rc = main(["--quiet", "prefixes", inp, "--kind", "spatial", "--columns", "x,y", "--box", "0,1;0,1",
+               "--depth", "4", "--method", "direct", "--epsilon", "2", "--output", out, "--seed", "1"])
+    assert rc == 0
+    lines = (tmp_path / "pts.csv").read_text().splitlines()
+    assert lines[0] == "x,y"
+    vals = np.array([[float(v) for v in ln.split(",")] for ln in lines[1:]])
+    assert ((vals >= 0) & (vals <= 1)).all()
+    man = json.loads((tmp_path / "pts.csv.manifest.json").read_text())
+    assert man["operational"]["rows_rejected"] == 1
+    rc = main(["prefixes", inp, "--kind", "spatial", "--columns", "x,y", "--box", "0,1", "--method", "improved",
+               "--epsilon", "1", "--output", out])
+    assert rc == 2
+    assert "--box ('0,1') needs one 'lo,hi' pair per column (2)" in capsys.readouterr().err
+
+
+def test_direct_spatial_leaves_sum_to_the_root_allocation():
+    codec = SpatialKeyCodec(columns=("x", "y"), box=((0, 1), (0, 1)), depth=3)
+    codes = codec.encode_points(np.full((50, 2), 0.1))
+    with BeamTestPipeline(options=_opts()) as p:
+        rel = p | beam.Create([EncodedBatch(codes)]) | P.DPDirectPrefixSynthesis(
+            codec=codec, budget=PureDP(epsilon=3.0), seed=5)
+        assert_that(rel | beam.combiners.ToList(), _leaves_sum_to_root)
+
+
+def _leaves_sum_to_root(got):
+    (rels,) = got
+    root = sum(int(r.counts.sum()) for r in rels if r.depth == 1)
+    leaves = sum(int(r.counts[r.leaf].sum()) for r in rels)
+    assert leaves == root and all((r.counts >= 1).all() for r in rels)
