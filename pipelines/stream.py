@@ -39,7 +39,7 @@ from apache_beam.utils.timestamp import Duration
 
 from beamsynth.pipelines.io import table_to_csv_text
 from beamsynth.pipelines.manifest import build_manifest, manifest_path, write_json_atomic
-from beamsynth.pipelines.synthesize import SynthesisPlan
+from beamsynth.pipelines.synthesize import SynthesisPlan, _pair_model_rows
 from beamsynth.schemas.schema import EncodedBatch
 from beamsynth.transforms.synthesis import DPCount, SampleSynthetic
 from beamsynth.transforms.units import BoundContributions
@@ -242,7 +242,7 @@ class WindowedSynthesis(beam.PTransform):
              rows | "KeyRows" >> beam.Map(lambda r: (0, ("rows", r))))
             | "JoinModelRows" >> beam.Flatten()
             | "Group" >> beam.GroupByKey()
-            | "Pair" >> beam.Map(_pair)
+            | "Pair" >> beam.Map(_pair_model_rows)
         )
         # (SynthesisModel, rows) per window
         tables = model_rows | "Sample" >> SampleSynthetic(
@@ -261,7 +261,3 @@ class WindowedSynthesis(beam.PTransform):
         )
         return {"releases": releases, "late": late, "tables": tables, "batches": windowed}
 
-
-def _pair(kv: tuple[int, Iterable[tuple[str, Any]]]) -> tuple[Any, int]:
-    parts = dict(kv[1])
-    return parts["model"], parts["rows"]

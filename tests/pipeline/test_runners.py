@@ -12,19 +12,26 @@ The DaskRunner (apache-beam 2.77) needs the Dask-safe graph shapes described in 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import apache_beam as beam
+import numpy as np
 import pandas as pd
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from beamsynth.pipelines.io import ReadRecords, table_to_csv_text
 from beamsynth.pipelines.synthesize import SynthesisConfig, run_synthesis
 from beamsynth.runners.presets import DASK_RUNNER, options_for
-from beamsynth.runners.probes import PROBES, check_runner, run_probe
+from beamsynth.runners.probes import PROBES, AppendToFolderFn, check_runner, read_folder, run_probe
 from beamsynth.schemas.schema import load_schema
+from beamsynth.transforms.budget import PureDP
+from beamsynth.transforms.measure import NoisyMarginal
+from beamsynth.transforms.synthesis import IndependentModel, SampleSynthetic
 
 ADULT = Path(__file__).resolve().parents[3] / "shared" / "data" / "adult" / "adult.csv"
 
@@ -174,3 +181,47 @@ def test_dask_runner_gap_is_reproduced(probe, dask_address, tmp_path):
 def test_probes_are_correct_on_the_direct_runner():
     results = check_runner(PipelineOptions(["--direct_running_mode=in_memory"]))
     assert {name: ok for name, (ok, _) in results.items()} == dict.fromkeys(PROBES, True)
+
+
+def _collect(build: Callable[[beam.Pipeline, str], None], folder: Path) -> list[str]:
+    folder.mkdir()
+    with beam.Pipeline(options=PipelineOptions(["--direct_running_mode=in_memory"])) as p:
+        build(p, str(folder))
+    return read_folder(folder)
+
+
+def test_dask_safe_shapes_match_the_default_shapes(tmp_path):
+    """``single_output=True`` reads and ``side_input=False`` sampling give the default output."""
+    schema = dataclasses.replace(load_schema("adult"), privacy_id="pid")
+    path = str(_adult_input(tmp_path))
+
+    def read(single: bool):
+        def build(p, folder):
+            got = p | ReadRecords(path, schema, block_rows=700, single_output=single)
+            (got["batches"] | "Describe" >> beam.Map(lambda b: f"batch {len(b)} {int(b.codes.sum())} "
+                                                               f"{sorted(b.pids.tolist())[:2]}")
+             | "SinkB" >> beam.ParDo(AppendToFolderFn(folder)))
+            (got["rejected"] | "Json" >> beam.Map(lambda r: r.to_json())
+             | "SinkR" >> beam.ParDo(AppendToFolderFn(folder)))
+        return build
+
+    default = _collect(read(False), tmp_path / "read-default")
+    assert len(default) == 10  # 9 batches (6,000 rows in blocks of 700) + 1 dead letter
+    assert _collect(read(True), tmp_path / "read-single") == default
+
+    marginals = [NoisyMarginal(columns=(j,), names=(n,), shape=(s,), values=np.arange(s) % 3,
+                               scale=1.0, budget=PureDP(epsilon=1.0))
+                 for j, (n, s) in enumerate(zip(schema.names, schema.shape))]
+    model = IndependentModel(marginals, schema.shape)
+
+    def sample(side: bool):
+        def build(p, folder):
+            (p | beam.Create([(model, 2500)])
+             | SampleSynthetic(schema=schema, seed=5, shard_rows=1000, side_input=side)
+             | "Csv" >> beam.FlatMap(lambda t: table_to_csv_text(t).splitlines())
+             | "Sink" >> beam.ParDo(AppendToFolderFn(folder)))
+        return build
+
+    with_side = _collect(sample(True), tmp_path / "sample-side")
+    assert len(with_side) == 2500
+    assert _collect(sample(False), tmp_path / "sample-elements") == with_side
