@@ -226,8 +226,10 @@ class PlausibleMethod(Method):
             except Exception:  # runners without metrics
                 pass
 
-    def release_guarantee(self, released: int | None = None) -> dict[str, Any]:
-        """Theorem 1 per released record, and composed over ``released`` records (basic composition)."""
+    def release_guarantee(self, candidates: int | None = None) -> dict[str, Any]:
+        """Theorem 1 per invocation of Mechanism 1 (one candidate: released or dropped), and composed
+        over ``candidates`` invocations (basic sequential composition; the number of released records
+        is visible, so dropped candidates count too)."""
         if self.test == "deterministic":
             return {"test": "Privacy Test 1 (deterministic)", "differential_privacy": None,
                     "note": "(k, γ)-plausible deniability only; no DP guarantee for the release"}
@@ -237,11 +239,13 @@ class PlausibleMethod(Method):
             "per_record": {"epsilon": eps, "delta": delta, "t": self.t},
             "neighbouring": "add/remove one record of the seed split D_S",
             "paper": "Theorem 1, Section 2.3 (Appendix C); checked by brute force in tests",
-            "composition": "released records compose sequentially; D_S is disjoint from the model's splits",
+            "composition": "every tested candidate is one invocation of Mechanism 1; invocations compose "
+                           "sequentially; D_S is disjoint from the model's splits (parallel composition "
+                           "with the model's ε)",
         }
-        if released is not None:
-            out["released_records"] = released
-            out["composed"] = {"epsilon": released * eps, "delta": min(1.0, released * delta)}
+        if candidates is not None:
+            out["candidates_tested"] = candidates
+            out["composed"] = {"epsilon": candidates * eps, "delta": min(1.0, candidates * delta)}
         return out
 
     def details(self) -> dict[str, Any]:
@@ -253,7 +257,7 @@ class PlausibleMethod(Method):
             "max_check_plausible": self.max_check, "path": "fast" if self.fast_path else "generic",
             "model": {"epsilon": self.model_budget.epsilon, "delta": 0.0,
                       "max_parents": self.max_parents, "max_cost": self.max_cost, "alpha": self.alpha},
-            "release_guarantee": self.release_guarantee(released),
+            "release_guarantee": self.release_guarantee(tested),
             "candidates": self._metrics.get("plausible_candidates"),
             "tested": tested, "released": released,
             "pass_rate": (released / tested) if tested else None,

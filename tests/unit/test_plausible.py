@@ -103,6 +103,15 @@ def test_cfs_structure_is_acyclic_and_respects_max_cost(m, seed, max_parents, ma
         assert all(pos[j] < pos[i] for j in ps)
 
 
+def test_cfs_respects_the_table_size_cap():
+    corr = np.full((4, 4), 0.9)
+    shape = (10, 10, 2, 3)
+    s = P.cfs_structure(corr, shape, max_parents=3, max_cost=1000, max_cells=25)
+    for i, ps in enumerate(s.parents):
+        assert shape[i] * math.prod(shape[j] for j in ps) <= 25
+    assert P.cfs_structure(corr, shape, max_parents=3, max_cost=1000, max_cells=None).parents != s.parents
+
+
 def test_topological_order_rejects_cycles():
     with pytest.raises(ValueError, match="cycle"):
         P.topological_order([(1,), (0,)])
