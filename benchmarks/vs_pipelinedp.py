@@ -12,8 +12,9 @@ privacy unit, total ε split equally over the columns, Laplace-type noise:
   run as a subprocess by that virtualenv's Python.
 
 Both run on the in-process DirectRunner of apache-beam (the peer venv sees the same Beam).
-Times are wall-clock pipeline runs (construction + run), medians over ``--repeat``; the ratio
-is PipelineDP time / beamsynth time, both measured in this run. A pandas ``value_counts`` floor
+Times are pipeline runs (construction + run), wall clock and process CPU time (the machine is
+shared, so CPU time is the steadier figure), medians over ``--repeat``; the ratios are
+PipelineDP / beamsynth, both measured in this run. A pandas ``value_counts`` floor
 is printed for scale. Setup of the peer::
 
     python -m venv --system-site-packages /tmp/peer-pdp
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -61,8 +63,9 @@ def _sink_lines(path: str) -> list[str]:
     return Path(path).read_text().splitlines() if Path(path).exists() else []
 
 
-def run_beamsynth(codes: np.ndarray, shape: list[int], names: list[str], epsilon: float) -> float:
-    """Seconds for one beamsynth pipeline releasing every column's DP histogram."""
+def run_beamsynth(codes: np.ndarray, shape: list[int], names: list[str],
+                  epsilon: float) -> tuple[float, float]:
+    """(wall, CPU) seconds for one beamsynth pipeline releasing every column's DP histogram."""
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
 
@@ -71,7 +74,7 @@ def run_beamsynth(codes: np.ndarray, shape: list[int], names: list[str], epsilon
     from beamsynth.transforms.measure import DPMarginals
 
     sink = tempfile.mktemp(suffix=".txt")
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     batches = [EncodedBatch(codes[s:s + 20_000]) for s in range(0, codes.shape[0], 20_000)]
     per = PureDP(epsilon=epsilon).split({n: 1.0 for n in names})
     with beam.Pipeline(options=PipelineOptions(["--direct_running_mode=in_memory"])) as p:
@@ -80,13 +83,13 @@ def run_beamsynth(codes: np.ndarray, shape: list[int], names: list[str], epsilon
                          budgets=[per[n] for n in names])
            | beam.Map(lambda ms: [m.values.size for m in ms])
            | beam.Map(_append_line, sink))
-    elapsed = time.perf_counter() - t
+    elapsed = time.perf_counter() - t, time.process_time() - c
     assert _sink_lines(sink) == [str(shape)], (_sink_lines(sink), shape)
     return elapsed
 
 
-def run_pipelinedp(codes_path: str, shape: list[int], epsilon: float) -> float:
-    """(Runs inside the peer venv.) Seconds for one PipelineDP pipeline, all columns."""
+def run_pipelinedp(codes_path: str, shape: list[int], epsilon: float) -> tuple[float, float]:
+    """(Runs inside the peer venv.) (wall, CPU) seconds for one PipelineDP pipeline, all columns."""
     import apache_beam as beam
     import pipeline_dp
     from apache_beam.options.pipeline_options import PipelineOptions
@@ -94,7 +97,7 @@ def run_pipelinedp(codes_path: str, shape: list[int], epsilon: float) -> float:
     codes = np.load(codes_path)
     rows = [(i, *map(int, r)) for i, r in enumerate(codes.tolist())]
     sink = tempfile.mktemp(suffix=".txt")
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     with beam.Pipeline(options=PipelineOptions(["--direct_running_mode=in_memory"])) as p:
         pcoll = p | beam.Create(rows)
         accountant = pipeline_dp.NaiveBudgetAccountant(total_epsilon=epsilon, total_delta=1e-10)
@@ -113,7 +116,7 @@ def run_pipelinedp(codes_path: str, shape: list[int], epsilon: float) -> float:
                            | f"Count{j}" >> beam.combiners.Count.Globally())
         accountant.compute_budgets()
         (results | beam.Flatten() | beam.Map(_append_line, sink))
-    elapsed = time.perf_counter() - t
+    elapsed = time.perf_counter() - t, time.process_time() - c
     out = sorted(int(x) for x in _sink_lines(sink))
     assert out == sorted(shape), (out, shape)  # one DP count per declared cell
     return elapsed
@@ -138,7 +141,8 @@ def main() -> None:
     ap.add_argument("--peer", nargs=2, metavar=("CODES_NPY", "SHAPE_JSON"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.peer:  # inside the PipelineDP virtualenv
-        print(json.dumps({"seconds": run_pipelinedp(args.peer[0], json.loads(args.peer[1]), args.epsilon)}))
+        wall, cpu = run_pipelinedp(args.peer[0], json.loads(args.peer[1]), args.epsilon)
+        print(json.dumps({"seconds": wall, "cpu_seconds": cpu}))
         return
     codes, shape, names = adult_codes()
     run_beamsynth(codes[:1000], shape, names, args.epsilon)  # warm-up (imports, pickling)
@@ -151,14 +155,17 @@ def main() -> None:
             res = subprocess.run([args.peer_python, __file__, "--epsilon", str(args.epsilon),
                                   "--peer", path, json.dumps(shape)],
                                  check=True, capture_output=True, text=True)
-            peer.append(json.loads(res.stdout.strip().splitlines()[-1])["seconds"])
+            got = json.loads(res.stdout.strip().splitlines()[-1])
+            peer.append((got["seconds"], got["cpu_seconds"]))
     floor = pandas_floor(codes)
-    t_ours, t_peer = float(np.median(ours)), float(np.median(peer))
+    t_ours, t_peer = float(np.median([w for w, _ in ours])), float(np.median([w for w, _ in peer]))
+    c_ours, c_peer = float(np.median([c for _, c in ours])), float(np.median([c for _, c in peer]))
     print(f"Adult: {codes.shape[0]:,} rows, {len(shape)} columns, {sum(shape)} declared cells, ε={args.epsilon}")
     print(f"pandas value_counts floor : {floor:8.3f} s")
-    print(f"beamsynth DPMarginals     : {t_ours:8.3f} s  (median of {len(ours)}: {[round(x, 2) for x in ours]})")
-    print(f"PipelineDP 0.3.1          : {t_peer:8.3f} s  (median of {len(peer)}: {[round(x, 1) for x in peer]})")
-    print(f"speed-up beamsynth vs PipelineDP = {t_peer / t_ours:.1f}x  (goal >= 50x)")
+    print(f"beamsynth DPMarginals     : wall {t_ours:8.3f} s, CPU {c_ours:8.3f} s  (median of {len(ours)})")
+    print(f"PipelineDP 0.3.1          : wall {t_peer:8.3f} s, CPU {c_peer:8.3f} s  (median of {len(peer)})")
+    print(f"speed-up beamsynth vs PipelineDP = {t_peer / t_ours:.1f}x wall, {c_peer / c_ours:.1f}x CPU "
+          f"(goal >= 50x); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (shared)")
     sys.stdout.flush()
 
 
