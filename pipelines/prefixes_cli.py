@@ -47,6 +47,7 @@ from beamsynth.schemas.keys import (
     SpatialKeyCodec,
     TextKeyCodec,
     load_key_spec,
+    load_tree,
 )
 from beamsynth.schemas.schema import EncodedBatch
 from beamsynth.transforms.budget import PrivacyAccountant, PureDP
@@ -284,10 +285,7 @@ def build_codec(args: argparse.Namespace) -> KeyCodec:
                                on_outside=args.on_outside)
     if not args.tree:
         raise ValueError("--kind hierarchy needs --tree FILE (YAML nested mapping)")
-    import yaml
-
-    with open(args.tree, encoding="utf-8") as fh:
-        return HierarchyKeyCodec(columns=cols, tree=yaml.safe_load(fh))
+    return HierarchyKeyCodec(columns=cols, tree=load_tree(args.tree))
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

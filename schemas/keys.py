@@ -46,6 +46,7 @@ __all__ = [
     "WORLD_BOX",
     "key_codec_from_spec",
     "load_key_spec",
+    "load_tree",
     "prefix_bytes",
 ]
 
@@ -591,19 +592,35 @@ def key_codec_from_spec(spec: Mapping[str, Any], *, base_dir: Path | None = None
             path = Path(args.pop("tree_file"))
             if base_dir is not None and not path.is_absolute():
                 path = base_dir / path
-            args["tree"] = yaml.safe_load(path.read_text(encoding="utf-8"))
+            args["tree"] = load_tree(path)
         return HierarchyKeyCodec(**args)
     except TypeError as exc:
         raise KeySpecError(f"{kind} key: {exc}") from exc
+
+
+def load_tree(path: str | Path) -> Any:
+    """A hierarchy tree from YAML with every value read as a string.
+
+    YAML 1.1 would read ``ON``, ``NO`` or ``YES`` (Ontario, Norway, ...) as booleans; categories
+    are strings, so the tree is parsed with ``BaseLoader``.
+    """
+    try:
+        return yaml.load(Path(path).read_text(encoding="utf-8"), Loader=yaml.BaseLoader)  # noqa: S506
+    except (OSError, yaml.YAMLError) as exc:
+        raise KeySpecError(f"tree {str(path)!r}: cannot read: {exc}") from exc
 
 
 def load_key_spec(path: str | Path) -> KeyCodec:
     """Load a key declaration from a YAML/JSON file with a top-level ``key:`` mapping."""
     p = Path(path)
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        text = p.read_text(encoding="utf-8")
+        data = yaml.safe_load(text)
     except (OSError, yaml.YAMLError) as exc:
         raise KeySpecError(f"key spec {str(p)!r}: cannot read: {exc}") from exc
     if not isinstance(data, Mapping) or "key" not in data:
         raise KeySpecError(f"key spec {str(p)!r}: needs a top-level 'key:' mapping")
-    return key_codec_from_spec(data["key"], base_dir=p.parent)
+    spec = dict(data["key"]) if isinstance(data["key"], Mapping) else data["key"]
+    if isinstance(spec, dict) and spec.get("kind") == "hierarchy" and "tree" in spec:
+        spec["tree"] = yaml.load(text, Loader=yaml.BaseLoader)["key"]["tree"]  # categories as strings
+    return key_codec_from_spec(spec, base_dir=p.parent)

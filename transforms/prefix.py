@@ -545,13 +545,13 @@ class _CountChildrenFn(beam.DoFn):
 
     def __init__(self, depth: int, fanout: int) -> None:
         self._depth, self._fanout = depth, fanout
-        self._cache: tuple[int, np.ndarray | None] | None = None
+        self._cache: tuple[LevelState, np.ndarray | None] | None = None
 
     def process(self, batch: EncodedBatch, state: LevelState | None = None):
         keys = None
         if state is not None:
-            if self._cache is None or self._cache[0] != id(state):
-                self._cache = (id(state), state.keys)
+            if self._cache is None or self._cache[0] is not state:  # holds the state: no id reuse
+                self._cache = (state, state.keys)
             keys = self._cache[1]
         # always emit (possibly empty) so every window with data gets a state at every level
         yield child_cells(batch.codes, self._depth, keys, self._fanout)

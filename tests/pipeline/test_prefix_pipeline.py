@@ -143,3 +143,19 @@ def _leaves_sum_to_root(got):
     root = sum(int(r.counts.sum()) for r in rels if r.depth == 1)
     leaves = sum(int(r.counts[r.leaf].sum()) for r in rels)
     assert leaves == root and all((r.counts >= 1).all() for r in rels)
+
+
+def test_cli_hierarchy_from_a_declared_tree(tmp_path):
+    tree = _write(tmp_path, "tree.yaml", "CA: {QC: [Montreal, Quebec], ON: [Toronto]}\nFR: {IDF: [Paris]}\n")
+    rows = "CA,QC,Montreal\n" * 40 + "FR,IDF,Paris\n" * 30 + "FR,QC,Paris\n"
+    inp = _write(tmp_path, "h.csv", "country,region,city\n" + rows)
+    out = str(tmp_path / "h.csv.out.csv")
+    rc = main(["--quiet", "prefixes", inp, "--kind", "hierarchy", "--columns", "country,region,city",
+               "--tree", tree, "--method", "direct", "--epsilon", "20", "--output", out, "--seed", "4"])
+    assert rc == 0
+    lines = (tmp_path / "h.csv.out.csv").read_text().splitlines()
+    assert lines[0] == "country,region,city"
+    declared = {"CA,QC,Montreal", "CA,QC,Quebec", "CA,ON,Toronto", "FR,IDF,Paris"}
+    assert set(lines[1:]) <= declared and len(lines) > 50
+    rejected = (tmp_path / "h.csv.out.csv.rejected.jsonl").read_text()
+    assert "region value 'QC' is not declared under FR" in rejected
