@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+
 from beamsynth.transforms.noise import RandomSource
 
 __all__ = [

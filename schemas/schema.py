@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import yaml
+
 from beamsynth.schemas.domains import (
     MALFORMED,
     OUT_OF_DOMAIN,
@@ -81,6 +82,8 @@ class Column:
       null_values: raw tokens read as null.
       on_out_of_domain: ``reject`` (dead-letter the row) or ``other`` (map to the catch-all cell).
       tolerance: ρ for open columns (released with the CatHist mechanism), else ``None``.
+      strip_whitespace: strip leading/trailing white space of string values before matching
+        (``" Male"`` from ``a, b`` CSVs matches ``Male``); set false to match values exactly.
     """
 
     name: str
@@ -90,6 +93,7 @@ class Column:
     null_values: tuple[str, ...] = ("",)
     on_out_of_domain: str = "reject"
     tolerance: float | None = None
+    strip_whitespace: bool = True
 
     @property
     def cells(self) -> int:
@@ -106,16 +110,32 @@ class Column:
         """Whether the column is released with CatHist over a huge declared domain."""
         return self.tolerance is not None
 
+    def _classify(self, series: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+        """(null mask, codes) for a Series; codes of null positions are left unset."""
+        is_null = (series.isna() | series.isin(list(self.null_values))).to_numpy(dtype=bool)
+        codes = np.full(len(series), MALFORMED, dtype=np.int64)
+        present = np.flatnonzero(~is_null)
+        if present.size:
+            codes[present] = self.domain.encode_many(series.iloc[present])
+        return is_null, codes
+
     def encode(self, values: Sequence[Any]) -> tuple[np.ndarray, dict[int, str]]:
         """Cell codes for raw values, and ``{position: reason}`` for values that could not be encoded."""
         series = values if isinstance(values, pd.Series) else pd.Series(list(values), dtype=object)
         series = series.reset_index(drop=True)
         raw = series
-        is_null = (series.isna() | series.isin(list(self.null_values))).to_numpy(dtype=bool)
-        codes = np.empty(len(series), dtype=np.int64)
-        present = np.flatnonzero(~is_null)
-        if present.size:
-            codes[present] = self.domain.encode_many(series.iloc[present])
+        is_null, codes = self._classify(series)
+        if self.strip_whitespace:
+            # retry only values that failed and carry surrounding white space (rare, so cheap)
+            failed = np.flatnonzero((codes < 0) & ~is_null)
+            vals = raw.to_numpy(dtype=object)
+            padded = [i for i in failed.tolist()
+                      if isinstance(vals[i], str) and vals[i] != vals[i].strip()]
+            if padded:
+                sub = pd.Series([vals[i].strip() for i in padded], dtype=object)
+                sub_null, sub_codes = self._classify(sub)
+                is_null[padded] = sub_null
+                codes[padded] = sub_codes
         reasons: dict[int, str] = {}
         if is_null.any():
             if self.nullable:
@@ -166,6 +186,8 @@ class Column:
         }
         if self.tolerance is not None:
             spec["open"] = {"tolerance": self.tolerance}
+        if not self.strip_whitespace:
+            spec["strip_whitespace"] = False
         return spec
 
 
@@ -357,7 +379,8 @@ def avro_field_name(name: str) -> str:
 
 
 # -- loading ---------------------------------------------------------------------------------------
-_COLUMN_KEYS = {"name", "type", "domain", "nullable", "null_values", "on_out_of_domain", "open", "description"}
+_COLUMN_KEYS = {"name", "type", "domain", "nullable", "null_values", "on_out_of_domain", "open",
+                "description", "strip_whitespace"}
 _SCHEMA_KEYS = {"name", "description", "privacy_id", "extra_columns", "columns"}
 
 
@@ -478,6 +501,9 @@ def _column_from_dict(c: Any, *, where: str, base_dir: Path | None) -> Column:
         tolerance = float(tolerance)
         if ctype in ("integer", "float", "datetime"):
             raise SchemaError(f"{where}: only categorical/string/text columns can be open")
+    strip = c.get("strip_whitespace", True)
+    if not isinstance(strip, bool):
+        raise SchemaError(f"{where}: strip_whitespace must be true or false, got {strip!r}")
     return Column(
         name=name,
         type=ctype,
@@ -486,4 +512,5 @@ def _column_from_dict(c: Any, *, where: str, base_dir: Path | None) -> Column:
         null_values=tuple(null_values),
         on_out_of_domain=ood,
         tolerance=tolerance,
+        strip_whitespace=strip,
     )

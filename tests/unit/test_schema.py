@@ -102,3 +102,14 @@ def test_avro_schema_parses_and_roundtrips(tmp_path):
     with open(out, "rb") as fh:
         assert list(fastavro.reader(fh))[0]["age"] == 1
     assert np.all([f["name"].isidentifier() for f in s.avro_schema()["fields"]])
+
+
+def test_whitespace_is_stripped_by_default_and_can_be_kept(tmp_path):
+    s = load_schema(_write(tmp_path, """
+columns:
+  - {name: c, type: categorical, domain: {kind: categorical, values: [x, y]}}
+  - {name: e, type: categorical, domain: {kind: categorical, values: [x]}, strip_whitespace: false}
+"""))
+    batch, bad = s.encode_columns({"c": [" x", "y  "], "e": ["x", " x"]}, 2)
+    assert batch.codes.tolist() == [[0, 0]]
+    assert bad == [(1, "column 'e': value ' x' is outside the declared categorical domain")]
