@@ -58,22 +58,23 @@ def adult_codes_file(folder: str) -> tuple[str, list[int]]:
     return path, list(schema.shape)
 
 
-def numpy_floor(codes: np.ndarray, rows: int, shape: list[int]) -> tuple[float, list[np.ndarray]]:
-    """Seconds for resampling + one bincount per column per batch, accumulated (no Beam)."""
-    t = time.perf_counter()
+def numpy_floor(codes: np.ndarray, rows: int, shape: list[int]) -> tuple[float, float, list[np.ndarray]]:
+    """(wall, CPU) seconds for resampling + one bincount per column per batch (no Beam), tables."""
+    t, c = time.perf_counter(), time.process_time()
     tables = [np.zeros(s, dtype=np.int64) for s in shape]
     for start in batch_starts(rows, BATCH):
         data = resample_rows(codes, start, min(BATCH, rows - start))
         for j, s in enumerate(shape):
             tables[j] += np.bincount(data[:, j], minlength=s)
-    return time.perf_counter() - t, tables
+    return time.perf_counter() - t, time.process_time() - c, tables
 
 
 def beam_measure(codes_path: str, rows: int, shape: list[int], args: list[str],
-                 out_path: str) -> float:
-    """Seconds for the Beam pipeline (construction + run); tables saved to ``out_path``."""
+                 out_path: str) -> tuple[float, float]:
+    """(wall, CPU of this process) seconds for the Beam pipeline (construction + run); tables
+    saved to ``out_path``."""
     specs = [(j,) for j in range(len(shape))]
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     with beam.Pipeline(options=PipelineOptions(args)) as p:
         (p
          | "Starts" >> beam.Create(batch_starts(rows, BATCH))
@@ -82,7 +83,7 @@ def beam_measure(codes_path: str, rows: int, shape: list[int], args: list[str],
          | "Count" >> beam.CombineGlobally(MarginalCountsCombineFn(specs, shape))
          # tuple of count tables
          | "Save" >> beam.Map(save_tables, out_path))
-    return time.perf_counter() - t
+    return time.perf_counter() - t, time.process_time() - c
 
 
 def _load_tables(path: str) -> list[np.ndarray]:
@@ -128,24 +129,28 @@ def main() -> None:
               f"medians of {args.repeat}; machine shared (load average {os.getloadavg()[0]:.1f})")
         print("(a) one-pass measurement vs numpy floor")
         for rows in args.rows:
-            tf, tb = [], []
+            tf, tb, cf, cb = [], [], [], []
             for _ in range(args.repeat):
-                t, ref = numpy_floor(codes, rows, shape)
+                t, c, ref = numpy_floor(codes, rows, shape)
                 tf.append(t)
-                tb.append(beam_measure(path, rows, shape, IN_PROCESS, out))
+                cf.append(c)
+                t, c = beam_measure(path, rows, shape, IN_PROCESS, out)
+                tb.append(t)
+                cb.append(c)
                 got = _load_tables(out)
                 assert all(np.array_equal(a, b) for a, b in zip(ref, got)) and len(got) == len(ref)
             f, b = float(np.median(tf)), float(np.median(tb))
+            fc, bc = float(np.median(cf)), float(np.median(cb))
             print(f"    N={rows:>11,}: numpy {f:7.2f} s ({rows / f / 1e6:6.2f} M rows/s)  "
-                  f"beam {b:7.2f} s ({rows / b / 1e6:6.2f} M rows/s)  ratio {f / b:5.2f} "
-                  f"(goal >= 0.25); tables identical")
+                  f"beam {b:7.2f} s ({rows / b / 1e6:6.2f} M rows/s)  ratio {f / b:5.2f} wall, "
+                  f"{fc / bc:5.2f} CPU (goal >= 0.25); tables identical")
         if not args.skip_workers:
             rows = max(args.rows)
             t1, t2 = [], []
             for _ in range(args.repeat):
-                t1.append(beam_measure(path, rows, shape, workers_args(1), out))
+                t1.append(beam_measure(path, rows, shape, workers_args(1), out)[0])
                 ref = _load_tables(out)
-                t2.append(beam_measure(path, rows, shape, workers_args(2), out))
+                t2.append(beam_measure(path, rows, shape, workers_args(2), out)[0])
                 assert all(np.array_equal(a, b) for a, b in zip(ref, _load_tables(out)))
             a, b = float(np.median(t1)), float(np.median(t2))
             print(f"(c) N={rows:,}, multi-process DirectRunner: 1 worker {a:.2f} s, 2 workers "
