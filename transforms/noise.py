@@ -52,6 +52,7 @@ __all__ = [
 ]
 
 _TWO_POW_53 = float(2**53)
+_BELOW_ONE = 1.0 - 2.0**-53  # the largest double below 1
 
 
 def _derive_key(seed: int, labels: tuple[Hashable, ...]) -> int:
@@ -125,11 +126,18 @@ class RandomSource:
 
     # -- derived uniform draws ---------------------------------------------------------------
     def uniform(self, size: int | tuple[int, ...]) -> np.ndarray:
-        """Uniform doubles on the open interval (0, 1), on the 2^-53 grid shifted by half a step."""
+        """Uniform doubles on the open interval (0, 1), on the 2^-53 grid shifted by half a step.
+
+        Above 1/2, ``w + 0.5`` is not representable and rounds to an even neighbour; for the
+        largest word that neighbour is 2^53, i.e. exactly 1.0, which would put
+        ``sample_categorical`` one past the last index and make Gumbel draws infinite. That one
+        word is mapped to the largest double below 1 instead (its mass, 2^-53, is unchanged).
+        """
         shape = (size,) if isinstance(size, (int, np.integer)) else tuple(size)
         n = int(np.prod(shape)) if shape else 1
         w = self.words(n) >> np.uint64(11)
-        return ((w.astype(np.float64) + 0.5) / _TWO_POW_53).reshape(shape)
+        u = (w.astype(np.float64) + 0.5) / _TWO_POW_53
+        return np.minimum(u, _BELOW_ONE).reshape(shape)
 
     def integers(self, bound: int, size: int) -> np.ndarray:
         """``size`` uniform integers in ``[0, bound)`` for ``1 <= bound < 2**63`` (rejection sampling)."""

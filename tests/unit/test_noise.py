@@ -5,6 +5,8 @@ import pickle
 
 import numpy as np
 import pytest
+from scipy import stats
+
 from beamsynth.transforms.noise import (
     RandomSource,
     binomial,
@@ -12,9 +14,9 @@ from beamsynth.transforms.noise import (
     discrete_laplace_cdf,
     discrete_laplace_pmf,
     exponential_mechanism,
+    gumbel,
     sample_categorical,
 )
-from scipy import stats
 
 
 def test_seeded_streams_depend_only_on_labels():
@@ -111,3 +113,25 @@ def test_sample_categorical():
     x = sample_categorical(RandomSource(seed=8), np.array([0.0, 1.0, 3.0]), 40_000)
     assert not np.any(x == 0)
     assert np.mean(x == 2) == pytest.approx(0.75, abs=0.01)
+
+
+class _ScriptedSource(RandomSource):
+    """A source whose 64-bit words are given in advance (to hit the extreme draws exactly)."""
+
+    def __init__(self, script):
+        super().__init__(seed=0)
+        self._script = [int(x) for x in script]
+
+    def words(self, n):
+        out, self._script = self._script[:n], self._script[n:]
+        assert len(out) == n, "script exhausted"
+        return np.asarray(out, dtype=np.uint64)
+
+
+def test_uniform_never_returns_one_and_categorical_stays_in_range():
+    # the largest word used to round (w + 0.5) up to 2^53, i.e. u == 1.0 exactly
+    top = 2**64 - 1
+    assert _ScriptedSource([top]).uniform(1)[0] < 1.0
+    assert sample_categorical(_ScriptedSource([top]), np.array([1.0, 1.0]), 1)[0] == 1
+    assert np.isfinite(gumbel(_ScriptedSource([top]), 1)[0])
+
