@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
 from beamsynth.schemas.schema import Schema
 from beamsynth.transforms.measure import count_marginals
 from beamsynth.transforms.noise import RandomSource

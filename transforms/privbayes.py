@@ -410,7 +410,7 @@ def make_consistent(marginals: Sequence[NoisyMarginal], rounds: int = 3) -> list
     ``rounds`` times for overlapping constraints. Totals are made equal the same way.
     """
     tables = [m.values.astype(np.float64).copy() for m in marginals]
-    var = [m.variance for m in marginals]
+    var = [max(m.variance, 1e-12) for m in marginals]
     cols = [list(m.columns) for m in marginals]
     all_cols = sorted({c for cs in cols for c in cs})
     for _ in range(rounds):

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+
 from beamsynth.pipelines.quality import (
     as_codes,
     encode_frame,

@@ -1,0 +1,212 @@
+"""Unit tests for transforms/privbayes.py (Beam-free arithmetic)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from beamsynth.transforms.budget import PrivacyAccountant, PureDP
+from beamsynth.transforms.measure import NoisyMarginal, count_marginals
+from beamsynth.transforms.noise import RandomSource
+from beamsynth.transforms.privbayes import (
+    INDIF_SENSITIVITY,
+    PrivBayesMeasurement,
+    PrivBayesModel,
+    candidate_families,
+    choose_structure,
+    conditional_from_table,
+    family_specs,
+    fit_privbayes,
+    indif_score,
+    make_consistent,
+    marginalize,
+    measure_privbayes,
+    norm_sub,
+    plan_privbayes,
+    spend_privbayes,
+    split_marginal_budget,
+)
+
+
+def _tables(codes, shape, degree):
+    fams = candidate_families(len(shape), degree)
+    counts = count_marginals(codes, fams, shape)
+    return fams, [c.reshape([shape[i] for i in f]) for c, f in zip(counts, fams)]
+
+
+# -- score sensitivity -----------------------------------------------------------------------------
+def test_indif_exact_values():
+    assert indif_score(np.array([[5, 0], [0, 5]])) == pytest.approx(10.0)  # |5-2.5|*4
+    assert indif_score(np.array([[2, 2], [2, 2]])) == 0.0
+    assert indif_score(np.zeros((3, 2))) == 0.0
+    with pytest.raises(ValueError, match="2-d"):
+        indif_score(np.zeros(3))
+
+
+def test_indif_sensitivity_bound_add_remove_one_record():
+    rng = np.random.default_rng(0)
+    worst = 0.0
+    for trial in range(3000):
+        rows, cols = rng.integers(1, 6, 2)
+        n = int(rng.integers(0, 12 if trial % 2 else 200))
+        # skewed tables reach the largest changes
+        p = rng.dirichlet(np.full(rows * cols, 0.3))
+        t = rng.multinomial(n, p).reshape(rows, cols).astype(float)
+        a, b = rng.integers(0, rows), rng.integers(0, cols)
+        t2 = t.copy()
+        t2[a, b] += 1  # add one record; reading (t2 → t) is the removal
+        worst = max(worst, abs(indif_score(t2) - indif_score(t)))
+    assert worst <= INDIF_SENSITIVITY
+    assert worst > 2.0  # the bound is not vacuous: changes near it do occur
+
+
+def test_indif_worst_case_construction_stays_below_4():
+    # a large mass in one cell, the new record in an empty row/column
+    for n in (1, 10, 1000):
+        t = np.zeros((2, 2))
+        t[0, 0] = n
+        t2 = t.copy()
+        t2[1, 1] += 1
+        assert abs(indif_score(t2) - indif_score(t)) < INDIF_SENSITIVITY
+
+
+# -- exponential mechanism structure ----------------------------------------------------------------
+def test_structure_picks_the_copied_column_at_high_epsilon():
+    rng = np.random.default_rng(1)
+    a = rng.integers(0, 3, 3000)
+    codes = np.column_stack([a, rng.integers(0, 2, 3000), a.copy()])  # column 2 copies column 0
+    shape = (3, 2, 3)
+    fams, counts = _tables(codes, shape, 1)
+    tables = dict(zip(fams, counts))
+    hits = 0
+    for seed in range(20):
+        order = choose_structure(tables, shape, degree=1, epsilon=5.0, sensitivity=4.0,
+                                 noise_scale=0.0, rs=RandomSource(seed=seed))
+        assert sorted(x for x, _ in order) == [0, 1, 2]
+        parents = dict(order)
+        hits += (parents[2] == (0,)) or (parents[0] == (2,))
+    assert hits == 20
+    again = choose_structure(tables, shape, degree=1, epsilon=5.0, sensitivity=4.0, noise_scale=0.0,
+                             rs=RandomSource(seed=3))
+    assert again == choose_structure(tables, shape, degree=1, epsilon=5.0, sensitivity=4.0,
+                                     noise_scale=0.0, rs=RandomSource(seed=3))
+
+
+def test_structure_penalty_prefers_no_parents_for_independent_columns():
+    rng = np.random.default_rng(2)
+    codes = rng.integers(0, 4, (2000, 3))
+    shape = (4, 4, 4)
+    fams, counts = _tables(codes, shape, 2)
+    order = choose_structure(dict(zip(fams, counts)), shape, degree=2, epsilon=50.0, sensitivity=4.0,
+                             noise_scale=100.0, rs=RandomSource(seed=0))
+    assert all(ps == () for _, ps in order)
+
+
+def test_family_specs_drops_covered_root():
+    assert family_specs([(2, ()), (0, (2,)), (1, (0, 2))]) == [(0, 2), (1, 0, 2)]
+    assert family_specs([(2, ()), (0, ())]) == [(2,), (0,)]
+
+
+# -- consistency, non-negativity, conditionals --------------------------------------------------------
+def _nm(cols, values, scale):
+    values = np.asarray(values)
+    return NoisyMarginal(columns=tuple(cols), names=tuple(f"c{c}" for c in cols), shape=values.shape,
+                         values=values, scale=scale, budget=PureDP(epsilon=1.0))
+
+
+def test_make_consistent_agrees_and_weights_by_variance():
+    t1 = _nm((0, 1), [[10, 0], [0, 10]], scale=0.5)   # column 0 sums: 10, 10
+    t2 = _nm((0,), [30, 10], scale=50.0)              # noisier: column 0 sums 30, 10
+    c1, c2 = make_consistent([t1, t2])
+    assert np.allclose(marginalize(c1, (0, 1), [0]), c2, atol=1e-6)
+    assert np.all(np.abs(c2 - [10, 10]) < np.abs(c2 - [30, 10]) + 1e-9)  # pulled to the precise table
+    assert c1.sum() == pytest.approx(c2.sum())
+
+
+def test_norm_sub_keeps_total_and_non_negativity():
+    v = np.array([5.0, -3.0, 2.0, 1.0])
+    out = norm_sub(v, 6.0)
+    assert out.sum() == pytest.approx(6.0) and np.all(out >= 0)
+    assert np.allclose(out, [5 - 2 / 3, 0, 2 - 2 / 3, 1 - 2 / 3])  # δ = (5+2+1-6)/3
+    assert np.all(norm_sub(v, 0.0) == 0)
+    assert norm_sub(np.array([1.0, 1.0]), 10.0).sum() == pytest.approx(10.0)
+
+
+def test_conditional_rows_and_shrinkage():
+    table = np.array([[8.0, 0.0], [2.0, 0.0]])  # [x, π]; π = 1 has no mass
+    cond = conditional_from_table(table, np.array([0.5, 0.5]), strength=0.0)
+    assert np.allclose(cond[0], [0.8, 0.2])
+    assert np.allclose(cond[1], [0.5, 0.5])  # empty parent cell → uniform
+    shrunk = conditional_from_table(table, np.array([0.25, 0.75]), strength=10.0)
+    assert np.allclose(shrunk[0], [(8 + 2.5) / 20, (2 + 7.5) / 20])
+    assert np.allclose(shrunk[1], [0.25, 0.75])
+
+
+def test_fit_recovers_exact_conditionals_from_noise_free_tables():
+    joint = np.array([[30.0, 10.0], [20.0, 40.0]])  # [x1, x0]
+    ms = (_nm((0,), joint.sum(axis=0), 1e-3), _nm((1, 0), joint, 1e-3))
+    model = fit_privbayes(PrivBayesMeasurement(((0, ()), (1, (0,))), ms), (2, 2), shrink=0.0)
+    assert np.allclose(model.conditional(0), [[0.5, 0.5]], atol=1e-6)
+    assert np.allclose(model.conditional(1), [[0.6, 0.4], [0.2, 0.8]], atol=1e-6)
+    codes = model.sample_codes(200_000, RandomSource(seed=4))
+    freq = np.bincount(codes[:, 0] * 2 + codes[:, 1], minlength=4) / 200_000
+    assert np.allclose(freq, [0.3, 0.2, 0.1, 0.4], atol=0.006)  # ~5 sd of a 2e5 sample
+
+
+def test_model_validates_structure_and_shapes():
+    with pytest.raises(ValueError, match="every column once"):
+        PrivBayesModel((2, 2), [(0, ())], [np.array([[0.5, 0.5]])])
+    with pytest.raises(ValueError, match="expected"):
+        PrivBayesModel((2, 2), [(0, ()), (1, (0,))], [np.array([[0.5, 0.5]]), np.ones((1, 2)) / 2])
+
+
+# -- plan, budget, measurement -----------------------------------------------------------------------
+def test_plan_validation_messages_and_degree_cap():
+    with pytest.raises(ValueError, match=r"degree \(9\)"):
+        plan_privbayes((2, 2), PureDP(epsilon=1.0), degree=9)
+    with pytest.raises(ValueError, match=r"structure_fraction \(1.5\)"):
+        plan_privbayes((2, 2), PureDP(epsilon=1.0), structure_fraction=1.5)
+    shape = (50,) * 6
+    # 3-way candidates: 20 × 50³ = 2.5e6 cells; 4-way: 15 × 50⁴ ≈ 9.4e7; 2-way: 15 × 2500
+    assert plan_privbayes(shape, PureDP(epsilon=1.0), degree=3, max_candidate_cells=10**7).degree == 2
+    assert plan_privbayes(shape, PureDP(epsilon=1.0), degree=3, max_candidate_cells=10**5).degree == 1
+    assert plan_privbayes(shape, PureDP(epsilon=1.0), degree=3, max_candidate_cells=10**3).degree == 0
+
+
+def test_budget_split_and_spends_sum_to_epsilon():
+    plan = plan_privbayes((3, 4, 5), PureDP(epsilon=2.0), structure_fraction=0.25)
+    acc = PrivacyAccountant(total=PureDP(epsilon=2.0))
+    spend_privbayes(acc, plan)
+    names = [s.step for s in acc.spends]
+    assert names == ["privbayes.structure", "privbayes.marginals"]
+    assert acc.spent_epsilon == pytest.approx(2.0)
+    parts = split_marginal_budget(plan.marginal_budget, [4, 100])
+    assert sum(p.epsilon for p in parts) == pytest.approx(1.5)
+    assert parts[1].epsilon / parts[0].epsilon == pytest.approx(5.0)
+
+
+def test_measure_releases_one_table_per_family_with_budgets_summing():
+    rng = np.random.default_rng(5)
+    shape = (3, 2, 4, 2)
+    codes = rng.integers(0, 2, (500, 4))
+    fams, counts = _tables(codes, shape, 2)
+    plan = plan_privbayes(shape, PureDP(epsilon=1.0))
+    m = measure_privbayes(counts, fams, shape=shape, names=list("abcd"), plan=plan,
+                          rs=RandomSource(seed=9))
+    assert sorted(x for x, _ in m.structure) == [0, 1, 2, 3]
+    assert [tuple(t.columns) for t in m.marginals] == family_specs(m.structure)
+    assert sum(t.budget.epsilon for t in m.marginals) == pytest.approx(plan.marginal_budget.epsilon)
+    for t in m.marginals:
+        assert t.values.shape == tuple(shape[c] for c in t.columns)
+        assert t.values.dtype.kind == "i"  # integer noise on released counts
+    same = measure_privbayes(counts, fams, shape=shape, names=list("abcd"), plan=plan,
+                             rs=RandomSource(seed=9))
+    assert same.structure == m.structure
+    assert all(np.array_equal(x.values, y.values) for x, y in zip(same.marginals, m.marginals))
+
+
+def test_candidate_families():
+    assert candidate_families(4, 2) == list(itertools.combinations(range(4), 3))
+    assert candidate_families(2, 3) == [(0, 1)]
