@@ -187,7 +187,7 @@ class ReleaseConfig:
     private_report: bool = True
     public_report: bool = True
     target: str | None = None
-    max_plot_rows: int = 200_000
+    max_plot_rows: int = 50_000
     config_path: str | None = None
 
 
@@ -466,7 +466,7 @@ def load_release_config(source: str | os.PathLike[str] | Mapping[str, Any], *,
         delta=delta, ledger_path=ledger_path, policies=policies, seed=seed, tables=tables,
         private_report=rep.get("private", True), public_report=rep.get("public", True),
         target=target,
-        max_plot_rows=_int(rep.get("max_plot_rows", 200_000), "reports.max_plot_rows", low=1),
+        max_plot_rows=_int(rep.get("max_plot_rows", 50_000), "reports.max_plot_rows", low=1),
         config_path=cfg_path)
 
 
@@ -600,12 +600,14 @@ def run_release(
     plan = plan_release(cfg)
     eps = sum(s.epsilon for s in plan.spends)
     progress(f"release {cfg.name}: validated {len(cfg.tables)} table(s), plan spends ε={eps:g}")
-    if os.path.exists(cfg.folder) and PrivacyLedger.published_release_id(cfg.folder) is None:
-        raise ReleaseConfigError("folder", f"{cfg.folder!r} exists and is not a beamsynth release; "
-                                           "move it away or choose another folder")
     ledger = PrivacyLedger(cfg.ledger_path)
     release_id = ledger.reserve(run_key=run_key(cfg), name=cfg.name, folder=cfg.folder,
                                 spends=plan.spends, policies=cfg.policies)
+    if os.path.exists(cfg.folder):  # published outside this ledger, or not a release at all
+        ledger.abort(release_id, "release folder already exists")
+        raise ReleaseConfigError("folder", f"{cfg.folder!r} already exists and this ledger has no "
+                                           "committed release for it; move it away or choose "
+                                           "another folder")
     progress(f"reserved ε={eps:g} in ledger {cfg.ledger_path} (release {release_id}, pending)")
     parent = os.path.dirname(cfg.folder)
     os.makedirs(parent, exist_ok=True)

@@ -48,7 +48,7 @@ __all__ = [
 PRIVATE_BANNER = ("CONTAINS PRIVATE STATISTICS of the real data (not differentially private): "
                   "for the data owner only — do not publish")
 _MAX_LABELLED_CELLS = 40
-_TSTR_ROWS = 8_000
+_TSTR_ROWS = 5_000
 _CSS = """body{font-family:sans-serif;margin:2em;max-width:1100px}
 .banner{background:#b00020;color:#fff;padding:1em;font-weight:bold;font-size:1.1em}
 .public{background:#0b6e4f;color:#fff;padding:1em;font-weight:bold}
@@ -348,6 +348,14 @@ def _spend_rows(spends: Sequence[Mapping[str, Any]]) -> list[list[Any]]:
     return rows
 
 
+def _unit_text(unit: Any) -> str:
+    if not isinstance(unit, Mapping):
+        return str(unit)
+    pid = unit.get("privacy_id")
+    who = "one record" if pid is None else f"one {pid} (at most {unit.get('max_contributions')} records)"
+    return f"{who}; neighbouring datasets: {unit.get('neighbouring', 'add/remove one unit')}"
+
+
 def _marginal_scale(spends: Sequence[Mapping[str, Any]]) -> float | None:
     """Per-cell noise scale of released 1-way marginals, when a spend declares it."""
     for s in spends:
@@ -411,7 +419,8 @@ def public_report_html(release: Mapping[str, Any], synthetic: Mapping[str, pd.Da
         sections += [
             f"<h2>Table {_e(name)}</h2>",
             f"<p>Method <b>{_e(tab.get('method'))}</b>, data source {_e(tab.get('source'))}, privacy "
-            f"unit {_e(tab.get('privacy_unit'))}; {rows_out} synthetic rows released; randomness: "
+            f"unit {_e(_unit_text(tab.get('privacy_unit')))}; {rows_out} synthetic rows released; "
+            f"randomness: "
             f"{_e(tab.get('randomness'))}.{count_note}</p>",
             "<h3>Privacy spends (basic sequential composition)</h3>",
             _table_html(_spend_rows(spends),

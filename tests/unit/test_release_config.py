@@ -122,3 +122,32 @@ def test_json_schema_accepts_the_example_and_rejects_unknown_keys() -> None:
     data["tables"][0]["colour"] = 1
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(data, RELEASE_CONFIG_SCHEMA)
+
+
+def test_existing_folder_unknown_to_the_ledger_is_refused_and_released(tmp_path: Path) -> None:
+    from beamsynth.pipelines.ledger import PrivacyLedger
+    from beamsynth.pipelines.release import run_release
+
+    cfg = load_release_config(_base(tmp_path), date="2026-01-01")
+    Path(cfg.folder).mkdir()
+    with pytest.raises(ReleaseConfigError, match="^folder: .* already exists"):
+        run_release(cfg)
+    assert [r["state"] for r in PrivacyLedger(cfg.ledger_path).releases()] == ["aborted"]
+
+
+def test_a_failing_run_aborts_its_reservation_and_leaves_no_temp_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from beamsynth.pipelines import release as release_mod
+    from beamsynth.pipelines.ledger import PrivacyLedger
+
+    def boom(*_a, **_k):
+        raise RuntimeError("worker lost")
+
+    monkeypatch.setattr(release_mod, "_run_table", boom)
+    cfg = load_release_config(_base(tmp_path), date="2026-01-01")
+    with pytest.raises(RuntimeError, match="worker lost"):
+        release_mod.run_release(cfg)
+    (row,) = PrivacyLedger(cfg.ledger_path).releases()
+    assert row["state"] == "aborted" and "worker lost" in row["note"]
+    assert PrivacyLedger(cfg.ledger_path).summary()[0]["epsilon_spent"] == 0
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".rel-")]
