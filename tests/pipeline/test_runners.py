@@ -194,34 +194,28 @@ def test_dask_safe_shapes_match_the_default_shapes(tmp_path):
     """``single_output=True`` reads and ``side_input=False`` sampling give the default output."""
     schema = dataclasses.replace(load_schema("adult"), privacy_id="pid")
     path = str(_adult_input(tmp_path))
-
-    def read(single: bool):
-        def build(p, folder):
-            got = p | ReadRecords(path, schema, block_rows=700, single_output=single)
-            (got["batches"] | "Describe" >> beam.Map(lambda b: f"batch {len(b)} {int(b.codes.sum())} "
-                                                               f"{sorted(b.pids.tolist())[:2]}")
-             | "SinkB" >> beam.ParDo(AppendToFolderFn(folder)))
-            (got["rejected"] | "Json" >> beam.Map(lambda r: r.to_json())
-             | "SinkR" >> beam.ParDo(AppendToFolderFn(folder)))
-        return build
-
-    default = _collect(read(False), tmp_path / "read-default")
-    assert len(default) == 10  # 9 batches (6,000 rows in blocks of 700) + 1 dead letter
-    assert _collect(read(True), tmp_path / "read-single") == default
-
     marginals = [NoisyMarginal(columns=(j,), names=(n,), shape=(s,), values=np.arange(s) % 3,
                                scale=1.0, budget=PureDP(epsilon=1.0))
                  for j, (n, s) in enumerate(zip(schema.names, schema.shape))]
     model = IndependentModel(marginals, schema.shape)
 
-    def sample(side: bool):
+    def shapes(dask_safe: bool):
         def build(p, folder):
-            (p | beam.Create([(model, 2500)])
-             | SampleSynthetic(schema=schema, seed=5, shard_rows=1000, side_input=side)
+            got = p | ReadRecords(path, schema, block_rows=700, single_output=dask_safe)
+            (got["batches"] | "Describe" >> beam.Map(lambda b: f"batch {len(b)} {int(b.codes.sum())} "
+                                                               f"{sorted(b.pids.tolist())[:2]}")
+             | "SinkB" >> beam.ParDo(AppendToFolderFn(folder)))
+            (got["rejected"] | "Json" >> beam.Map(lambda r: r.to_json())
+             | "SinkR" >> beam.ParDo(AppendToFolderFn(folder)))
+            (p | "Model" >> beam.Create([(model, 2500)])
+             | SampleSynthetic(schema=schema, seed=5, shard_rows=1000, side_input=not dask_safe)
              | "Csv" >> beam.FlatMap(lambda t: table_to_csv_text(t).splitlines())
-             | "Sink" >> beam.ParDo(AppendToFolderFn(folder)))
+             | "SinkS" >> beam.ParDo(AppendToFolderFn(folder)))
         return build
 
-    with_side = _collect(sample(True), tmp_path / "sample-side")
-    assert len(with_side) == 2500
-    assert _collect(sample(False), tmp_path / "sample-elements") == with_side
+    default = _collect(shapes(False), tmp_path / "default")
+    # 9 batches (6,000 rows in blocks of 700) + 1 dead letter + 2,500 sampled rows
+    assert sum(line.startswith("batch ") for line in default) == 9
+    assert sum(line.startswith('{"source"') for line in default) == 1
+    assert len(default) == 9 + 1 + 2500
+    assert _collect(shapes(True), tmp_path / "dask-safe") == default
