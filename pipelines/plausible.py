@@ -243,6 +243,11 @@ class PlausibleMethod(Method):
                            "sequentially; D_S is disjoint from the model's splits (parallel composition "
                            "with the model's ε)",
         }
+        c = self.max_contributions
+        if c > 1:  # a unit has up to c records in D_S (all in D_S, the split is per unit): group privacy
+            eps, delta = c * eps, c * math.exp((c - 1) * eps) * delta  # δ uses the per-record ε
+            out["per_unit"] = {"epsilon": eps, "delta": min(1.0, delta), "max_contributions": c,
+                               "note": "group privacy over the unit's records"}
         if candidates is not None:
             out["candidates_tested"] = candidates
             out["composed"] = {"epsilon": candidates * eps, "delta": min(1.0, candidates * delta)}

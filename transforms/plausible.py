@@ -96,6 +96,7 @@ __all__ = [
     "symmetrical_uncertainty",
     "theorem1_guarantee",
     "topological_order",
+    "unit_split_assignments",
 ]
 
 METRICS_NAMESPACE = "beamsynth"
@@ -637,13 +638,31 @@ class RejectedCandidates:
 # =============================================================================================
 # Beam: split
 # =============================================================================================
+def unit_split_assignments(key: bytes, pids: Sequence[Any], fractions: Sequence[float]) -> np.ndarray:
+    """Part index per row from ``HMAC(key, privacy id)``: every record of a unit lands in one part.
+
+    The uniform for a unit is the top 53 bits of its HMAC-SHA256 under a secret key shared by all
+    workers (a side input), so the split is random, independent across units, and identical for all
+    of one unit's records wherever they are processed.
+    """
+    cdf = np.cumsum(np.asarray(fractions, dtype=np.float64))
+    cdf /= cdf[-1]
+    u = np.array([(int.from_bytes(hmac.new(key, str(p).encode("utf-8"), hashlib.sha256).digest()[:8], "little")
+                   >> 11) for p in pids], dtype=np.float64)
+    u = (u + 0.5) / float(2**53)
+    return np.searchsorted(cdf, u, side="right").astype(np.int64)
+
+
 class _SplitFn(beam.DoFn):
     def __init__(self, fractions: tuple[float, float, float], seed: int | None) -> None:
         self._fractions, self._seed = fractions, seed
 
-    def process(self, batch: EncodedBatch, window=beam.DoFn.WindowParam):
-        rs = RandomSource(seed=self._seed).child("plausible.split", _batch_label(batch), *window_labels(window))
-        part = split_assignments(rs, len(batch), self._fractions)
+    def process(self, batch: EncodedBatch, key: bytes, window=beam.DoFn.WindowParam):
+        if batch.pids is not None:  # privacy units: one part per unit (parallel composition)
+            part = unit_split_assignments(key, batch.pids.tolist(), self._fractions)
+        else:  # every record is its own unit: i.i.d. draws from a content-keyed stream
+            rs = RandomSource(seed=self._seed).child("plausible.split", _batch_label(batch), *window_labels(window))
+            part = split_assignments(rs, len(batch), self._fractions)
         for p, tag in enumerate(("seeds", "structure", "params")):
             idx = np.flatnonzero(part == p)
             if idx.size:
@@ -651,14 +670,20 @@ class _SplitFn(beam.DoFn):
                 yield sub if tag == "seeds" else beam.pvalue.TaggedOutput(tag, sub)
 
 
+def _make_split_key(_: Any, seed: int | None) -> bytes:
+    return RandomSource(seed=seed).child("plausible.split-key").secret_key()
+
+
 class SplitForPlausible(beam.PTransform):
     """Random disjoint split of records into seeds / structure / parameters (Section 3.5).
 
-    Every row is assigned independently with probabilities ``fractions`` from a stream keyed by
-    (seed, step, batch content digest, window) — random in secure mode, reproducible and
-    independent of arrival order when seeded. A unit's part depends on nothing but its own draw,
-    so the three mechanisms that follow compose in parallel. Returns a dict of three
-    ``PCollection[EncodedBatch]``: ``seeds``, ``structure``, ``params``.
+    Without privacy ids every row is assigned independently with probabilities ``fractions``
+    from a stream keyed by (seed, step, batch content digest, window) — random in secure mode,
+    reproducible and independent of arrival order when seeded. With privacy ids (``batch.pids``)
+    the part of a unit is drawn from ``HMAC(secret key, id)`` so all its records share one part.
+    A unit's part depends on nothing but its own draw, so the mechanisms that follow compose in
+    parallel. Returns a dict of three ``PCollection[EncodedBatch]``: ``seeds``, ``structure``,
+    ``params``.
     """
 
     def __init__(self, *, fractions: Sequence[float] = (0.5, 0.2, 0.3), seed: int | None = None,
@@ -671,7 +696,11 @@ class SplitForPlausible(beam.PTransform):
 
     def expand(self, batches):
         # batches: EncodedBatch
-        parts = batches | "AssignParts" >> beam.ParDo(_SplitFn(self._fractions, self._seed)).with_outputs(
+        key = (batches.pipeline | "KeyOnce" >> beam.Create([None])
+               | "SplitKey" >> beam.Map(_make_split_key, self._seed))
+        # bytes: one secret key for the whole pipeline
+        parts = batches | "AssignParts" >> beam.ParDo(
+            _SplitFn(self._fractions, self._seed), beam.pvalue.AsSingleton(key)).with_outputs(
             "structure", "params", main="seeds")
         # seeds / structure / params: EncodedBatch sub-batches
         return {"seeds": parts.seeds, "structure": parts.structure, "params": parts.params}

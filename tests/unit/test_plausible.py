@@ -327,6 +327,16 @@ def test_split_is_random_with_the_requested_fractions_and_content_keyed():
     assert P._batch_label(b1) != P._batch_label(EncodedBatch(np.arange(12).reshape(4, 3)[::-1].copy()))
 
 
+def test_unit_split_keeps_a_units_records_together():
+    pids = [f"u{i % 500}" for i in range(5000)]
+    a = P.unit_split_assignments(b"s" * 32, pids, (0.5, 0.2, 0.3))
+    for u in range(500):
+        assert len(set(a[u::500].tolist())) == 1
+    per_unit = a[:500]
+    assert np.allclose(np.bincount(per_unit, minlength=3) / 500, [0.5, 0.2, 0.3], atol=0.08)
+    assert not (P.unit_split_assignments(b"t" * 32, pids, (0.5, 0.2, 0.3)) == a).all()
+
+
 @pytest.mark.parametrize("kw,msg", [
     ({"k": 0}, r"k \(0\) must be an int >= 1"),
     ({"gamma": 1.0}, r"gamma \(1.0\) must be a finite number > 1"),
