@@ -19,11 +19,12 @@ Integer noise for counts is the discrete Laplace (two-sided geometric) law
 ``P(Z = k) = (1 - q)/(1 + q) · q^|k|`` with ``q = exp(-1/b)``, sampled as the difference of two
 i.i.d. geometric variables. Why this is safe in floating point: the released value is an integer
 ``count + Z``, so there are no low-order float bits to leak (Mironov 2012's attack on textbook
-Laplace needs a float output). The geometric draws use inversion ``floor(log(U) / log(q))`` on a
-53-bit uniform ``U``; its probabilities differ from the exact law by at most the 2^-53 spacing of
-``U`` per outcome, i.e. a relative error below 1e-15 for every outcome with probability above
-1e-300 that any analysis or attack could ever resolve. Continuous Laplace is provided only for
-internal scores that are never released (e.g. noisy entropies used to choose a structure).
+Laplace needs a float output). The geometric draws use inversion ``floor(log(U) / log(q))``;
+``log U`` comes from a 53-bit uniform above 2^-20 and from an exact, unbounded exponential tail
+below it (:func:`_log_uniform`), so the support is all of the integers and every outcome's
+probability is within a relative ``2^-33·b`` of the exact law (float rounding aside). Continuous
+Laplace is provided only for internal scores that are never released (e.g. noisy entropies used
+to choose a structure).
 """
 
 from __future__ import annotations
@@ -187,6 +188,50 @@ class RandomSource:
 
 
 # -- noise laws --------------------------------------------------------------------------------
+_TAIL_BITS = 20  # below u = 2^-20 the 2^-53 grid is too coarse: switch to the exact tail
+_LN2 = math.log(2.0)
+
+
+def _standard_exponential(rs: RandomSource, n: int) -> np.ndarray:
+    """``n`` draws of Exp(1) with no upper bound and uniform relative accuracy in the tail.
+
+    ``E = ln2·N + R`` with ``N ~ Geometric(1/2)`` (trailing zero bits of fresh random words, so
+    unbounded) and ``R ~ Exp(1)`` truncated to ``[0, ln 2)``, ``R = -log1p(-V/2)``: the integer
+    and fractional parts of ``E / ln 2`` are independent with exactly these laws.
+    """
+    zeros = np.zeros(n, dtype=np.int64)
+    active = np.arange(n)
+    while active.size:
+        w = rs.words(active.size)
+        empty = w == 0
+        low = w[~empty] & (~w[~empty] + np.uint64(1))  # lowest set bit, a power of two
+        zeros[active[~empty]] += np.frexp(low.astype(np.float64))[1] - 1
+        zeros[active[empty]] += 64
+        active = active[empty]
+    return zeros * _LN2 - np.log1p(-0.5 * rs.uniform(n))
+
+
+def _log_uniform(rs: RandomSource, size: int | tuple[int, ...]) -> np.ndarray:
+    """``log U`` for ``U`` uniform on (0, 1), exact in the lower tail.
+
+    ``np.log`` of a 53-bit uniform bounds ``-log U`` by ``54·ln 2`` and quantizes the tail, so
+    inversion samplers (geometric, exponential) had a bounded support: ``count + Z`` could take
+    values impossible for ``count + 1 + Z`` (a pure-DP violation) and tail probabilities off by
+    large factors. Draws with ``u < 2^-20`` (probability exactly 2^-20: the words below 2^33)
+    are replaced by ``-20·ln 2 - E`` with ``E ~ Exp(1)`` unbounded (memorylessness:
+    ``-log U - 20·ln 2`` given ``U < 2^-20`` is Exp(1)). Other draws are unchanged, so the
+    relative error of any outcome's probability stays below ``2^-33/Δ`` for an interval of
+    width ``Δ`` in ``-log U``.
+    """
+    u = rs.uniform(size)
+    log_u = np.log(u)
+    tail = u < 2.0**-_TAIL_BITS
+    m = int(tail.sum())
+    if m:
+        log_u[tail] = -_TAIL_BITS * _LN2 - _standard_exponential(rs, m)
+    return log_u
+
+
 def discrete_laplace_scale(*, sensitivity: float, epsilon: float) -> float:
     """Scale b = Δ/ε of the discrete Laplace mechanism (ε-DP for integer queries of L1 sensitivity Δ)."""
     if not (sensitivity > 0 and math.isfinite(sensitivity)):
@@ -200,10 +245,10 @@ def geometric(rs: RandomSource, q: float, size: int | tuple[int, ...]) -> np.nda
     """Failures before the first success, ``P(G = k) = (1 - q) q^k`` for k ≥ 0 (0 ≤ q < 1)."""
     if not (0.0 <= q < 1.0):
         raise ValueError(f"q ({q!r}) must be in [0, 1)")
-    u = rs.uniform(size)
+    log_u = _log_uniform(rs, size)
     if q == 0.0:
-        return np.zeros(u.shape, dtype=np.int64)
-    return np.floor(np.log(u) / math.log(q)).astype(np.int64)
+        return np.zeros(log_u.shape, dtype=np.int64)
+    return np.floor(log_u / math.log(q)).astype(np.int64)
 
 
 def discrete_laplace(rs: RandomSource, scale: float, size: int | tuple[int, ...]) -> np.ndarray:
@@ -234,7 +279,7 @@ def exponential(rs: RandomSource, rate: float, size: int | tuple[int, ...]) -> n
     """Exponential draws with the given rate (mean 1/rate)."""
     if not (rate > 0 and math.isfinite(rate)):
         raise ValueError(f"rate ({rate!r}) must be a finite number > 0")
-    return -np.log(rs.uniform(size)) / rate
+    return -_log_uniform(rs, size) / rate
 
 
 def gumbel(rs: RandomSource, size: int | tuple[int, ...]) -> np.ndarray:

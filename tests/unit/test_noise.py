@@ -135,3 +135,25 @@ def test_uniform_never_returns_one_and_categorical_stays_in_range():
     assert sample_categorical(_ScriptedSource([top]), np.array([1.0, 1.0]), 1)[0] == 1
     assert np.isfinite(gumbel(_ScriptedSource([top]), 1)[0])
 
+
+
+def test_geometric_tail_is_not_truncated_at_the_uniform_grid():
+    # The smallest 53-bit uniform (word 0) used to cap G at log(2^-54)/log(q) ≈ 37.4·b: an
+    # outcome bound that makes count + Z distinguishable from count + 1 + Z. With the exact tail
+    # (memoryless exponential beyond u < 2^-20) G is unbounded: here E = 20·ln2 + 128·ln2 + R.
+    from beamsynth.transforms.noise import exponential, geometric
+
+    script = [0, 0, 0, 1, 2**63]  # tail branch; 64 + 64 zero bits, then a one; then R's uniform
+    g = geometric(_ScriptedSource(script), math.exp(-1.0), 1)[0]
+    assert g >= 148 * math.log(2) - 1 > 37.4
+    e = exponential(_ScriptedSource(script), 1.0, 1)[0]
+    assert e == pytest.approx(148 * math.log(2) - math.log1p(-0.25), rel=1e-12)
+
+
+def test_exponential_tail_branch_follows_the_exponential_law():
+    # conditional on u < 2^-20, -log(u) - 20·ln2 must be Exp(1) (memorylessness)
+    from beamsynth.transforms.noise import _standard_exponential
+
+    e = _standard_exponential(RandomSource(seed=21), 50_000)
+    assert stats.kstest(e, "expon").pvalue > 1e-4
+    assert stats.kstest(e * 1.3, "expon").pvalue < 1e-4
