@@ -216,8 +216,13 @@ def _heatmaps(schema: Schema, real: np.ndarray, synth: np.ndarray) -> str:
 
 
 def _network(description: Mapping[str, Any] | None, names: Sequence[str]) -> str | None:
-    """Draw ``description['edges']`` (pairs of column names, parent → child) if present."""
-    edges = (description or {}).get("edges")
+    """Draw the learned network: ``edges`` ([parent, child] pairs) or ``structure``
+    ([child, [parents...]] entries, as PrivBayes describes itself), if the model has either."""
+    description = description or {}
+    edges = [tuple(e) for e in description.get("edges") or []]
+    for entry in description.get("structure") or []:
+        if isinstance(entry, (list, tuple)) and len(entry) == 2 and isinstance(entry[1], (list, tuple)):
+            edges += [(parent, entry[0]) for parent in entry[1]]
     if not edges:
         return None
     plt = _plt()
@@ -324,8 +329,8 @@ def private_report_html(
     ]
     net = _network(model_description, schema.names)
     sections += ["<h2>Learned network</h2>",
-                 net or "<p>The model exposes no network (no <code>edges</code> in its "
-                        "description).</p>"]
+                 net or "<p>The model exposes no network (no <code>edges</code> or "
+                        "<code>structure</code> in its description).</p>"]
     if model_description:
         sections.append(f"<pre>{_e(json.dumps(model_description, indent=1, default=str)[:4000])}</pre>")
     sections += ["<h2>TVD per marginal</h2>", _tvd_section(schema, real_codes, synth_codes, seed),
@@ -339,13 +344,23 @@ def _spend_rows(spends: Sequence[Mapping[str, Any]]) -> list[list[Any]]:
     rows = []
     for s in spends:
         det = s.get("details") or {}
-        scale = det.get("scale", det.get("scale_per_table"))
+        scale = _declared_scale(det)
         interval = ""
         if isinstance(scale, (int, float)) and scale > 0 and "laplace" in str(s.get("mechanism", "")).lower():
             interval = f"±{discrete_laplace_interval(float(scale))}"
         rows.append([s.get("step"), s.get("mechanism"), f"{s.get('epsilon', 0):g}",
                      f"{s.get('delta', 0):g}", "" if scale is None else f"{scale:g}", interval])
     return rows
+
+
+def _declared_scale(details: Mapping[str, Any]) -> float | None:
+    """The noise scale a spend declares (``scale``, ``scale_per_table``, or any ``*scale*`` key)."""
+    keys = ["scale", "scale_per_table"] + sorted(k for k in details if "scale" in k)
+    for k in keys:
+        v = details.get(k)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
+            return float(v)
+    return None
 
 
 def _unit_text(unit: Any) -> str:
@@ -394,8 +409,10 @@ def _public_plots(schema: Schema, synthetic: pd.DataFrame, rows_out: int | None,
 
 
 def public_report_html(release: Mapping[str, Any], synthetic: Mapping[str, pd.DataFrame],
-                       schemas: Mapping[str, Schema]) -> str:
-    """The public report of a release, from ``release.json`` and the released synthetic tables only."""
+                       schemas: Mapping[str, Schema],
+                       models: Mapping[str, Mapping[str, Any] | None] | None = None) -> str:
+    """The public report of a release, from released DP outputs only: ``release.json``, the
+    synthetic tables and the fitted models' descriptions (post-processing of DP measurements)."""
     sections = [
         f"<p>{_e(release.get('description', ''))}</p>",
         _table_html([["release", release.get("name")], ["release id", release.get("release_id")],
@@ -426,6 +443,9 @@ def public_report_html(release: Mapping[str, Any], synthetic: Mapping[str, pd.Da
             _table_html(_spend_rows(spends),
                         ["step", "mechanism", "ε", "δ", "noise scale b", "95% noise interval"]),
         ]
+        net = _network((models or {}).get(name), schemas[name].names if name in schemas else [])
+        if net:
+            sections += ["<h3>Released model structure</h3>", net]
         if name in synthetic and name in schemas:
             sections += ["<h3>Released synthetic distributions</h3>",
                          _public_plots(schemas[name], synthetic[name], rows_out, _marginal_scale(spends))]
@@ -444,16 +464,18 @@ def write_release_reports(cfg: Any, folder: str, release: Mapping[str, Any],
         out = os.path.join(folder, "public", f"{t.name}.{t.formats[0]}")
         synth[t.name] = read_table(out, max_rows=cfg.max_plot_rows)
         schemas[t.name] = t.schema.select(manifests[t.name]["release"]["details"]["columns"])
+    models = {t.name: _read_model(os.path.join(folder, "public", f"{t.name}.model.json"))
+              for t in cfg.tables}
     if cfg.public_report:
         path = os.path.join(folder, "public", "report.html")
-        _write_text(path, public_report_html(release, synth, schemas))
+        _write_text(path, public_report_html(release, synth, schemas, models))
         written["public"] = path
     if cfg.private_report:
         parts = []
         for t in cfg.tables:
             real = pd.concat([read_table(p, max_rows=cfg.max_plot_rows) for p in _expand(t.inputs)],
                              ignore_index=True)
-            model = _read_model(os.path.join(folder, "public", f"{t.name}.model.json"))
+            model = models[t.name]
             target = cfg.target if cfg.target in schemas[t.name].names else None
             parts.append((t.name, private_report_html(schemas[t.name], real, synth[t.name],
                                                       title=f"{cfg.name} / {t.name}: quality report",

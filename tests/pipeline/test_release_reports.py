@@ -178,3 +178,26 @@ def test_cramers_v_of_copies_and_of_independent_columns() -> None:
     v = cramers_v_matrix(codes, (4, 4, 3))
     assert v[0, 1] == pytest.approx(1.0) and v[0, 2] < 0.05 and v[0, 0] == 0
 
+
+
+def test_network_is_drawn_from_edges_or_privbayes_structure() -> None:
+    from beamsynth.pipelines.report import _network
+
+    assert _network({"model": "independent marginals"}, ["a", "b"]) is None
+    for desc in ({"edges": [["a", "b"]]}, {"structure": [["a", []], ["b", ["a"]]]}):
+        img = _network(desc, ["a", "b"])
+        assert img is not None and img.startswith('<img alt="plot" src="data:image/png;base64,')
+
+
+def test_public_report_reads_declared_noise_scales() -> None:
+    from beamsynth.pipelines.report import _spend_rows
+
+    rows = _spend_rows([
+        {"step": "row_count", "mechanism": "discrete Laplace", "epsilon": 0.1, "delta": 0,
+         "details": {"scale": 10.0}},
+        {"step": "m", "mechanism": "discrete Laplace on marginals", "epsilon": 1, "delta": 0,
+         "details": {"scale_per_cell_if_all_tables": 8.5}},
+        {"step": "s", "mechanism": "exponential mechanism", "epsilon": 1, "delta": 0, "details": {}},
+    ])
+    assert rows[0][4:] == ["10", f"±{discrete_laplace_interval(10.0)}"]
+    assert rows[1][4] == "8.5" and rows[2][4:] == ["", ""]
