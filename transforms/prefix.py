@@ -604,6 +604,7 @@ class _PrefixLevels(beam.PTransform):
             raise ValueError(f"discount ({rule!r}) must be one of {DISCOUNTS}")
         if not 1 <= levels <= codec.depth:
             raise ValueError(f"max_depth ({levels!r}) must be in [1, {codec.depth}] for this key")
+        RandomSource(seed=seed)  # validates the seed (int or None) at build time
         self._codec, self._acct, self._levels, self._rule, self._seed = codec, acct, levels, rule, seed
         if accountant is not None:
             accountant.spend(f"prefixes/{self.method}", PureDP(epsilon=acct.epsilon),
