@@ -77,6 +77,7 @@ __all__ = [
     "PlausibleDeniabilityFilter",
     "PlausibleModel",
     "PlausibleStructure",
+    "PerturbationModel",
     "RejectedCandidates",
     "SplitForPlausible",
     "cfs_structure",
@@ -334,6 +335,50 @@ class PlausibleModel(SynthesisModel):
     def copied_columns(self) -> tuple[int, ...] | None:
         """Columns copied from the seed when ``Pr{y=M(d)} = 1[d_C = y_C]·q(y)``; ``None`` otherwise."""
         return None
+
+
+class PerturbationModel(PlausibleModel):
+    """A public (data-free) seed model for the generic path: each attribute is kept with
+    probability ``1 - p`` or replaced by a uniform value of its declared domain.
+
+    ``Pr{y = M(d)} = Π_i ((1-p)·1[y_i = d_i] + p/|X_i|)``: it depends on which attributes differ,
+    so seeds fall into different γ-intervals and the pass rate depends on γ (unlike the
+    seed-resampling network). It learns nothing from data, so it costs no budget.
+    """
+
+    def __init__(self, *, shape: Sequence[int], p: float) -> None:
+        if not (0.0 < p <= 1.0):
+            raise ValueError(f"p ({p!r}) must be in (0, 1]")
+        self._shape = tuple(int(s) for s in shape)
+        self._p = float(p)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    def _factors(self) -> tuple[np.ndarray, np.ndarray]:
+        card = np.asarray(self._shape, dtype=np.float64)
+        return np.log((1 - self._p) + self._p / card), np.log(self._p / card)
+
+    def generate(self, seeds: np.ndarray, rs: RandomSource) -> tuple[np.ndarray, np.ndarray]:
+        y = np.array(seeds, dtype=np.int64, copy=True)
+        for i, card in enumerate(self._shape):
+            swap = rs.child("swap", i).uniform(len(y)) < self._p
+            y[swap, i] = rs.child("value", i).integers(card, int(swap.sum()))
+        return y, self._own_logp(y, seeds)
+
+    def _own_logp(self, y: np.ndarray, d: np.ndarray) -> np.ndarray:
+        same, diff = self._factors()
+        return np.where(y == d, same[None, :], diff[None, :]).sum(axis=1)
+
+    def log_prob(self, y: np.ndarray, d: np.ndarray) -> np.ndarray:
+        same, diff = self._factors()
+        eq = y[:, None, :] == d[None, :, :]
+        return np.where(eq, same, diff).sum(axis=2)
+
+    def sample_codes(self, n: int, rs: RandomSource) -> np.ndarray:
+        """Uniform rows (the model has no data-free seed; used only through :meth:`generate`)."""
+        return np.stack([rs.child("uniform", i).integers(c, n) for i, c in enumerate(self._shape)], axis=1)
 
 
 def _hmac_seed(key: bytes, *labels: Any) -> int:

@@ -129,3 +129,32 @@ def test_synthesize_cli_plausible_writes_released_rows_and_manifest(tmp_path):
     assert "plausible.model" in spends
     written = pd.read_csv(out)
     assert len(written) == det["released"]
+
+
+def test_generic_path_with_another_model_matches_the_beam_free_count():
+    from beamsynth.transforms.plausible import (
+        CandidateBatch,
+        PerturbationModel,
+        count_plausible_generic,
+    )
+
+    model = PerturbationModel(shape=SHAPE, p=0.5)
+    data = _data(400, seed=8)
+    rs = RandomSource(seed=8)
+    y, logp = model.generate(data[rs.integers(len(data), 600)], rs.child("g"))
+    kp = count_plausible_generic(logp, model.log_prob(y, data), 2.0)
+    expected = sorted(tuple(r) for r in y[kp >= 30].tolist())
+    assert 0 < len(expected) < len(y)
+    with BeamTestPipeline(options=OPTIONS) as p:
+        records = p | "Records" >> beam.Create(_batches(data, 150))
+        models = p | "Model" >> beam.Create([model])
+        cands = p | "Cands" >> beam.Create([CandidateBatch(y[i:i + 200], logp[i:i + 200], str(i))
+                                           for i in range(0, len(y), 200)])
+        out = cands | PlausibleDeniabilityFilter(records=records, model=models, k=30, gamma=2.0, epsilon0=None,
+                                                 fast_path=False, max_check_plausible=len(data), seed=3)
+        rows = out["released"] | beam.FlatMap(lambda b: [tuple(r) for r in b.codes.tolist()])
+        assert_that(rows | beam.combiners.ToList() | beam.Map(sorted), lambda got: _eq(got, expected))
+
+
+def _eq(got, expected):
+    assert got == [expected]

@@ -363,3 +363,26 @@ def test_model_transform_validation_messages(kw, msg):
     args = {"shape": (2, 3, 4), "budget": PureDP(epsilon=1.0), "omega": 2} | kw
     with pytest.raises(ValueError, match=msg):
         P.DPPlausibleBayesNet(**args)
+
+
+def test_perturbation_model_probabilities_and_gamma_dependent_counts():
+    shape = (2, 3, 2)
+    model = P.PerturbationModel(shape=shape, p=0.4)
+    allrows = np.array(list(itertools.product(*[range(s) for s in shape])))
+    probs = np.exp(model.log_prob(allrows, allrows))  # [y, d]
+    assert np.allclose(probs.sum(axis=0), 1.0)
+    rs = RandomSource(seed=4)
+    seeds = np.repeat(allrows[:1], 20000, axis=0)
+    y, logp = model.generate(seeds, rs)
+    freq = np.array([np.all(y == r, axis=1).mean() for r in allrows])
+    assert np.allclose(freq, probs[:, 0], atol=0.015)
+    assert np.allclose(logp[:50], model.log_prob(y[:50], seeds[:1])[:, 0])
+    data = allrows[rs.child("d").integers(len(allrows), 200)]
+    lp = model.log_prob(y[:300], data)
+    brute = []
+    for a in range(300):
+        ref = P.plausible_interval(np.array([logp[a]]), 2.0)[0]
+        brute.append(sum(1 for b in range(len(data)) if P.plausible_interval(np.array([lp[a, b]]), 2.0)[0] == ref))
+    assert (P.count_plausible_generic(logp[:300], lp, 2.0) == np.array(brute)).all()
+    wide = P.count_plausible_generic(logp[:300], lp, 50.0)
+    assert (wide >= np.array(brute)).all() and (wide > np.array(brute)).any()  # γ matters here
