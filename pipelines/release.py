@@ -444,6 +444,9 @@ def load_release_config(source: str | os.PathLike[str] | Mapping[str, Any], *,
     for key in ("private", "public"):
         if not isinstance(rep.get(key, True), bool):
             raise ReleaseConfigError(f"reports.{key}", f"must be true or false, got {rep[key]!r}")
+    for key in ("private", "public"):
+        if rep.get(key, True):
+            _require_report_packages(f"reports.{key}")
     tabs = d["tables"]
     if not isinstance(tabs, list) or not tabs:
         raise ReleaseConfigError("tables", f"must be a non-empty list, got {tabs!r}")
@@ -468,6 +471,15 @@ def load_release_config(source: str | os.PathLike[str] | Mapping[str, Any], *,
         target=target,
         max_plot_rows=_int(rep.get("max_plot_rows", 50_000), "reports.max_plot_rows", low=1),
         config_path=cfg_path)
+
+
+def _require_report_packages(path: str) -> None:
+    import importlib.util
+
+    missing = [m for m in ("matplotlib", "sklearn") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ReleaseConfigError(path, f"needs {missing} (pip install 'beamsynth[report]'); "
+                                       "or set it to false")
 
 
 def _check_budget(tables: tuple[TableSpec, ...], epsilon: float, delta: float) -> None:

@@ -3,6 +3,7 @@ headless Chromium (images load, no console errors)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import subprocess
@@ -20,9 +21,10 @@ from beamsynth.pipelines.report import (
 from beamsynth.transforms.noise import discrete_laplace_cdf
 
 ADULT = Path(__file__).resolve().parents[2] / "examples" / "data" / "adult" / "adult.csv"
-pytest.importorskip("matplotlib", reason="reports need matplotlib (the [report] extra)")
-pytest.importorskip("sklearn", reason="the train-on-synthetic check needs scikit-learn")
+_HAVE_REPORT_DEPS = all(importlib.util.find_spec(m) is not None for m in ("matplotlib", "sklearn"))
 needs_adult = pytest.mark.skipif(not ADULT.exists(), reason="examples/data/adult/adult.csv absent")
+needs_report_deps = pytest.mark.skipif(
+    not _HAVE_REPORT_DEPS, reason="reports need matplotlib and scikit-learn (pip install '.[report]')")
 
 CONFIG = """
 name: small
@@ -83,6 +85,8 @@ def render(html_path: Path, tmp_path: Path) -> dict:
 def release(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not ADULT.exists():
         pytest.skip("examples/data/adult/adult.csv absent")
+    if not _HAVE_REPORT_DEPS:
+        pytest.skip("reports need matplotlib and scikit-learn (pip install '.[report]')")
     root = tmp_path_factory.mktemp("release")
     lines = ADULT.read_text(encoding="utf-8").splitlines(keepends=True)[:601]
     data = root / "adult.csv"
@@ -94,6 +98,7 @@ def release(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @needs_adult
+@needs_report_deps
 def test_release_folder_layout_and_private_boundary(release: Path) -> None:
     for rel in ("release.json", "public/adult.csv", "public/adult.avro", "public/adult.model.json",
                 "public/report.html", "private/report.html", "private/adult.manifest.json",
@@ -114,6 +119,7 @@ def test_release_folder_layout_and_private_boundary(release: Path) -> None:
 
 
 @needs_adult
+@needs_report_deps
 def test_report_cli_for_any_pair(release: Path, tmp_path: Path) -> None:
     out = tmp_path / "r.html"
     code = main(["--quiet", "report", "--real", str(release.parent.parent / "adult.csv"),
@@ -145,6 +151,7 @@ def test_progress_is_shown_and_quiet_silences_it(tmp_path: Path, capfd: pytest.C
 @needs_adult
 @pytest.mark.skipif(_chromium() is None,
                     reason="headless Chromium not installed (Debian: apt-get install chromium chromium-driver)")
+@needs_report_deps
 def test_reports_render_in_headless_chromium(release: Path, tmp_path: Path) -> None:
     for which in ("private", "public"):
         result = render(release / which / "report.html", tmp_path)
@@ -180,6 +187,7 @@ def test_cramers_v_of_copies_and_of_independent_columns() -> None:
 
 
 
+@needs_report_deps
 def test_network_is_drawn_from_edges_or_privbayes_structure() -> None:
     from beamsynth.pipelines.report import _network
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,7 @@ def _base(tmp_path: Path) -> dict:
         "ledger": {"path": str(tmp_path / "l.sqlite"), "policies": {"src": {"epsilon": 5.0}}},
         "tables": [{"name": "a", "source": "src", "input": str(data), "schema": "adult",
                     "epsilon": 0.6, "columns": ["age", "sex"]}],
+        "reports": {"private": False, "public": False},
     }
 
 
@@ -39,6 +41,8 @@ def _error(cfg: dict) -> str:
 
 
 @pytest.mark.skipif(not EXAMPLE.exists(), reason="examples/release_adult.yaml not in this checkout")
+@pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("matplotlib", "sklearn")),
+                    reason="the example's reports need matplotlib and scikit-learn ('.[report]')")
 def test_example_release_config_validates_and_plans() -> None:
     cfg = load_release_config(EXAMPLE, date="2026-01-02")
     assert cfg.folder.endswith("adult-2026-01-02")
@@ -81,7 +85,7 @@ def test_valid_config_fills_date_and_selects_columns(tmp_path: Path) -> None:
         (lambda c: c.pop("ledger"), "ledger", "is required"),
         (lambda c: c["tables"][0].update(privacy_unit={"max_contributions": 3}),
          "tables[0].privacy_unit.max_contributions", "needs a privacy_id"),
-        (lambda c: c.update(reports={"target": "income"}), "reports.target", "('income') is not a column"),
+        (lambda c: c["reports"].update(target="income"), "reports.target", "('income') is not a column"),
         (lambda c: c.update(folder="x-{night}"), "folder", "may use only {name} and {date}"),
     ],
 )
@@ -151,3 +155,13 @@ def test_a_failing_run_aborts_its_reservation_and_leaves_no_temp_folder(
     assert row["state"] == "aborted" and "worker lost" in row["note"]
     assert PrivacyLedger(cfg.ledger_path).summary()[0]["epsilon_spent"] == 0
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".rel-")]
+
+
+def test_reports_without_their_packages_are_refused_up_front(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "matplotlib" else real_find_spec(name, *a))
+    cfg = _base(tmp_path)
+    cfg["reports"] = {"public": True, "private": False}
+    assert _error(cfg).startswith("reports.public: needs ['matplotlib']")
