@@ -39,6 +39,13 @@ def pid_shards(pids: np.ndarray, num_shards: int) -> np.ndarray:
     return (h % np.uint64(num_shards)).astype(np.int64)
 
 
+def _canonical_order(codes: np.ndarray, pids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(permutation sorting rows by id then codes, factorized ids); ties are identical rows."""
+    pid_codes, _ = pd.factorize(pd.Series(pids, dtype=object), sort=True)
+    keys = [codes[:, j] for j in range(codes.shape[1] - 1, -1, -1)] + [pid_codes]
+    return np.lexsort(keys), pid_codes
+
+
 def bound_rows(
     codes: np.ndarray, pids: np.ndarray, max_contributions: int, rs: RandomSource
 ) -> np.ndarray:
@@ -50,9 +57,7 @@ def bound_rows(
     n = codes.shape[0]
     if n == 0:
         return np.zeros(0, dtype=np.int64)
-    pid_codes, _ = pd.factorize(pd.Series(pids, dtype=object), sort=True)
-    keys = [codes[:, j] for j in range(codes.shape[1] - 1, -1, -1)] + [pid_codes]
-    order = np.lexsort(keys)  # canonical: by id, then by codes
+    order, pid_codes = _canonical_order(codes, pids)
     priority = rs.uniform(n)
     sorted_pids = pid_codes[order]
     # rank rows inside each id by priority
@@ -89,6 +94,10 @@ class _BoundShardFn(beam.DoFn):
         rs = RandomSource(seed=self._seed).child(self._step, shard, *window_labels(window))
         keep = bound_rows(codes, pids, self._k, rs)
         codes, pids = codes[keep], pids[keep]
+        # emit in canonical order: output batches (content and boundaries) do not depend on the
+        # order the grouped batches arrived in, so steps keying randomness on batch content agree
+        canon, _ = _canonical_order(codes, pids)
+        codes, pids = codes[canon], pids[canon]
         for start in range(0, codes.shape[0], _OUT_ROWS):
             yield EncodedBatch(codes[start : start + _OUT_ROWS], pids[start : start + _OUT_ROWS])
 
