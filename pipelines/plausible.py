@@ -206,6 +206,11 @@ class PlausibleMethod(Method):
         raise NotImplementedError("plausible releases records through expand_tables, not a model")
 
     def expand_tables(self, batches, rows):
+        from beamsynth.runners.presets import is_dask
+
+        if is_dask(batches.pipeline.options):
+            raise ValueError("method 'plausible' needs multi-output ParDos (released/rejected), which the "
+                             "Dask-safe graph does not allow; use the direct, Flink, Spark or Dataflow runner")
         out = batches | "Plausible" >> PlausibleSynthesis(
             schema=self.schema, rows=rows, budget=self.model_budget, k=self.k, gamma=self.gamma,
             epsilon0=self.epsilon0 if self.test == "randomized" else None, omega=self.omega,

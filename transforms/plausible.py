@@ -907,6 +907,12 @@ class DPPlausibleBayesNet(beam.PTransform):
             return None
         return self._params_ratio * (self._eps / len(self._shape)) / (self._c * self._theta)
 
+    def display_data(self) -> dict[str, Any]:
+        """ε, noise laws and sizes (never data values)."""
+        return {"epsilon": self._eps, "delta": 0.0, "omega": self._omega, "columns": len(self._shape),
+                "structure_noise": "Laplace on n·H", "parameter_noise": "discrete Laplace",
+                "parameter_scale": self.param_scale, "max_cost": self._max_cost}
+
     @property
     def param_scale(self) -> float:
         """Discrete Laplace scale per parameter cell: ``m·c/ε``."""
@@ -1193,6 +1199,13 @@ class PlausibleDeniabilityFilter(beam.PTransform):
         self._k, self._gamma, self._eps0 = k, float(gamma), epsilon0
         self._maxp, self._maxc = max_plausible, max_check_plausible
         self._fast, self._shards, self._seed = fast_path, shards, seed
+
+    def display_data(self) -> dict[str, Any]:
+        """Test parameters (never data values)."""
+        return {"k": self._k, "gamma": self._gamma,
+                "test": "deterministic (Test 1)" if self._eps0 is None else f"randomized, epsilon0={self._eps0}",
+                "path": "fast" if self._fast else "generic",
+                "max_plausible": str(self._maxp), "max_check_plausible": str(self._maxc)}
 
     def expand(self, candidates):
         model = beam.pvalue.AsSingleton(self._model)
