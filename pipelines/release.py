@@ -55,6 +55,7 @@ from beamsynth.pipelines.synthesize import (
     build_synthesis,
     plan_synthesis,
 )
+from beamsynth.runners.presets import is_dask
 from beamsynth.schemas.schema import Schema, load_schema
 from beamsynth.transforms.budget import BudgetExceededError
 
@@ -537,10 +538,11 @@ def run_key(cfg: ReleaseConfig) -> str:
 # -- running ---------------------------------------------------------------------------------------
 def _run_table(plan: SynthesisPlan, t: TableSpec, tmp: str, options: PipelineOptions,
                progress: Progress) -> dict[str, Any]:
-    cfg = plan.config
     start = time.time()
     p = beam.Pipeline(options=options)
     built = build_synthesis(p, plan)
+    if is_dask(options):  # Beam's DaskRunner runs only the last applied sink (docs/runners.md)
+        return _finish_table(plan, t, tmp, p.run(), start, progress)
     if not progress.quiet:
         _ = built["batches"] | "Progress" >> beam.ParDo(_RowProgressFn(t.name))
     for fmt in t.formats[1:]:
@@ -552,7 +554,12 @@ def _run_table(plan: SynthesisPlan, t: TableSpec, tmp: str, options: PipelineOpt
         (built["models"]
          | "Describe" >> beam.Map(lambda m: json.dumps(m.describe(), default=str))
          | "WriteModel" >> beam.io.WriteToText(model_path, num_shards=1, shard_name_template=""))
-    result = p.run()
+    return _finish_table(plan, t, tmp, p.run(), start, progress)
+
+
+def _finish_table(plan: SynthesisPlan, t: TableSpec, tmp: str, result: Any, start: float,
+                  progress: Progress) -> dict[str, Any]:
+    cfg = plan.config
     result.wait_until_finish()
     rej_parse = _metric(result, "rows_rejected_unparseable")
     rej_dom = _metric(result, "rows_rejected_domain")
@@ -560,6 +567,8 @@ def _run_table(plan: SynthesisPlan, t: TableSpec, tmp: str, options: PipelineOpt
               "rows_rejected": None if rej_parse is None or rej_dom is None else rej_parse + rej_dom,
               "rows_out": _metric(result, "rows_synthesized"),
               "seconds": round(time.time() - start, 3)}
+    for leftover in glob.glob(os.path.join(tmp, "public", "beam-temp-*")):
+        shutil.rmtree(leftover, ignore_errors=True)  # some runners leave sink temp folders
     os.makedirs(os.path.join(tmp, "private"), exist_ok=True)
     rejected = os.path.join(tmp, "private", f"{t.name}.rejected.jsonl")
     if os.path.exists(rejected_path(cfg.output)):
@@ -567,10 +576,11 @@ def _run_table(plan: SynthesisPlan, t: TableSpec, tmp: str, options: PipelineOpt
     else:  # some runners skip empty outputs
         Path(rejected).touch()
     outputs = {fmt: f"public/{t.name}.{fmt}" for fmt in t.formats}
+    if os.path.exists(os.path.join(tmp, "public", f"{t.name}.model.json")):
+        outputs["model"] = f"public/{t.name}.model.json"
     manifest = build_manifest(
         command="release", method=plan.method.name, inputs=list(t.inputs),
-        outputs={**outputs, "model": f"public/{t.name}.model.json",
-                 "rejected": f"private/{t.name}.rejected.jsonl"},
+        outputs={**outputs, "rejected": f"private/{t.name}.rejected.jsonl"},
         schema_name=plan.schema.name, schema_fingerprint=plan.schema.fingerprint(),
         accountant=plan.accountant.to_dict(), seed=cfg.seed,
         privacy_unit={"privacy_id": plan.schema.privacy_id,
@@ -610,6 +620,11 @@ def run_release(
     progress = progress or Progress(quiet=True)
     options = pipeline_options or PipelineOptions([])
     plan = plan_release(cfg)
+    if is_dask(options):
+        for i, t in enumerate(cfg.tables):
+            if len(t.formats) > 1:
+                raise ReleaseConfigError(f"tables[{i}].formats", f"({list(t.formats)}) on the "
+                                         "DaskRunner a release writes one format per table")
     eps = sum(s.epsilon for s in plan.spends)
     progress(f"release {cfg.name}: validated {len(cfg.tables)} table(s), plan spends ε={eps:g}")
     ledger = PrivacyLedger(cfg.ledger_path)
