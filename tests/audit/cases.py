@@ -345,3 +345,184 @@ register(AuditCase(
     pairs=(HEAVY_PAIRS[0],), statistic=_synth_stat, thresholds=tuple(range(2, SYNTH_ROWS + 1, 2)),
     runs=600, slow_runs=6000, public=lambda r: r.shape,
 ))
+
+
+# -- CatHist (transforms/cathist.py): declared domain, threshold τ, simulated empty bins ----------
+@dataclass(eq=False)
+class Cells:
+    """One encoded categorical column (cell per record) with privacy ids."""
+
+    cells: np.ndarray
+    pids: np.ndarray
+
+    def plus(self, cells: list[int], pid: str) -> Cells:
+        """A copy with one more unit holding ``cells``."""
+        return Cells(np.r_[self.cells, np.asarray(cells, np.int64)],
+                     np.r_[self.pids, np.array([pid] * len(cells), dtype=object)])
+
+
+def _cathist_setup() -> tuple[Any, Any]:
+    from beamsynth.schemas.domains import CategoricalDomain
+    from beamsynth.transforms.cathist import plan_cathist
+
+    domain = CategoricalDomain([f"w{i:03d}" for i in range(20)])
+    return domain, plan_cathist(epsilon=EPSILON, tolerance=0.05, domain_size=domain.size,
+                                max_contributions=K)
+
+
+def run_cathist(data: Cells, rs: RandomSource, *, active_only: bool = False) -> Any:
+    """CatHist's core: bound to k per unit, exact value counts, :func:`release_histogram`.
+
+    ``active_only=True`` is the broken variant of seed 000's Theorem 2.2: noisy counts of the
+    values present, thresholded, and no simulated empty bins (the output reveals the data's
+    active domain).
+    """
+    cells = data.cells
+    if cells.size:
+        cells = cells[bound_rows(cells[:, None], data.pids, K, rs.child("bound"))]
+    return _cathist_release(cells, rs, active_only=active_only)
+
+
+def _cathist_release(cells: np.ndarray, rs: RandomSource, *, active_only: bool) -> Any:
+    from beamsynth.transforms.cathist import ReleasedHistogram, count_values, release_histogram
+
+    domain, plan = _cathist_setup()
+    present, counts = count_values(cells)
+    if active_only:
+        noisy = counts + discrete_laplace(rs.child("active"), plan.scale, counts.size)
+        keep = noisy >= plan.tau
+        return ReleasedHistogram(present[keep], noisy[keep], plan)
+    return release_histogram(present, counts, plan=plan, domain=domain, rs=rs.child("release"))
+
+
+def batch_cathist(data: Cells, pair: NeighbourPair, runs: int, rs: RandomSource, *,
+                  active_only: bool = False) -> np.ndarray:
+    """:func:`run_cathist` over many runs; bounding done once when its outcome is fixed."""
+    if not data.cells.size or not _bound_is_fixed(EncodedBatch(data.cells[:, None], data.pids), K):
+        return np.array([_cathist_stat(run_cathist(data, rs.child(i), active_only=active_only), pair)
+                         for i in range(runs)])
+    cells = data.cells[bound_rows(data.cells[:, None], data.pids, K, rs.child("bound"))]
+    return np.array([_cathist_stat(_cathist_release(cells, rs.child(i), active_only=active_only), pair)
+                     for i in range(runs)])
+
+
+def _cathist_stat(release: Any, pair: NeighbourPair) -> float:
+    hit = np.flatnonzero(release.cells == pair.context["cell"])
+    return float(release.counts[hit[0]]) if hit.size else 0.0
+
+
+_C0 = Cells(np.array([3, 3, 3, 3, 3, 7, 7, 11], np.int64), np.array([f"p{i}" for i in range(8)], dtype=object))
+CATHIST_PAIRS = (
+    NeighbourPair("heavy unit on a present value (c=5 → 7 after bounding)", _C0,
+                  _C0.plus([3] * HEAVY, "heavy"), {"cell": 3}),
+    NeighbourPair("one record of a value absent from the data", _C0, _C0.plus([15], "new"), {"cell": 15}),
+    NeighbourPair("heavy unit of an absent value", _C0, _C0.plus([15] * HEAVY, "heavy"), {"cell": 15}),
+    NeighbourPair("empty dataset + one record", Cells(np.zeros(0, np.int64), np.zeros(0, dtype=object)),
+                  Cells(np.array([0], np.int64), np.array(["only"], dtype=object)), {"cell": 0}),
+)
+register(AuditCase(
+    name="cathist", epsilon=EPSILON, delta=0.0, run=run_cathist, pairs=CATHIST_PAIRS,
+    statistic=_cathist_stat, thresholds=tuple(range(1, 13)), runs=1500, slow_runs=30_000,
+    public=lambda r: r.plan, batch=batch_cathist,
+))
+register_broken(AuditCase(
+    name="cathist: active domain only", epsilon=EPSILON, delta=0.0,
+    run=lambda d, rs: run_cathist(d, rs, active_only=True), pairs=CATHIST_PAIRS[2:3],
+    statistic=_cathist_stat, thresholds=tuple(range(1, 13)), runs=1000, public=lambda r: r.plan,
+    batch=lambda d, p, n, rs: batch_cathist(d, p, n, rs, active_only=True), broken="no simulated empty bins: a value is released only if present (Theorem 2.2)",
+))
+
+
+# -- SBHG (transforms/sbhg.py): SBA on hashed conditionals, (ε, δ)-DP ------------------------------
+SBHG_DELTA = 1e-3
+SBHG_PARENTS = ((1,), (0,), (0,))  # fixed hash parents (the EM selection is audited separately: not yet)
+
+
+@functools.lru_cache(maxsize=1)
+def _sbhg_params() -> tuple[float, int]:
+    from beamsynth.transforms.budget import ApproxDP
+    from beamsynth.transforms.sbhg import DPHashedConditionals
+
+    t = DPHashedConditionals(shape=SCHEMA.shape, selection_budget=None, top_r=0, max_contributions=K,
+                             conditional_budget=ApproxDP(epsilon=EPSILON, delta=SBHG_DELTA))
+    return t.scale, t.threshold
+
+
+def _sbhg_release(codes: np.ndarray, rs: RandomSource, *, threshold: int | None = None) -> Any:
+    from beamsynth.transforms.budget import ApproxDP
+    from beamsynth.transforms.sbhg import ReleasedConditionals, hashed_counts, sba_release
+
+    scale, t = _sbhg_params()
+    t = t if threshold is None else threshold
+    counts = hashed_counts(codes, SBHG_PARENTS, SCHEMA.shape)
+    cells = tuple(sba_release(k, c, scale=scale, threshold=t, rs=rs.child("sba", j))
+                  for j, (k, c) in enumerate(counts))
+    per_feature = ApproxDP(epsilon=EPSILON / 3, delta=SBHG_DELTA / 3)
+    return ReleasedConditionals(SCHEMA.shape, SBHG_PARENTS, cells, scale, t, per_feature)
+
+
+def run_sbhg(data: EncodedBatch, rs: RandomSource, *, threshold: int | None = None) -> Any:
+    """SBHG's measurement core: bound, hashed counts per feature, SBA per feature (ε/p, δ/p).
+
+    ``threshold=1`` is the broken variant: SBA without its stability threshold.
+    """
+    codes = data.codes
+    if len(data):
+        codes = codes[bound_rows(codes, data.pids, K, rs.child("bound"))]
+    return _sbhg_release(codes, rs, threshold=threshold)
+
+
+def _sbhg_target(row: tuple[int, int, int]) -> list[int]:
+    from beamsynth.transforms.sbhg import hashed_counts
+
+    keys = hashed_counts(np.array([row], np.int64), SBHG_PARENTS, SCHEMA.shape)
+    return [int(k[0]) for k, _ in keys]
+
+
+def _sbhg_stat(release: Any, pair: NeighbourPair) -> float:
+    """min over features of (released value − exact count on ``smaller``) at the target cells;
+    an unreleased cell counts as −1000."""
+    out = []
+    for (keys, values), key, base in zip(release.cells, _sbhg_target(pair.context["row"]), pair.context["base"]):
+        hit = np.flatnonzero(keys == key)
+        out.append(float(values[hit[0]] - base) if hit.size else -1000.0)
+    return min(out)
+
+
+def batch_sbhg(data: EncodedBatch, pair: NeighbourPair, runs: int, rs: RandomSource, *,
+               threshold: int | None = None) -> np.ndarray:
+    """:func:`run_sbhg` over many runs; bounding done once when its outcome is fixed."""
+    if not len(data) or not _bound_is_fixed(data, K):
+        return np.array([_sbhg_stat(run_sbhg(data, rs.child(i), threshold=threshold), pair)
+                         for i in range(runs)])
+    codes = data.codes[bound_rows(data.codes, data.pids, K, rs.child("bound"))]
+    return np.array([_sbhg_stat(_sbhg_release(codes, rs.child(i), threshold=threshold), pair)
+                     for i in range(runs)])
+
+
+def _batch_of(rows: list[tuple[int, int, int]], pids: list[str]) -> EncodedBatch:
+    return EncodedBatch(np.array(rows, np.int64).reshape(-1, 3), np.array(pids, dtype=object))
+
+
+_S_ROWS = [(0, 1, 0)] * 120 + [(1, 2, 1)] * 90 + [(2, 3, 0)] * 5
+_S0 = _batch_of(_S_ROWS, [f"p{i}" for i in range(len(_S_ROWS))])
+SBHG_PAIRS = (
+    NeighbourPair("heavy unit on a frequent cell (+2 after bounding)", _S0,
+                  _batch_of(_S_ROWS + [(0, 1, 0)] * HEAVY, [f"p{i}" for i in range(len(_S_ROWS))] + ["h"] * HEAVY),
+                  {"row": (0, 1, 0), "base": (120, 120, 120)}),
+    NeighbourPair("heavy unit on an empty cell", _S0,
+                  _batch_of(_S_ROWS + [(3, 4, 1)] * HEAVY, [f"p{i}" for i in range(len(_S_ROWS))] + ["h"] * HEAVY),
+                  {"row": (3, 4, 1), "base": (0, 0, 0)}),
+)
+register(AuditCase(
+    name="sbhg (SBA stage)", epsilon=EPSILON, delta=SBHG_DELTA, run=run_sbhg, pairs=SBHG_PAIRS,
+    statistic=_sbhg_stat, thresholds=tuple(range(-3, 6)), runs=1500, slow_runs=40_000, batch=batch_sbhg,
+    public=lambda r: (r.shape, r.parents, r.scale, r.threshold, r.budget_per_feature),
+))
+register_broken(AuditCase(
+    name="sbhg: no stability threshold", epsilon=EPSILON, delta=SBHG_DELTA,
+    run=lambda d, rs: run_sbhg(d, rs, threshold=1), pairs=SBHG_PAIRS[1:],
+    statistic=_sbhg_stat, thresholds=tuple(range(-3, 6)), runs=1000,
+    batch=lambda d, p, n, rs: batch_sbhg(d, p, n, rs, threshold=1),
+    broken="SBA keeps z ≥ 1 instead of z ≥ t(ε, δ): new cells appear with probability ≫ δ",
+))
