@@ -166,7 +166,8 @@ def _count_rows(table: pa.Table) -> pa.Table:
 
 def build_prefix_pipeline(p: beam.Pipeline, *, input: str | Sequence[str], codec: KeyCodec,
                           transform: beam.PTransform, output: str, privacy_id: str | None,
-                          max_contributions: int, seed: int | None) -> dict[str, Any]:
+                          max_contributions: int, seed: int | None,
+                          restore_discount: int | None = None) -> dict[str, Any]:
     """Wire read → encode → bound → levels → decode → write into ``p``."""
     raw = p | "Read" >> ReadRawBlocks(input)
     # blocks: RawBlock, rejected: Rejected
@@ -179,7 +180,7 @@ def build_prefix_pipeline(p: beam.Pipeline, *, input: str | Sequence[str], codec
         # EncodedBatch, <= k rows per privacy id
     released = batches | "Prefixes" >> transform
     # LevelRelease per level and window
-    keys = (released | "Synthesize" >> DecodeLeaves(codec=codec, seed=seed)
+    keys = (released | "Synthesize" >> DecodeLeaves(codec=codec, seed=seed, restore_discount=restore_discount)
             | "CountOut" >> beam.Map(_count_rows))
     # pyarrow.Table of synthetic keys
     ensure_parent(output)
@@ -203,7 +204,7 @@ def _metric(result: Any, name: str) -> int | None:
 
 def run_prefixes(*, input: str, codec: KeyCodec, method: str, epsilon: float, output: str,
                  privacy_id: str | None = None, max_contributions: int = 1, seed: int | None = None,
-                 options: Any = None, **method_args: Any) -> dict[str, Any]:
+                 options: Any = None, restore: bool = False, **method_args: Any) -> dict[str, Any]:
     """Build (spending the budget), run, write the manifest; returns the manifest."""
     from apache_beam.options.pipeline_options import PipelineOptions
 
@@ -215,8 +216,12 @@ def run_prefixes(*, input: str, codec: KeyCodec, method: str, epsilon: float, ou
                                **method_args)
     start = time.time()
     p = beam.Pipeline(options=options or PipelineOptions([]))
+    if restore and method != "improved":
+        raise ValueError(f"--restore-discount applies to the improved method, not {method!r}")
+    restore_t = transform.accounting.discount if restore else None
     build_prefix_pipeline(p, input=input, codec=codec, transform=transform, output=output,
-                          privacy_id=privacy_id, max_contributions=max_contributions, seed=seed)
+                          privacy_id=privacy_id, max_contributions=max_contributions, seed=seed,
+                          restore_discount=restore_t)
     result = p.run()
     result.wait_until_finish()
     rej = [_metric(result, "rows_rejected_unparseable"), _metric(result, "rows_rejected_domain")]
@@ -235,6 +240,7 @@ def run_prefixes(*, input: str, codec: KeyCodec, method: str, epsilon: float, ou
         accountant=accountant.to_dict(), seed=seed,
         privacy_unit={"privacy_id": privacy_id, "max_contributions": max_contributions},
         counts=counts, details={"key": spec, "accounting": transform.accounting.to_dict(),
+                                "restore_discount": bool(restore),
                                 "tree_note": "improved: internal nodes carry no count (only split "
                                              "decisions are released); leaves with count <= 0 omitted"})
     write_json_atomic(manifest_path(output), manifest)
@@ -325,6 +331,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--discount", choices=DISCOUNTS, default="proportional", help="improved: discount rule (default proportional)")
     g.add_argument("--threshold", type=float, default=None,
                    help="split threshold b (default 2·scale·ln(fanout), from public parameters)")
+    g.add_argument("--restore-discount", action="store_true",
+                   help="improved: give the discounted records back to the leaves (post-processing "
+                        "of the released tree) before writing synthetic keys")
     g.add_argument("--final-fraction", type=float, default=0.25,
                    help="basic: share of ε for re-measuring the leaves (default 0.25)")
     p.set_defaults(func=_run)
@@ -341,6 +350,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
         method_args["final_fraction"] = args.final_fraction
     if args.method == "improved":
         method_args["discount"] = args.discount
+        method_args["restore"] = args.restore_discount
     if args.method == "direct":
         method_args.pop("threshold")
     quiet = getattr(args, "quiet", False)

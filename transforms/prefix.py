@@ -93,6 +93,7 @@ __all__ = [
     "improved_step",
     "leaves_to_keys",
     "release_to_table",
+    "restore_discount",
     "round_robin_remove",
 ]
 
@@ -721,19 +722,79 @@ class _DecodeLeavesFn(beam.DoFn):
             yield pa.table({k: pa.array(v) for k, v in cols.items()})
 
 
+def restore_discount(releases: Sequence[LevelRelease], discount: int) -> list[LevelRelease]:
+    """Post-processing for ``improved``: give back the ``t`` records each split removed.
+
+    Uses only released values (which nodes split, the leaves' noisy counts): every split node
+    hands ``t`` back to the leaves below it in proportion to their released counts, so leaf
+    ``ℓ`` becomes ``round(c_ℓ · (1 + Σ_{split ancestors a} t / M_a))`` with ``M_a`` the released
+    leaf mass under ``a`` (the root included). An estimate: a split removes at most ``t``.
+    """
+    leaves = [r for r in releases if len(r)]
+    if not leaves or discount <= 0:
+        return list(releases)
+    factor = [np.ones(len(r)) for r in leaves]
+    positive = [r.leaf & (r.counts > 0) for r in leaves]
+    total = sum(float(r.counts[m].sum()) for r, m in zip(leaves, positive))
+    if total <= 0:
+        return list(releases)
+    for i in range(len(leaves)):
+        factor[i][positive[i]] += discount / total  # the root always splits
+    max_depth = max(r.depth for r in leaves)
+    for a in range(1, max_depth):
+        splits = [r.prefixes[~r.leaf] for r in leaves if r.depth == a]
+        if not splits or sum(x.shape[0] for x in splits) == 0:
+            continue
+        split_keys = np.sort(prefix_bytes(np.concatenate(splits), a))
+        below = [(i, r) for i, r in enumerate(leaves) if r.depth > a]
+        anc = [prefix_bytes(r.prefixes[positive[i]], a) for i, r in below]
+        cnts = [r.counts[positive[i]].astype(np.float64) for i, r in below]
+        if not anc or sum(x.size for x in anc) == 0:
+            continue
+        uniq, inv = np.unique(np.concatenate(anc), return_inverse=True)
+        mass = np.bincount(inv.ravel(), weights=np.concatenate(cnts))
+        is_split = np.isin(uniq, split_keys)
+        add = np.where(is_split & (mass > 0), discount / np.where(mass > 0, mass, 1.0), 0.0)
+        start = 0
+        for (i, _r), keys in zip(below, anc):
+            factor[i][positive[i]] += add[inv.ravel()[start:start + keys.size]]
+            start += keys.size
+    out = []
+    for r, f, m in zip(leaves, factor, positive):
+        counts = np.where(m, np.rint(r.counts * f).astype(np.int64), r.counts)
+        out.append(LevelRelease(r.depth, r.prefixes, counts, r.leaf))
+    return out
+
+
 class DecodeLeaves(beam.PTransform):
     """``LevelRelease`` → ``pyarrow.Table`` of synthetic keys (post-processing only).
 
     ``count`` copies of every released leaf, decoded by the codec (uniform inside spatial cells
     and below partial hierarchy nodes); incomplete text leaves are dropped (counted in a metric).
+    With ``restore_discount = t`` (improved only) the released tree of each window is first
+    gathered (its size follows the tree, not the data) and :func:`restore_discount` applied.
     """
 
     def __init__(self, *, codec: KeyCodec, seed: int | None = None, complete_only: bool = True,
-                 label: str | None = None) -> None:
+                 restore_discount: int | None = None, label: str | None = None) -> None:
         super().__init__(label)
+        if restore_discount is not None and (not isinstance(restore_discount, int) or restore_discount < 0):
+            raise ValueError(f"restore_discount ({restore_discount!r}) must be None or an int >= 0")
         self._codec, self._seed, self._complete = codec, seed, complete_only
+        self._restore = restore_discount
 
     def expand(self, releases):
+        if self._restore:
+            t = self._restore
+            releases = (
+                releases
+                | "KeyTree" >> beam.Map(lambda r: (0, r))
+                # (0, LevelRelease)
+                | "GatherTree" >> beam.GroupByKey()
+                # (0, Iterable[LevelRelease]) per window: the released tree only
+                | "Restore" >> beam.FlatMap(lambda kv: restore_discount(list(kv[1]), t))
+                # LevelRelease with restored leaf counts
+            )
         return releases | "Decode" >> beam.ParDo(
             _DecodeLeavesFn(self._codec, self._seed, "decode", self._complete))
         # -> pyarrow.Table with the codec's output columns

@@ -95,9 +95,10 @@ def test_cli_text_end_to_end(tmp_path):
     out = str(tmp_path / "out.csv")
     rc = main(["--quiet", "prefixes", inp, "--kind", "text", "--column", "query", "--max-length", "4",
                "--method", "improved", "--epsilon", "8", "--output", out, "--privacy-id", "user_id",
-               "--max-contributions", "5", "--seed", "2"])
+               "--max-contributions", "5", "--seed", "2", "--restore-discount"])
     assert rc == 0
     man = json.loads((tmp_path / "out.csv.manifest.json").read_text())
+    assert man["release"]["details"]["restore_discount"] is True
     op, rel = man["operational"], man["release"]
     assert op["rows_read"] == 53 and op["rows_used"] == 51 and op["rows_rejected"] == 2
     assert rel["budget"]["spent"]["epsilon"] == 8.0

@@ -297,3 +297,19 @@ def test_release_table_hides_improved_internal_counts():
     table = P.release_to_table(rels[0], c).to_pylist()
     row = next(r for r in table if r["prefix"] == "a")
     assert row["count"] is None and row["leaf"] is False
+
+
+def test_restore_discount_gives_back_t_per_split_from_released_values_only():
+    c = TextKeyCodec(column="q", max_length=3)
+    codes = c.encode_strings(["ab"] * 60 + ["c"] * 40)
+    acct = P.improved_accounting(epsilon=400, fanout=c.fanout, threshold=5)
+    rels = _run_levels("improved", c, codes, acct, c.depth, rule="skip")
+    before = _leaves(c, rels)
+    t = acct.discount
+    assert before == {"ab$": 60 - 3 * t, "c$": 40 - t}  # skip: the root's t comes out of 'a' first
+    after = _leaves(c, P.restore_discount(rels, t))
+    # root split: t shared by mass; 'a', 'ab' splits: t each to 'ab$'; 'c' split: t to 'c$'
+    m = before["ab$"] + before["c$"]
+    assert after["ab$"] == round(before["ab$"] * (1 + t / m + 2 * t / before["ab$"]))
+    assert after["c$"] == round(before["c$"] * (1 + t / m + t / before["c$"]))
+    assert P.restore_discount(rels, 0) == rels
