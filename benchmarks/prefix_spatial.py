@@ -71,9 +71,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=DATA)
     ap.add_argument("--epsilons", type=float, nargs="+", default=[0.1, 1.0, 10.0])
-    ap.add_argument("--methods", nargs="+", default=["basic", "improved", "direct"])
+    ap.add_argument("--methods", nargs="+", default=["basic", "improved", "improved+restore", "direct"],
+                    help="improved+restore = improved with --restore-discount")
     ap.add_argument("--depth", type=int, default=14, help="quadtree levels (default 14, ~1.4 km cells)")
     ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--no-heatmap", dest="heatmap", action="store_false")
     args = ap.parse_args(argv)
     if not args.data.exists():
         print(f"data not found: {args.data}", file=sys.stderr)
@@ -93,18 +95,19 @@ def main(argv: list[str] | None = None) -> int:
         for eps in args.epsilons:
             out = os.path.join(tmp, f"{method}_{eps}.csv")
             t0 = time.time()
-            run_prefixes(input=str(args.data), codec=codec, method=method, epsilon=eps, output=out,
-                         seed=args.seed)
+            run_prefixes(input=str(args.data), codec=codec, method=method.split("+")[0], epsilon=eps,
+                         output=out, seed=args.seed, restore=method.endswith("+restore"))
             secs = time.time() - t0
             syn = pd.read_csv(out)[["lat", "lon"]].to_numpy()
             emd = emd_approx(codec, real, codec.encode_points(syn))
             results["rows"][f"{method}/{eps:g}"] = {  # type: ignore[index]
                 "emd": emd, "ratio": emd / base, "points": int(len(syn)), "seconds": round(secs, 1)}
             print(f"{method} | {eps:g} | {emd:.4g} | {emd / base:.2f} | {len(syn)} | {secs:.0f}", flush=True)
-            if method == "improved" and eps == 1.0:
+            if method == "improved" and eps == 1.0 and args.heatmap:
                 heatmap(pts, syn, OUT / "prefix_spatial_heatmap.png", "synthetic, improved ε=1")
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "prefix_spatial.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    name = "prefix_spatial.json" if len(args.methods) > 1 else f"prefix_spatial_{args.methods[0]}.json"
+    (OUT / name).write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     print(f"heat map: {OUT / 'prefix_spatial_heatmap.png'}")
     return 0
 

@@ -74,10 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=DATA)
     ap.add_argument("--epsilons", type=float, nargs="+", default=[0.1, 1.0, 10.0])
-    ap.add_argument("--methods", nargs="+", default=["basic", "improved", "direct"])
+    ap.add_argument("--methods", nargs="+", default=["basic", "improved", "improved+restore", "direct"],
+                    help="improved+restore = improved with --restore-discount")
     ap.add_argument("--k", type=int, default=1, help="queries kept per user (default 1)")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--speed-only", action="store_true")
+    ap.add_argument("--no-speed", dest="speed", action="store_false")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "out" / "prefix_text.json")
     args = ap.parse_args(argv)
     if not args.data.exists():
@@ -95,8 +97,9 @@ def main(argv: list[str] | None = None) -> int:
             for eps in args.epsilons:
                 out = os.path.join(tmp, f"{method}_{eps}.csv")
                 t0 = time.time()
-                run_prefixes(input=str(args.data), codec=codec, method=method, epsilon=eps, output=out,
-                             privacy_id="user_id", max_contributions=args.k, seed=args.seed)
+                run_prefixes(input=str(args.data), codec=codec, method=method.split("+")[0], epsilon=eps,
+                             output=out, privacy_id="user_id", max_contributions=args.k, seed=args.seed,
+                             restore=method.endswith("+restore"))
                 secs = time.time() - t0
                 synth = pd.read_csv(out, keep_default_na=False, dtype=str)["query"].value_counts()
                 rec = recovery(real, synth)
@@ -105,6 +108,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(" | ".join([method, f"{eps:g}"] + [f"{rec[h]:.3f}" for h in hdr[2:]]
                                  + [f"{rec['never_in_data']:.4f}", str(rec["synthetic_rows"]), f"{secs:.0f}"]),
                       flush=True)
+    if not args.speed:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.with_name(args.out.stem + "_" + "_".join(args.methods) + ".json").write_text(
+            json.dumps(results, indent=2) + "\n", encoding="utf-8")
+        return 0
     # speed: 1M keys (record level) through the improved method
     out = os.path.join(tmp, "speed.csv")
     t0 = time.time()
