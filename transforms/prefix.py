@@ -94,7 +94,9 @@ __all__ = [
     "leaves_to_keys",
     "release_to_table",
     "restore_discount",
+    "root_state",
     "round_robin_remove",
+    "synth_sizes",
 ]
 
 DISCOUNTS = ("proportional", "skip", "uniform")
