@@ -75,8 +75,12 @@ __all__ = [
 FORMATS = ("csv", "jsonl", "avro", "parquet")
 _TOP_KEYS = {"name", "description", "folder", "budget", "privacy_unit", "ledger", "seed", "tables",
              "reports"}
-_TABLE_KEYS = {"name", "source", "input", "schema", "method", "epsilon", "delta", "rows",
-               "count_fraction", "options", "columns", "formats", "privacy_unit"}
+_TABLE_KEYS = {"name", "kind", "source", "input", "schema", "method", "epsilon", "delta", "rows",
+               "count_fraction", "options", "columns", "formats", "privacy_unit", "column",
+               "tolerance"}
+KINDS = ("synthesize", "histogram")
+_KIND_KEYS = {"synthesize": {"method", "rows", "count_fraction", "options", "columns"},
+              "histogram": {"column", "tolerance"}}
 _UNIT_KEYS = {"privacy_id", "max_contributions"}
 _LEDGER_KEYS = {"path", "policies"}
 _POLICY_KEYS = {"epsilon", "delta", "window_days"}
@@ -123,6 +127,9 @@ RELEASE_CONFIG_SCHEMA: dict[str, Any] = {
             "required": ["name", "input", "schema", "epsilon"],
             "properties": {
                 "name": {"type": "string", "pattern": "^[A-Za-z0-9_.-]+$"},
+                "kind": {"enum": ["synthesize", "histogram"]},
+                "column": {"type": "string"},
+                "tolerance": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
                 "source": {"type": "string"},
                 "input": {"type": ["string", "array"]},
                 "schema": {"type": ["string", "object"]},
@@ -165,6 +172,9 @@ class TableSpec:
     formats: tuple[str, ...]
     privacy_id: str | None
     max_contributions: int
+    kind: str = "synthesize"
+    column: str | None = None
+    tolerance: float | None = None
 
     @property
     def privacy_unit(self) -> str:
@@ -317,6 +327,17 @@ def _table(data: Any, i: int, base: Path, unit: tuple[str | None, int], default_
     except ValueError as exc:
         raise ReleaseConfigError(f"{path}.schema", str(exc)) from None
     pid, k = _unit(d.get("privacy_unit"), f"{path}.privacy_unit", unit)
+    kind = d.get("kind", "synthesize")
+    if kind not in KINDS:
+        raise ReleaseConfigError(f"{path}.kind", f"({kind!r}) must be one of {list(KINDS)}")
+    for other, keys in _KIND_KEYS.items():
+        for key in sorted(keys - _KIND_KEYS[kind]):
+            if other != kind and key in d:
+                raise ReleaseConfigError(f"{path}.{key}", f"is not used by kind {kind!r} (it is "
+                                                          f"for kind {other!r})")
+    if kind == "histogram":
+        return _histogram_table(d, path, name=name, source=source, inputs=tuple(inputs),
+                                schema=schema, privacy_id=pid, max_contributions=k)
     method = _string(d.get("method", "independent"), f"{path}.method")
     try:
         method_cls = get_method(method)
@@ -350,6 +371,36 @@ def _table(data: Any, i: int, base: Path, unit: tuple[str | None, int], default_
         count_fraction=_number(d.get("count_fraction", 0.05), f"{path}.count_fraction", low=0,
                                high=1, high_open=True),
         options=options, formats=tuple(formats), privacy_id=pid, max_contributions=k)
+
+
+def _histogram_table(d: dict[str, Any], path: str, *, name: str, source: str,
+                     inputs: tuple[str, ...], schema: Schema, privacy_id: str | None,
+                     max_contributions: int) -> TableSpec:
+    """A CatHist table: one declared column released as a DP histogram (no synthesis)."""
+    if "column" not in d:
+        raise ReleaseConfigError(f"{path}.column", "is required for kind 'histogram'")
+    col = d["column"]
+    if col not in schema.names:
+        raise ReleaseConfigError(f"{path}.column", f"({col!r}) is not a column of schema "
+                                                   f"{schema.name!r} (columns: {schema.names})")
+    tolerance = d.get("tolerance", schema.column(col).tolerance)
+    if tolerance is None:
+        raise ReleaseConfigError(f"{path}.tolerance", "is required (the schema declares no "
+                                                      f"tolerance for column {col!r})")
+    tolerance = _number(tolerance, f"{path}.tolerance", low=0, high=1, high_open=True)
+    if d.get("delta", 0) not in (0, 0.0):
+        raise ReleaseConfigError(f"{path}.delta", f"({d['delta']!r}) must be 0: CatHist is pure ε-DP")
+    formats = d.get("formats", ["csv"])
+    if not isinstance(formats, list) or len(formats) != 1 or formats[0] not in FORMATS:
+        raise ReleaseConfigError(f"{path}.formats", f"({formats!r}) must be one of {list(FORMATS)} "
+                                                    "in a one-item list for kind 'histogram'")
+    if privacy_id == col:
+        raise ReleaseConfigError(f"{path}.column", f"({col!r}) is the privacy id column")
+    return TableSpec(
+        name=name, source=source, inputs=inputs, schema=schema, method="cathist",
+        epsilon=_number(d["epsilon"], f"{path}.epsilon", low=0), delta=0.0, rows=None,
+        count_fraction=0.05, options={}, formats=tuple(formats), privacy_id=privacy_id,
+        max_contributions=max_contributions, kind="histogram", column=col, tolerance=tolerance)
 
 
 def _columns(cols: Any, path: str, schema: Schema, method_cls: type) -> tuple[Schema, dict[str, Any]]:
@@ -516,6 +567,9 @@ def plan_release(cfg: ReleaseConfig, *, output_root: str | None = None) -> Relea
     spends: list[LedgerSpend] = []
     for i, t in enumerate(cfg.tables):
         out = os.path.join(root, "public", f"{t.name}.{t.formats[0]}")
+        if t.kind == "histogram":
+            spends.append(_plan_histogram(cfg, t, i))
+            continue
         try:
             plan = plan_synthesis(_synthesis_config(cfg, t, out))
         except BudgetExceededError as exc:
@@ -528,6 +582,60 @@ def plan_release(cfg: ReleaseConfig, *, output_root: str | None = None) -> Relea
                                       step=f"{t.name}.{s.step}", epsilon=s.budget.epsilon,
                                       delta=s.budget.delta, mechanism=s.mechanism))
     return ReleasePlan(cfg, plans, spends)
+
+
+def _histogram_config(cfg: ReleaseConfig, t: TableSpec, output: str) -> Any:
+    from beamsynth.pipelines.histogram_cli import HistogramConfig
+
+    return HistogramConfig(
+        input=list(t.inputs) if len(t.inputs) > 1 else t.inputs[0],  # type: ignore[arg-type]
+        column=t.schema.column(t.column), output=output, epsilon=t.epsilon,
+        tolerance=float(t.tolerance), seed=cfg.seed, privacy_id=t.privacy_id,
+        max_contributions=t.max_contributions)
+
+
+def _plan_histogram(cfg: ReleaseConfig, t: TableSpec, i: int) -> LedgerSpend:
+    """Validate a CatHist table as its mechanism would (no data read) and return its spend."""
+    from beamsynth.transforms.budget import PureDP
+    from beamsynth.transforms.cathist import ColumnCells, DPCategoricalHistogram
+
+    try:
+        DPCategoricalHistogram(domain=ColumnCells(t.schema.column(t.column)),
+                               budget=PureDP(epsilon=t.epsilon), tolerance=float(t.tolerance),
+                               max_contributions=t.max_contributions, seed=cfg.seed)
+    except (ValueError, TypeError) as exc:
+        raise ReleaseConfigError(f"tables[{i}]", str(exc)) from None
+    return LedgerSpend(source=t.source, privacy_unit=t.privacy_unit,
+                       step=f"{t.name}.cathist.{t.column}", epsilon=t.epsilon, delta=0.0,
+                       mechanism="CatHist: discrete Laplace on every declared bin, keep ≥ τ")
+
+
+def _run_histogram_table(cfg: ReleaseConfig, t: TableSpec, tmp: str, options: PipelineOptions,
+                         progress: Progress) -> dict[str, Any]:
+    from beamsynth.pipelines.histogram_cli import run_histogram
+    from beamsynth.pipelines.manifest import manifest_path
+
+    out = os.path.join(tmp, "public", f"{t.name}.{t.formats[0]}")
+    manifest = run_histogram(_histogram_config(cfg, t, out), options)
+    os.makedirs(os.path.join(tmp, "private"), exist_ok=True)
+    os.remove(manifest_path(out))  # rewritten below, in private/
+    rejected = os.path.join(tmp, "private", f"{t.name}.rejected.jsonl")
+    if os.path.exists(rejected_path(out)):
+        os.replace(rejected_path(out), rejected)
+    else:
+        Path(rejected).touch()
+    for leftover in glob.glob(os.path.join(tmp, "public", "beam-temp-*")):
+        shutil.rmtree(leftover, ignore_errors=True)
+    manifest["release"]["outputs"] = {t.formats[0]: f"public/{t.name}.{t.formats[0]}",
+                                      "rejected": f"private/{t.name}.rejected.jsonl"}
+    manifest["release"]["details"].update(table=t.name, source=t.source, kind="histogram",
+                                          columns=[t.column])
+    manifest["operational"]["inputs"] = list(t.inputs)
+    write_json_atomic(os.path.join(tmp, "private", f"{t.name}.manifest.json"), manifest)
+    op = manifest["operational"]
+    progress(f"table {t.name}: read {op.get('rows_read')} rows, released "
+             f"{manifest['release'].get('rows_out')} categories of {t.column}")
+    return manifest
 
 
 def run_key(cfg: ReleaseConfig) -> str:
@@ -645,6 +753,10 @@ def run_release(
         os.makedirs(os.path.join(tmp, "public"))
         manifests = {}
         for t in cfg.tables:
+            if t.kind == "histogram":
+                progress(f"table {t.name}: reading {', '.join(t.inputs)}, CatHist of {t.column}")
+                manifests[t.name] = _run_histogram_table(cfg, t, tmp, options, progress)
+                continue
             progress(f"table {t.name}: reading {', '.join(t.inputs)} and synthesizing ({t.method})")
             p = plan.plans[t.name]
             p = dataclasses.replace(p, config=dataclasses.replace(

@@ -408,9 +408,33 @@ def _public_plots(schema: Schema, synthetic: pd.DataFrame, rows_out: int | None,
     return note + "<div class=\"grid\">" + "".join(figs) + "</div>"
 
 
+def _public_histogram(frame: pd.DataFrame, spends: Sequence[Mapping[str, Any]],
+                      top: int = _MAX_LABELLED_CELLS) -> str:
+    """Bar chart of a released (category, noisy count) table with the noise law's 95% interval."""
+    plt = _plt()
+    if frame.shape[1] < 2 or frame.empty:
+        return "<p>No category passed the release threshold.</p>"
+    labels = frame.iloc[:top, 0].astype(str).tolist()
+    counts = pd.to_numeric(frame.iloc[:top, 1]).to_numpy(dtype=float)
+    scale = next((_declared_scale(s.get("details") or {}) for s in spends
+                  if _declared_scale(s.get("details") or {}) is not None), None)
+    half = None if scale is None else discrete_laplace_interval(scale)
+    fig, ax = plt.subplots(figsize=(10, 3.5))
+    x = np.arange(len(labels))
+    ax.bar(x, counts, 0.6, yerr=None if half is None else np.full(len(labels), half), capsize=2,
+           color="#0b6e4f")
+    ax.set_xticks(x, labels, rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel("noisy count")
+    note = (f"<p>{len(frame)} categories released (largest {len(labels)} shown); error bars: 95% "
+            f"interval ±{half} of the discrete Laplace noise (scale {scale:g}).</p>"
+            if half is not None else f"<p>{len(frame)} categories released.</p>")
+    return note + _png(fig)
+
+
 def public_report_html(release: Mapping[str, Any], synthetic: Mapping[str, pd.DataFrame],
                        schemas: Mapping[str, Schema],
-                       models: Mapping[str, Mapping[str, Any] | None] | None = None) -> str:
+                       models: Mapping[str, Mapping[str, Any] | None] | None = None,
+                       histograms: Mapping[str, pd.DataFrame] | None = None) -> str:
     """The public report of a release, from released DP outputs only: ``release.json``, the
     synthetic tables and the fitted models' descriptions (post-processing of DP measurements)."""
     sections = [
@@ -446,6 +470,9 @@ def public_report_html(release: Mapping[str, Any], synthetic: Mapping[str, pd.Da
         net = _network((models or {}).get(name), schemas[name].names if name in schemas else [])
         if net:
             sections += ["<h3>Released model structure</h3>", net]
+        if name in (histograms or {}):
+            sections += ["<h3>Released DP histogram</h3>",
+                         _public_histogram(histograms[name], spends)]
         if name in synthetic and name in schemas:
             sections += ["<h3>Released synthetic distributions</h3>",
                          _public_plots(schemas[name], synthetic[name], rows_out, _marginal_scale(spends))]
@@ -460,19 +487,24 @@ def write_release_reports(cfg: Any, folder: str, release: Mapping[str, Any],
     written = {}
     synth = {}
     schemas = {}
+    histograms = {}
+    synth_tables = [t for t in cfg.tables if getattr(t, "kind", "synthesize") == "synthesize"]
     for t in cfg.tables:
         out = os.path.join(folder, "public", f"{t.name}.{t.formats[0]}")
+        if t not in synth_tables:
+            histograms[t.name] = read_table(out)
+            continue
         synth[t.name] = read_table(out, max_rows=cfg.max_plot_rows)
         schemas[t.name] = t.schema.select(manifests[t.name]["release"]["details"]["columns"])
     models = {t.name: _read_model(os.path.join(folder, "public", f"{t.name}.model.json"))
-              for t in cfg.tables}
+              for t in synth_tables}
     if cfg.public_report:
         path = os.path.join(folder, "public", "report.html")
-        _write_text(path, public_report_html(release, synth, schemas, models))
+        _write_text(path, public_report_html(release, synth, schemas, models, histograms))
         written["public"] = path
-    if cfg.private_report:
+    if cfg.private_report and synth_tables:
         parts = []
-        for t in cfg.tables:
+        for t in synth_tables:
             real = pd.concat([read_table(p, max_rows=cfg.max_plot_rows) for p in _expand(t.inputs)],
                              ignore_index=True)
             model = models[t.name]

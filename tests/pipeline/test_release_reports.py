@@ -36,8 +36,15 @@ tables:
   - name: adult
     input: {data}
     schema: adult
-    epsilon: 2.0
+    epsilon: 1.5
     formats: [csv, avro]
+  - name: countries
+    kind: histogram
+    input: {data}
+    schema: adult
+    column: native-country
+    tolerance: 0.01
+    epsilon: 0.5
 reports: {{target: income}}
 """
 
@@ -112,6 +119,7 @@ def test_release_folder_layout_and_private_boundary(release: Path) -> None:
     assert PRIVATE_BANNER in private and "Train on synthetic, test on real" in private
     assert "TVD per marginal" in private and "Pairwise association" in private
     assert PRIVATE_BANNER not in public and "95% noise interval" in public
+    assert "Released DP histogram" in public and (release / "public" / "countries.csv").is_file()
     assert "rows_read" not in public
     manifest = json.loads((release / "private" / "adult.manifest.json").read_text(encoding="utf-8"))
     op = manifest["operational"]
@@ -143,7 +151,7 @@ def test_progress_is_shown_and_quiet_silences_it(tmp_path: Path, capfd: pytest.C
                    encoding="utf-8")
     assert main(["release", str(cfg), "--date", "2026-02-02"]) == 0
     err = capfd.readouterr().err
-    assert "reserved ε=2" in err and "adult: rows read 200" in err and "published" in err
+    assert "reserved ε=2" in err and "CatHist of native-country" in err and "adult: rows read 200" in err and "published" in err
     assert main(["release", str(cfg), "--date", "2026-02-03", "--quiet"]) == 0
     assert capfd.readouterr().err == ""
 

@@ -165,3 +165,35 @@ def test_reports_without_their_packages_are_refused_up_front(
     cfg = _base(tmp_path)
     cfg["reports"] = {"public": True, "private": False}
     assert _error(cfg).startswith("reports.public: needs ['matplotlib']")
+
+
+def _hist(tmp_path: Path, **kw) -> dict:
+    cfg = _base(tmp_path)
+    cfg["tables"] = [dict({"name": "h", "kind": "histogram", "input": cfg["tables"][0]["input"],
+                           "schema": "adult", "column": "sex", "tolerance": 0.01, "epsilon": 0.5},
+                          **kw)]
+    return cfg
+
+
+def test_histogram_tables_plan_one_cathist_spend(tmp_path: Path) -> None:
+    cfg = load_release_config(_hist(tmp_path), date="2026-01-01")
+    (spend,) = plan_release(cfg).spends
+    assert (spend.step, spend.epsilon, spend.delta) == ("h.cathist.sex", 0.5, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("kw", "path", "message"),
+    [({"method": "independent"}, "tables[0].method", "is not used by kind 'histogram'"),
+     ({"column": "shoe"}, "tables[0].column", "('shoe') is not a column"),
+     ({"tolerance": None}, "tables[0].tolerance", "is required"),
+     ({"tolerance": 1.5}, "tables[0].tolerance", "(1.5) must be in (0, 1)"),
+     ({"formats": ["csv", "avro"]}, "tables[0].formats", "one-item list"),
+     ({"delta": 1e-6}, "tables[0].delta", "must be 0"),
+     ({"kind": "prefixes"}, "tables[0].kind", "('prefixes') must be one of")],
+)
+def test_histogram_table_errors(tmp_path: Path, kw: dict, path: str, message: str) -> None:
+    cfg = _hist(tmp_path, **kw)
+    if kw.get("tolerance", 0) is None:
+        del cfg["tables"][0]["tolerance"]
+    text = _error(cfg)
+    assert text.startswith(f"{path}: ") and message in text, text
