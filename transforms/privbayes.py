@@ -168,11 +168,13 @@ def choose_structure(
     sensitivity: float,
     noise_scale: float,
     rs: RandomSource,
+    root: int | None = None,
 ) -> list[tuple[int, tuple[int, ...]]]:
     """Greedy private network construction (PrivBayes Alg. 4, DataSynthesizer GreedyBayes).
 
     ``tables`` maps sorted column tuples to exact counts covering every candidate family. Root:
-    uniform over the columns (no data used). Step ``i`` (``d−1`` steps): candidates are
+    ``root`` if given (chosen from declared facts only), else uniform over the columns (no data
+    used). Step ``i`` (``d−1`` steps): candidates are
     ``(X, Π)`` with ``X`` not yet placed and ``Π`` any subset of the placed columns with
     ``|Π| ≤ degree``; one is chosen by the exponential mechanism with ``epsilon`` (already the
     per-step budget) and ``sensitivity`` on ``indif(X, Π) − cells(X ∪ Π)·noise_scale``.
@@ -190,7 +192,8 @@ def choose_structure(
         return marginalize(cache[key], key, cols)
 
     scored: dict[tuple[int, tuple[int, ...]], float] = {}
-    root = rs.child("root").randbelow(d)
+    if root is None:
+        root = rs.child("root").randbelow(d)
     placed = [root]
     order: list[tuple[int, tuple[int, ...]]] = [(root, ())]
     for step in range(1, d):
