@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 import apache_beam as beam
+
 from beamsynth.schemas.schema import Schema
 from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, PureDP, as_budget
 from beamsynth.transforms.cathist import plan_cathist
@@ -58,6 +59,11 @@ class Method(ABC):
 
     def collect_metrics(self, result: Any) -> None:
         """Optional hook: read the finished run's Beam metrics (for :meth:`details`)."""
+
+    def operational(self) -> dict[str, Any]:
+        """Exact, non-DP diagnostics for the manifest's private ``operational`` part (never the
+        public ``release`` part, which holds only DP outputs and public parameters)."""
+        return {}
 
 
 class IndependentMethod(Method):

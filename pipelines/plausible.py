@@ -271,12 +271,19 @@ class PlausibleMethod(Method):
             "candidates": self._metrics.get("plausible_candidates"),
             "tested": tested, "released": released,
             "pass_rate": (released / tested) if tested else None,
+            "counts_note": "candidates ~ Poisson(rows) do not depend on the data and 'released' is the "
+                           "output's own size, so these totals are public; the per-reason rejection "
+                           "counts are private and go to the manifest's operational part",
+        }
+
+    def operational(self) -> dict[str, Any]:
+        """Per-reason rejection counts: exact diagnostics on private data (not DP)."""
+        return {
             "rejection_reasons": {
                 REJECT_BELOW_K: self._metrics.get(f"plausible_rejected_{REJECT_BELOW_K}"),
                 REJECT_NOISY_THRESHOLD: self._metrics.get(f"plausible_rejected_{REJECT_NOISY_THRESHOLD}"),
             },
-            "operational_note": "candidate/pass/rejection counts are diagnostics computed on private "
-                                "data without noise; they are not covered by the DP guarantee",
+            "note": "computed on private data without noise; not covered by the DP guarantee",
         }
 
 

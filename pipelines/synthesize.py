@@ -17,6 +17,7 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
+
 from beamsynth.pipelines.io import (
     METRICS_NAMESPACE,
     ReadRecords,
@@ -207,6 +208,9 @@ def run_synthesis(cfg: SynthesisConfig, pipeline_options: PipelineOptions | None
     rejected = None if rej_parse is None or rej_dom is None else rej_parse + rej_dom
     counts = {"rows_read": read, "rows_used": used, "rows_rejected": rejected, "rows_out": out_rows,
               "seconds": round(time.time() - start, 3)}
+    method_operational = plan.method.operational()
+    if method_operational:
+        counts["method"] = method_operational
     del built
     manifest = build_manifest(
         command=command,

@@ -120,7 +120,8 @@ def test_synthesize_cli_plausible_writes_released_rows_and_manifest(tmp_path):
     man = json.loads((tmp_path / "out.csv.manifest.json").read_text())
     det = man["release"]["details"]["method"]
     assert det["tested"] == det["candidates"] > 2000
-    rej = det["rejection_reasons"]
+    assert "rejection_reasons" not in det  # private diagnostics stay out of the release part
+    rej = man["operational"]["method"]["rejection_reasons"]
     assert det["released"] + sum(v for v in rej.values()) == det["tested"]
     assert man["release"]["rows_out"] == det["released"]
     g = det["release_guarantee"]["per_record"]
