@@ -250,8 +250,16 @@ class PrivacyLedger:
 
     def _reconcile(self, con: sqlite3.Connection, *, force: bool = False) -> list[tuple[str, str]]:
         decided = []
-        for row in con.execute("SELECT * FROM releases WHERE state = 'pending'").fetchall():
+        for row in con.execute("SELECT * FROM releases WHERE state IN ('pending', 'aborted')").fetchall():
             published = self.published_release_id(row["folder"]) == row["release_id"]
+            if row["state"] == "aborted":
+                if published:  # force-aborted while still running, then published: it counts
+                    con.execute("UPDATE releases SET state = 'committed', updated = ?, note = ? "
+                                "WHERE release_id = ?",
+                                (_iso(_now()), "published after being aborted: spend counts",
+                                 row["release_id"]))
+                    decided.append((row["release_id"], "committed"))
+                continue
             if published:
                 state, note = "committed", "outputs were published before the process ended"
             elif force or not self._owner_alive(row["host"], row["pid"]):
@@ -347,23 +355,32 @@ class PrivacyLedger:
                   s.mechanism) for s in spends])
         return rid
 
-    def _finish(self, release_id: str, state: str, note: str) -> None:
+    def abort(self, release_id: str, reason: str) -> None:
+        """Mark a pending release ``aborted`` (nothing was published; its spend is released)."""
         with self._transaction() as con:
             row = con.execute("SELECT state FROM releases WHERE release_id = ?", (release_id,)).fetchone()
             if row is None:
                 raise LedgerError(f"unknown release {release_id!r}")
             if row["state"] != "pending":
                 raise LedgerError(f"release {release_id!r} is {row['state']}, not pending")
-            con.execute("UPDATE releases SET state = ?, updated = ?, note = ? WHERE release_id = ?",
-                        (state, _iso(_now()), note, release_id))
+            con.execute("UPDATE releases SET state = 'aborted', updated = ?, note = ? "
+                        "WHERE release_id = ?", (_iso(_now()), reason, release_id))
 
     def commit(self, release_id: str) -> None:
-        """Mark a pending release ``committed`` (call after its folder was published)."""
-        self._finish(release_id, "committed", "published")
+        """Mark a release ``committed`` (call after its folder was published).
 
-    def abort(self, release_id: str, reason: str) -> None:
-        """Mark a pending release ``aborted`` (nothing was published; its spend is released)."""
-        self._finish(release_id, "aborted", reason)
+        A release that was aborted meanwhile (``reconcile --force`` while it ran) is committed
+        all the same: its outputs are public, so its spend must count.
+        """
+        with self._transaction() as con:
+            row = con.execute("SELECT state FROM releases WHERE release_id = ?", (release_id,)).fetchone()
+            if row is None:
+                raise LedgerError(f"unknown release {release_id!r}")
+            if row["state"] == "committed":
+                return
+            note = "published" if row["state"] == "pending" else "published after being aborted"
+            con.execute("UPDATE releases SET state = 'committed', updated = ?, note = ? "
+                        "WHERE release_id = ?", (_iso(_now()), note, release_id))
 
     # -- reading ----------------------------------------------------------------------------------
     def releases(self) -> list[dict[str, Any]]:

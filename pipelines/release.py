@@ -27,6 +27,7 @@ Publish ``public/`` and ``release.json``; keep ``private/`` with the data owner.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
 import glob
@@ -45,7 +46,13 @@ import yaml
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beamsynth.pipelines.io import METRICS_NAMESPACE, WriteTables, arrow_schema_for, rejected_path
-from beamsynth.pipelines.ledger import RELEASE_MARKER, LedgerPolicy, LedgerSpend, PrivacyLedger
+from beamsynth.pipelines.ledger import (
+    RELEASE_MARKER,
+    LedgerError,
+    LedgerPolicy,
+    LedgerSpend,
+    PrivacyLedger,
+)
 from beamsynth.pipelines.manifest import build_manifest, write_json_atomic
 from beamsynth.pipelines.methods import get_method
 from beamsynth.pipelines.synthesize import (
@@ -772,7 +779,8 @@ def run_release(
         _fsync_tree(tmp)
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        ledger.abort(release_id, f"failed before publishing: {type(exc).__name__}: {exc}"[:500])
+        with contextlib.suppress(LedgerError):  # already aborted by `ledger reconcile --force`
+            ledger.abort(release_id, f"failed before publishing: {type(exc).__name__}: {exc}"[:500])
         raise
     if os.path.exists(cfg.folder):  # an earlier publication of the same folder (ledger refused it)
         raise ReleaseConfigError("folder", f"{cfg.folder!r} appeared while the release ran")

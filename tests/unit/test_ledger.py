@@ -177,3 +177,18 @@ def test_concurrent_releases_never_overspend(tmp_path: Path) -> None:
     assert sorted(results) == ["committed"] * 3 + ["refused"] * 3
     assert PrivacyLedger(path).summary()[0]["epsilon_spent"] == pytest.approx(3.0)
     assert os.path.exists(path)
+
+
+def test_a_force_aborted_release_that_publishes_still_counts(tmp_path: Path) -> None:
+    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    running = _reserve(ledger, "a", tmp_path / "a")
+    crashed = _reserve(ledger, "b", tmp_path / "b")
+    assert sorted(s for _, s in ledger.reconcile(force=True)) == ["aborted", "aborted"]
+    assert ledger.summary()[0]["epsilon_spent"] == 0
+    _publish(tmp_path / "a", running)
+    ledger.commit(running)  # the run finished after all: its outputs are public
+    _publish(tmp_path / "b", crashed)  # published, then killed before commit
+    assert ledger.reconcile() == [(crashed, "committed")]
+    assert ledger.summary()[0]["epsilon_spent"] == pytest.approx(2.0)
+    with pytest.raises(LedgerError, match="is committed, not pending"):
+        ledger.abort(running, "too late")
