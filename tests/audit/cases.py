@@ -526,3 +526,213 @@ register_broken(AuditCase(
     batch=lambda d, p, n, rs: batch_sbhg(d, p, n, rs, threshold=1),
     broken="SBA keeps z ≥ 1 instead of z ≥ t(ε, δ): new cells appear with probability ≫ δ",
 ))
+
+
+# -- prefix trees (transforms/prefix.py): basic, improved, direct --------------------------------
+@functools.lru_cache(maxsize=1)
+def _prefix_codec() -> Any:
+    from beamsynth.schemas.keys import TextKeyCodec
+
+    return TextKeyCodec(column="q", alphabet="ab", max_length=2)
+
+
+@functools.lru_cache(maxsize=8)
+def _prefix_acct(method: str) -> Any:
+    from beamsynth.transforms import prefix as P
+
+    c = _prefix_codec()
+    if method == "basic":
+        return P.basic_accounting(epsilon=EPSILON, max_depth=c.depth, fanout=c.fanout)
+    if method == "improved":
+        return P.improved_accounting(epsilon=EPSILON, fanout=c.fanout)
+    return P.direct_accounting(epsilon=EPSILON, max_depth=c.depth)
+
+
+@dataclass(eq=False)
+class Keys:
+    """Text keys (one per record, k = 1), encoded once with the declared codec."""
+
+    keys: tuple[str, ...]
+    _codes: np.ndarray | None = field(default=None, repr=False)
+
+    def codes(self) -> np.ndarray:
+        """Symbol codes of the keys (deterministic encoding)."""
+        if self._codes is None:
+            self._codes = _prefix_codec().encode_strings(list(self.keys))
+        return self._codes
+
+
+def run_prefix(data: Keys, rs: RandomSource, *, method: str) -> list[Any]:
+    """All levels of one prefix method, level by level as the Beam graph runs them."""
+    from beamsynth.transforms import prefix as P
+
+    codec, acct = _prefix_codec(), _prefix_acct(method)
+    codes = data.codes()
+    state = P.root_state(codec.symbol_dtype)
+    levels = codec.depth
+    rels = []
+    for d in range(levels):
+        if len(state) == 0:
+            break
+        idx, cnt = P.child_cells(codes, d, state.keys, codec.fanout)
+        r = rs.child(d)
+        if method == "basic":
+            state, rel = P.basic_step(state, idx, cnt, codec, acct=acct, rs=r, last=d == levels - 1)
+        elif method == "improved":
+            state, rel = P.improved_step(state, idx, cnt, codec, acct=acct, rule="proportional", rs=r)
+        else:
+            state, rel = P.direct_step(state, idx, cnt, codec, acct=acct, rs=r, last=d == levels - 1)
+        rels.append(rel)
+    return rels
+
+
+def _prefix_stat(release: list[Any], pair: NeighbourPair) -> float:
+    """Released count of the target key's leaf (0 when it is not released as a leaf)."""
+    codec = _prefix_codec()
+    for rel in release:
+        for label, count, leaf in zip(codec.labels(rel.prefixes), rel.counts.tolist(), rel.leaf.tolist()):
+            if leaf and label == pair.context["leaf"]:
+                return float(count)
+    return 0.0
+
+
+_K0 = Keys(("a",) * 6 + ("ab",) * 3 + ("b",) * 2)
+PREFIX_PAIRS = (
+    NeighbourPair("one more record of a frequent key", _K0, Keys(_K0.keys + ("a",)), {"leaf": "a$"}),
+    NeighbourPair("one record of an absent key", _K0, Keys(_K0.keys + ("bb",)), {"leaf": "bb$"}),
+)
+for _method in ("basic", "improved", "direct"):
+    register(AuditCase(
+        name=f"prefix {_method}", epsilon=EPSILON, delta=0.0,
+        run=functools.partial(run_prefix, method=_method), pairs=PREFIX_PAIRS,
+        statistic=_prefix_stat, thresholds=tuple(range(1, 10)), runs=600, slow_runs=20_000,
+        public=lambda r, m=_method: (_prefix_acct(m).to_dict(), _prefix_codec().depth, _prefix_codec().fanout),
+    ))
+
+
+# -- PrivBayes (transforms/privbayes.py): EM structure + noisy family tables ---------------------
+@functools.lru_cache(maxsize=1)
+def _privbayes_setup() -> tuple[Any, list[tuple[int, ...]]]:
+    from beamsynth.transforms.privbayes import candidate_families, plan_privbayes
+
+    plan = plan_privbayes(SCHEMA.shape, PureDP(epsilon=EPSILON), degree=1, max_contributions=K)
+    return plan, [tuple(f) for f in candidate_families(len(SCHEMA.shape), plan.degree)]
+
+
+def _privbayes_measure(codes: np.ndarray, rs: RandomSource) -> Any:
+    from beamsynth.transforms.privbayes import measure_privbayes
+
+    plan, families = _privbayes_setup()
+    counts = _count_tables(codes, families)
+    return measure_privbayes(counts, families, shape=SCHEMA.shape, names=SCHEMA.names, plan=plan, rs=rs)
+
+
+def run_privbayes(data: Records, rs: RandomSource) -> Any:
+    """PrivBayes' measurement core: bound, candidate counts (CombineFn), measure_privbayes."""
+    batch = data.encoded()
+    codes = batch.codes
+    if len(batch):
+        codes = codes[bound_rows(codes, batch.pids, K, rs.child("bound"))]
+    return _privbayes_measure(codes, rs.child("privbayes"))
+
+
+def _privbayes_stat(release: Any, pair: NeighbourPair) -> float:
+    """min over the released tables of (noisy − exact on ``smaller``) at the added row's cell."""
+    row = _cell_codes(pair.context["row"]) + (int(SCHEMA.columns[2].encode([pair.context["city"]])[0][0]),)
+    batch = pair.smaller.encoded()
+    out = []
+    for m in release.marginals:
+        cell = tuple(row[c] for c in m.columns)
+        base = int(np.sum(np.all(batch.codes[:, list(m.columns)] == np.array(cell), axis=1))) if len(batch) else 0
+        out.append(int(m.values[cell]) - base)
+    return float(min(out))
+
+
+def batch_privbayes(data: Records, pair: NeighbourPair, runs: int, rs: RandomSource) -> np.ndarray:
+    """:func:`run_privbayes` over many runs; bounding done once when its outcome is fixed."""
+    batch = data.encoded()
+    if not len(batch) or not _bound_is_fixed(batch, K):
+        return np.array([_privbayes_stat(run_privbayes(data, rs.child(i)), pair) for i in range(runs)])
+    codes = batch.codes[bound_rows(batch.codes, batch.pids, K, rs.child("bound"))]
+    return np.array([_privbayes_stat(_privbayes_measure(codes, rs.child(i).child("privbayes")), pair)
+                     for i in range(runs)])
+
+
+register(AuditCase(
+    name="privbayes", epsilon=EPSILON, delta=0.0, run=run_privbayes,
+    pairs=(NeighbourPair(HEAVY_PAIRS[0].name, HEAVY_PAIRS[0].smaller, HEAVY_PAIRS[0].larger,
+                         {"row": ("red", 30), "city": "x"}),
+           NeighbourPair(PAIRS[2].name, PAIRS[2].smaller, PAIRS[2].larger, {"row": ("OTHER", 0), "city": "x"})),
+    statistic=_privbayes_stat, thresholds=tuple(range(-2, 7)), runs=600, slow_runs=20_000,
+    batch=batch_privbayes,
+    # the structure (exponential mechanism) and the table layout it implies are DP outputs; the
+    # data-independent part: the plan, and the marginal budget always fully and exactly spent
+    public=lambda r: (_privbayes_setup()[0].details(), round(sum(m.budget.epsilon for m in r.marginals), 9)),
+))
+
+
+# -- plausible deniability (transforms/plausible.py): Mechanism 1 with Privacy Test 2 -------------
+PD_K, PD_GAMMA, PD_EPS0, PD_T = 10, 2.0, 1.0, 5
+
+
+def _pd_claim() -> tuple[float, float]:
+    from beamsynth.transforms.plausible import theorem1_guarantee
+
+    return theorem1_guarantee(k=PD_K, gamma=PD_GAMMA, epsilon0=PD_EPS0, t=PD_T)
+
+
+def _pd_release(seeds_data: np.ndarray, runs: int, rs: RandomSource, *, randomized: bool) -> np.ndarray:
+    """``runs`` independent single-record releases: seed uniformly from the data, perturb with the
+    public PerturbationModel, count plausible seeds, Privacy Test 2 (Test 1 if not randomized).
+    Returns the released rows (−1 rows when the candidate was not released)."""
+    from beamsynth.transforms.plausible import (
+        PerturbationModel,
+        count_plausible_generic,
+        privacy_test,
+    )
+
+    model = PerturbationModel(shape=SCHEMA.shape, p=0.3)
+    out = np.full((runs, len(SCHEMA.shape)), -1, dtype=np.int64)
+    if len(seeds_data) == 0:
+        return out
+    pick = rs.child("seed").integers(len(seeds_data), runs)
+    y, own = model.generate(seeds_data[pick], rs.child("generate"))
+    kprime = count_plausible_generic(own, model.log_prob(y, seeds_data), PD_GAMMA)
+    passed, _ = privacy_test(kprime, k=PD_K, epsilon0=PD_EPS0 if randomized else None,
+                             rs=rs.child("test") if randomized else None)
+    out[passed] = y[passed]
+    return out
+
+
+def run_plausible(data: EncodedBatch, rs: RandomSource, *, randomized: bool = True) -> np.ndarray:
+    """One released candidate (a row, or −1s when the test fails)."""
+    return _pd_release(np.asarray(data.codes, np.int64), 1, rs, randomized=randomized)[0]
+
+
+def _pd_stat(release: np.ndarray, pair: NeighbourPair) -> float:
+    return float(release[0] >= 0)
+
+
+_PD_ROWS = [(0, 1, 0)] * (PD_K - 1)
+PD_PAIRS = (
+    NeighbourPair(f"{PD_K - 1} identical records + one more (k' crosses k)",
+                  _batch_of(_PD_ROWS, [f"p{i}" for i in range(PD_K - 1)]),
+                  _batch_of(_PD_ROWS + [(0, 1, 0)], [f"p{i}" for i in range(PD_K)]), {}),
+    NeighbourPair("k-1 identical records + one outlier",
+                  _batch_of(_PD_ROWS, [f"p{i}" for i in range(PD_K - 1)]),
+                  _batch_of(_PD_ROWS + [(3, 4, 1)], [f"p{i}" for i in range(PD_K)]), {}),
+)
+register(AuditCase(
+    name="plausible deniability (one record)", epsilon=_pd_claim()[0], delta=_pd_claim()[1],
+    run=run_plausible, pairs=PD_PAIRS, statistic=_pd_stat, thresholds=(1,), runs=20_000,
+    slow_runs=400_000,
+    batch=lambda d, p, n, rs: _pd_release(np.asarray(d.codes, np.int64), n, rs, randomized=True)[:, 0] >= 0,
+    public=lambda r: (r.shape, _pd_claim()),
+))
+register_broken(AuditCase(
+    name="plausible: deterministic test claimed DP", epsilon=_pd_claim()[0], delta=_pd_claim()[1],
+    run=lambda d, rs: run_plausible(d, rs, randomized=False), pairs=PD_PAIRS[:1], statistic=_pd_stat,
+    thresholds=(1,), runs=2000,
+    batch=lambda d, p, n, rs: _pd_release(np.asarray(d.codes, np.int64), n, rs, randomized=False)[:, 0] >= 0,
+    broken="Privacy Test 1 (k' ≥ k, no noisy threshold) has no (ε, δ) guarantee",
+))

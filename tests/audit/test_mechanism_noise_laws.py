@@ -81,7 +81,7 @@ def test_bounded_marginals_release_law_at_scale_k_over_epsilon():
         assert_that(out, _marginal_matcher(exact, k / eps))
 
 
-@pytest.mark.parametrize("k,epsilon", [(1, 1.0), (5, 0.7)])
+@pytest.mark.parametrize("k,epsilon", [(1, 1.0), pytest.param(5, 0.7, marks=pytest.mark.slow)])
 def test_dp_count_releases_discrete_laplace(k, epsilon):
     """DPCount's noise step on a fixed count, SAMPLES independent runs (one seed per run)."""
     count = 1234

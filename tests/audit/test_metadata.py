@@ -14,9 +14,9 @@ import copy
 
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
+
 from beamsynth.pipelines.synthesize import SynthesisConfig, run_synthesis
 from beamsynth.transforms.noise import RandomSource
-
 from tests.audit.cases import AUDITS, BROKEN, SCHEMA
 
 pytestmark = pytest.mark.audit
