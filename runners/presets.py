@@ -113,7 +113,7 @@ PRESETS: dict[str, Preset] = {
     )
 }
 
-# Options whose value must parse as an int >= 1, with the option that names them.
+# Options whose value must parse as an int >= 1.
 _POSITIVE_INTS = ("direct_num_workers", "num_workers", "max_num_workers", "dask_npartitions")
 
 
