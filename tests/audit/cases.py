@@ -605,7 +605,7 @@ for _method in ("basic", "improved", "direct"):
     register(AuditCase(
         name=f"prefix {_method}", epsilon=EPSILON, delta=0.0,
         run=functools.partial(run_prefix, method=_method), pairs=PREFIX_PAIRS,
-        statistic=_prefix_stat, thresholds=tuple(range(1, 10)), runs=600, slow_runs=20_000,
+        statistic=_prefix_stat, thresholds=tuple(range(1, 10)), runs=600, slow_runs=10_000,
         public=lambda r, m=_method: (_prefix_acct(m).to_dict(), _prefix_codec().depth, _prefix_codec().fanout),
     ))
 
@@ -663,7 +663,7 @@ register(AuditCase(
     pairs=(NeighbourPair(HEAVY_PAIRS[0].name, HEAVY_PAIRS[0].smaller, HEAVY_PAIRS[0].larger,
                          {"row": ("red", 30), "city": "x"}),
            NeighbourPair(PAIRS[2].name, PAIRS[2].smaller, PAIRS[2].larger, {"row": ("OTHER", 0), "city": "x"})),
-    statistic=_privbayes_stat, thresholds=tuple(range(-2, 7)), runs=600, slow_runs=20_000,
+    statistic=_privbayes_stat, thresholds=tuple(range(-2, 7)), runs=600, slow_runs=6000,
     batch=batch_privbayes,
     # the structure (exponential mechanism) and the table layout it implies are DP outputs; the
     # data-independent part: the plan, and the marginal budget always fully and exactly spent
