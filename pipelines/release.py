@@ -63,7 +63,7 @@ from beamsynth.pipelines.synthesize import (
     plan_synthesis,
 )
 from beamsynth.runners.presets import is_dask
-from beamsynth.schemas.schema import Schema, load_schema
+from beamsynth.schemas.schema import Schema, avro_field_name, load_schema
 from beamsynth.transforms.budget import BudgetExceededError
 
 __all__ = [
@@ -86,6 +86,8 @@ _TABLE_KEYS = {"name", "kind", "source", "input", "schema", "method", "epsilon",
                "count_fraction", "options", "columns", "formats", "privacy_unit", "column",
                "tolerance"}
 KINDS = ("synthesize", "histogram")
+_COLUMN_MECHANISMS = ("synthesize", "cathist")
+_CATHIST_COLUMN_KEYS = {"mechanism", "epsilon", "tolerance", "formats"}
 _KIND_KEYS = {"synthesize": {"method", "rows", "count_fraction", "options", "columns"},
               "histogram": {"column", "tolerance"}}
 _UNIT_KEYS = {"privacy_id", "max_contributions"}
@@ -182,6 +184,8 @@ class TableSpec:
     kind: str = "synthesize"
     column: str | None = None
     tolerance: float | None = None
+    where: str = ""
+    """YAML path of the entry that defines this table (``tables[1]``, ``tables[1].columns.c``)."""
 
     @property
     def privacy_unit(self) -> str:
@@ -305,7 +309,7 @@ def _resolve(base: Path, p: str) -> str:
 
 
 def _table(data: Any, i: int, base: Path, unit: tuple[str | None, int], default_source: str,
-           seen: set[str]) -> TableSpec:
+           seen: set[str]) -> list[TableSpec]:
     path = f"tables[{i}]"
     d = _keys(data, _TABLE_KEYS, path, required=("name", "input", "schema", "epsilon"))
     name = _string(d["name"], f"{path}.name")
@@ -343,8 +347,8 @@ def _table(data: Any, i: int, base: Path, unit: tuple[str | None, int], default_
                 raise ReleaseConfigError(f"{path}.{key}", f"is not used by kind {kind!r} (it is "
                                                           f"for kind {other!r})")
     if kind == "histogram":
-        return _histogram_table(d, path, name=name, source=source, inputs=tuple(inputs),
-                                schema=schema, privacy_id=pid, max_contributions=k)
+        return [_histogram_table(d, path, name=name, source=source, inputs=tuple(inputs),
+                                 schema=schema, privacy_id=pid, max_contributions=k)]
     method = _string(d.get("method", "independent"), f"{path}.method")
     try:
         method_cls = get_method(method)
@@ -355,10 +359,25 @@ def _table(data: Any, i: int, base: Path, unit: tuple[str | None, int], default_
         raise ReleaseConfigError(f"{path}.options", f"must be a mapping, got {options!r}")
     options = dict(options)
     cols = d.get("columns")
+    extra: list[TableSpec] = []
     if cols is not None:
-        schema, column_options = _columns(cols, f"{path}.columns", schema, method_cls)
+        full = schema
+        schema, column_options, cathist = _columns(cols, f"{path}.columns", schema, method_cls)
         if column_options:
             options["columns"] = column_options
+        for col, opts in cathist.items():
+            where = f"{path}.columns.{col}"
+            sub = f"{name}.{avro_field_name(col)}"
+            if sub in seen:
+                raise ReleaseConfigError(where, f"its table name {sub!r} repeats another table's")
+            seen.add(sub)
+            if "epsilon" not in opts:
+                raise ReleaseConfigError(f"{where}.epsilon", "is required for mechanism 'cathist'")
+            entry = {"column": col, **{k: v for k, v in opts.items()
+                                       if k in ("epsilon", "tolerance", "formats")}}
+            extra.append(_histogram_table(entry, where, name=sub, source=source,
+                                          inputs=tuple(inputs), schema=full, privacy_id=pid,
+                                          max_contributions=k))
     formats = d.get("formats", ["csv"])
     if not isinstance(formats, list) or not formats:
         raise ReleaseConfigError(f"{path}.formats", f"must be a non-empty list of {list(FORMATS)}")
@@ -370,14 +389,15 @@ def _table(data: Any, i: int, base: Path, unit: tuple[str | None, int], default_
     rows = d.get("rows")
     if rows is not None:
         rows = _int(rows, f"{path}.rows", low=0)
-    return TableSpec(
+    return [TableSpec(
         name=name, source=source, inputs=tuple(inputs), schema=schema, method=method,
         epsilon=_number(d["epsilon"], f"{path}.epsilon", low=0),
         delta=_number(d.get("delta", 0.0), f"{path}.delta", low=0, high=1, low_open=False, high_open=True),
         rows=rows,
         count_fraction=_number(d.get("count_fraction", 0.05), f"{path}.count_fraction", low=0,
                                high=1, high_open=True),
-        options=options, formats=tuple(formats), privacy_id=pid, max_contributions=k)
+        options=options, formats=tuple(formats), privacy_id=pid, max_contributions=k,
+        where=path)] + extra
 
 
 def _histogram_table(d: dict[str, Any], path: str, *, name: str, source: str,
@@ -407,12 +427,19 @@ def _histogram_table(d: dict[str, Any], path: str, *, name: str, source: str,
         name=name, source=source, inputs=inputs, schema=schema, method="cathist",
         epsilon=_number(d["epsilon"], f"{path}.epsilon", low=0), delta=0.0, rows=None,
         count_fraction=0.05, options={}, formats=tuple(formats), privacy_id=privacy_id,
-        max_contributions=max_contributions, kind="histogram", column=col, tolerance=tolerance)
+        max_contributions=max_contributions, kind="histogram", column=col, tolerance=tolerance,
+        where=path)
 
 
-def _columns(cols: Any, path: str, schema: Schema, method_cls: type) -> tuple[Schema, dict[str, Any]]:
-    """Select released columns; per-column options only where the method declares them."""
+def _columns(cols: Any, path: str, schema: Schema,
+             method_cls: type) -> tuple[Schema, dict[str, Any], dict[str, dict[str, Any]]]:
+    """Select the synthesized columns; per-column options where the method declares them.
+
+    A column whose options say ``mechanism: cathist`` is not synthesized: it is released as its
+    own DP histogram (returned in the third item with its options).
+    """
     allowed = set(getattr(method_cls, "column_options", ()) or ())
+    cathist: dict[str, dict[str, Any]] = {}
     if isinstance(cols, list):
         names, per = cols, {}
         for j, c in enumerate(cols):
@@ -428,21 +455,33 @@ def _columns(cols: Any, path: str, schema: Schema, method_cls: type) -> tuple[Sc
             opts = {} if opts is None else opts
             if not isinstance(opts, Mapping):
                 raise ReleaseConfigError(f"{path}.{c}", f"must be a mapping of options, got {opts!r}")
-            for key in opts:
+            mechanism = opts.get("mechanism", "synthesize")
+            if mechanism not in _COLUMN_MECHANISMS:
+                raise ReleaseConfigError(f"{path}.{c}.mechanism", f"({mechanism!r}) must be one of "
+                                                                  f"{list(_COLUMN_MECHANISMS)}")
+            if mechanism == "cathist":
+                for key in opts:
+                    if key not in _CATHIST_COLUMN_KEYS:
+                        raise ReleaseConfigError(f"{path}.{c}.{key}", "unknown key for mechanism "
+                                                 f"'cathist' (allowed: {sorted(_CATHIST_COLUMN_KEYS)})")
+                cathist[c] = dict(opts)
+                continue
+            for key in (k for k in opts if k != "mechanism"):
                 if key not in allowed:
                     raise ReleaseConfigError(
                         f"{path}.{c}.{key}",
                         f"method {method_cls.name!r} takes no per-column option {key!r} (it takes: "
                         f"{sorted(allowed) or 'none'})")
-            if opts:
-                per[c] = dict(opts)
+            if any(k != "mechanism" for k in opts):
+                per[c] = {k: v for k, v in opts.items() if k != "mechanism"}
+        names = [c for c in names if c not in cathist]
     else:
         raise ReleaseConfigError(path, f"must be a list of column names or a mapping, got {cols!r}")
     if not names:
-        raise ReleaseConfigError(path, "must name at least one column")
+        raise ReleaseConfigError(path, "must name at least one synthesized column")
     if len(set(names)) != len(names):
         raise ReleaseConfigError(path, f"({names!r}) names a column twice")
-    return schema.select(names), per
+    return schema.select(names), per, cathist
 
 
 def load_release_config(source: str | os.PathLike[str] | Mapping[str, Any], *,
@@ -511,17 +550,18 @@ def load_release_config(source: str | os.PathLike[str] | Mapping[str, Any], *,
         raise ReleaseConfigError("tables", f"must be a non-empty list, got {tabs!r}")
     default_source = next(iter(policies)) if len(policies) == 1 else name
     seen: set[str] = set()
-    tables = tuple(_table(t, i, base, unit, default_source, seen) for i, t in enumerate(tabs))
-    for i, t in enumerate(tables):
+    tables = tuple(spec for i, t in enumerate(tabs)
+                   for spec in _table(t, i, base, unit, default_source, seen))
+    for t in tables:
         if t.source not in policies:
-            raise ReleaseConfigError(f"tables[{i}].source", f"({t.source!r}) has no policy under "
+            raise ReleaseConfigError(f"{t.where}.source", f"({t.source!r}) has no policy under "
                                                             f"ledger.policies ({sorted(policies)})")
     target = rep.get("target")
     if target is not None:
-        for i, t in enumerate(tables):
-            if target not in t.schema.names:
+        for t in tables:
+            if t.kind == "synthesize" and target not in t.schema.names:
                 raise ReleaseConfigError("reports.target", f"({target!r}) is not a column of "
-                                                           f"tables[{i}] ({t.schema.names})")
+                                                           f"{t.where} ({t.schema.names})")
     _check_budget(tables, epsilon, delta)
     return ReleaseConfig(
         name=name, description=str(d.get("description") or ""), folder=folder, epsilon=epsilon,
@@ -543,15 +583,15 @@ def _require_report_packages(path: str) -> None:
 
 def _check_budget(tables: tuple[TableSpec, ...], epsilon: float, delta: float) -> None:
     spent_e = spent_d = 0.0
-    for i, t in enumerate(tables):
+    for t in tables:
         if spent_e + t.epsilon > epsilon * (1 + 1e-9):
             raise ReleaseConfigError(
-                f"tables[{i}].epsilon",
+                f"{t.where}.epsilon",
                 f"({t.epsilon:g}) overspends budget.epsilon ({epsilon:g}): earlier tables already "
                 f"take ε={spent_e:g}, {max(0.0, epsilon - spent_e):g} remains")
         if spent_d + t.delta > delta * (1 + 1e-9) + 1e-300:
             raise ReleaseConfigError(
-                f"tables[{i}].delta",
+                f"{t.where}.delta",
                 f"({t.delta:g}) overspends budget.delta ({delta:g}): earlier tables already take "
                 f"δ={spent_d:g}")
         spent_e += t.epsilon
@@ -572,17 +612,17 @@ def plan_release(cfg: ReleaseConfig, *, output_root: str | None = None) -> Relea
     root = output_root or cfg.folder
     plans: dict[str, SynthesisPlan] = {}
     spends: list[LedgerSpend] = []
-    for i, t in enumerate(cfg.tables):
+    for t in cfg.tables:
         out = os.path.join(root, "public", f"{t.name}.{t.formats[0]}")
         if t.kind == "histogram":
-            spends.append(_plan_histogram(cfg, t, i))
+            spends.append(_plan_histogram(cfg, t))
             continue
         try:
             plan = plan_synthesis(_synthesis_config(cfg, t, out))
         except BudgetExceededError as exc:
-            raise ReleaseConfigError(f"tables[{i}].epsilon", str(exc)) from None
+            raise ReleaseConfigError(f"{t.where}.epsilon", str(exc)) from None
         except (ValueError, TypeError) as exc:
-            raise ReleaseConfigError(f"tables[{i}]", str(exc)) from None
+            raise ReleaseConfigError(t.where, str(exc)) from None
         plans[t.name] = plan
         for s in plan.accountant.spends:
             spends.append(LedgerSpend(source=t.source, privacy_unit=t.privacy_unit,
@@ -601,7 +641,7 @@ def _histogram_config(cfg: ReleaseConfig, t: TableSpec, output: str) -> Any:
         max_contributions=t.max_contributions)
 
 
-def _plan_histogram(cfg: ReleaseConfig, t: TableSpec, i: int) -> LedgerSpend:
+def _plan_histogram(cfg: ReleaseConfig, t: TableSpec) -> LedgerSpend:
     """Validate a CatHist table as its mechanism would (no data read) and return its spend."""
     from beamsynth.transforms.budget import PureDP
     from beamsynth.transforms.cathist import ColumnCells, DPCategoricalHistogram
@@ -611,7 +651,7 @@ def _plan_histogram(cfg: ReleaseConfig, t: TableSpec, i: int) -> LedgerSpend:
                                budget=PureDP(epsilon=t.epsilon), tolerance=float(t.tolerance),
                                max_contributions=t.max_contributions, seed=cfg.seed)
     except (ValueError, TypeError) as exc:
-        raise ReleaseConfigError(f"tables[{i}]", str(exc)) from None
+        raise ReleaseConfigError(t.where, str(exc)) from None
     return LedgerSpend(source=t.source, privacy_unit=t.privacy_unit,
                        step=f"{t.name}.cathist.{t.column}", epsilon=t.epsilon, delta=0.0,
                        mechanism="CatHist: discrete Laplace on every declared bin, keep ≥ τ")
@@ -736,9 +776,9 @@ def run_release(
     options = pipeline_options or PipelineOptions([])
     plan = plan_release(cfg)
     if is_dask(options):
-        for i, t in enumerate(cfg.tables):
+        for t in cfg.tables:
             if len(t.formats) > 1:
-                raise ReleaseConfigError(f"tables[{i}].formats", f"({list(t.formats)}) on the "
+                raise ReleaseConfigError(f"{t.where}.formats", f"({list(t.formats)}) on the "
                                          "DaskRunner a release writes one format per table")
     eps = sum(s.epsilon for s in plan.spends)
     progress(f"release {cfg.name}: validated {len(cfg.tables)} table(s), plan spends ε={eps:g}")

@@ -197,3 +197,35 @@ def test_histogram_table_errors(tmp_path: Path, kw: dict, path: str, message: st
         del cfg["tables"][0]["tolerance"]
     text = _error(cfg)
     assert text.startswith(f"{path}: ") and message in text, text
+
+
+def test_a_column_can_be_released_by_cathist_instead_of_synthesized(tmp_path: Path) -> None:
+    cfg = _base(tmp_path)
+    cfg["tables"][0]["columns"] = {"age": {}, "sex": {},
+                                   "native-country": {"mechanism": "cathist", "epsilon": 0.3,
+                                                      "tolerance": 0.001}}
+    loaded = load_release_config(cfg, date="2026-01-01")
+    synth, hist = loaded.tables
+    assert synth.schema.names == ["age", "sex"] and synth.kind == "synthesize"
+    assert (hist.name, hist.kind, hist.column, hist.where) == (
+        "a.native_country", "histogram", "native-country", "tables[0].columns.native-country")
+    steps = {s.step: s.epsilon for s in plan_release(loaded).spends}
+    assert steps["a.native_country.cathist.native-country"] == 0.3
+    assert sum(steps.values()) == pytest.approx(0.9)
+
+
+@pytest.mark.parametrize(
+    ("opts", "path", "message"),
+    [({"mechanism": "cathist"}, "tables[0].columns.native-country.epsilon", "is required"),
+     ({"mechanism": "cathist", "epsilon": 0.5, "tolerance": 0.01}, "tables[0].columns.native-country.epsilon",
+      "(0.5) overspends budget.epsilon (1): earlier tables already take ε=0.6"),
+     ({"mechanism": "cathist", "epsilon": 0.1, "rows": 3}, "tables[0].columns.native-country.rows",
+      "unknown key for mechanism 'cathist'"),
+     ({"mechanism": "laplace"}, "tables[0].columns.native-country.mechanism",
+      "('laplace') must be one of ['synthesize', 'cathist']")],
+)
+def test_column_mechanism_errors(tmp_path: Path, opts: dict, path: str, message: str) -> None:
+    cfg = _base(tmp_path)
+    cfg["tables"][0]["columns"] = {"age": {}, "native-country": opts}
+    text = _error(cfg)
+    assert text.startswith(f"{path}: ") and message in text, text
