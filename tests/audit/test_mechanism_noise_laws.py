@@ -99,3 +99,26 @@ def test_check_law_rejects_a_wrong_mechanism():
     z = discrete_laplace(RandomSource(seed=1), 1.0, SAMPLES)
     with pytest.raises(BeamAssertException):
         check_law(z, 2.0)
+
+
+def test_privbayes_released_tables_follow_their_scale():
+    """PrivBayes' measurement on a degenerate input (all records in one cell; three columns of
+    7,000 cells, degree 0 so every released table is a 1-way table of the same size, hence the
+    same scale m/ε_t): 21,000 released cells, discrete Laplace at that scale."""
+    from beamsynth.transforms.measure import count_marginals
+    from beamsynth.transforms.noise import RandomSource
+    from beamsynth.transforms.privbayes import candidate_families, measure_privbayes, plan_privbayes
+
+    shape = (7000, 7000, 7000)
+    plan = plan_privbayes(shape, PureDP(epsilon=2.0), degree=0, max_contributions=1)
+    families = [tuple(f) for f in candidate_families(3, plan.degree)]
+    codes = np.zeros((50, 3), dtype=np.int64)
+    counts = [t.reshape([shape[c] for c in f]) for t, f in zip(count_marginals(codes, families, shape), families)]
+    m = measure_privbayes(counts, families, shape=shape, names=["a", "b", "c"], plan=plan,
+                          rs=RandomSource(seed=8))
+    assert len(m.marginals) == 3 and {t.values.size for t in m.marginals} == {7000}
+    (scale,) = {t.scale for t in m.marginals}
+    assert scale == pytest.approx(1 / (plan.marginal_budget.epsilon / 3))
+    residuals = np.concatenate([(t.values - (np.arange(t.values.size) == 0).reshape(t.values.shape) * 50).ravel()
+                                for t in m.marginals])
+    check_law(residuals, scale)
