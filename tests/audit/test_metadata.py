@@ -11,6 +11,7 @@ input files.
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
@@ -54,6 +55,10 @@ def _release(tmp_path, name, rows, n_rows):
     m = run_synthesis(SynthesisConfig(input=str(src), schema=SCHEMA, output=str(out), epsilon=1.0,
                                       rows=n_rows, max_contributions=2),
                       PipelineOptions(runner="DirectRunner"))
+    ops = m["operational"]
+    assert ops["rows_read"] == len(rows) == ops["rows_used"] + ops["rows_rejected"]
+    rejected = (tmp_path / name / "synthetic.csv.rejected.jsonl").read_text(encoding="utf-8").splitlines()
+    assert len(rejected) == ops["rows_rejected"] and all(json.loads(r)["reason"] for r in rejected)
     release = copy.deepcopy(m["release"])
     release["outputs"] = {k: v.replace(str(tmp_path / name), "OUT") for k, v in release["outputs"].items()}
     header = out.read_text(encoding="utf-8").splitlines()[0]
