@@ -66,3 +66,28 @@ def test_example_yaml_pipeline_reads_csv_synthesizes_and_writes_avro(tmp_path: P
     rejected = [json.loads(line) for f in glob.glob(f"{out}.rejected*")
                 for line in Path(f).read_text(encoding="utf-8").splitlines()]
     assert len(rejected) == 1 and "not-an-age" in rejected[0]["raw"]
+
+
+@pytest.mark.skipif(not ADULT.exists(), reason="examples/data/adult/adult.csv is not in this checkout")
+def test_synthesize_step_in_a_test_pipeline() -> None:
+    import csv
+
+    import apache_beam as beam
+    from apache_beam.testing.test_pipeline import TestPipeline
+    from apache_beam.testing.util import assert_that, equal_to
+
+    with open(ADULT, encoding="utf-8", newline="") as fh:
+        records = [dict(r) for _, r in zip(range(120), csv.DictReader(fh))]
+    rows = [beam.Row(**{avro_field_name(k): v for k, v in r.items()}) for r in records]
+    bad = dict(records[0], sex="Robot")
+    rows.append(beam.Row(**{avro_field_name(k): v for k, v in bad.items()}))
+    with TestPipeline() as p:
+        out = (p | "Rows" >> beam.Create(rows)
+               | "Synth" >> Synthesize(schema="adult", epsilon=1.0, rows=50, seed=5,
+                                       error_handling={"output": "bad"}))
+        assert_that(out["output"] | "Count" >> beam.combiners.Count.Globally(), equal_to([50]),
+                    label="fifty rows")
+        assert_that(out["output"] | "Sex" >> beam.Map(lambda r: r.sex in ("Male", "Female"))
+                    | "Distinct" >> beam.Distinct(), equal_to([True]), label="declared values")
+        assert_that(out["bad"] | "Reason" >> beam.Map(lambda r: "Robot" in r.reason),
+                    equal_to([True]), label="one dead letter")
