@@ -94,6 +94,11 @@ def _load_tables(path: str) -> list[np.ndarray]:
 IN_PROCESS = ["--direct_running_mode=in_memory"]
 
 
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def workers_args(n: int) -> list[str]:
     return ["--direct_running_mode=multi_processing", f"--direct_num_workers={n}"]
 
@@ -109,6 +114,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, nargs="+", default=[1_000_000, 10_000_000])
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--skip-floor", action="store_true", help="skip (a)")
     ap.add_argument("--skip-workers", action="store_true", help="skip (c)")
     ap.add_argument("--skip-memory", action="store_true", help="skip (d)")
     ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
@@ -127,8 +133,9 @@ def main() -> None:
         beam_measure(path, BATCH, shape, IN_PROCESS, out)  # warm-up
         print(f"Adult resampled, {len(shape)} one-way tables, batches of {BATCH:,} rows; "
               f"medians of {args.repeat}; machine shared (load average {os.getloadavg()[0]:.1f})")
-        print("(a) one-pass measurement vs numpy floor")
-        for rows in args.rows:
+        if not args.skip_floor:
+            print("(a) one-pass measurement vs numpy floor")
+        for rows in [] if args.skip_floor else args.rows:
             tf, tb, cf, cb = [], [], [], []
             for _ in range(args.repeat):
                 t, c, ref = numpy_floor(codes, rows, shape)
@@ -146,17 +153,23 @@ def main() -> None:
                   f"{fc / bc:5.2f} CPU (goal >= 0.25); tables identical")
         if not args.skip_workers:
             rows = max(args.rows)
-            t1, t2 = [], []
+            t1, t2, c1, c2 = [], [], [], []
             for _ in range(args.repeat):
+                c = _children_cpu()
                 t1.append(beam_measure(path, rows, shape, workers_args(1), out)[0])
+                c1.append(_children_cpu() - c)
                 ref = _load_tables(out)
+                c = _children_cpu()
                 t2.append(beam_measure(path, rows, shape, workers_args(2), out)[0])
+                c2.append(_children_cpu() - c)
                 assert all(np.array_equal(a, b) for a, b in zip(ref, _load_tables(out)))
             a, b = float(np.median(t1)), float(np.median(t2))
             print(f"(c) N={rows:,}, multi-process DirectRunner: 1 worker {a:.2f} s, 2 workers "
                   f"{b:.2f} s, speed-up {a / b:.2f}x (goal >= 1.6x); runs 1w {[round(x, 1) for x in t1]}"
-                  f" 2w {[round(x, 1) for x in t2]}; load average {os.getloadavg()[0]:.1f} on "
-                  f"{os.cpu_count()} cores")
+                  f" 2w {[round(x, 1) for x in t2]}; worker-process CPU 1w "
+                  f"{float(np.median(c1)):.1f} s, 2w {float(np.median(c2)):.1f} s (CPU/wall "
+                  f"{float(np.median(c1)) / a:.2f} vs {float(np.median(c2)) / b:.2f}); load average "
+                  f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
         if not args.skip_memory:
             peaks = {rows: child_peak_memory(path, rows, shape) for rows in args.rows}
             lo, hi = min(args.rows), max(args.rows)
