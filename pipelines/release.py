@@ -751,6 +751,20 @@ def _finish_table(plan: SynthesisPlan, t: TableSpec, tmp: str, result: Any, star
     return manifest
 
 
+def _fsync_dir(folder: str) -> None:
+    """Make a rename inside ``folder`` durable (best effort where directories cannot be opened)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def _fsync_tree(folder: str) -> None:
     for root, _dirs, files in os.walk(folder):
         for f in files:
@@ -822,9 +836,13 @@ def run_release(
         with contextlib.suppress(LedgerError):  # already aborted by `ledger reconcile --force`
             ledger.abort(release_id, f"failed before publishing: {type(exc).__name__}: {exc}"[:500])
         raise
-    if os.path.exists(cfg.folder):  # an earlier publication of the same folder (ledger refused it)
+    if os.path.exists(cfg.folder):  # created by something else while we ran: do not replace it
+        shutil.rmtree(tmp, ignore_errors=True)
+        with contextlib.suppress(LedgerError):
+            ledger.abort(release_id, "release folder appeared while the release ran")
         raise ReleaseConfigError("folder", f"{cfg.folder!r} appeared while the release ran")
     os.rename(tmp, cfg.folder)  # publish: atomic on one file system
+    _fsync_dir(parent)
     ledger.commit(release_id)
     progress(f"published {cfg.folder} and committed release {release_id}")
     return release
