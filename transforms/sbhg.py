@@ -661,9 +661,12 @@ class SBHGModel(SynthesisModel):
         kept: list[np.ndarray] = []
         have = 0
         last = np.zeros((0, p), dtype=np.int64)
+        rate = 1.0  # share of emitted records on released support, learned from the last round
         for rnd in range(8):
-            chains = max(1, math.ceil((n - have) / self.chain_length))
+            want = (n - have) / (self.chain_length * rate) * (1.0 if rnd == 0 else 1.2)
+            chains = max(1, min(math.ceil(want), 64 * math.ceil(n / self.chain_length)))
             recs, ok = self._run_chains(chains, rs.child("round", rnd))
+            rate = max(float(ok.mean()), 0.02)
             good = recs[ok]
             kept.append(good[: n - have])
             have += min(good.shape[0], n - have)
