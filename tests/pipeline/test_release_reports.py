@@ -217,3 +217,26 @@ def test_public_report_reads_declared_noise_scales() -> None:
     ])
     assert rows[0][4:] == ["10", f"±{discrete_laplace_interval(10.0)}"]
     assert rows[1][4] == "8.5" and rows[2][4:] == ["", ""]
+
+
+@pytest.mark.slow
+@needs_adult
+@needs_report_deps
+def test_example_adult_release_from_the_readme(tmp_path: Path) -> None:
+    """``beamsynth release examples/release_adult.yaml`` on all 48,842 rows (folder/ledger moved)."""
+    import yaml
+
+    example = ADULT.parents[2] / "release_adult.yaml"
+    data = yaml.safe_load(example.read_text(encoding="utf-8"))
+    data["folder"] = str(tmp_path / "adult-{date}")
+    data["ledger"]["path"] = str(tmp_path / "ledger.sqlite")
+    data["tables"][0]["input"] = str(ADULT)
+    cfg = tmp_path / "release_adult.yaml"
+    cfg.write_text(yaml.safe_dump(data), encoding="utf-8")
+    assert main(["--quiet", "release", str(cfg), "--date", "2026-03-01"]) == 0
+    folder = tmp_path / "adult-2026-03-01"
+    for rel in ("release.json", "public/adult.csv", "public/adult.parquet", "public/report.html",
+                "private/report.html"):
+        assert (folder / rel).is_file(), rel
+    manifest = json.loads((folder / "private" / "adult.manifest.json").read_text(encoding="utf-8"))
+    assert manifest["operational"]["rows_read"] == 48842
