@@ -278,3 +278,27 @@ def test_method_spends_selection_and_conditionals_and_needs_delta():
     with pytest.raises(ValueError, match=r"--method sbhg needs delta > 0"):
         cls(schema=schema, accountant=PrivacyAccountant(total=PureDP(epsilon=1.0)),
             budget=PureDP(epsilon=1.0), max_contributions=1, seed=None, options={})
+
+
+def test_build_time_size_checks():
+    with pytest.raises(ValueError, match=r"2-way tables \[\(0, 1\)\] exceed 2000000 cells"):
+        DPHashedConditionals(shape=(2000, 2000, 3), selection_budget=PureDP(epsilon=0.2),
+                             conditional_budget=ApproxDP(epsilon=0.8, delta=1e-6), top_r=1)
+    with pytest.raises(ValueError, match=r"top_r \(3\) makes hashed tables of up to"):
+        DPHashedConditionals(shape=(10**5,) * 4 + (1000,), selection_budget=PureDP(epsilon=0.2),
+                             conditional_budget=ApproxDP(epsilon=0.8, delta=1e-6), top_r=3)
+    # without hash features no pair table is counted: huge columns are fine
+    t = DPHashedConditionals(shape=(10**6, 10**6), selection_budget=None,
+                             conditional_budget=ApproxDP(epsilon=1.0, delta=1e-6), top_r=0)
+    assert t.details()["em_draws"] == 0 and t.per_feature.epsilon == pytest.approx(0.5)
+
+
+def test_method_without_hash_features_spends_only_conditionals():
+    schema = load_schema({"columns": [
+        {"name": "x", "type": "categorical", "domain": {"kind": "categorical", "values": ["a", "b"]}}]})
+    acct = PrivacyAccountant(total=ApproxDP(epsilon=1.0, delta=1e-6))
+    SBHGMethod(schema=schema, accountant=acct, budget=ApproxDP(epsilon=1.0, delta=1e-6),
+               max_contributions=2, seed=None, options={})
+    (spend,) = acct.spends
+    assert spend.step == "sbhg.conditionals" and spend.budget.epsilon == 1.0
+    assert spend.details["scale"] == pytest.approx(2.0)
