@@ -32,9 +32,16 @@ from pathlib import Path
 
 import apache_beam as beam
 import numpy as np
+from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beamsynth.runners.loadgen import ResampleBatchesFn, batch_starts, resample_rows, save_tables
+from beamsynth.runners.loadgen import (
+    METRICS_NAMESPACE,
+    ResampleBatchesFn,
+    batch_starts,
+    resample_rows,
+    save_tables,
+)
 from beamsynth.transforms.measure import MarginalCountsCombineFn
 
 ADULT = Path(__file__).resolve().parents[1] / "examples" / "data" / "adult" / "adult.csv"
@@ -69,21 +76,31 @@ def numpy_floor(codes: np.ndarray, rows: int, shape: list[int]) -> tuple[float, 
     return time.perf_counter() - t, time.process_time() - c, tables
 
 
+LAST_SPREAD: dict[str, int] = {}  # batches drawn per worker process in the last run
+
+
 def beam_measure(codes_path: str, rows: int, shape: list[int], args: list[str],
                  out_path: str) -> tuple[float, float]:
     """(wall, CPU of this process) seconds for the Beam pipeline (construction + run); tables
-    saved to ``out_path``."""
+    saved to ``out_path``; batches per worker process in ``LAST_SPREAD``."""
     specs = [(j,) for j in range(len(shape))]
     t, c = time.perf_counter(), time.process_time()
-    with beam.Pipeline(options=PipelineOptions(args)) as p:
-        (p
-         | "Starts" >> beam.Create(batch_starts(rows, BATCH))
-         | "Resample" >> beam.ParDo(ResampleBatchesFn(codes_path=codes_path, rows=rows, batch=BATCH))
-         # EncodedBatch of 20k rows
-         | "Count" >> beam.CombineGlobally(MarginalCountsCombineFn(specs, shape))
-         # tuple of count tables
-         | "Save" >> beam.Map(save_tables, out_path))
-    return time.perf_counter() - t, time.process_time() - c
+    p = beam.Pipeline(options=PipelineOptions(args))
+    (p
+     | "Starts" >> beam.Create(batch_starts(rows, BATCH))
+     | "Resample" >> beam.ParDo(ResampleBatchesFn(codes_path=codes_path, rows=rows, batch=BATCH))
+     # EncodedBatch of 20k rows
+     | "Count" >> beam.CombineGlobally(MarginalCountsCombineFn(specs, shape))
+     # tuple of count tables
+     | "Save" >> beam.Map(save_tables, out_path))
+    result = p.run()
+    result.wait_until_finish()
+    elapsed = time.perf_counter() - t, time.process_time() - c
+    counters = result.metrics().query(MetricsFilter().with_namespace(METRICS_NAMESPACE))["counters"]
+    LAST_SPREAD.clear()
+    for m in counters:
+        LAST_SPREAD[m.key.metric.name] = int(m.committed or m.attempted or 0)
+    return elapsed
 
 
 def _load_tables(path: str) -> list[np.ndarray]:
@@ -153,7 +170,7 @@ def main() -> None:
                   f"{fc / bc:5.2f} CPU (goal >= 0.25); tables identical")
         if not args.skip_workers:
             rows = max(args.rows)
-            t1, t2, c1, c2 = [], [], [], []
+            t1, t2, c1, c2, spread = [], [], [], [], []
             for _ in range(args.repeat):
                 c = _children_cpu()
                 t1.append(beam_measure(path, rows, shape, workers_args(1), out)[0])
@@ -162,13 +179,15 @@ def main() -> None:
                 c = _children_cpu()
                 t2.append(beam_measure(path, rows, shape, workers_args(2), out)[0])
                 c2.append(_children_cpu() - c)
+                spread.append(sorted(LAST_SPREAD.values()))
                 assert all(np.array_equal(a, b) for a, b in zip(ref, _load_tables(out)))
             a, b = float(np.median(t1)), float(np.median(t2))
             print(f"(c) N={rows:,}, multi-process DirectRunner: 1 worker {a:.2f} s, 2 workers "
                   f"{b:.2f} s, speed-up {a / b:.2f}x (goal >= 1.6x); runs 1w {[round(x, 1) for x in t1]}"
                   f" 2w {[round(x, 1) for x in t2]}; worker-process CPU 1w "
                   f"{float(np.median(c1)):.1f} s, 2w {float(np.median(c2)):.1f} s (CPU/wall "
-                  f"{float(np.median(c1)) / a:.2f} vs {float(np.median(c2)) / b:.2f}); load average "
+                  f"{float(np.median(c1)) / a:.2f} vs {float(np.median(c2)) / b:.2f}); batches per "
+                  f"worker process with 2 workers {spread}; load average "
                   f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
         if not args.skip_memory:
             peaks = {rows: child_peak_memory(path, rows, shape) for rows in args.rows}

@@ -8,6 +8,7 @@ is public-data resampling, not a privacy mechanism, so it does not use ``RandomS
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 
 import apache_beam as beam
@@ -15,7 +16,9 @@ import numpy as np
 
 from beamsynth.schemas.schema import EncodedBatch
 
-__all__ = ["ResampleBatchesFn", "batch_starts", "resample_rows", "save_tables"]
+__all__ = ["METRICS_NAMESPACE", "ResampleBatchesFn", "batch_starts", "resample_rows", "save_tables"]
+
+METRICS_NAMESPACE = "beamsynth.loadgen"
 
 
 def resample_rows(codes: np.ndarray, start: int, n: int) -> np.ndarray:
@@ -35,7 +38,8 @@ class ResampleBatchesFn(beam.DoFn):
     """``start`` → ``EncodedBatch`` of ``min(batch, rows - start)`` resampled rows.
 
     The code matrix is loaded once per worker in ``setup`` from ``codes_path`` (``.npy``), so it
-    is not pickled into the pipeline.
+    is not pickled into the pipeline. Counts the batches each worker process drew in the
+    counter ``batches@<pid>`` (namespace :data:`METRICS_NAMESPACE`), to see how work was spread.
     """
 
     def __init__(self, *, codes_path: str, rows: int, batch: int) -> None:
@@ -46,8 +50,10 @@ class ResampleBatchesFn(beam.DoFn):
 
     def setup(self) -> None:
         self._codes = np.load(self._path)
+        self._counter = beam.metrics.Metrics.counter(METRICS_NAMESPACE, f"batches@{os.getpid()}")
 
     def process(self, start: int) -> Iterable[EncodedBatch]:
+        self._counter.inc()
         yield EncodedBatch(resample_rows(self._codes, start, min(self._batch, self._rows - start)))
 
 
