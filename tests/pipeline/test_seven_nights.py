@@ -123,6 +123,10 @@ def test_seven_nights(tmp_path: Path) -> None:
     assert proc.returncode == -signal.SIGKILL
     assert not folder(3).exists()
     assert [s for _, s in _states(ledger_path)] == ["committed", "committed", "pending"]
+    shown = subprocess.run([sys.executable, "-m", "beamsynth.pipelines.cli", "ledger", "show",
+                            str(ledger_path)], capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0 and "spent ε=3 of lifetime ε=5 (ε=2 left)" in shown.stdout
+    assert shown.stdout.count("pending") == 1
 
     # Rerun night 3: the dead reservation is released (nothing was published) and replaced.
     _run(tmp_path, 3, _night_input(tmp_path, 3))
