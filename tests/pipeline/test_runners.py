@@ -4,7 +4,9 @@ To add a pipeline, write a builder ``run(options, folder) -> RunOutput`` and app
 ``CASES``. Each case runs once in-process (the reference) and once per runner in ``case.runners``:
 
 * ``direct-multi``: the DirectRunner with 2 worker processes (``--runner direct-multi``);
-* ``dask``: Beam's DaskRunner on a local dask.distributed cluster with 2 worker processes.
+* ``dask``: Beam's DaskRunner on a local dask.distributed cluster with 2 worker processes;
+* ``portable``: the PortableRunner with an in-process job server (``--job_endpoint=embed``), the
+  Fn API path that Flink and Spark job servers use.
 
 The DaskRunner (apache-beam 2.77) needs the Dask-safe graph shapes described in docs/runners.md;
 ``build_synthesis`` switches to them when the options select the DaskRunner.
@@ -110,7 +112,8 @@ def check_synthesize(result: RunOutput) -> None:
 # One line per pipeline: later transforms join here.
 # sbhg and plausible do not run correctly on the DaskRunner (docs/runners.md): multi-process only.
 CASES: list[PipelineCase] = [
-    PipelineCase("synthesize-independent", run_synthesize, check_synthesize),
+    PipelineCase("synthesize-independent", run_synthesize, check_synthesize,
+                 runners=("direct-multi", "dask", "portable")),
     PipelineCase("synthesize-privbayes", partial(run_synthesize, method="privbayes"), check_synthesize,
                  slow=True),
     PipelineCase("synthesize-sbhg", partial(run_synthesize, method="sbhg", delta=1e-6), check_synthesize,
@@ -138,6 +141,9 @@ def dask_address():
 def _options(runner: str, request: pytest.FixtureRequest) -> PipelineOptions:
     if runner == "direct-multi":
         return options_for(["--runner", "direct-multi"])
+    if runner == "portable":  # the Fn API path Flink/Spark use, with an in-process job server
+        return options_for(["--runner=PortableRunner", "--job_endpoint=embed",
+                            "--environment_type=LOOPBACK"])
     if runner == "dask":
         address = request.getfixturevalue("dask_address")
         return options_for(["--runner", "dask", f"--dask_client_address={address}"])
