@@ -63,6 +63,7 @@ __all__ = [
     "capped_xlogx",
     "hash_keys",
     "hashed_counts",
+    "key_space",
     "merge_sparse",
     "mi_score",
     "mi_score_sensitivity",
@@ -436,6 +437,15 @@ class DPHashedConditionals(beam.PTransform):
                        "init_sweeps": init_sweeps, "support_check": support_check}
         SBHGModel.check_gibbs(**self._gibbs)
         self._seed = seed
+
+    def default_label(self) -> str:
+        return (f"SBHG(ε_c={self.per_feature.epsilon * len(self._shape):g}, "
+                f"δ={self.per_feature.delta * len(self._shape):g}, R={self._r})")
+
+    def display_data(self) -> dict[str, Any]:
+        return {"noise": "discrete Laplace (SBA)", "sba_scale": self.scale,
+                "sba_threshold": self.threshold, "top_r": self._r,
+                "em_epsilon_each": self._eps_each or 0.0, "columns": len(self._shape)}
 
     def details(self) -> dict[str, Any]:
         """Mechanism parameters (for the accountant and manifest)."""
