@@ -34,12 +34,11 @@ import glob
 import json
 import os
 import shutil
-import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import apache_beam as beam
 import yaml
@@ -55,6 +54,7 @@ from beamsynth.pipelines.ledger import (
 )
 from beamsynth.pipelines.manifest import build_manifest, write_json_atomic
 from beamsynth.pipelines.methods import get_method
+from beamsynth.pipelines.progress import Progress, RowProgressFn
 from beamsynth.pipelines.synthesize import (
     SynthesisConfig,
     SynthesisPlan,
@@ -220,34 +220,6 @@ class ReleasePlan:
     config: ReleaseConfig
     plans: dict[str, SynthesisPlan]
     spends: list[LedgerSpend] = field(default_factory=list)
-
-
-class Progress:
-    """Stage and row-count messages on the terminal (stderr); silent when ``quiet``."""
-
-    def __init__(self, *, quiet: bool = False, stream: IO[str] | None = None) -> None:
-        self.quiet = bool(quiet)
-        self._stream = stream
-        self._t0 = time.time()
-
-    def __call__(self, message: str) -> None:
-        """Print one progress line with the elapsed time."""
-        if not self.quiet:
-            stream = self._stream or sys.stderr
-            print(f"[{time.time() - self._t0:6.1f}s] {message}", file=stream, flush=True)
-
-
-class _RowProgressFn(beam.DoFn):
-    """Passes batches through and prints the running number of rows read (stderr)."""
-
-    def __init__(self, label: str) -> None:
-        self._label = label
-        self._rows = 0
-
-    def process(self, batch):
-        self._rows += len(batch)
-        print(f"         {self._label}: rows read {self._rows}", file=sys.stderr, flush=True)
-        yield batch
 
 
 # -- validation ------------------------------------------------------------------------------------
@@ -699,7 +671,7 @@ def _run_table(plan: SynthesisPlan, t: TableSpec, tmp: str, options: PipelineOpt
     if is_dask(options):  # Beam's DaskRunner runs only the last applied sink (docs/runners.md)
         return _finish_table(plan, t, tmp, p.run(), start, progress)
     if not progress.quiet:
-        _ = built["batches"] | "Progress" >> beam.ParDo(_RowProgressFn(t.name))
+        _ = built["batches"] | "Progress" >> beam.ParDo(RowProgressFn(t.name))
     for fmt in t.formats[1:]:
         built["tables"] | f"Write_{fmt}" >> WriteTables(
             os.path.join(tmp, "public", f"{t.name}.{fmt}"), column_names=plan.schema.names,

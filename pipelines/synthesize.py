@@ -29,6 +29,7 @@ from beamsynth.pipelines.io import (
 )
 from beamsynth.pipelines.manifest import build_manifest, manifest_path, write_json_atomic
 from beamsynth.pipelines.methods import Method, get_method
+from beamsynth.pipelines.progress import Progress, RowProgressFn
 from beamsynth.runners.presets import is_dask
 from beamsynth.schemas.schema import Schema
 from beamsynth.transforms.budget import BudgetExceededError, PrivacyAccountant, as_budget
@@ -190,15 +191,22 @@ def _metric(result: Any, name: str) -> int | None:
 
 
 def run_synthesis(cfg: SynthesisConfig, pipeline_options: PipelineOptions | None = None,
-                  *, command: str = "synthesize") -> dict[str, Any]:
+                  *, command: str = "synthesize", progress: Progress | None = None) -> dict[str, Any]:
     """Plan (spending the budget), run the pipeline, write the manifest; returns the manifest."""
+    progress = progress or Progress(quiet=True)
     plan = plan_synthesis(cfg)
+    progress(f"planned: {plan.method.name}, spends "
+             + ", ".join(f"{s.step} {s.budget}" for s in plan.accountant.spends))
     options = pipeline_options or PipelineOptions([])
     start = time.time()
     p = beam.Pipeline(options=options)
     built = build_synthesis(p, plan)
+    if not progress.quiet:
+        _ = built["batches"] | "Progress" >> beam.ParDo(RowProgressFn("synthesize"))
+    progress("reading, measuring and sampling")
     result = p.run()
     result.wait_until_finish()
+    progress("pipeline finished; writing the manifest")
     plan.method.collect_metrics(result)
     read = _metric(result, "rows_read")
     rej_parse = _metric(result, "rows_rejected_unparseable")

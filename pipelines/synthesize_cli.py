@@ -7,8 +7,10 @@ import json
 import sys
 
 from apache_beam.options.pipeline_options import PipelineOptions
+
 from beamsynth.pipelines.manifest import manifest_path
 from beamsynth.pipelines.methods import METHODS, _load_optional_methods
+from beamsynth.pipelines.progress import Progress
 from beamsynth.pipelines.synthesize import SynthesisConfig, run_synthesis
 from beamsynth.schemas.schema import load_schema
 
@@ -67,7 +69,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     if not quiet:
         print(f"beamsynth synthesize: {args.method} on {args.input} (ε={args.epsilon:g}"
               + (f", δ={args.delta:g}" if args.delta else "") + ")", file=sys.stderr)
-    manifest = run_synthesis(cfg, pipeline_options(beam_args))
+    manifest = run_synthesis(cfg, pipeline_options(beam_args), progress=Progress(quiet=quiet))
     if not quiet:
         op, rel = manifest["operational"], manifest["release"]
         print(f"  rows read {op['rows_read']}, used {op['rows_used']}, rejected {op['rows_rejected']}"
