@@ -481,9 +481,10 @@ class DatetimeDomain(Domain):
         return self._size
 
     def encode_many(self, values: Sequence[Any]) -> np.ndarray:
-        ts = pd.to_datetime(pd.Series(list(values), dtype=object), errors="coerce", format="ISO8601")
-        if getattr(ts.dt, "tz", None) is not None:
-            ts = ts.dt.tz_convert(None)
+        # utc=True: values with an offset are converted to UTC, naive values are read as UTC wall
+        # time (as before); without it a block mixing offsets became an object Series and raised
+        ts = pd.to_datetime(pd.Series(list(values), dtype=object), errors="coerce", format="ISO8601",
+                            utc=True).dt.tz_convert(None)
         malformed = ts.isna().to_numpy()
         out = np.full(len(values), OUT_OF_DOMAIN, dtype=np.int64)
         ok = ~malformed

@@ -4,6 +4,7 @@ import math
 
 import numpy as np
 import pytest
+
 from beamsynth.schemas.domains import (
     MALFORMED,
     OUT_OF_DOMAIN,
@@ -172,3 +173,12 @@ def test_union_domain_from_spec(tmp_path):
     with pytest.raises(ValueError, match="a union needs exactly two parts"):
         domain_from_spec({"kind": "union", "parts": [{"kind": "integer", "low": 0, "high": 1},
                                                       {"kind": "integer", "low": 0, "high": 1}]})
+
+
+def test_datetime_mixed_utc_offsets_encode_instead_of_crashing_the_block():
+    # pandas refuses a mixed-offset column without utc=True (FutureWarning, then an object
+    # Series on which .dt raised AttributeError): one bad row used to kill the whole block.
+    d = DatetimeDomain(start="2020-01-01", end="2020-12-31", granularity="day")
+    codes = d.encode_many(["2020-03-04T23:30:00-01:00", "2020-03-04T05:00:00+02:00",
+                           "2020-03-04", "not a date"])
+    assert codes.tolist() == [64, 63, 63, MALFORMED]  # offsets converted to UTC, naive kept
