@@ -244,8 +244,12 @@ def _parse_numbers(values: Sequence[Any]) -> np.ndarray:
         arr = pa.array(s, type=pa.string(), from_pandas=True)
         return pc.cast(pc.utf8_trim_whitespace(arr), pa.float64()).to_numpy(zero_copy_only=False)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, UnicodeError):
-        # UnicodeError: strings holding lone surrogates (undecodable input bytes) are not UTF-8
-        return pd.to_numeric(s, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+        # UnicodeError: strings holding lone surrogates (undecodable input bytes) are not UTF-8.
+        # Non-string values (ints from JSON/Avro) land here; booleans are not numbers (to_numeric
+        # would read True as 1), so they are malformed.
+        is_bool = s.map(lambda v: isinstance(v, (bool, np.bool_))).to_numpy(dtype=bool)
+        num = pd.to_numeric(s.where(~is_bool, None), errors="coerce")
+        return num.to_numpy(dtype=np.float64, na_value=np.nan)
 
 
 def _check_edges(edges: Sequence[float], low: float, high: float, what: str) -> np.ndarray:

@@ -182,3 +182,11 @@ def test_datetime_mixed_utc_offsets_encode_instead_of_crashing_the_block():
     codes = d.encode_many(["2020-03-04T23:30:00-01:00", "2020-03-04T05:00:00+02:00",
                            "2020-03-04", "not a date"])
     assert codes.tolist() == [64, 63, 63, MALFORMED]  # offsets converted to UTC, naive kept
+
+
+def test_numeric_domains_reject_booleans_instead_of_reading_them_as_1_and_0():
+    # JSON/Avro/Parquet booleans in a numeric column used to be encoded silently as 1 and 0
+    assert IntegerDomain(low=0, high=10).encode_many([True, False, 3, "4"]).tolist() == [
+        MALFORMED, MALFORMED, 3, 4]
+    assert FloatDomain(low=0, high=1, bins=2).encode_many([np.bool_(True), 0.75]).tolist() == [
+        MALFORMED, 1]
