@@ -618,6 +618,14 @@ class _PrefixLevels(beam.PTransform):
         """The privacy arithmetic of this transform."""
         return self._acct
 
+    def default_label(self) -> str:
+        return f"{type(self).__name__}(ε={self._acct.epsilon:g})"
+
+    def display_data(self) -> dict[str, Any]:
+        return {"method": self.method, "epsilon": self._acct.epsilon, "delta": 0.0,
+                "noise": "discrete Laplace", "scale": self._acct.scale, "key": self._codec.kind,
+                "fanout": self._codec.fanout, "levels": self._levels}
+
     def expand(self, batches):
         # batches: EncodedBatch (codes (n, depth) of symbols), contribution-bounded
         step = self.label
