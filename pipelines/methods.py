@@ -18,7 +18,9 @@ from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, PureDP, as_
 from beamsynth.transforms.cathist import plan_cathist
 from beamsynth.transforms.synthesis import DPIndependentMarginals
 
-__all__ = ["METHODS", "Method", "IndependentMethod", "register", "get_method"]
+__all__ = ["MAX_DENSE_CELLS", "METHODS", "Method", "IndependentMethod", "register", "get_method"]
+
+MAX_DENSE_CELLS = 50_000_000  # cells of one dense 1-way table of the independent method
 
 
 class Method(ABC):
@@ -77,6 +79,12 @@ class IndependentMethod(Method):
         columns = self.schema.columns
         per_column = self.budget.epsilon / len(columns)
         closed = [c for c in columns if not c.is_open]
+        for c in closed:  # dense tables are allocated and noised cell by cell after the data is read
+            if c.cells > MAX_DENSE_CELLS:
+                raise ValueError(
+                    f"column {c.name!r} has {c.cells} cells, more than a dense noisy table can hold "
+                    f"({MAX_DENSE_CELLS}); declare it open (open: {{tolerance: ρ}}, released with "
+                    "CatHist) or bin it coarser")
         details = {
             "tables": len(closed),
             "epsilon_per_table": per_column,

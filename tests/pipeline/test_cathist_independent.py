@@ -97,3 +97,16 @@ def test_schema_with_only_open_columns(tmp_path):
     assert len(got) == 300 and got.count("w5 w6") > 150
     steps = [s["step"] for s in manifest["release"]["budget"]["spends"]]
     assert steps == ["independent.cathist.job"]
+
+
+def test_huge_closed_column_is_refused_at_build_time_not_mid_run():
+    # a dense table of 26^8 ≈ 2e11 cells used to be allocated after the data was read
+    # (MemoryError mid-run); such a column must be declared open (CatHist) instead
+    schema = load_schema({"name": "t", "columns": [
+        {"name": "code", "type": "string",
+         "domain": {"kind": "string", "alphabet": "abcdefghijklmnopqrstuvwxyz", "max_length": 8}}]})
+    acct = PrivacyAccountant(total=PureDP(epsilon=1.0))
+    with pytest.raises(ValueError, match=r"column 'code' .* declare it open"):
+        IndependentMethod(schema=schema, accountant=acct, budget=PureDP(epsilon=1.0),
+                          max_contributions=1, seed=None, options={})
+    assert acct.spends == ()
