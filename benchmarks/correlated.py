@@ -18,7 +18,8 @@ only reads outputs saved by earlier runs of the companion script in ``--peer-dir
 
 Ratios printed: beamsynth TVD / peer TVD and peer time / beamsynth time at the same ε (peers at
 the seeds they were run with). ``--speed`` runs the end-to-end pipeline on an Adult resample of each
-size in a fresh subprocess and prints wall time and peak RSS.
+size in a fresh subprocess (the resample is written by another one) and prints wall time, CPU
+seconds, peak RSS and the load average (the machine is shared).
 """
 
 from __future__ import annotations
@@ -188,38 +189,49 @@ def print_table(rows: list[dict]) -> None:
                   f"{t.seconds / o.seconds:.1f}x")
 
 
-def speed_child(n: int, seed: int) -> int:
-    """One end-to-end run on an n-row Adult resample; prints JSON with seconds and peak RSS."""
-    from beamsynth.schemas.schema import load_schema
-
+def make_resample(n: int, path: str, seed: int = 0) -> None:
+    """An n-row i.i.d. resample of the Adult train split, written as CSV (benchmark input)."""
     schema, train, _ = load_dataset("adult")
     idx = np.random.default_rng(seed).integers(0, len(train), n)
+    train.iloc[idx][schema.names].to_csv(path, index=False)
+
+
+def speed_child(n: int, path: str) -> int:
+    """One end-to-end run on a prepared resample; prints seconds, CPU seconds and peak RSS."""
+    from beamsynth.schemas.schema import load_schema
+
+    schema = load_schema("adult")
+    before = resource.getrusage(resource.RUSAGE_SELF)
     with tempfile.TemporaryDirectory() as tmp:
-        src = os.path.join(tmp, "resample.csv")
-        train.iloc[idx][schema.names].to_csv(src, index=False)
-        rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        _, secs = run_beamsynth(load_schema("adult"), src, n, 1.0, seed, tmp)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"rows": n, "seconds": secs, "peak_rss_mb": peak / 1024,
-                      "rss_before_run_mb": rss_before / 1024}))
+        _, secs = run_beamsynth(schema, path, n, 1.0, 0, tmp)
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    print(json.dumps({"rows": n, "seconds": secs, "cpu_seconds": cpu,
+                      "peak_rss_mb": after.ru_maxrss / 1024,
+                      "rss_before_run_mb": before.ru_maxrss / 1024,
+                      "load_average_1min": os.getloadavg()[0]}))
     return 0
 
 
 def speed_main(a: argparse.Namespace) -> int:
     results = []
-    for n in [int(x) for x in a.speed.split(",")]:
-        proc = subprocess.run([sys.executable, __file__, "--speed-child", str(n)],
-                              capture_output=True, text=True, check=False)
-        line = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-        if not line:
-            print(proc.stderr[-2000:])
-            return 1
-        r = json.loads(line[-1])
-        results.append(r)
-        print(json.dumps(r), flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in [int(x) for x in a.speed.split(",")]:
+            path = os.path.join(tmp, f"adult_{n}.csv")
+            subprocess.run([sys.executable, __file__, "--make-resample", str(n), path], check=True)
+            proc = subprocess.run([sys.executable, __file__, "--speed-child", str(n), path],
+                                  capture_output=True, text=True, check=False)
+            line = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+            if not line:
+                print(proc.stderr[-2000:])
+                return 1
+            r = json.loads(line[-1])
+            results.append(r)
+            print(json.dumps(r), flush=True)
     if len(results) >= 2:
         a0, a1 = results[0], results[-1]
         print(f"rows x{a1['rows'] / a0['rows']:.0f}: time x{a1['seconds'] / a0['seconds']:.2f}, "
+              f"CPU x{a1['cpu_seconds'] / a0['cpu_seconds']:.2f}, "
               f"peak RSS x{a1['peak_rss_mb'] / a0['peak_rss_mb']:.2f}")
     return 0
 
@@ -236,10 +248,14 @@ def main() -> int:
     ap.add_argument("--beamsynth-from", default=None,
                     help="reuse beamsynth rows of an earlier --out JSON (re-evaluate peers only)")
     ap.add_argument("--speed", default=None, help="comma-separated row counts for the speed run")
-    ap.add_argument("--speed-child", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--speed-child", nargs=2, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--make-resample", nargs=2, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.make_resample is not None:
+        make_resample(int(a.make_resample[0]), a.make_resample[1])
+        return 0
     if a.speed_child is not None:
-        return speed_child(a.speed_child, 0)
+        return speed_child(int(a.speed_child[0]), a.speed_child[1])
     if a.speed:
         return speed_main(a)
     return quality_main(a)
