@@ -16,6 +16,7 @@ from typing import Any
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
+
 from beamsynth.schemas.schema import EncodedBatch, Schema
 from beamsynth.transforms.budget import ApproxDP, PureDP
 from beamsynth.transforms.cathist import ColumnCells, DPCategoricalHistogram
@@ -93,7 +94,9 @@ class DPCount(beam.PTransform):
         super().__init__(label)
         if not isinstance(budget, ApproxDP) or budget.delta != 0:
             raise ValueError(f"DPCount needs a pure ε budget, got {budget!r}")
-        self._budget, self._k, self._seed = budget, int(max_contributions), seed
+        if isinstance(max_contributions, bool) or not isinstance(max_contributions, int) or max_contributions < 1:
+            raise ValueError(f"max_contributions ({max_contributions!r}) must be an int >= 1")
+        self._budget, self._k, self._seed = budget, max_contributions, seed
 
     def expand(self, batches):
         counts = combine_globally(batches, _CountRowsFn(), "CountRows")
