@@ -76,6 +76,8 @@ class IndependentMethod(Method):
 
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
+        # pure ε-DP: a δ the user allowed is simply not spent (the manifest shows δ spent = 0)
+        self.budget = PureDP(epsilon=self.budget.epsilon)
         columns = self.schema.columns
         per_column = self.budget.epsilon / len(columns)
         closed = [c for c in columns if not c.is_open]
@@ -96,8 +98,8 @@ class IndependentMethod(Method):
             self.accountant.spend("independent.marginals", self.budget,
                                   mechanism="discrete Laplace on 1-way marginals", details=details)
             return
-        if closed:  # equal split: the closed columns' share, with all of δ (unused by pure ε)
-            share = as_budget(per_column * len(closed), self.budget.delta)
+        if closed:  # equal split: the closed columns' share
+            share = as_budget(per_column * len(closed))
             self.accountant.spend("independent.marginals", share,
                                   mechanism="discrete Laplace on 1-way marginals", details=details)
         parts = self.budget.split({c.name: 1.0 for c in columns})  # as DPIndependentMarginals

@@ -112,3 +112,12 @@ def test_privacy_id_bounds_contributions(tmp_path):
                                    "neighbouring": "add/remove one privacy unit"}
     assert rel["budget"]["spends"][0]["details"]["sensitivity_per_table"] == 2
     assert "person" not in pd.read_csv(out).columns
+
+
+def test_independent_with_delta_spends_pure_epsilon(adult_sample, tmp_path):
+    out = tmp_path / "o.csv"
+    _run(["synthesize", str(adult_sample), "--schema", "adult", "--epsilon", "1", "--delta", "1e-6",
+          "--rows", "50", "--output", str(out), "--seed", "2"])
+    budget = _manifest(out)["release"]["budget"]
+    assert budget["total"] == {"epsilon": 1.0, "delta": 1e-6}
+    assert budget["spent"]["epsilon"] == pytest.approx(1.0) and budget["spent"]["delta"] == 0.0
