@@ -562,11 +562,19 @@ class Keys:
         return self._codes
 
 
-def run_prefix(data: Keys, rs: RandomSource, *, method: str) -> list[Any]:
-    """All levels of one prefix method, level by level as the Beam graph runs them."""
+def run_prefix(data: Keys, rs: RandomSource, *, method: str, noiseless_leaves: bool = False) -> list[Any]:
+    """All levels of one prefix method, level by level as the Beam graph runs them.
+
+    ``noiseless_leaves=True`` is a broken basic variant: the second pass re-measures the leaves
+    with (practically) no noise, as if its budget had been forgotten.
+    """
+    import dataclasses
+
     from beamsynth.transforms import prefix as P
 
     codec, acct = _prefix_codec(), _prefix_acct(method)
+    if noiseless_leaves:
+        acct = dataclasses.replace(acct, final_scale=1e-9)
     codes = data.codes()
     state = P.root_state(codec.symbol_dtype)
     levels = codec.depth
@@ -735,4 +743,10 @@ register_broken(AuditCase(
     thresholds=(1,), runs=2000,
     batch=lambda d, p, n, rs: _pd_release(np.asarray(d.codes, np.int64), n, rs, randomized=False)[:, 0] >= 0,
     broken="Privacy Test 1 (k' ≥ k, no noisy threshold) has no (ε, δ) guarantee",
+))
+register_broken(AuditCase(
+    name="prefix basic: leaves re-measured without noise", epsilon=EPSILON, delta=0.0,
+    run=functools.partial(run_prefix, method="basic", noiseless_leaves=True), pairs=PREFIX_PAIRS[:1],
+    statistic=_prefix_stat, thresholds=tuple(range(1, 10)), runs=600,
+    broken="the second pass (leaf re-measurement) adds no noise",
 ))
