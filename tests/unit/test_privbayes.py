@@ -210,3 +210,14 @@ def test_measure_releases_one_table_per_family_with_budgets_summing():
 def test_candidate_families():
     assert candidate_families(4, 2) == list(itertools.combinations(range(4), 3))
     assert candidate_families(2, 3) == [(0, 1)]
+
+
+def test_empty_input_still_releases_a_valid_model():
+    shape = (3, 2, 4)
+    fams, counts = _tables(np.empty((0, 3), dtype=np.int64), shape, 2)
+    plan = plan_privbayes(shape, PureDP(epsilon=0.5))
+    m = measure_privbayes(counts, fams, shape=shape, names=list("abc"), plan=plan,
+                          rs=RandomSource(seed=1))
+    model = fit_privbayes(m, shape)
+    codes = model.sample_codes(50, RandomSource(seed=2))
+    assert codes.shape == (50, 3) and np.all(codes >= 0) and np.all(codes < np.asarray(shape))
