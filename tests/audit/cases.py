@@ -95,6 +95,8 @@ PAIRS: tuple[NeighbourPair, ...] = (
     NeighbourPair("add one unit to an empty dataset", Records(
         {"color": [], "age": [], "city": [], "pid": []}), Records(
         {"color": ["green"], "age": [50], "city": ["y"], "pid": ["only"]}), {"row": ("green", 50)}),
+    NeighbourPair("add one unit whose row is rejected (city out of domain)", BASE,
+                  BASE.plus([_row("red", 30, "zzz", "new")]), {"row": ("red", 30)}),
 )
 HEAVY_PAIRS: tuple[NeighbourPair, ...] = (
     NeighbourPair(f"add a heavy unit ({HEAVY} identical records)", BASE,
