@@ -32,6 +32,7 @@ import pandas as pd
 import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
+
 from beamsynth.schemas.schema import EncodedBatch, Schema, SchemaError, avro_field_name
 
 __all__ = [
@@ -118,7 +119,8 @@ def _open_text(path: str) -> io.TextIOBase:
     if path.lower().endswith(".gz"):
         fh = gzip.GzipFile(fileobj=fh)
     # surrogateescape keeps undecodable bytes visible in the dead-letter output instead of failing
-    return io.TextIOWrapper(fh, encoding="utf-8", errors="surrogateescape", newline="")
+    # utf-8-sig drops a byte-order mark before the header (spreadsheet exports write one)
+    return io.TextIOWrapper(fh, encoding="utf-8-sig", errors="surrogateescape", newline="")
 
 
 def _clean(text: str) -> str:

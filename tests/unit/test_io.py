@@ -6,6 +6,7 @@ import fastavro
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
 from beamsynth.pipelines.io import Rejected, detect_format, encode_block, iter_raw_blocks
 from beamsynth.schemas.schema import load_schema
 
@@ -94,3 +95,12 @@ def test_detect_format():
     assert detect_format("x.csv.gz") == "csv" and detect_format("x.parquet") == "parquet"
     with pytest.raises(ValueError, match="cannot tell the format"):
         detect_format("x.xlsx")
+
+
+def test_csv_and_jsonl_with_byte_order_mark(tmp_path):
+    p = tmp_path / "bom.csv"
+    p.write_bytes("\ufeffa,n\nx,1\ny,2\n".encode())
+    assert _run(p) == (2, [])
+    j = tmp_path / "bom.jsonl"
+    j.write_bytes('\ufeff{"a": "x", "n": 1}\n'.encode())
+    assert _run(j) == (1, [])
