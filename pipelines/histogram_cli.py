@@ -40,7 +40,7 @@ from beamsynth.pipelines.io import (
     write_rejected,
 )
 from beamsynth.pipelines.manifest import build_manifest, manifest_path, write_json_atomic
-from beamsynth.pipelines.synthesize import _metric
+from beamsynth.pipelines.synthesize import counter_value
 from beamsynth.pipelines.synthesize_cli import pipeline_options
 from beamsynth.schemas.domains import CategoricalDomain, IntegerDomain, ProductDomain, StringDomain
 from beamsynth.schemas.schema import Column, Schema, avro_field_name, load_schema
@@ -170,10 +170,10 @@ def run_histogram(cfg: HistogramConfig, options: PipelineOptions | None = None) 
     write_rejected(read["rejected"], cfg.output)
     result = p.run()
     result.wait_until_finish()
-    rej = [_metric(result, n) for n in ("rows_rejected_unparseable", "rows_rejected_domain")]
-    counts = {"rows_read": _metric(result, "rows_read"), "rows_used": _metric(result, "rows_encoded"),
+    rej = [counter_value(result, n) for n in ("rows_rejected_unparseable", "rows_rejected_domain")]
+    counts = {"rows_read": counter_value(result, "rows_read"), "rows_used": counter_value(result, "rows_encoded"),
               "rows_rejected": None if None in rej else sum(rej),
-              "rows_out": _metric(result, "categories_released"),
+              "rows_out": counter_value(result, "categories_released"),
               "seconds": round(time.time() - start, 3)}
     manifest = build_manifest(
         command="histogram", method="cathist", inputs=[cfg.input],

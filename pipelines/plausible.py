@@ -13,7 +13,6 @@ import math
 from typing import Any
 
 import apache_beam as beam
-from apache_beam.metrics.metric import MetricsFilter
 
 from beamsynth.pipelines.methods import Method, register
 from beamsynth.schemas.schema import EncodedBatch, Schema
@@ -22,7 +21,6 @@ from beamsynth.transforms.measure import combine_globally, window_labels
 from beamsynth.transforms.noise import RandomSource
 from beamsynth.transforms.plausible import (
     DEFAULT_MAX_RECORDS,
-    METRICS_NAMESPACE,
     REJECT_BELOW_K,
     REJECT_NOISY_THRESHOLD,
     DPPlausibleBayesNet,
@@ -223,13 +221,12 @@ class PlausibleMethod(Method):
     def collect_metrics(self, result: Any) -> None:
         names = ["plausible_candidates", "plausible_tested", "plausible_released",
                  f"plausible_rejected_{REJECT_BELOW_K}", f"plausible_rejected_{REJECT_NOISY_THRESHOLD}"]
+        from beamsynth.pipelines.synthesize import counter_value  # synthesize imports this module
+
         for n in names:
-            try:
-                res = result.metrics().query(MetricsFilter().with_namespace(METRICS_NAMESPACE).with_name(n))
-                vals = [c.committed if c.committed is not None else c.attempted for c in res["counters"]]
-                self._metrics[n] = int(sum(vals)) if vals else 0
-            except Exception:  # runners without metrics
-                pass
+            value = counter_value(result, n)
+            if value is not None:  # runners without metrics leave the entry out
+                self._metrics[n] = value
 
     def release_guarantee(self, candidates: int | None = None) -> dict[str, Any]:
         """Theorem 1 per invocation of Mechanism 1 (one candidate: released or dropped), and composed

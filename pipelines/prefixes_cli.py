@@ -25,7 +25,6 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 from apache_beam.metrics import Metrics
-from apache_beam.metrics.metric import MetricsFilter
 
 from beamsynth.pipelines.io import (
     METRICS_NAMESPACE,
@@ -39,6 +38,7 @@ from beamsynth.pipelines.io import (
     write_rejected,
 )
 from beamsynth.pipelines.manifest import build_manifest, manifest_path, write_json_atomic
+from beamsynth.pipelines.synthesize import counter_value
 from beamsynth.schemas.keys import (
     DEFAULT_ALPHABET,
     WORLD_BOX,
@@ -193,15 +193,6 @@ def build_prefix_pipeline(p: beam.Pipeline, *, input: str | Sequence[str], codec
     return {"batches": batches, "released": released, "keys": keys, "rejected": rejected}
 
 
-def _metric(result: Any, name: str) -> int | None:
-    try:
-        res = result.metrics().query(MetricsFilter().with_namespace(METRICS_NAMESPACE).with_name(name))
-        vals = [c.committed if c.committed is not None else c.attempted for c in res["counters"]]
-        return int(sum(vals)) if vals else 0
-    except Exception:  # some runners do not report metrics
-        return None
-
-
 def run_prefixes(*, input: str, codec: KeyCodec, method: str, epsilon: float, output: str,
                  privacy_id: str | None = None, max_contributions: int = 1, seed: int | None = None,
                  options: Any = None, restore: bool = False, **method_args: Any) -> dict[str, Any]:
@@ -224,11 +215,11 @@ def run_prefixes(*, input: str, codec: KeyCodec, method: str, epsilon: float, ou
                           restore_discount=restore_t)
     result = p.run()
     result.wait_until_finish()
-    rej = [_metric(result, "rows_rejected_unparseable"), _metric(result, "rows_rejected_domain")]
-    counts = {"rows_read": _metric(result, "rows_read"), "rows_used": _metric(result, "rows_encoded"),
+    rej = [counter_value(result, "rows_rejected_unparseable"), counter_value(result, "rows_rejected_domain")]
+    counts = {"rows_read": counter_value(result, "rows_read"), "rows_used": counter_value(result, "rows_encoded"),
               "rows_rejected": None if None in rej else sum(rej),  # type: ignore[arg-type]
-              "rows_out": _metric(result, "rows_synthesized"),
-              "incomplete_leaf_mass_dropped": _metric(result, "incomplete_leaf_mass_dropped"),
+              "rows_out": counter_value(result, "rows_synthesized"),
+              "incomplete_leaf_mass_dropped": counter_value(result, "incomplete_leaf_mass_dropped"),
               "seconds": round(time.time() - start, 3)}
     spec = codec.to_spec()
     manifest = build_manifest(

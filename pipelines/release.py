@@ -58,8 +58,8 @@ from beamsynth.pipelines.progress import Progress, RowProgressFn
 from beamsynth.pipelines.synthesize import (
     SynthesisConfig,
     SynthesisPlan,
-    _metric,
     build_synthesis,
+    counter_value,
     plan_synthesis,
 )
 from beamsynth.runners.presets import is_dask
@@ -688,11 +688,11 @@ def _finish_table(plan: SynthesisPlan, t: TableSpec, tmp: str, result: Any, star
                   progress: Progress) -> dict[str, Any]:
     cfg = plan.config
     result.wait_until_finish()
-    rej_parse = _metric(result, "rows_rejected_unparseable")
-    rej_dom = _metric(result, "rows_rejected_domain")
-    counts = {"rows_read": _metric(result, "rows_read"), "rows_used": _metric(result, "rows_encoded"),
+    rej_parse = counter_value(result, "rows_rejected_unparseable")
+    rej_dom = counter_value(result, "rows_rejected_domain")
+    counts = {"rows_read": counter_value(result, "rows_read"), "rows_used": counter_value(result, "rows_encoded"),
               "rows_rejected": None if rej_parse is None or rej_dom is None else rej_parse + rej_dom,
-              "rows_out": _metric(result, "rows_synthesized"),
+              "rows_out": counter_value(result, "rows_synthesized"),
               "seconds": round(time.time() - start, 3)}
     for leftover in glob.glob(os.path.join(tmp, "public", "beam-temp-*")):
         shutil.rmtree(leftover, ignore_errors=True)  # some runners leave sink temp folders

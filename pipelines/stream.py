@@ -39,9 +39,8 @@ from apache_beam.utils.timestamp import Duration
 
 from beamsynth.pipelines.io import table_to_csv_text
 from beamsynth.pipelines.manifest import build_manifest, manifest_path, write_json_atomic
-from beamsynth.pipelines.synthesize import SynthesisPlan, _pair_model_rows
+from beamsynth.pipelines.synthesize import SynthesisPlan, synthesize_batches
 from beamsynth.schemas.schema import EncodedBatch
-from beamsynth.transforms.synthesis import DPCount, SampleSynthetic
 from beamsynth.transforms.units import BoundContributions
 
 __all__ = [
@@ -226,27 +225,8 @@ class WindowedSynthesis(beam.PTransform):
             windowed = windowed | "BoundContributions" >> BoundContributions(
                 max_contributions=cfg.max_contributions, seed=cfg.seed)
             # EncodedBatch, <= k rows per privacy id per window
-        models = plan.method.expand_model(windowed)
-        # SynthesisModel per window
-        if cfg.rows is None:
-            rows = (windowed
-                    | "DPCount" >> DPCount(budget=plan.count_budget,
-                                           max_contributions=cfg.max_contributions, seed=cfg.seed)
-                    | "Rows" >> beam.Map(lambda c: c.rows))
-        else:
-            fixed = cfg.rows
-            rows = models | "Rows" >> beam.Map(lambda _m: fixed)
-        # int per window
-        model_rows = (
-            (models | "KeyModel" >> beam.Map(lambda m: (0, ("model", m))),
-             rows | "KeyRows" >> beam.Map(lambda r: (0, ("rows", r))))
-            | "JoinModelRows" >> beam.Flatten()
-            | "Group" >> beam.GroupByKey()
-            | "Pair" >> beam.Map(_pair_model_rows)
-        )
-        # (SynthesisModel, rows) per window
-        tables = model_rows | "Sample" >> SampleSynthetic(
-            schema=plan.schema, seed=cfg.seed, shard_rows=cfg.shard_rows, side_input=False)
+        tables, _models, rows = synthesize_batches(windowed, plan, side_input=False)
+        # pyarrow.Table shards; rows: int per window
         # pyarrow.Table shards
         releases = (
             (tables | "KeyTables" >> beam.Map(_tag_table),

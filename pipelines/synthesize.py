@@ -36,7 +36,15 @@ from beamsynth.transforms.budget import BudgetExceededError, PrivacyAccountant, 
 from beamsynth.transforms.synthesis import DEFAULT_SHARD_ROWS, DPCount, SampleSynthetic
 from beamsynth.transforms.units import BoundContributions
 
-__all__ = ["SynthesisConfig", "SynthesisPlan", "build_synthesis", "plan_synthesis", "run_synthesis"]
+__all__ = [
+    "SynthesisConfig",
+    "SynthesisPlan",
+    "build_synthesis",
+    "counter_value",
+    "plan_synthesis",
+    "run_synthesis",
+    "synthesize_batches",
+]
 
 log = logging.getLogger("beamsynth")
 
@@ -135,30 +143,7 @@ def build_synthesis(p: beam.Pipeline, plan: SynthesisPlan) -> dict[str, Any]:
         batches = batches | "BoundContributions" >> BoundContributions(
             max_contributions=cfg.max_contributions, seed=cfg.seed)
         # EncodedBatch, <= k rows per privacy id
-    direct = type(plan.method).expand_tables is not Method.expand_tables  # releases records itself
-    models = None if direct else plan.method.expand_model(batches)
-    # SynthesisModel per window
-    if cfg.rows is None:
-        counts = batches | "DPCount" >> DPCount(
-            budget=plan.count_budget, max_contributions=cfg.max_contributions, seed=cfg.seed)
-        rows = counts | "Rows" >> beam.Map(lambda c: c.rows)
-    else:
-        fixed = cfg.rows
-        base = models if models is not None else p | "RowsOnce" >> beam.Create([None])
-        rows = base | "Rows" >> beam.Map(lambda _m: fixed)
-    if direct:
-        tables = plan.method.expand_tables(batches, rows)
-    else:
-        model_rows = (
-            (models | "KeyModel" >> beam.Map(lambda m: (0, ("model", m))),
-             rows | "KeyRows" >> beam.Map(lambda r: (0, ("rows", r))))
-            | "JoinModelRows" >> beam.Flatten()
-            | "Group" >> beam.GroupByKey()
-            | "Pair" >> beam.Map(_pair_model_rows)
-        )
-        # (SynthesisModel, rows)
-        tables = model_rows | "Sample" >> SampleSynthetic(schema=schema, seed=cfg.seed, shard_rows=cfg.shard_rows,
-                                                      side_input=not dask_safe)
+    tables, models, _rows = synthesize_batches(batches, plan, side_input=not dask_safe)
     # pyarrow.Table of synthetic rows
     tables = tables | "CountOut" >> beam.Map(_count_out)
     ensure_parent(cfg.output)
@@ -171,6 +156,44 @@ def build_synthesis(p: beam.Pipeline, plan: SynthesisPlan) -> dict[str, Any]:
     return {"batches": batches, "models": models, "tables": tables, "rejected": read["rejected"]}
 
 
+def synthesize_batches(
+    batches: beam.PCollection, plan: SynthesisPlan, *, side_input: bool = True
+) -> tuple[beam.PCollection, beam.PCollection | None, beam.PCollection]:
+    """Bounded ``EncodedBatch`` records → (synthetic ``pyarrow.Table`` shards, models or None,
+    rows to synthesize per window).
+
+    The one place that wires a method's model, the row count (``--rows`` or the DP count) and
+    sharded sampling; ``synthesize``, releases, windowed streams and the Beam YAML step share it.
+    Methods that release records themselves (``expand_tables``) get ``None`` for models.
+    """
+    cfg, schema = plan.config, plan.schema
+    direct = type(plan.method).expand_tables is not Method.expand_tables  # releases records itself
+    models = None if direct else plan.method.expand_model(batches)
+    # SynthesisModel per window
+    if cfg.rows is None:
+        counts = batches | "DPCount" >> DPCount(
+            budget=plan.count_budget, max_contributions=cfg.max_contributions, seed=cfg.seed)
+        rows = counts | "Rows" >> beam.Map(lambda c: c.rows)
+    else:
+        fixed = cfg.rows
+        base = models if models is not None else batches.pipeline | "RowsOnce" >> beam.Create([None])
+        rows = base | "Rows" >> beam.Map(lambda _m: fixed)
+    # int rows per window
+    if direct:
+        return plan.method.expand_tables(batches, rows), None, rows
+    model_rows = (
+        (models | "KeyModel" >> beam.Map(lambda m: (0, ("model", m))),
+         rows | "KeyRows" >> beam.Map(lambda r: (0, ("rows", r))))
+        | "JoinModelRows" >> beam.Flatten()
+        | "Group" >> beam.GroupByKey()
+        | "Pair" >> beam.Map(_pair_model_rows)
+    )
+    # (SynthesisModel, rows) per window
+    tables = model_rows | "Sample" >> SampleSynthetic(
+        schema=schema, seed=cfg.seed, shard_rows=cfg.shard_rows, side_input=side_input)
+    return tables, models, rows
+
+
 def _pair_model_rows(kv):
     parts = dict(kv[1])
     return parts["model"], parts["rows"]
@@ -181,7 +204,8 @@ def _count_out(table):
     return table
 
 
-def _metric(result: Any, name: str) -> int | None:
+def counter_value(result: Any, name: str) -> int | None:
+    """Sum of the beamsynth Beam counter ``name`` in a finished run (None if the runner has none)."""
     try:
         res = result.metrics().query(MetricsFilter().with_namespace(METRICS_NAMESPACE).with_name(name))
         vals = [c.committed if c.committed is not None else c.attempted for c in res["counters"]]
@@ -208,11 +232,11 @@ def run_synthesis(cfg: SynthesisConfig, pipeline_options: PipelineOptions | None
     result.wait_until_finish()
     progress("pipeline finished; writing the manifest")
     plan.method.collect_metrics(result)
-    read = _metric(result, "rows_read")
-    rej_parse = _metric(result, "rows_rejected_unparseable")
-    rej_dom = _metric(result, "rows_rejected_domain")
-    used = _metric(result, "rows_encoded")
-    out_rows = _metric(result, "rows_synthesized")
+    read = counter_value(result, "rows_read")
+    rej_parse = counter_value(result, "rows_rejected_unparseable")
+    rej_dom = counter_value(result, "rows_rejected_domain")
+    used = counter_value(result, "rows_encoded")
+    out_rows = counter_value(result, "rows_synthesized")
     rejected = None if rej_parse is None or rej_dom is None else rej_parse + rej_dom
     counts = {"rows_read": read, "rows_used": used, "rows_rejected": rejected, "rows_out": out_rows,
               "seconds": round(time.time() - start, 3)}

@@ -25,10 +25,8 @@ import pyarrow as pa
 from apache_beam.typehints.row_type import RowTypeConstraint
 
 from beamsynth.pipelines.io import METRICS_NAMESPACE, EncodeBlocks, RawBlock, arrow_schema_for
-from beamsynth.pipelines.methods import Method
-from beamsynth.pipelines.synthesize import SynthesisConfig, _pair_model_rows, plan_synthesis
+from beamsynth.pipelines.synthesize import SynthesisConfig, plan_synthesis, synthesize_batches
 from beamsynth.schemas.schema import Schema, avro_field_name, load_schema
-from beamsynth.transforms.synthesis import DPCount, SampleSynthetic
 from beamsynth.transforms.units import BoundContributions
 
 __all__ = ["Synthesize", "rows_to_block", "row_type_for"]
@@ -127,30 +125,7 @@ class Synthesize(beam.PTransform):
             batches = batches | "BoundContributions" >> BoundContributions(
                 max_contributions=cfg.max_contributions, seed=cfg.seed)
             # EncodedBatch, <= k rows per privacy id
-        direct = type(plan.method).expand_tables is not Method.expand_tables
-        models = None if direct else plan.method.expand_model(batches)
-        if cfg.rows is None:
-            rows = (batches
-                    | "DPCount" >> DPCount(budget=plan.count_budget,
-                                           max_contributions=cfg.max_contributions, seed=cfg.seed)
-                    | "Rows" >> beam.Map(lambda c: c.rows))
-        else:
-            fixed = cfg.rows
-            base = models if models is not None else pcoll.pipeline | "RowsOnce" >> beam.Create([None])
-            rows = base | "Rows" >> beam.Map(lambda _m: fixed)
-        # int rows to synthesize
-        if direct:
-            tables = plan.method.expand_tables(batches, rows)
-        else:
-            tables = (
-                (models | "KeyModel" >> beam.Map(lambda m: (0, ("model", m))),
-                 rows | "KeyRows" >> beam.Map(lambda r: (0, ("rows", r))))
-                | "JoinModelRows" >> beam.Flatten()
-                | "Group" >> beam.GroupByKey()
-                | "Pair" >> beam.Map(_pair_model_rows)
-                # (SynthesisModel, rows)
-                | "Sample" >> SampleSynthetic(schema=schema, seed=cfg.seed)
-            )
+        tables, _models, _rows = synthesize_batches(batches, plan)
         # pyarrow.Table
         out = tables | "ToRows" >> beam.FlatMap(_table_rows, schema.names).with_output_types(
             row_type_for(schema))
