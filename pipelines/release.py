@@ -52,7 +52,7 @@ from beamsynth.pipelines.ledger import (
     LedgerSpend,
     PrivacyLedger,
 )
-from beamsynth.pipelines.manifest import build_manifest, write_json_atomic
+from beamsynth.pipelines.manifest import SEEDED_NOTE, build_manifest, write_json_atomic
 from beamsynth.pipelines.methods import get_method
 from beamsynth.pipelines.progress import Progress, RowProgressFn
 from beamsynth.pipelines.synthesize import (
@@ -80,8 +80,8 @@ __all__ = [
 ]
 
 FORMATS = ("csv", "jsonl", "avro", "parquet")
-_TOP_KEYS = {"name", "description", "folder", "budget", "privacy_unit", "ledger", "seed", "tables",
-             "reports"}
+_TOP_KEYS = {"name", "description", "folder", "budget", "privacy_unit", "ledger", "seed", "demo",
+             "tables", "reports"}
 _TABLE_KEYS = {"name", "kind", "source", "input", "schema", "method", "epsilon", "delta", "rows",
                "count_fraction", "options", "columns", "formats", "privacy_unit", "column",
                "tolerance"}
@@ -116,7 +116,9 @@ RELEASE_CONFIG_SCHEMA: dict[str, Any] = {
         "folder": {"type": "string", "description": "release folder; {name} and {date} are filled in"},
         "budget": {"$ref": "#/$defs/budget"},
         "privacy_unit": {"$ref": "#/$defs/unit"},
-        "seed": {"type": ["integer", "null"]},
+        "seed": {"type": ["integer", "null"], "description": "only with demo: true"},
+        "demo": {"type": "boolean",
+                 "description": "tests and demos only: allows a seed; outputs say 'not for release'"},
         "ledger": {
             "type": "object", "additionalProperties": False, "required": ["path", "policies"],
             "properties": {
@@ -206,6 +208,7 @@ class ReleaseConfig:
     policies: dict[str, LedgerPolicy]
     seed: int | None
     tables: tuple[TableSpec, ...]
+    demo: bool = False
     private_report: bool = True
     public_report: bool = True
     target: str | None = None
@@ -493,8 +496,16 @@ def load_release_config(source: str | os.PathLike[str] | Mapping[str, Any], *,
     delta = _number(b.get("delta", 0.0), "budget.delta", low=0, high=1, low_open=False, high_open=True)
     unit = _unit(d.get("privacy_unit"), "privacy_unit", (None, 1))
     seed = d.get("seed")
+    demo = d.get("demo", False)
+    if not isinstance(demo, bool):
+        raise ReleaseConfigError("demo", f"must be true or false, got {demo!r}")
     if seed is not None:
         seed = _int(seed, "seed", low=0)
+        if not demo:
+            raise ReleaseConfigError(
+                "seed", f"({seed}) makes every noise draw reproducible by anyone who learns it, so "
+                "the release would not be private; a seed is allowed only with 'demo: true' "
+                "(tests and demos, marked 'seeded: not for release')")
     lg = _keys(d["ledger"], _LEDGER_KEYS, "ledger", required=("path", "policies"))
     ledger_path = _resolve(base, _string(lg["path"], "ledger.path"))
     pol = lg["policies"]
@@ -537,7 +548,7 @@ def load_release_config(source: str | os.PathLike[str] | Mapping[str, Any], *,
     _check_budget(tables, epsilon, delta)
     return ReleaseConfig(
         name=name, description=str(d.get("description") or ""), folder=folder, epsilon=epsilon,
-        delta=delta, ledger_path=ledger_path, policies=policies, seed=seed, tables=tables,
+        delta=delta, ledger_path=ledger_path, policies=policies, seed=seed, demo=demo, tables=tables,
         private_report=rep.get("private", True), public_report=rep.get("public", True),
         target=target,
         max_plot_rows=_int(rep.get("max_plot_rows", 50_000), "reports.max_plot_rows", low=1),
@@ -823,7 +834,7 @@ def run_release(
 def _release_document(cfg: ReleaseConfig, release_id: str,
                       manifests: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
     """``release.json``: the public parts of the manifests plus the ledger entry."""
-    return {
+    doc: dict[str, Any] = {
         "beamsynth_release": 1,
         "release_id": release_id,
         "name": cfg.name,
@@ -838,3 +849,8 @@ def _release_document(cfg: ReleaseConfig, release_id: str,
                           **m["release"]} for name, m in manifests.items()},
         "metrics_namespace": METRICS_NAMESPACE,
     }
+    if cfg.demo:
+        doc["demo"] = ("DEMO RELEASE: " + SEEDED_NOTE
+                       + (f" (seed {cfg.seed})" if cfg.seed is not None else "")
+                       + "; the noise can be regenerated, so nothing here is private")
+    return doc

@@ -32,6 +32,7 @@ folder: {root}/rel/small-{{date}}
 budget: {{epsilon: 2.0}}
 ledger: {{path: {root}/ledger.sqlite, policies: {{adult: {{epsilon: 10}}}}}}
 seed: 3
+demo: true
 tables:
   - name: adult
     input: {data}
@@ -112,6 +113,7 @@ def test_release_folder_layout_and_private_boundary(release: Path) -> None:
                 "private/adult.rejected.jsonl"):
         assert (release / rel).is_file(), rel
     doc = json.loads((release / "release.json").read_text(encoding="utf-8"))
+    assert doc["demo"].startswith("DEMO RELEASE: seeded: not for release (seed 3)")
     assert "operational" not in json.dumps(doc)  # exact counts stay in private/
     assert doc["spent"]["epsilon"] == pytest.approx(2.0)
     private = (release / "private" / "report.html").read_text(encoding="utf-8")

@@ -33,6 +33,7 @@ ledger:
   policies:
     adult: {{epsilon: 5.0}}
 seed: 7
+demo: true
 tables:
   - name: adult
     source: adult

@@ -62,6 +62,8 @@ def test_valid_config_fills_date_and_selects_columns(tmp_path: Path) -> None:
     ("edit", "path", "message"),
     [
         (lambda c: c.update(colour=1), "colour", "unknown key"),
+        (lambda c: c.update(seed=3), "seed", "allowed only with 'demo: true'"),
+        (lambda c: c.update(demo="yes"), "demo", "must be true or false"),
         (lambda c: c["tables"][0].update(colour=1), "tables[0].colour", "unknown key"),
         (lambda c: c["budget"].update(epsilon=-1), "budget.epsilon", "(-1) must be in (0, ∞)"),
         (lambda c: c["tables"][0].update(epsilon=1.5), "tables[0].epsilon",
