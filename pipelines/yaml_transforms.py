@@ -72,6 +72,12 @@ def _table_rows(table, names: list[str]):
         yield beam.Row(**{f: rec[n] for f, n in zip(fields, names)})
 
 
+def _fail_on_rejected(r: Any) -> None:
+    raise ValueError(
+        f"BeamsynthSynthesize: input row {r.row} rejected: {r.reason}; configure "
+        "'error_handling: {output: NAME}' on the step to route bad rows to a dead-letter output")
+
+
 class Synthesize(beam.PTransform):
     """Beam YAML step ``BeamsynthSynthesize``: schema'd rows in, DP synthetic rows out.
 
@@ -131,6 +137,9 @@ class Synthesize(beam.PTransform):
             row_type_for(schema))
         # beam.Row per synthetic record
         if self._errors is None:
+            # Beam YAML's convention: without error_handling a bad row fails the step, loudly,
+            # instead of being dropped (rows are never lost silently)
+            _ = enc["rejected"] | "FailOnBadRow" >> beam.Map(_fail_on_rejected)
             return out
         rejected = enc["rejected"] | "RejectedRows" >> beam.Map(
             lambda r: beam.Row(source=r.source, row=r.row, reason=r.reason, raw=r.raw)

@@ -91,3 +91,18 @@ def test_synthesize_step_in_a_test_pipeline() -> None:
                     | "Distinct" >> beam.Distinct(), equal_to([True]), label="declared values")
         assert_that(out["bad"] | "Reason" >> beam.Map(lambda r: "Robot" in r.reason),
                     equal_to([True]), label="one dead letter")
+
+
+def test_bad_row_without_error_handling_fails_the_step_loudly() -> None:
+    import csv
+
+    import apache_beam as beam
+    from apache_beam.testing.test_pipeline import TestPipeline
+
+    with open(ADULT, encoding="utf-8", newline="") as fh:
+        record = next(csv.DictReader(fh))
+    bad = beam.Row(**{avro_field_name(k): v for k, v in dict(record, sex="Robot").items()})
+    with pytest.raises(Exception, match="rejected: column 'sex'.*configure 'error_handling"):
+        with TestPipeline() as p:
+            _ = (p | beam.Create([bad])
+                 | Synthesize(schema="adult", epsilon=1.0, rows=5, seed=5))
