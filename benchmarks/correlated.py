@@ -14,6 +14,7 @@ only reads outputs saved by earlier runs of the companion script in ``--peer-dir
 
     nice -n 10 python benchmarks/correlated.py --dataset adult --peers saved
     nice -n 10 python benchmarks/correlated.py --dataset acs --epsilons 1 --peers none
+    nice -n 10 python benchmarks/correlated.py --epsilons 0.5,1,2 --peers none --pb-sampling-baseline iid
     nice -n 10 python benchmarks/correlated.py --speed 100000,1000000
 
 Ratios printed: beamsynth TVD / peer TVD and peer time / beamsynth time at the same ε (peers at
@@ -66,14 +67,16 @@ def load_dataset(name: str):
 
 
 def run_beamsynth(schema, train_csv: str, rows: int, epsilon: float, seed: int, out_dir: str,
-                  degree: int | None = None) -> tuple[pd.DataFrame, float]:
+                  degree: int | None = None, sampling: str | None = None) -> tuple[pd.DataFrame, float]:
     """The synthesize pipeline end to end on the DirectRunner; returns (synthetic frame, seconds)."""
     from apache_beam.options.pipeline_options import PipelineOptions
 
     from beamsynth.pipelines.synthesize import SynthesisConfig, run_synthesis
 
-    out = os.path.join(out_dir, f"pb_eps{epsilon}_seed{seed}.csv")
+    out = os.path.join(out_dir, f"pb_eps{epsilon}_seed{seed}_{sampling}.csv")
     opts = {} if degree is None else {"degree": degree}
+    if sampling is not None:
+        opts["sampling"] = sampling
     cfg = SynthesisConfig(input=train_csv, schema=schema, output=out, epsilon=epsilon,
                           method="privbayes", rows=rows, seed=seed, options=opts)
     t0 = time.perf_counter()
@@ -142,6 +145,17 @@ def quality_main(a: argparse.Namespace) -> int:
                     earlier[(r["epsilon"], r["seed"])] = r
         for eps in eps_list:
             for seed in seeds:
+                for extra in (a.pb_sampling_baseline or "").split(","):
+                    # same ε and seed with another --pb-sampling: the before/after of one run
+                    if not extra:
+                        continue
+                    synth, secs = run_beamsynth(schema, train_csv, len(train), eps, seed, tmp,
+                                                a.degree, extra)
+                    r = {"method": f"beamsynth privbayes ({extra})", "epsilon": eps, "seed": seed,
+                         "seconds": secs}
+                    r.update(evaluate(schema, test_codes, synth, spec["target"], spec["positive"], seed))
+                    rows.append(r)
+                    print(json.dumps(r), flush=True)
                 if (eps, seed) in earlier:
                     r = earlier[(eps, seed)]
                 else:
@@ -242,6 +256,8 @@ def main() -> int:
     ap.add_argument("--epsilons", default="0.1,0.5,1,2,5")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--degree", type=int, default=None)
+    ap.add_argument("--pb-sampling-baseline", default=None,
+                    help="also run beamsynth with these --pb-sampling modes (e.g. iid), same seeds")
     ap.add_argument("--peers", choices=["none", "saved", "run"], default="saved")
     ap.add_argument("--peer-dir", default=None)
     ap.add_argument("--out", default=None, help="write all rows as JSON")

@@ -42,6 +42,13 @@ Pipeline (one pass over the private data, plus the row count done by the caller)
    in parent cells with little mass (:func:`conditional_from_table`).
 4. **Sample** (post-processing): ancestral sampling, vectorized, in parallel shards via
    :class:`~beamsynth.transforms.synthesis.SampleSynthetic` (:meth:`PrivBayesModel.sample_codes`).
+   Default ``sampling="balanced"``: within each shard, the rows sharing a parent cell get their
+   child values by systematic sampling (random order, uniforms ``(j + U)/n_cell``), so each
+   conditional's realized counts are its expected counts ±1 instead of a multinomial draw; every
+   row is still marginally drawn from ``P(X | Π)`` and the child stays independent of the
+   non-parent columns given the parents. It reads only the fitted model (post-processing), and
+   removes part of the synthetic sample's own sampling error (Adult, ε = 1: see
+   ``docs/privbayes.md``). ``sampling="iid"`` is plain i.i.d. ancestral sampling.
 """
 
 from __future__ import annotations
@@ -75,6 +82,7 @@ from beamsynth.transforms.synthesis import DPCount, SampleSynthetic, SynthesisMo
 
 __all__ = [
     "DEFAULT_DEGREE",
+    "DEFAULT_SAMPLING",
     "DEFAULT_SHRINK",
     "DEFAULT_STRUCTURE_FRACTION",
     "PrivBayesMethod",
@@ -86,6 +94,8 @@ __all__ = [
     "PrivBayesModel",
     "PrivBayesPlan",
     "PrivBayesSynthesizer",
+    "SAMPLING_MODES",
+    "balanced_uniforms",
     "candidate_families",
     "choose_structure",
     "conditional_from_table",
@@ -104,6 +114,8 @@ __all__ = [
 DEFAULT_DEGREE = 2
 DEFAULT_STRUCTURE_FRACTION = 0.1
 DEFAULT_SHRINK = 0.1
+SAMPLING_MODES = ("balanced", "iid")
+DEFAULT_SAMPLING = "balanced"
 INDIF_SENSITIVITY = 4.0  # per record, add/remove neighbours (see indif_score)
 MAX_CANDIDATE_CELLS = 16_000_000  # exact candidate counts kept in one accumulator
 
@@ -481,11 +493,43 @@ def conditional_from_table(table: np.ndarray, prior: np.ndarray, strength: float
     return out / sums
 
 
+def balanced_uniforms(groups: np.ndarray, rs: RandomSource) -> np.ndarray:
+    """Stratified uniforms: row ``i`` in a group of ``n_g`` rows gets ``(r_i + U_g)/n_g``, where
+    ``r_i`` is a uniformly random rank within the group and ``U_g ~ U[0, 1)`` one offset per group.
+
+    Each value is marginally ``U[0, 1)``; inverted through a CDF, a group of ``n_g`` rows receives
+    every category ``c`` exactly ``⌊n_g p_c⌋`` or ``⌈n_g p_c⌉`` times (systematic sampling), and
+    which rows get which value is a uniformly random assignment (independent of everything but
+    the group). Post-processing randomness only.
+    """
+    g = np.asarray(groups, dtype=np.int64).ravel()
+    n = g.size
+    if n == 0:
+        return np.zeros(0)
+    order = np.lexsort((rs.child("order").uniform(n), g))
+    sorted_g = g[order]
+    starts = np.r_[0, np.flatnonzero(np.diff(sorted_g)) + 1]
+    sizes = np.diff(np.r_[starts, n])
+    which = np.repeat(np.arange(starts.size), sizes)
+    offsets = rs.child("offset").uniform(starts.size)
+    u = np.empty(n)
+    u[order] = (np.arange(n) - starts[which] + offsets[which]) / sizes[which]
+    return u
+
+
 class PrivBayesModel(SynthesisModel):
-    """Bayesian network ``Π_i P(X_i | Π_i)`` sampled ancestrally (post-processing only)."""
+    """Bayesian network ``Π_i P(X_i | Π_i)`` sampled ancestrally (post-processing only).
+
+    ``sampling``: ``"balanced"`` (default; systematic sampling of each child within each parent
+    cell, :func:`balanced_uniforms`) or ``"iid"`` (independent uniforms per row).
+    """
 
     def __init__(self, shape: Sequence[int], structure: Sequence[tuple[int, tuple[int, ...]]],
-                 conditionals: Sequence[np.ndarray], names: Sequence[str] | None = None) -> None:
+                 conditionals: Sequence[np.ndarray], names: Sequence[str] | None = None,
+                 *, sampling: str = DEFAULT_SAMPLING) -> None:
+        if sampling not in SAMPLING_MODES:
+            raise ValueError(f"sampling ({sampling!r}) must be one of {SAMPLING_MODES}")
+        self._sampling = sampling
         self._shape = tuple(int(s) for s in shape)
         self._structure = [(int(x), tuple(int(p) for p in ps)) for x, ps in structure]
         if sorted(x for x, _ in self._structure) != list(range(len(self._shape))):
@@ -520,11 +564,14 @@ class PrivBayesModel(SynthesisModel):
     def sample_codes(self, n: int, rs: RandomSource) -> np.ndarray:
         out = np.zeros((n, len(self._shape)), dtype=np.int64)
         for (x, ps), cdf in zip(self._structure, self._cdfs):
-            u = rs.child("column", x).uniform(n)
             if ps:
                 pidx = np.ravel_multi_index(tuple(out[:, p] for p in ps), [self._shape[p] for p in ps])
             else:
                 pidx = np.zeros(n, dtype=np.int64)
+            if self._sampling == "balanced":
+                u = balanced_uniforms(pidx, rs.child("balanced", x))
+            else:
+                u = rs.child("column", x).uniform(n)
             rows = cdf[pidx]
             idx = (u[:, None] >= rows).sum(axis=1)
             out[:, x] = np.minimum(idx, self._shape[x] - 1)
@@ -532,18 +579,19 @@ class PrivBayesModel(SynthesisModel):
 
     def describe(self) -> dict[str, Any]:
         name = (lambda c: self._names[c]) if self._names else (lambda c: c)
-        return {"model": "PrivBayes network",
+        return {"model": "PrivBayes network", "sampling": self._sampling,
                 "structure": [[name(x), [name(p) for p in ps]] for x, ps in self._structure]}
 
 
 def fit_privbayes(
     measurement: PrivBayesMeasurement, shape: Sequence[int], names: Sequence[str] | None = None,
-    *, shrink: float = DEFAULT_SHRINK,
+    *, shrink: float = DEFAULT_SHRINK, sampling: str = DEFAULT_SAMPLING,
 ) -> PrivBayesModel:
     """Fit the network from released tables only: consistency → Norm-Sub → shrunk conditionals.
 
     ``shrink`` multiplies the fallback strength ``c_X · b`` (about the noise mass one row of the
-    conditional carries) used by :func:`conditional_from_table`.
+    conditional carries) used by :func:`conditional_from_table`. ``sampling`` is passed to
+    :class:`PrivBayesModel`.
     """
     ms = list(measurement.marginals)
     tables = make_consistent(ms)
@@ -568,7 +616,7 @@ def fit_privbayes(
             continue
         strength = shrink * shape[x] * ms[i].scale
         conditionals.append(conditional_from_table(tables[i], one_way[x], strength))
-    return PrivBayesModel(shape, measurement.structure, conditionals, names)
+    return PrivBayesModel(shape, measurement.structure, conditionals, names, sampling=sampling)
 
 
 # -- Beam transforms -------------------------------------------------------------------------------
@@ -584,19 +632,23 @@ class DPPrivBayes(beam.PTransform):
     Args (keyword-only): schema, budget, degree (parents per attribute, default 2, lowered
     automatically if the candidate counts exceed ``max_candidate_cells``), structure_fraction
     (share of ε for the structure, default 0.1), max_contributions, seed (``None`` = secure),
-    shrink (conditional fallback strength, post-processing), accountant.
+    shrink (conditional fallback strength, post-processing), sampling (``"balanced"`` default or
+    ``"iid"``, post-processing, see :class:`PrivBayesModel`), accountant.
     """
 
     def __init__(self, *, schema: Schema, budget: ApproxDP, degree: int = DEFAULT_DEGREE,
                  structure_fraction: float = DEFAULT_STRUCTURE_FRACTION, max_contributions: int = 1,
                  seed: int | None = None, shrink: float = DEFAULT_SHRINK,
-                 max_candidate_cells: int = MAX_CANDIDATE_CELLS,
+                 sampling: str = DEFAULT_SAMPLING, max_candidate_cells: int = MAX_CANDIDATE_CELLS,
                  accountant: PrivacyAccountant | None = None, label: str | None = None) -> None:
         super().__init__(label)
         if not isinstance(schema, Schema):
             raise TypeError(f"schema must be a Schema, got {type(schema).__name__}")
         if not isinstance(shrink, (int, float)) or not 0 <= shrink <= 100:
             raise ValueError(f"shrink ({shrink!r}) must be a number in [0, 100]")
+        if sampling not in SAMPLING_MODES:
+            raise ValueError(f"sampling ({sampling!r}) must be one of {SAMPLING_MODES}")
+        self._sampling = sampling
         self._schema = schema
         self.plan = plan_privbayes(schema.shape, budget, degree=degree,
                                    structure_fraction=structure_fraction,
@@ -608,14 +660,16 @@ class DPPrivBayes(beam.PTransform):
         self._seed, self._shrink = seed, float(shrink)
 
     def expand(self, batches):
-        shape, names, shrink = self._schema.shape, self._schema.names, self._shrink
+        shape, names, shrink, sampling = (self._schema.shape, self._schema.names, self._shrink,
+                                          self._sampling)
         counts = combine_globally(batches, MarginalCountsCombineFn(self._families, shape),
                                   "CountCandidates")
         # tuple[np.ndarray, ...]: exact counts of every (k+1)-column family, one per window
         measured = counts | "ChooseAndMeasure" >> beam.ParDo(PrivBayesMeasureFn(
             families=self._families, shape=shape, names=names, plan=self.plan, seed=self._seed))
         # PrivBayesMeasurement (structure + NoisyMarginal tables): the DP boundary
-        return measured | "Fit" >> beam.Map(fit_privbayes, shape, names, shrink=shrink)
+        return measured | "Fit" >> beam.Map(fit_privbayes, shape, names, shrink=shrink,
+                                                sampling=sampling)
         # PrivBayesModel
 
 
@@ -685,6 +739,7 @@ class PrivBayesMethod(Method):
             degree=int(opts.get("degree") or DEFAULT_DEGREE),
             structure_fraction=float(opts.get("structure_fraction") or DEFAULT_STRUCTURE_FRACTION),
             shrink=float(DEFAULT_SHRINK if opts.get("shrink") is None else opts["shrink"]),
+            sampling=str(opts.get("sampling") or DEFAULT_SAMPLING),
             max_contributions=self.max_contributions, seed=self.seed, accountant=self.accountant)
 
     @classmethod
@@ -701,6 +756,10 @@ class PrivBayesMethod(Method):
         if "--pb-shrink" not in taken:
             parser.add_argument("--pb-shrink", dest="shrink", type=float, default=None,
                                 help=f"privbayes: conditional fallback strength (default {DEFAULT_SHRINK})")
+        if "--pb-sampling" not in taken:
+            parser.add_argument("--pb-sampling", dest="sampling", choices=SAMPLING_MODES, default=None,
+                                help="privbayes: balanced (systematic within parent cells) or iid "
+                                     f"ancestral sampling (default {DEFAULT_SAMPLING})")
 
     def expand_model(self, batches):
         return batches | "PrivBayes" >> self._transform

@@ -14,6 +14,7 @@ from beamsynth.transforms.privbayes import (
     INDIF_SENSITIVITY,
     PrivBayesMeasurement,
     PrivBayesModel,
+    balanced_uniforms,
     candidate_families,
     choose_structure,
     conditional_from_table,
@@ -160,6 +161,59 @@ def test_model_validates_structure_and_shapes():
         PrivBayesModel((2, 2), [(0, ())], [np.array([[0.5, 0.5]])])
     with pytest.raises(ValueError, match="expected"):
         PrivBayesModel((2, 2), [(0, ()), (1, (0,))], [np.array([[0.5, 0.5]]), np.ones((1, 2)) / 2])
+
+
+def test_balanced_uniforms_stratify_each_group_and_are_deterministic():
+    rng = np.random.default_rng(3)
+    groups = rng.integers(0, 7, 5000)
+    u = balanced_uniforms(groups, RandomSource(seed=1))
+    assert u.shape == (5000,) and np.all(u >= 0) and np.all(u < 1)
+    for g in range(7):
+        ug = np.sort(u[groups == g])
+        n = ug.size
+        # exactly one value in each stratum [j/n, (j+1)/n)
+        assert np.array_equal(np.floor(ug * n).astype(int), np.arange(n))
+    assert np.array_equal(u, balanced_uniforms(groups, RandomSource(seed=1)))
+    assert not np.array_equal(u, balanced_uniforms(groups, RandomSource(seed=2)))
+    assert balanced_uniforms(np.zeros(0, dtype=np.int64), RandomSource(seed=1)).shape == (0,)
+
+
+def test_balanced_uniforms_are_marginally_uniform():
+    # one group of 3 rows: each row's value is U[0,1) over seeds (rank and offset both random)
+    draws = np.array([balanced_uniforms(np.zeros(3, dtype=np.int64), RandomSource(seed=s))
+                      for s in range(4000)])
+    for row in range(3):
+        hist = np.histogram(draws[:, row], bins=4, range=(0, 1))[0] / 4000
+        assert np.allclose(hist, 0.25, atol=0.035)  # ~5 sd of a 4000-draw bin frequency
+
+
+def test_balanced_sampling_hits_expected_counts_within_one_per_parent_cell():
+    cond1 = np.array([[0.6, 0.3, 0.1], [0.2, 0.2, 0.6]])  # P(x1 | x0)
+    model = PrivBayesModel((2, 3), [(0, ()), (1, (0,))], [np.array([[0.35, 0.65]]), cond1])
+    assert model.describe()["sampling"] == "balanced"
+    n = 10_007
+    codes = model.sample_codes(n, RandomSource(seed=5))
+    c0 = np.bincount(codes[:, 0], minlength=2)
+    assert np.all(np.abs(c0 - n * np.array([0.35, 0.65])) < 1)
+    for parent in range(2):
+        sel = codes[codes[:, 0] == parent, 1]
+        assert np.all(np.abs(np.bincount(sel, minlength=3) - sel.size * cond1[parent]) < 1)
+    iid = PrivBayesModel((2, 3), [(0, ()), (1, (0,))], [np.array([[0.35, 0.65]]), cond1],
+                         sampling="iid")
+    codes_iid = iid.sample_codes(n, RandomSource(seed=5))
+    assert np.allclose(np.bincount(codes_iid[:, 0], minlength=2) / n, [0.35, 0.65], atol=0.03)
+    with pytest.raises(ValueError, match=r"sampling \('stratified'\)"):
+        PrivBayesModel((2,), [(0, ())], [np.array([[0.5, 0.5]])], sampling="stratified")
+
+
+def test_balanced_sampling_keeps_child_independent_of_non_parents():
+    # x0 → x1 and x0 → x2: given x0, x1 and x2 must stay independent (no induced coupling)
+    c = np.array([[0.5, 0.5], [0.5, 0.5]])
+    model = PrivBayesModel((2, 2, 2), [(0, ()), (1, (0,)), (2, (0,))],
+                           [np.array([[0.5, 0.5]]), c, c])
+    codes = model.sample_codes(200_000, RandomSource(seed=8))
+    joint = np.bincount(codes[:, 0] * 4 + codes[:, 1] * 2 + codes[:, 2], minlength=8) / 200_000
+    assert np.allclose(joint, 0.125, atol=0.005)  # ~6 sd of a 2e5-sample cell frequency
 
 
 # -- plan, budget, measurement -----------------------------------------------------------------------
