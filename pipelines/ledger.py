@@ -36,6 +36,7 @@ import datetime as _dt
 import json
 import math
 import os
+import shutil
 import socket
 import sqlite3
 import uuid
@@ -44,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "temp_folder",
     "LedgerBudgetExceededError",
     "LedgerError",
     "LedgerPolicy",
@@ -146,6 +148,12 @@ class LedgerSpend:
     epsilon: float
     delta: float
     mechanism: str
+
+
+def temp_folder(folder: str, release_id: str) -> str:
+    """Where a release is assembled before its atomic rename to ``folder``."""
+    parent, base = os.path.split(os.path.abspath(folder))
+    return os.path.join(parent, f".{base}.tmp-{release_id}")
 
 
 class PrivacyLedger:
@@ -264,6 +272,8 @@ class PrivacyLedger:
                 state, note = "committed", "outputs were published before the process ended"
             elif force or not self._owner_alive(row["host"], row["pid"]):
                 state, note = "aborted", "process ended before publishing: spend released"
+                # outputs computed under a refunded spend must not survive to be published later
+                shutil.rmtree(temp_folder(row["folder"], row["release_id"]), ignore_errors=True)
             else:
                 continue
             con.execute("UPDATE releases SET state = ?, updated = ?, note = ? WHERE release_id = ?",

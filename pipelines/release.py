@@ -51,6 +51,7 @@ from beamsynth.pipelines.ledger import (
     LedgerPolicy,
     LedgerSpend,
     PrivacyLedger,
+    temp_folder,
 )
 from beamsynth.pipelines.manifest import SEEDED_NOTE, build_manifest, write_json_atomic
 from beamsynth.pipelines.methods import get_method
@@ -792,7 +793,7 @@ def run_release(
     os.makedirs(parent, exist_ok=True)
     for stale in glob.glob(os.path.join(parent, f".{os.path.basename(cfg.folder)}.tmp-*")):
         shutil.rmtree(stale, ignore_errors=True)  # left by a killed run of this night
-    tmp = os.path.join(parent, f".{os.path.basename(cfg.folder)}.tmp-{release_id}")
+    tmp = temp_folder(cfg.folder, release_id)
     try:
         os.makedirs(os.path.join(tmp, "public"))
         manifests = {}

@@ -20,6 +20,7 @@ from beamsynth.pipelines.ledger import (
     LedgerSpend,
     PrivacyLedger,
     format_ledger,
+    temp_folder,
 )
 
 POLICY = {"src": LedgerPolicy(epsilon=3.0)}
@@ -103,6 +104,17 @@ def test_reconcile_aborts_unpublished_and_commits_published(tmp_path: Path) -> N
         _reserve(ledger, "lost", tmp_path / "lost")
     with pytest.raises(LedgerError, match="already published"):
         _reserve(ledger, "done", tmp_path / "done")
+
+
+def test_aborting_a_killed_release_deletes_its_unpublished_outputs(tmp_path: Path) -> None:
+    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    rid = _reserve(ledger, "night", tmp_path / "night")
+    tmp = Path(temp_folder(str(tmp_path / "night"), rid))
+    (tmp / "public").mkdir(parents=True)
+    (tmp / "public" / "table.csv").write_text("a,b\n1,2\n")  # finished but never published
+    _set_owner(ledger, rid, _dead_pid())
+    assert ledger.reconcile() == [(rid, "aborted")]
+    assert not tmp.exists()  # the spend was refunded: its outputs must not survive
 
 
 def test_a_folder_of_another_release_does_not_commit_a_reservation(tmp_path: Path) -> None:
