@@ -344,8 +344,12 @@ def spend_privbayes(accountant: PrivacyAccountant, plan: PrivBayesPlan, prefix: 
         f"{prefix}.marginals", plan.marginal_budget,
         mechanism="discrete Laplace on the chosen (k+1)-way marginals",
         details={"max_tables": plan.max_tables, "sensitivity_per_table": plan.max_contributions,
-                 "scale_per_cell_if_all_tables": plan.table_scale(plan.max_tables),
-                 "split": "equal over the released tables",
+                 "penalty_scale": plan.table_scale(plan.max_tables),
+                 "penalty_scale_note": "the scale the structure penalty assumes (ε split equally "
+                                       "over max_tables; data-independent)",
+                 "split": "ε_i ∝ √cells_i over the released tables (split_marginal_budget); the "
+                          "tables are chosen privately, so each table's ε and scale are released "
+                          "with the model's noisy marginals",
                  "paper": "PrivBayes §4.2 (noisy conditionals), converted to add/remove counts"},
     )
 
