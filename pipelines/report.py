@@ -355,7 +355,8 @@ def _spend_rows(spends: Sequence[Mapping[str, Any]]) -> list[list[Any]]:
 
 def _declared_scale(details: Mapping[str, Any]) -> float | None:
     """The noise scale a spend declares (``scale``, ``scale_per_table``, or any ``*scale*`` key)."""
-    keys = ["scale", "scale_per_table"] + sorted(k for k in details if "scale" in k)
+    keys = ["scale", "scale_per_table"] + sorted(
+        k for k in details if "scale" in k and "penalty" not in k and not k.endswith("_note"))
     for k in keys:
         v = details.get(k)
         if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:

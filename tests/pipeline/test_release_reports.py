@@ -214,7 +214,7 @@ def test_public_report_reads_declared_noise_scales() -> None:
         {"step": "row_count", "mechanism": "discrete Laplace", "epsilon": 0.1, "delta": 0,
          "details": {"scale": 10.0}},
         {"step": "m", "mechanism": "discrete Laplace on marginals", "epsilon": 1, "delta": 0,
-         "details": {"scale_per_cell_if_all_tables": 8.5}},
+         "details": {"scale_per_cell": 8.5, "penalty_scale": 3.0}},
         {"step": "s", "mechanism": "exponential mechanism", "epsilon": 1, "delta": 0, "details": {}},
     ])
     assert rows[0][4:] == ["10", f"±{discrete_laplace_interval(10.0)}"]
