@@ -3,9 +3,19 @@
 :class:`WindowedSynthesis` takes timestamped ``EncodedBatch`` elements (bounded or unbounded,
 e.g. from Pub/Sub or Beam's ``TestStream``), assigns them to fixed event-time windows (daily by
 default) and runs the ``synthesize`` steps **per window**: bound contributions, DP count, the
-method's measurements, sampling. Every window with input yields one release: a synthetic file
-``OUT`` with the window start inserted before the extension and its own manifest, written by the
-pipeline (:class:`WindowRelease` describes both).
+method's measurements, sampling. Every **declared** window yields exactly one release, whether or
+not it received records: a synthetic file ``OUT`` with the window start inserted before the
+extension and its own manifest, written by the pipeline (:class:`WindowRelease` describes both).
+
+Declared windows: the set of released windows is public and fixed before any data is seen
+(``windows_start``, ``windows_end``, ``window_seconds``). One **empty** ``EncodedBatch`` per
+declared window (:class:`WindowHeartbeat`) is flattened with the data after contribution
+bounding, so each declared window has an element and its measurements fire on it (DP counts and
+marginals are defined on empty input). Without it a window would be released only if it had
+input, and the existence of a release would reveal whether one unit's record was there (ε = ∞).
+Records stamped outside the declared range never create a window: they go to the ``outside``
+output (an exact operational count, not DP) and are dropped. Only methods whose measurements emit
+on an empty window are accepted (:data:`EMPTY_WINDOW_METHODS`).
 
 Budget: the :class:`~beamsynth.pipelines.synthesize.SynthesisPlan` spends its budget once, at
 build time, **per window**: every window's release costs the plan's total (ε, δ) and its
@@ -32,26 +42,38 @@ from dataclasses import dataclass
 from typing import Any
 
 import apache_beam as beam
+import numpy as np
 import pyarrow as pa
 from apache_beam.transforms import trigger
 from apache_beam.transforms import window as beam_window
+from apache_beam.transforms.periodicsequence import PeriodicImpulse
 from apache_beam.utils.timestamp import Duration
 
-from beamsynth.pipelines.io import table_to_csv_text
+from beamsynth.pipelines.io import METRICS_NAMESPACE, table_to_csv_text
 from beamsynth.pipelines.manifest import build_manifest, manifest_path, write_json_atomic
 from beamsynth.pipelines.synthesize import SynthesisPlan, synthesize_batches
-from beamsynth.schemas.schema import EncodedBatch
+from beamsynth.schemas.schema import EncodedBatch, Schema
 from beamsynth.transforms.units import BoundContributions
 
 __all__ = [
     "DAY",
+    "EMPTY_WINDOW_METHODS",
     "LateCount",
+    "OutsideCount",
+    "WindowHeartbeat",
     "WindowRelease",
     "WindowedSynthesis",
+    "empty_batch",
     "window_output_path",
 ]
 
 DAY = 86_400
+
+#: Methods whose every measurement emits a DP result on a window holding only the empty
+#: heartbeat batch (checked by tests). ``sbhg`` (its hashed counts skip empty batches) and
+#: ``plausible`` (its split skips empty parts) would release nothing for an empty window, which
+#: reveals that the window was empty: :class:`WindowedSynthesis` refuses them.
+EMPTY_WINDOW_METHODS = ("independent", "privbayes")
 
 
 @dataclass(frozen=True)
@@ -81,6 +103,17 @@ class LateCount:
     start: str
     end: str
     late_rows: int
+
+
+@dataclass(frozen=True)
+class OutsideCount:
+    """Exact number of records in one input batch stamped outside the declared windows (not DP).
+
+    Such records are dropped, never released and never open a window.
+    """
+
+    timestamp: str
+    rows: int
 
 
 def _iso(ts: Any) -> str:
@@ -127,7 +160,8 @@ class _WriteWindowReleaseFn(beam.DoFn):
             counts={"rows_out": written},
             details={"window": {"start": _iso(window.start), "end": _iso(window.end)},
                      "rows_planned": rows, "guarantee": info["guarantee"],
-                     "late_data": info["late_data"], "method": info["method_details"]},
+                     "late_data": info["late_data"], "declared_windows": info["declared_windows"],
+                     "method": info["method_details"]},
         )
         write_json_atomic(manifest_path(path), manifest)
         yield WindowRelease(_iso(window.start), _iso(window.end), written, path,
@@ -143,6 +177,102 @@ class _CountLateFn(beam.DoFn):
             yield LateCount(_iso(window.start), _iso(window.end), int(count))
 
 
+def _epoch_seconds(value: Any, name: str) -> int:
+    """Whole epoch seconds of an int or a timezone-aware datetime."""
+    if isinstance(value, _dt.datetime):
+        if value.tzinfo is None:
+            raise ValueError(f"{name} ({value!r}) must be timezone-aware (e.g. tzinfo=timezone.utc)")
+        ts = value.timestamp()
+        if ts != int(ts):
+            raise ValueError(f"{name} ({value!r}) must be a whole second")
+        return int(ts)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be epoch seconds (int) or an aware datetime, got {value!r}")
+    return value
+
+
+def _declared_range(windows_start: Any, windows_end: Any, window_seconds: Any) -> tuple[int, int | None]:
+    """Validated ``(start, end or None)`` epoch seconds of the declared windows."""
+    if isinstance(window_seconds, bool) or not isinstance(window_seconds, int) or window_seconds < 1:
+        raise ValueError(f"window_seconds ({window_seconds!r}) must be an int >= 1")
+    start = _epoch_seconds(windows_start, "windows_start")
+    end = None if windows_end is None else _epoch_seconds(windows_end, "windows_end")
+    for name, value in (("windows_start", start), ("windows_end", end)):
+        if value is not None and value % window_seconds:
+            raise ValueError(f"{name} ({value}) must be a multiple of window_seconds "
+                             f"({window_seconds}): windows are aligned to the epoch")
+    if end is not None and end <= start:
+        raise ValueError(f"windows_end ({end}) must be after windows_start ({start})")
+    return start, end
+
+
+def empty_batch(schema: Schema) -> EncodedBatch:
+    """An ``EncodedBatch`` with no rows for ``schema`` (code dtype as ``encode_columns``)."""
+    dtype = np.int32 if all(c.cells < 2**31 for c in schema.columns) else np.int64
+    pids = None if schema.privacy_id is None else np.empty(0, dtype=object)
+    return EncodedBatch(np.zeros((0, len(schema.columns)), dtype=dtype), pids)
+
+
+class _EmptyBatchAtFn(beam.DoFn):
+    """Timestamp (epoch seconds) → empty batch stamped at that time (a window's heartbeat)."""
+
+    def __init__(self, schema: Schema) -> None:
+        self._schema = schema
+
+    def process(self, ts: Any) -> Iterable[Any]:
+        yield beam_window.TimestampedValue(empty_batch(self._schema), float(ts))
+
+
+class WindowHeartbeat(beam.PTransform):
+    """One empty ``EncodedBatch`` per declared window, stamped at the window start.
+
+    ``windows_end`` given: a bounded ``Create`` of ``(windows_end - windows_start) /
+    window_seconds`` heartbeats. ``windows_end=None`` (an open-ended, unbounded stream):
+    ``PeriodicImpulse`` firing every ``window_seconds`` from ``windows_start`` (processing
+    time; past windows fire at once), so every window from ``windows_start`` on gets its
+    heartbeat before the watermark can pass it. Apply to a pipeline; output in the global window
+    (window it like the data).
+    """
+
+    def __init__(self, *, schema: Schema, windows_start: int | _dt.datetime,
+                 windows_end: int | _dt.datetime | None, window_seconds: int = DAY,
+                 label: str | None = None) -> None:
+        super().__init__(label)
+        if not isinstance(schema, Schema):
+            raise TypeError(f"schema must be a Schema, got {type(schema).__name__}")
+        self._start, self._end = _declared_range(windows_start, windows_end, window_seconds)
+        self._schema, self._seconds = schema, window_seconds
+
+    def expand(self, pbegin):
+        if self._end is None:
+            ticks = pbegin | "Tick" >> PeriodicImpulse(
+                start_timestamp=self._start, fire_interval=float(self._seconds))
+            # Timestamp per window start, unbounded
+        else:
+            ticks = pbegin | "WindowStarts" >> beam.Create(
+                list(range(self._start, self._end, self._seconds)))
+            # int window start per declared window
+        return ticks | "EmptyBatch" >> beam.ParDo(_EmptyBatchAtFn(self._schema))
+        # empty EncodedBatch stamped at its window start
+
+
+class _SplitDeclaredFn(beam.DoFn):
+    """Batches stamped inside ``[start, end)`` pass; others go to ``outside`` (counted)."""
+
+    OUTSIDE = "outside"
+
+    def __init__(self, start: int, end: int | None) -> None:
+        self._start, self._end = start, end
+
+    def process(self, batch: EncodedBatch, ts=beam.DoFn.TimestampParam) -> Iterable[Any]:
+        t = float(ts)
+        if t >= self._start and (self._end is None or t < self._end):
+            yield batch
+            return
+        beam.metrics.Metrics.counter(METRICS_NAMESPACE, "rows_outside_windows").inc(len(batch))
+        yield beam.pvalue.TaggedOutput(self.OUTSIDE, OutsideCount(_iso(t), len(batch)))
+
+
 def _batch_rows(batch: EncodedBatch) -> int:
     return len(batch)
 
@@ -156,24 +286,38 @@ class WindowedSynthesis(beam.PTransform):
 
     Args:
       plan: from :func:`~beamsynth.pipelines.synthesize.plan_synthesis`; its budget is the budget
-        **of each window** (spent once, at build time).
+        **of each window** (spent once, at build time). Its method must be one of
+        :data:`EMPTY_WINDOW_METHODS`.
       output: synthetic file pattern (``.csv``); window files are ``window_output_path(output, w)``.
+      windows_start: start of the first declared window (epoch seconds or an aware datetime, a
+        multiple of ``window_seconds``). Public: declare it, never read it off the data.
+      windows_end: end (exclusive) of the last declared window, same form; ``None`` declares every
+        window from ``windows_start`` on (unbounded stream; heartbeats from ``PeriodicImpulse``).
       window_seconds: fixed event-time window length (default one day).
       allowed_lateness: seconds a window stays open for the late-data count after the watermark
         passes its end (late records are counted, never released).
 
+    Every declared window gets exactly one release, with or without records; records outside
+    the declared range are dropped and counted (``outside``).
+
     Input: ``PCollection[EncodedBatch]`` with event timestamps (one window per batch).
     Output: ``{"releases": PCollection[WindowRelease], "late": PCollection[LateCount],
-    "tables": PCollection[pyarrow.Table], "batches": bounded PCollection[EncodedBatch]}``.
+    "outside": PCollection[OutsideCount], "tables": PCollection[pyarrow.Table],
+    "batches": bounded PCollection[EncodedBatch] (heartbeats included)}``.
     """
 
-    def __init__(self, *, plan: SynthesisPlan, output: str, window_seconds: int = DAY,
+    def __init__(self, *, plan: SynthesisPlan, output: str, windows_start: int | _dt.datetime,
+                 windows_end: int | _dt.datetime | None, window_seconds: int = DAY,
                  allowed_lateness: int = 0, label: str | None = None) -> None:
         super().__init__(label)
         if not isinstance(plan, SynthesisPlan):
             raise TypeError(f"plan must be a SynthesisPlan, got {type(plan).__name__}")
-        if isinstance(window_seconds, bool) or not isinstance(window_seconds, int) or window_seconds < 1:
-            raise ValueError(f"window_seconds ({window_seconds!r}) must be an int >= 1")
+        if plan.method.name not in EMPTY_WINDOW_METHODS:
+            raise ValueError(
+                f"method {plan.method.name!r} cannot release an empty window (a window without "
+                f"records would get no release, revealing that it was empty); windowed synthesis "
+                f"supports {list(EMPTY_WINDOW_METHODS)}")
+        self._start, self._end = _declared_range(windows_start, windows_end, window_seconds)
         if isinstance(allowed_lateness, bool) or not isinstance(allowed_lateness, int) or allowed_lateness < 0:
             raise ValueError(f"allowed_lateness ({allowed_lateness!r}) must be an int >= 0")
         if not output.lower().endswith(".csv"):
@@ -199,15 +343,29 @@ class WindowedSynthesis(beam.PTransform):
             "late_data": {"allowed_lateness_seconds": self._lateness,
                           "policy": "one on-time release per window; late records dropped and "
                                     "counted (operational, not DP)"},
+            "declared_windows": {"start": _iso(self._start),
+                                 "end": None if self._end is None else _iso(self._end),
+                                 "window_seconds": self._seconds,
+                                 "policy": "one release per declared window, with or without "
+                                           "records; records outside dropped and counted "
+                                           "(operational, not DP)"},
         }
 
-    def expand(self, batches):
-        plan, cfg = self._plan, self._plan.config
-        windowed = batches | "Window" >> beam.WindowInto(
+    def _window(self) -> beam.WindowInto:
+        return beam.WindowInto(
             beam_window.FixedWindows(self._seconds),
             trigger=trigger.AfterWatermark(),
             accumulation_mode=trigger.AccumulationMode.DISCARDING,
             allowed_lateness=Duration(seconds=self._lateness))
+
+    def expand(self, batches):
+        plan, cfg = self._plan, self._plan.config
+        split = batches | "DeclaredWindows" >> beam.ParDo(
+            _SplitDeclaredFn(self._start, self._end)).with_outputs(_SplitDeclaredFn.OUTSIDE,
+                                                                   main="inside")
+        batches, outside = split["inside"], split[_SplitDeclaredFn.OUTSIDE]
+        # EncodedBatch stamped in a declared window; OutsideCount per dropped batch
+        windowed = batches | "Window" >> self._window()
         # EncodedBatch per daily window, fired once
         late = (
             batches
@@ -225,6 +383,14 @@ class WindowedSynthesis(beam.PTransform):
             windowed = windowed | "BoundContributions" >> BoundContributions(
                 max_contributions=cfg.max_contributions, seed=cfg.seed)
             # EncodedBatch, <= k rows per privacy id per window
+        heartbeats = (
+            batches.pipeline
+            | "Heartbeat" >> WindowHeartbeat(schema=plan.schema, windows_start=self._start,
+                                             windows_end=self._end, window_seconds=self._seconds)
+            | "WindowHeartbeat" >> self._window())
+        # one empty EncodedBatch per declared window (after bounding: bounding drops empty input)
+        windowed = (windowed, heartbeats) | "WithHeartbeats" >> beam.Flatten()
+        # EncodedBatch per window; every declared window has at least the empty batch
         tables, _models, rows = synthesize_batches(windowed, plan, side_input=False)
         # pyarrow.Table shards; rows: int per window
         # pyarrow.Table shards
@@ -239,5 +405,6 @@ class WindowedSynthesis(beam.PTransform):
                 column_names=list(plan.schema.names)))
             # WindowRelease per window
         )
-        return {"releases": releases, "late": late, "tables": tables, "batches": windowed}
+        return {"releases": releases, "late": late, "outside": outside, "tables": tables,
+                "batches": windowed}
 
