@@ -16,7 +16,7 @@ import apache_beam as beam
 
 from beamsynth.pipelines.methods import Method, register
 from beamsynth.schemas.schema import EncodedBatch, Schema
-from beamsynth.transforms.budget import PureDP
+from beamsynth.transforms.budget import ApproxDP, BudgetExceededError, PureDP
 from beamsynth.transforms.measure import combine_globally, window_labels
 from beamsynth.transforms.noise import RandomSource
 from beamsynth.transforms.plausible import (
@@ -29,6 +29,8 @@ from beamsynth.transforms.plausible import (
     SplitForPlausible,
     _batch_label,
     _CountRowsFn,
+    candidate_bound,
+    candidate_release_cost,
     theorem1_guarantee,
 )
 from beamsynth.transforms.synthesis import codes_to_table
@@ -39,8 +41,14 @@ _DEFAULTS: dict[str, Any] = {
     "k": 50, "gamma": 4.0, "epsilon0": 1.0, "omega": None, "plausible_test": "randomized",
     "plausible_t": None, "max_plausible": None, "max_check_plausible": None,
     "plausible_split": "0.5,0.2,0.3", "pd_max_parents": 3, "pd_max_cost": 1000, "pd_alpha": 1.0,
-    "pd_max_records": DEFAULT_MAX_RECORDS, "pd_generic": False,
+    "pd_max_records": DEFAULT_MAX_RECORDS, "pd_generic": False, "pd_model_fraction": 0.1,
+    "allow_non_dp": False,
 }
+TAIL_DELTA_FRACTION = 0.1
+"""Share of the user's δ given to ``δ_tail = P(Poisson(rows) > C)`` (the bound on invocations)."""
+NON_DP_WARNING = ("NOT DIFFERENTIALLY PRIVATE: the released records passed Privacy Test 1 "
+                  "(deterministic, --allow-non-dp), which gives (k, γ)-plausible deniability only. "
+                  "The budget covers the model alone; the records carry no DP guarantee.")
 
 
 class _DecodeFn(beam.DoFn):
@@ -106,9 +114,18 @@ def _add(parser: argparse._ActionsContainer, flag: str, **kw: Any) -> None:
 
 @register
 class PlausibleMethod(Method):
-    """Plausible deniability (Bindschaedler, Shokri, Gunter, VLDB 2017)."""
+    """Plausible deniability (Bindschaedler, Shokri, Gunter, VLDB 2017).
+
+    Budget (spent here, before any data is read): the model gets ``pd_model_fraction`` of ε
+    (``plausible.model``, pure ε); the candidates released through Privacy Test 2 are charged
+    ``(C·ε₁, C·δ₁ + δ_tail)`` (``plausible.candidates``, :func:`candidate_release_cost`) with
+    ``δ_tail = TAIL_DELTA_FRACTION·δ``, which needs a public ``rows``. Privacy Test 1 is refused
+    unless ``allow_non_dp``; then only the model is charged and the manifest says the records are
+    NOT differentially private.
+    """
 
     name = "plausible"
+    non_dp_warning: str | None = None
     description = "seed-based synthesis released through the plausible-deniability privacy test"
 
     def __init__(self, **kw: Any) -> None:
@@ -147,19 +164,44 @@ class PlausibleMethod(Method):
         self.fast_path = not bool(o["pd_generic"])
         if not self.fast_path and self.max_check is None:
             self.max_check = 10_000
-        self.model_budget = PureDP(epsilon=self.budget.epsilon)
+        self.model_fraction = float(o["pd_model_fraction"])
+        if not (0 < self.model_fraction < 1):
+            raise ValueError(f"pd_model_fraction ({o['pd_model_fraction']!r}) must be in (0, 1)")
+        self.allow_non_dp = bool(o["allow_non_dp"])
+        self.rows = self.options.get("rows")
+        if self.test == "deterministic":
+            if not self.allow_non_dp:
+                raise ValueError(
+                    "plausible_test 'deterministic' (Privacy Test 1) gives (k, γ)-plausible deniability "
+                    "but no differential privacy; use the randomized test (default) or pass "
+                    "--allow-non-dp (options: allow_non_dp: true) to release records that are NOT DP")
+            self.model_budget = PureDP(epsilon=self.budget.epsilon)
+            self.candidate_cost = None
+            self.non_dp_warning = NON_DP_WARNING  # run_synthesis puts it at the top of the release part
+        else:
+            if self.rows is None or isinstance(self.rows, bool) or not isinstance(self.rows, int) or self.rows < 0:
+                raise ValueError(
+                    f"method 'plausible' needs a public --rows (got {self.rows!r}): the cost of the privacy "
+                    "test is composed over a bound on the Poisson(rows) candidates, which must not "
+                    "depend on the data (a DP row count would make it adaptive)")
+            self.model_budget = PureDP(epsilon=self.model_fraction * self.budget.epsilon)
+            self.candidate_cost = self._plan_candidates()
         self._transform_probe = DPPlausibleBayesNet(
             shape=self.schema.shape, budget=self.model_budget, omega=self.omega,
             max_parents=self.max_parents, max_cost=self.max_cost, alpha=self.alpha,
             max_records=self.max_records, max_contributions=self.max_contributions, seed=self.seed,
             params_ratio=self.fractions[2] / self.fractions[1])
+        mechanism = ("Laplace on n·H (structure) + discrete Laplace on conditional counts (parameters), "
+                     "disjoint random splits")
+        if self.candidate_cost is None:
+            mechanism += " [model only; " + NON_DP_WARNING + "]"
         self.accountant.spend(
             "plausible.model", self.model_budget,
-            mechanism="Laplace on n·H (structure) + discrete Laplace on conditional counts (parameters), "
-                      "disjoint random splits",
+            mechanism=mechanism,
             details={
                 "composition": "parallel over disjoint splits D_T (structure) and D_P (parameters); "
                                "sequential within each",
+                "model_fraction": self.model_fraction if self.candidate_cost is not None else 1.0,
                 "structure_entropy_scale": self._transform_probe.entropy_scale,
                 "structure_count_epsilon": 0.1 * self.model_budget.epsilon,
                 "entropy_sum_sensitivity": "log2 N + (N-1)·log2(N/(N-1)), N = max_records",
@@ -171,7 +213,82 @@ class PlausibleMethod(Method):
                 "paper": "Bindschaedler, Shokri, Gunter, VLDB 2017, Sections 3.3-3.5",
             },
         )
+        if self.candidate_cost is not None and self.candidate_cost["C"] > 0:
+            cc = self.candidate_cost
+            self.accountant.spend(
+                "plausible.candidates", ApproxDP(epsilon=cc["epsilon"], delta=cc["delta"]),
+                mechanism="Privacy Test 2 (randomized threshold k + Lap(1/ε0)) per candidate, Theorem 1, "
+                          "basic composition over C ≥ Poisson(rows) invocations except with prob. δ_tail",
+                details={key: cc[key] for key in ("theorem", "per_invocation", "per_unit_invocation",
+                                                  "rows", "C", "tail_delta")}
+                | {"formula": "(C·ε₁, C·δ₁ + δ_tail), ε₁ = ε0 + ln(1 + γ/t), δ₁ = exp(-ε0(k - t)), "
+                              "C = min{c : P(Poisson(rows) > c) ≤ δ_tail}",
+                   "composition_with_model": "sequential (conservative; D_S is disjoint from the "
+                                             "model's splits)"},
+            )
         self._metrics: dict[str, int] = {}
+
+    def _cost(self, rows: int, tail: float, **params: Any) -> dict[str, Any]:
+        args = {"k": self.k, "gamma": self.gamma, "epsilon0": self.epsilon0, "t": self.t} | params
+        return candidate_release_cost(rows=rows, tail_delta=tail, max_contributions=self.max_contributions,
+                                      **args)
+
+    def _plan_candidates(self) -> dict[str, Any]:
+        """The candidate release's (ε, δ) (:func:`candidate_release_cost`) checked against the
+        user's budget minus the model's share; raises :class:`BudgetExceededError` before any data
+        is read, saying what the requested rows need and what would fit."""
+        rows = self.rows
+        eps_avail = self.budget.epsilon - self.model_budget.epsilon
+        delta_avail = self.budget.delta
+        if delta_avail > 0:
+            cost = self._cost(rows, TAIL_DELTA_FRACTION * delta_avail)
+            if cost["epsilon"] <= eps_avail * (1 + 1e-12) and cost["delta"] <= delta_avail * (1 + 1e-12):
+                return cost
+        # what the requested rows need: δ solves C(δ_tail = f·δ)·δ_u + f·δ = δ (fixed point, increasing)
+        delta_u = self._cost(0, 0.5)["per_unit_invocation"]["delta"]
+        need_d = max(delta_u * max(rows, 1) / (1 - TAIL_DELTA_FRACTION), 1e-300)
+        for _ in range(30):
+            need_d = max(candidate_bound(rows, min(0.5, TAIL_DELTA_FRACTION * need_d)) * delta_u
+                         / (1 - TAIL_DELTA_FRACTION), 1e-300)
+        need = self._cost(rows, min(0.5, TAIL_DELTA_FRACTION * (delta_avail if delta_avail > 0 else need_d)))
+        need_e_total = need["epsilon"] / (1 - self.model_fraction)
+        msg = (f"method 'plausible': releasing the Poisson({rows}) candidates through Privacy Test 2 costs "
+               f"(C·ε₁, C·δ₁ + δ_tail) = ({need['epsilon']:.6g}, {need['delta']:.3g}) with C = {need['C']} "
+               f"invocations of Mechanism 1 (Theorem 1: ε₁ = {need['per_unit_invocation']['epsilon']:.4g}, "
+               f"δ₁ = {need['per_unit_invocation']['delta']:.3g} per candidate, k={self.k}, γ={self.gamma:g}, "
+               f"ε0={self.epsilon0:g}, t={self.t}), but after the model's share "
+               f"(--pd-model-fraction {self.model_fraction:g}) only ε={eps_avail:.6g}, δ={delta_avail:.3g} "
+               f"remain. The requested rows need a total ε ≥ {need_e_total:.6g} and δ ≥ {need_d * 1.01:.3g}")
+        if delta_avail > 0:
+            tail = TAIL_DELTA_FRACTION * delta_avail
+
+            def fits(r: int) -> bool:
+                c = self._cost(r, tail)
+                return c["epsilon"] <= eps_avail and c["delta"] <= delta_avail
+
+            lo, hi = 0, rows
+            while lo < hi:  # the largest rows that fit (the cost is monotone in rows)
+                mid = (lo + hi + 1) // 2
+                lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+            msg += f"; with these parameters at most --rows {lo} fits"
+            bound = max(need["C"], 1)
+            target = eps_avail / (bound * self.max_contributions)  # per-record ε₁ that would fit
+            if target > 0:
+                e0 = target / 2
+                t = max(1, math.ceil(self.gamma / math.expm1(target / 2)))
+                while math.log1p(self.gamma / t) > target - e0:
+                    t += 1
+                e0 = target - math.log1p(self.gamma / t)
+                slack = (1 - TAIL_DELTA_FRACTION) * delta_avail / (bound * self.max_contributions
+                                                                   * math.exp((self.max_contributions - 1) * target))
+                k = t + max(1, math.ceil(-math.log(slack) / e0)) if slack < 1 else t + 1
+                alt = self._cost(rows, tail, k=k, epsilon0=e0 * (1 - 1e-9), t=t)
+                if alt["epsilon"] <= eps_avail and alt["delta"] <= delta_avail:
+                    msg += (f"; the requested rows would fit with k={k}, t={t}, γ={self.gamma:g}, "
+                            f"ε0={e0 * (1 - 1e-9):.4g} (per-candidate ε₁ ≤ {target:.3g})")
+        else:
+            msg += "; Privacy Test 2 has δ₁ > 0, so pass --delta"
+        raise BudgetExceededError(msg)
 
     @classmethod
     def add_arguments(cls, parser: argparse._ActionsContainer) -> None:
@@ -196,6 +313,12 @@ class PlausibleMethod(Method):
         _add(parser, "--pd-alpha", type=float, default=None, help="plausible: Dirichlet prior α (default 1)")
         _add(parser, "--pd-max-records", type=int, default=None,
              help="plausible: declared bound on records (entropy sensitivity; default 1e9)")
+        _add(parser, "--pd-model-fraction", type=float, default=None,
+             help="plausible: share of ε for the model (default 0.1); the rest must cover the privacy "
+                  "test's Theorem 1 cost composed over the candidates")
+        _add(parser, "--allow-non-dp", action="store_true", default=None,
+             help="plausible: allow --plausible-test deterministic, whose released records are NOT "
+                  "differentially private (the manifest says so)")
         _add(parser, "--pd-generic", action="store_true", default=None,
              help="plausible: use the generic privacy-test path (sampled seeds) instead of the fast path")
 
@@ -229,22 +352,32 @@ class PlausibleMethod(Method):
                 self._metrics[n] = value
 
     def release_guarantee(self, candidates: int | None = None) -> dict[str, Any]:
-        """Theorem 1 per invocation of Mechanism 1 (one candidate: released or dropped), and composed
-        over ``candidates`` invocations (basic sequential composition; the number of released records
-        is visible, so dropped candidates count too)."""
+        """The release's guarantee: Theorem 1 per invocation of Mechanism 1 (one candidate, released
+        or dropped) and the **charged** composition over the public bound ``C`` on the Poisson(rows)
+        invocations (spent on the accountant at build time, ``plausible.candidates``). With
+        ``candidates`` (the count actually tested, a diagnostic) the basic composition over that many
+        invocations is reported too; it is at most the charged one except with probability δ_tail."""
         if self.test == "deterministic":
-            return {"test": "Privacy Test 1 (deterministic)", "differential_privacy": None,
-                    "note": "(k, γ)-plausible deniability only; no DP guarantee for the release"}
+            return {"test": "Privacy Test 1 (deterministic)", "differential_privacy": False,
+                    "WARNING": NON_DP_WARNING,
+                    "note": "(k, γ)-plausible deniability only; no DP guarantee for the released records; "
+                            "the accountant holds the model's spend only"}
         eps, delta = theorem1_guarantee(k=self.k, gamma=self.gamma, epsilon0=self.epsilon0, t=self.t)
         out: dict[str, Any] = {
             "test": "Privacy Test 2 (randomized threshold k + Lap(1/ε0))",
+            "differential_privacy": True,
             "per_record": {"epsilon": eps, "delta": delta, "t": self.t},
             "neighbouring": "add/remove one record of the seed split D_S",
             "paper": "Theorem 1, Section 2.3 (Appendix C); checked by brute force in tests",
-            "composition": "every tested candidate is one invocation of Mechanism 1; invocations compose "
-                           "sequentially; D_S is disjoint from the model's splits (parallel composition "
-                           "with the model's ε)",
+            "composition": "every candidate is one invocation of Mechanism 1 (released or dropped: the "
+                           "number released is visible); invocations compose sequentially over the "
+                           "public bound C ≥ Poisson(rows) (except with probability δ_tail), and the "
+                           "result composes sequentially with the model's ε",
         }
+        cc = self.candidate_cost
+        out["charged"] = None if cc is None else {
+            "epsilon": cc["epsilon"], "delta": cc["delta"], "C": cc["C"], "rows": cc["rows"],
+            "tail_delta": cc["tail_delta"], "formula": "(C·ε₁, C·δ₁ + δ_tail)"}
         c = self.max_contributions
         if c > 1:  # a unit has up to c records in D_S (all in D_S, the split is per unit): group privacy
             eps, delta = c * eps, c * math.exp((c - 1) * eps) * delta  # δ uses the per-record ε
@@ -258,10 +391,12 @@ class PlausibleMethod(Method):
     def details(self) -> dict[str, Any]:
         tested = self._metrics.get("plausible_tested")
         released = self._metrics.get("plausible_released")
-        return {
+        warning = {"WARNING": NON_DP_WARNING, "differential_privacy": False} if self.test == "deterministic" else {}
+        return warning | {
             "k": self.k, "gamma": self.gamma, "epsilon0": self.epsilon0, "omega": self.omega,
             "test": self.test, "max_plausible": self.max_plausible,
             "max_check_plausible": self.max_check, "path": "fast" if self.fast_path else "generic",
+            "rows": self.rows, "model_fraction": self.model_fraction,
             "model": {"epsilon": self.model_budget.epsilon, "delta": 0.0,
                       "max_parents": self.max_parents, "max_cost": self.max_cost, "alpha": self.alpha},
             "release_guarantee": self.release_guarantee(tested),

@@ -607,6 +607,10 @@ def plan_release(cfg: ReleaseConfig, *, output_root: str | None = None) -> Relea
             raise ReleaseConfigError(f"{t.where}.epsilon", str(exc)) from None
         except (ValueError, TypeError) as exc:
             raise ReleaseConfigError(t.where, str(exc)) from None
+        if getattr(plan.method, "non_dp_warning", None):  # e.g. plausible's Privacy Test 1
+            raise ReleaseConfigError(
+                f"{t.where}.options", f"{plan.method.non_dp_warning} A release publishes DP outputs only: "
+                "its ledger can charge no finite ε for it; use `beamsynth synthesize --allow-non-dp`")
         plans[t.name] = plan
         for s in plan.accountant.spends:
             spends.append(LedgerSpend(source=t.source, privacy_unit=t.privacy_unit,

@@ -127,7 +127,7 @@ def plan_synthesis(cfg: SynthesisConfig) -> SynthesisPlan:
     method_cls = get_method(cfg.method)
     method = method_cls(schema=schema, accountant=accountant, budget=method_budget,
                         max_contributions=cfg.max_contributions, seed=cfg.seed,
-                        options=dict(cfg.options))
+                        options={**cfg.options, "rows": cfg.rows})  # the CLI's vars(args) has rows too
     return SynthesisPlan(cfg, schema, accountant, method, count_budget)
 
 
@@ -260,5 +260,7 @@ def run_synthesis(cfg: SynthesisConfig, pipeline_options: PipelineOptions | None
         counts=counts,
         details={"method": plan.method.details(), "rows_requested": cfg.rows},
     )
+    if getattr(plan.method, "non_dp_warning", None):  # e.g. plausible's Privacy Test 1 (--allow-non-dp)
+        manifest["release"] = {"WARNING": plan.method.non_dp_warning, **manifest["release"]}
     write_json_atomic(manifest_path(cfg.output), manifest)
     return manifest

@@ -31,8 +31,9 @@ stage; with ``max_contributions = c`` every sensitivity below is multiplied by `
 * ``D_T``, ``D_P`` and ``D_S`` are disjoint and a unit's part depends only on the unit, so the model is
   ε-DP by parallel composition (structure and parameters each get the full model ε);
 * the release of one candidate by Privacy Test 2 is ``(ε0 + ln(1 + γ/t), exp(-ε0(k - t)))``-DP
-  (Theorem 1, :func:`theorem1_guarantee`); released records compose sequentially. Test 1 has no
-  DP guarantee (only (k, γ)-plausible deniability, Definition 1).
+  (Theorem 1, :func:`theorem1_guarantee`); the ``Poisson(rows)`` invocations compose sequentially
+  and are charged over a public bound ``C`` (:func:`candidate_release_cost`). Test 1 has no DP
+  guarantee (only (k, γ)-plausible deniability, Definition 1).
 """
 
 from __future__ import annotations
@@ -91,7 +92,10 @@ __all__ = [
     "param_tables",
     "structure_specs",
     "noisy_entropies",
+    "candidate_bound",
+    "candidate_release_cost",
     "plausible_interval",
+    "poisson_counts",
     "privacy_test",
     "split_assignments",
     "symmetrical_uncertainty",
@@ -105,6 +109,8 @@ DEFAULT_MAX_RECORDS = 10**9
 REJECT_BELOW_K = "fewer_than_k_plausible_seeds"
 REJECT_NOISY_THRESHOLD = "below_noisy_threshold"
 _LOG2E = 1.0 / math.log(2.0)
+_BELOW_ONE = float(np.nextafter(1.0, 0.0))
+_POISSON_TABLE_MAX = 10_000_000  # inversion table size limit (above: scipy's ppf, slower)
 
 
 # =============================================================================================
@@ -584,6 +590,89 @@ def theorem1_guarantee(*, k: int, gamma: float, epsilon0: float, t: int) -> tupl
     return epsilon0 + math.log1p(gamma / t), math.exp(-epsilon0 * (k - t))
 
 
+def poisson_counts(rs: RandomSource, lam: float, n: int) -> np.ndarray:
+    """``n`` i.i.d. ``Poisson(lam)`` draws by inversion of ``RandomSource.uniform`` (no numpy RNG).
+
+    These multiplicities decide how many candidates each seed yields, i.e. the number of
+    invocations of Mechanism 1 and which seeds they use, so they are part of the mechanism, not
+    post-processing: they come from the project's primitive stream. ``X = min{x : F(x) ≥ u}`` with
+    the exact CDF table ``F`` (scipy, double precision) up to the quantile of the largest uniform.
+    """
+    lam = float(lam)
+    if not (lam >= 0 and math.isfinite(lam)):
+        raise ValueError(f"lam ({lam!r}) must be a finite number >= 0")
+    n = int(n)
+    if lam == 0 or n == 0:
+        return np.zeros(n, dtype=np.int64)
+    from scipy.stats import poisson
+
+    u = rs.uniform(n)
+    hi = int(poisson.ppf(_BELOW_ONE, lam))
+    if hi > _POISSON_TABLE_MAX:
+        return poisson.ppf(u, lam).astype(np.int64)
+    table = poisson.cdf(np.arange(hi + 1), lam)
+    return np.minimum(np.searchsorted(table, u, side="left"), hi).astype(np.int64)
+
+
+def candidate_bound(rows: int, tail_delta: float) -> int:
+    """The public bound ``C``: the smallest integer with ``P(Poisson(rows) > C) ≤ tail_delta``."""
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
+        raise ValueError(f"rows ({rows!r}) must be an int >= 0")
+    if not (0 < tail_delta < 1):
+        raise ValueError(f"tail_delta ({tail_delta!r}) must be in (0, 1)")
+    if rows == 0:
+        return 0
+    from scipy.stats import poisson
+
+    c = max(0, int(poisson.isf(tail_delta, rows)))
+    while poisson.sf(c, rows) > tail_delta:
+        c += 1
+    while c > 0 and poisson.sf(c - 1, rows) <= tail_delta:
+        c -= 1
+    return c
+
+
+def candidate_release_cost(*, rows: int, k: int, gamma: float, epsilon0: float, t: int,
+                           tail_delta: float, max_contributions: int = 1) -> dict[str, Any]:
+    """(ε, δ) of releasing every candidate of one run through Privacy Test 2 (add/remove one unit).
+
+    One invocation of Mechanism 1 (a uniform seed of ``D_S``, one candidate, released or dropped)
+    is ``(ε₁, δ₁) = (ε0 + ln(1 + γ/t), exp(-ε0(k - t)))``-DP for adding or removing one record of
+    ``D_S`` (Theorem 1, :func:`theorem1_guarantee`). With ``c = max_contributions`` records per unit
+    group privacy gives ``(c·ε₁, c·e^{(c-1)ε₁}·δ₁)`` per invocation.
+
+    The number of invocations ``N`` is ``Poisson(rows)`` (each seed yields ``Poisson(rows/|D_S|)``
+    candidates): its law does not depend on the data (``rows`` is public; with an empty ``D_S``
+    every invocation outputs nothing). Let ``C`` be the smallest integer with
+    ``P(N > C) ≤ δ_tail`` (:func:`candidate_bound`). Conditioned on ``N = n`` the release is the
+    basic sequential composition of ``n`` invocations, ``(n·ε₁, n·δ₁)``-DP, so for every set ``S``
+    of outputs and neighbours ``D, D'``::
+
+        P[M(D) ∈ S] = Σ_n P(N=n) P[M_n(D) ∈ S]
+                    ≤ Σ_{n≤C} P(N=n) (e^{n·ε₁} P[M_n(D') ∈ S] + n·δ₁) + P(N > C)
+                    ≤ e^{C·ε₁} P[M(D') ∈ S] + C·δ₁ + δ_tail,
+
+    i.e. the release is ``(C·ε₁, C·δ₁ + δ_tail)``-DP. This is valid only because ``N`` is drawn
+    independently of the data; a data-dependent ``rows`` (a DP count) would make ``C`` adaptive.
+    Returns the per-invocation, per-unit and composed numbers with ``C`` and ``δ_tail``.
+    """
+    eps1, delta1 = theorem1_guarantee(k=k, gamma=gamma, epsilon0=epsilon0, t=t)
+    c = int(max_contributions)
+    if c < 1:
+        raise ValueError(f"max_contributions ({max_contributions!r}) must be an int >= 1")
+    eps_u, delta_u = c * eps1, min(1.0, c * math.exp((c - 1) * eps1) * delta1)
+    bound = candidate_bound(rows, tail_delta)
+    return {
+        "theorem": "Theorem 1 (Bindschaedler et al., VLDB 2017), composed over a public bound C on "
+                   "the Poisson(rows) number of invocations of Mechanism 1",
+        "per_invocation": {"epsilon": eps1, "delta": delta1, "k": k, "gamma": gamma,
+                           "epsilon0": epsilon0, "t": t},
+        "per_unit_invocation": {"epsilon": eps_u, "delta": delta_u, "max_contributions": c},
+        "rows": rows, "C": bound, "tail_delta": tail_delta,
+        "epsilon": bound * eps_u, "delta": min(1.0, bound * delta_u + tail_delta),
+    }
+
+
 # =============================================================================================
 # Columnar helpers for the fast path
 # =============================================================================================
@@ -694,7 +783,9 @@ def unit_split_assignments(key: bytes, pids: Sequence[Any], fractions: Sequence[
     cdf /= cdf[-1]
     u = np.array([(int.from_bytes(hmac.new(key, str(p).encode("utf-8"), hashlib.sha256).digest()[:8], "little")
                    >> 11) for p in pids], dtype=np.float64)
-    u = (u + 0.5) / float(2**53)
+    # the largest word + 0.5 rounds up to 2^53, i.e. u = 1.0, which would be part index 3 (no part):
+    # clamp to the largest double below 1 as RandomSource.uniform does (its mass, 2^-53, is unchanged)
+    u = np.minimum((u + 0.5) / float(2**53), _BELOW_ONE)
     return np.searchsorted(cdf, u, side="right").astype(np.int64)
 
 
@@ -961,7 +1052,7 @@ class _GenerateFn(beam.DoFn):
         label = _batch_label(batch)
         rs = RandomSource(seed=self._seed).child("plausible.candidates", label, *window_labels(window))
         lam = float(rows) / max(int(n_seeds), 1)
-        reps = rs.child("poisson").numpy_generator().poisson(lam, len(batch))
+        reps = poisson_counts(rs.child("poisson"), lam, len(batch))
         idx = np.repeat(np.arange(len(batch)), reps)
         for start in range(0, idx.size, self._max_batch):
             part = idx[start:start + self._max_batch]
@@ -971,10 +1062,13 @@ class _GenerateFn(beam.DoFn):
 
 
 class GenerateCandidates(beam.PTransform):
-    """Mechanism 1's generation step, Poissonized and columnar (post-processing of the model).
+    """Mechanism 1's generation step, Poissonized and columnar.
 
-    Each seed record yields ``Poisson(rows/|D_S|)`` candidates, so the candidates' seeds are i.i.d.
-    uniform over ``D_S`` and their number is ``Poisson(rows)``. Input: ``PCollection[EncodedBatch]``
+    Each seed record yields ``Poisson(rows/|D_S|)`` candidates (:func:`poisson_counts`, from
+    ``RandomSource``), so the candidates' seeds are i.i.d. uniform over ``D_S`` and their number is
+    ``Poisson(rows)``, independent of the data. Which seeds are used is part of Mechanism 1: the
+    privacy of the candidates comes from the test (:func:`candidate_release_cost`), never from
+    this step. Input: ``PCollection[EncodedBatch]``
     of seeds; side inputs: the model, ``rows`` and ``|D_S|`` (singletons).
     Output: ``PCollection[CandidateBatch]`` of at most ``max_batch`` candidates.
     """

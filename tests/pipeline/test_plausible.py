@@ -104,20 +104,28 @@ def test_unique_record_is_never_released_under_test1():
         assert_that(out["rejected"], unique_rejected, label="UniqueRejected")
 
 
-def test_synthesize_cli_plausible_writes_released_rows_and_manifest(tmp_path):
-    from beamsynth.pipelines.cli import main
-
-    src = tmp_path / "in.csv"
+def _adult_head(tmp_path, n=6000):
     import pandas as pd
 
-    df = pd.read_csv("examples/data/adult/adult.csv", dtype=str, keep_default_na=False).head(6000)
+    src = tmp_path / "in.csv"
+    df = pd.read_csv("examples/data/adult/adult.csv", dtype=str, keep_default_na=False).head(n)
     df.to_csv(src, index=False)
+    return src
+
+
+def test_synthesize_cli_plausible_writes_released_rows_and_manifest(tmp_path):
+    import pandas as pd
+
+    from beamsynth.pipelines.cli import main
+
+    src = _adult_head(tmp_path)
     out = tmp_path / "out.csv"
-    rc = main(["synthesize", str(src), "--schema", "adult", "--epsilon", "1", "--output", str(out),
-               "--method", "plausible", "--k", "10", "--gamma", "4", "--epsilon0", "1", "--omega", "12",
-               "--rows", "3000", "--seed", "7", "--runner=DirectRunner"])
+    rc = main(["synthesize", str(src), "--schema", "adult", "--epsilon", "5000", "--delta", "1e-6",
+               "--output", str(out), "--method", "plausible", "--k", "50", "--gamma", "4",
+               "--epsilon0", "1", "--omega", "12", "--rows", "3000", "--seed", "7", "--runner=DirectRunner"])
     assert rc == 0
     man = json.loads((tmp_path / "out.csv.manifest.json").read_text())
+    assert "WARNING" not in man["release"]
     det = man["release"]["details"]["method"]
     assert det["tested"] == det["candidates"] > 2000
     assert "rejection_reasons" not in det  # private diagnostics stay out of the release part
@@ -125,11 +133,59 @@ def test_synthesize_cli_plausible_writes_released_rows_and_manifest(tmp_path):
     assert det["released"] + sum(v for v in rej.values()) == det["tested"]
     assert man["release"]["rows_out"] == det["released"]
     g = det["release_guarantee"]["per_record"]
-    assert g["t"] == 5 and g["delta"] == pytest.approx(np.exp(-5))
+    assert g["t"] == 25 and g["delta"] == pytest.approx(np.exp(-25))
     spends = {s["step"]: s for s in man["release"]["budget"]["spends"]}
-    assert "plausible.model" in spends
+    assert set(spends) == {"plausible.model", "plausible.candidates"}
+    cand = spends["plausible.candidates"]
+    assert cand["details"]["C"] >= det["tested"]  # the public bound covers the realized count
+    assert cand["epsilon"] == pytest.approx(cand["details"]["C"] * g["epsilon"])
+    assert man["release"]["budget"]["spent"]["epsilon"] <= 5000
     written = pd.read_csv(out)
     assert len(written) == det["released"]
+
+
+def _explode(*_a, **_k):
+    raise AssertionError("the data was read although the plan overspends")
+
+
+def test_overspending_plausible_raises_before_reading_data(tmp_path, monkeypatch, capsys):
+    import beamsynth.pipelines.io as io_mod
+    import beamsynth.pipelines.synthesize as syn
+    from beamsynth.pipelines.cli import main
+
+    monkeypatch.setattr(syn, "ReadRecords", _explode)
+    monkeypatch.setattr(io_mod, "iter_raw_blocks", _explode)
+    src = _adult_head(tmp_path, 100)
+    args = ["synthesize", str(src), "--schema", "adult", "--output", str(tmp_path / "o.csv"),
+            "--method", "plausible", "--k", "50", "--gamma", "4", "--epsilon0", "1", "--rows", "1000",
+            "--runner=DirectRunner"]
+    for extra, msg in [
+        (["--epsilon", "1", "--delta", "1e-6"], "need a total ε ≥ 149"),
+        (["--epsilon", "1", "--plausible-test", "deterministic"], "--allow-non-dp"),
+    ]:
+        assert main(args + extra) == 2
+        assert msg in capsys.readouterr().err
+    assert main([a for a in args if a not in ("--rows", "1000")] + ["--epsilon", "1", "--delta", "1e-6"]) == 2
+    assert "needs a public --rows" in capsys.readouterr().err
+    with pytest.raises(AssertionError, match="the data was read"):  # a generous budget gets to the reader
+        main(args + ["--epsilon", "2000", "--delta", "1e-6"])
+    assert not (tmp_path / "o.csv.manifest.json").exists()
+
+
+def test_non_dp_release_is_flagged_in_the_manifest(tmp_path):
+    from beamsynth.pipelines.cli import main
+
+    src = _adult_head(tmp_path, 3000)
+    out = tmp_path / "out.csv"
+    rc = main(["synthesize", str(src), "--schema", "adult", "--epsilon", "1", "--output", str(out),
+               "--method", "plausible", "--k", "10", "--omega", "15", "--plausible-test", "deterministic",
+               "--allow-non-dp", "--rows", "500", "--seed", "3", "--runner=DirectRunner"])
+    assert rc == 0
+    man = json.loads((tmp_path / "out.csv.manifest.json").read_text())
+    assert next(iter(man["release"])) == "WARNING"  # first key of the release part
+    assert man["release"]["WARNING"].startswith("NOT DIFFERENTIALLY PRIVATE")
+    assert man["release"]["details"]["method"]["release_guarantee"]["differential_privacy"] is False
+    assert [s["step"] for s in man["release"]["budget"]["spends"]] == ["plausible.model"]
 
 
 def test_generic_path_with_another_model_matches_the_beam_free_count():

@@ -337,6 +337,76 @@ def test_unit_split_keeps_a_units_records_together():
     assert not (P.unit_split_assignments(b"t" * 32, pids, (0.5, 0.2, 0.3)) == a).all()
 
 
+
+def test_unit_split_never_maps_the_largest_word_past_the_last_part(monkeypatch):
+    class _AllOnes:  # an HMAC whose top 53 bits are all ones: (2^53 - 1 + 0.5) / 2^53 rounds to 1.0
+        @staticmethod
+        def new(key, msg, digestmod):
+            class _D:
+                @staticmethod
+                def digest():
+                    return b"\xff" * 32
+            return _D()
+
+    monkeypatch.setattr(P, "hmac", _AllOnes)
+    part = P.unit_split_assignments(b"s" * 32, ["a", "b"], (0.5, 0.2, 0.3))
+    assert part.tolist() == [2, 2]
+
+
+def test_poisson_counts_come_from_random_source_and_have_the_poisson_law():
+    a = P.poisson_counts(RandomSource(seed=3).child("p"), 2.5, 200_000)
+    b = P.poisson_counts(RandomSource(seed=3).child("p"), 2.5, 200_000)
+    assert (a == b).all() and a.dtype == np.int64
+    # chi-square against Poisson(2.5) over cells 0..9 and a tail cell (false-failure rate 1e-6)
+    obs = np.bincount(np.minimum(a, 10), minlength=11)
+    probs = np.append(stats.poisson.pmf(np.arange(10), 2.5), stats.poisson.sf(9, 2.5))
+    assert stats.chisquare(obs, probs * a.size).pvalue > 1e-6
+    assert P.poisson_counts(RandomSource(seed=1), 0.0, 5).tolist() == [0] * 5
+    big = P.poisson_counts(RandomSource(seed=1), 1e5, 2000)
+    assert abs(big.mean() - 1e5) < 6 * math.sqrt(1e5 / 2000)
+    with pytest.raises(ValueError, match=r"lam \(-1.0\) must be a finite number >= 0"):
+        P.poisson_counts(RandomSource(seed=1), -1.0, 3)
+
+
+def test_candidate_bound_is_the_smallest_tail_quantile():
+    for rows, tail in [(1, 1e-9), (1000, 1e-9), (1000, 1e-7), (50_000, 1e-12)]:
+        c = P.candidate_bound(rows, tail)
+        assert stats.poisson.sf(c, rows) <= tail < stats.poisson.sf(c - 1, rows)
+    assert P.candidate_bound(0, 1e-9) == 0
+    with pytest.raises(ValueError, match=r"tail_delta \(0.0\) must be in \(0, 1\)"):
+        P.candidate_bound(10, 0.0)
+    cost = P.candidate_release_cost(rows=1000, k=50, gamma=4.0, epsilon0=1.0, t=25, tail_delta=1e-9)
+    eps1, delta1 = P.theorem1_guarantee(k=50, gamma=4.0, epsilon0=1.0, t=25)
+    assert cost["epsilon"] == pytest.approx(cost["C"] * eps1)
+    assert cost["delta"] == pytest.approx(cost["C"] * delta1 + 1e-9)
+
+
+def test_poissonized_count_bound_holds_by_exact_mixture():
+    """The docstring's argument on a tiny case: the release's hockey-stick divergence, computed
+    exactly as a Poisson mixture of n-fold products of one invocation, is at most C·δ₁ + δ_tail
+    at ε = C·ε₁ (one invocation modelled by its worst-case pair of output laws)."""
+    eps1 = 0.3
+    p, q = np.array([0.5, 0.5]), np.array([0.5 * math.exp(-eps1), 1 - 0.5 * math.exp(-eps1)])
+    assert np.all(np.abs(np.log(p / q)) <= eps1 + 1e-12)  # one invocation is ε₁-DP
+    rows, tail = 3, 1e-3
+    c = P.candidate_bound(rows, tail)
+
+    def law(x, n):  # n invocations; output = number of 0s (sufficient for i.i.d. outputs)
+        return stats.binom.pmf(np.arange(n + 1), n, x[0])
+
+    top = 40
+    size = top + 1
+    mp, mq = np.zeros((size, size)), np.zeros((size, size))
+    for n in range(top + 1):
+        w = stats.poisson.pmf(n, rows)
+        mp[n, : n + 1] += w * law(p, n)
+        mq[n, : n + 1] += w * law(q, n)
+    for a, b in ((mp, mq), (mq, mp)):
+        assert np.maximum(a - math.exp(c * eps1) * b, 0).sum() <= tail + 1e-12
+    # without the tail term the bound fails: the mixture is not (C·ε₁, 0)-DP
+    assert np.maximum(mp - math.exp(c * eps1) * mq, 0).sum() > 0
+
+
 @pytest.mark.parametrize("kw,msg", [
     ({"k": 0}, r"k \(0\) must be an int >= 1"),
     ({"gamma": 1.0}, r"gamma \(1.0\) must be a finite number > 1"),
