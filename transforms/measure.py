@@ -24,6 +24,7 @@ from typing import Any
 import apache_beam as beam
 import numpy as np
 from apache_beam.transforms.window import GlobalWindow, GlobalWindows
+
 from beamsynth.schemas.schema import EncodedBatch
 from beamsynth.transforms.budget import ApproxDP, PureDP
 from beamsynth.transforms.noise import RandomSource, discrete_laplace, discrete_laplace_scale

@@ -23,6 +23,7 @@ from collections.abc import Iterable
 import apache_beam as beam
 import numpy as np
 import pandas as pd
+
 from beamsynth.schemas.schema import EncodedBatch
 from beamsynth.transforms.measure import window_labels
 from beamsynth.transforms.noise import RandomSource

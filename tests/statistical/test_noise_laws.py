@@ -5,6 +5,7 @@ False-failure rate: each passing check fails with probability P_THRESHOLD = 1e-4
 
 import numpy as np
 import pytest
+
 from beamsynth.transforms.noise import (
     RandomSource,
     discrete_laplace,
@@ -12,7 +13,6 @@ from beamsynth.transforms.noise import (
     exponential,
     geometric,
 )
-
 from tests.statistical import P_THRESHOLD, SAMPLES, continuous_gof_pvalue, discrete_gof_pvalue
 
 pytestmark = pytest.mark.statistical

@@ -1,6 +1,7 @@
 """Budget value types and the build-time accountant."""
 
 import pytest
+
 from beamsynth.transforms.budget import (
     ApproxDP,
     BudgetExceededError,

@@ -4,6 +4,7 @@ import itertools
 
 import numpy as np
 import pytest
+
 from beamsynth.schemas.schema import EncodedBatch
 from beamsynth.transforms.budget import ApproxDP, PureDP
 from beamsynth.transforms.measure import (

@@ -3,6 +3,7 @@
 import fastavro
 import numpy as np
 import pytest
+
 from beamsynth.schemas.schema import SchemaError, load_schema
 
 

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+
 from beamsynth.transforms.noise import RandomSource
 from beamsynth.transforms.units import BoundContributions, bound_rows, pid_shards
 
