@@ -322,8 +322,9 @@ def release_histogram(
         raise ValueError(f"domain size ({domain.size}) differs from the plan's n ({plan.domain_size})")
     if cells.size and (cells.min() < 0 or cells.max() >= plan.domain_size):
         raise ValueError(
-            f"cells must lie in [0, {plan.domain_size}); got {int(cells.min())}..{int(cells.max())}"
-            " (out-of-domain values belong on the rejected output)"
+            f"cells must lie in [0, {plan.domain_size}); {int(np.sum((cells < 0) | (cells >= plan.domain_size)))}"
+            " do not (out-of-domain values belong on the rejected output; values not echoed: "
+            "they are private)"
         )
     if np.unique(cells).size != cells.size:
         raise ValueError("cells must be distinct (merge counts first)")
