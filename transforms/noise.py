@@ -45,6 +45,8 @@ __all__ = [
     "discrete_laplace_scale",
     "exponential",
     "exponential_mechanism",
+    "permute_and_flip",
+    "permute_and_flip_probabilities",
     "geometric",
     "laplace_internal",
     "sample_categorical",
@@ -320,6 +322,55 @@ def exponential_mechanism(
         raise ValueError(f"epsilon ({epsilon}) and sensitivity ({sensitivity}) must be > 0")
     factor = epsilon / (sensitivity if monotonic else 2.0 * sensitivity)
     return int(np.argmax(factor * scores + gumbel(rs, scores.size)))
+
+
+def permute_and_flip(
+    rs: RandomSource,
+    scores: np.ndarray,
+    *,
+    epsilon: float,
+    sensitivity: float,
+) -> int:
+    """Permute-and-flip selection (McKenna & Sheldon, NeurIPS 2020); ε-DP for scores of
+    sensitivity ``Δ`` under add/remove neighbours, like the exponential mechanism.
+
+    Candidates are visited in a uniformly random order and candidate ``r`` is accepted with
+    probability ``exp(ε·(u_r − u*)/(2Δ))`` (``u*`` the best score, so the walk always stops).
+    Sampled exactly and vectorized as report-noisy-max with exponential noise:
+    ``argmax_r ε·u_r/(2Δ) + E_r`` with ``E_r ~ Exponential(1)`` i.i.d., which has the same output
+    law (Ding, Kifer, Saghaian, Steinke, Wang, Xiao, Zhang, "The permute-and-flip mechanism is
+    identical to report-noisy-max with exponential noise", 2021). Its expected score is never
+    below the exponential mechanism's at the same ε and can be up to 2× closer to the best.
+    """
+    scores = np.asarray(scores, dtype=np.float64)
+    if scores.ndim != 1 or scores.size == 0:
+        raise ValueError(f"scores must be a non-empty 1-d array, got shape {scores.shape}")
+    if not np.all(np.isfinite(scores)):
+        raise ValueError("scores must be finite")
+    if not (epsilon > 0 and sensitivity > 0):
+        raise ValueError(f"epsilon ({epsilon}) and sensitivity ({sensitivity}) must be > 0")
+    factor = epsilon / (2.0 * sensitivity)
+    return int(np.argmax(factor * scores + exponential(rs, 1.0, scores.size)))
+
+
+def permute_and_flip_probabilities(scores: np.ndarray, *, epsilon: float, sensitivity: float) -> np.ndarray:
+    """Exact output law of :func:`permute_and_flip` by enumerating all visiting orders (tests and
+    audits; only for a handful of candidates)."""
+    import itertools
+
+    u = np.asarray(scores, dtype=np.float64)
+    k = u.size
+    if k > 8:
+        raise ValueError(f"exact enumeration is for at most 8 candidates, got {k}")
+    accept = np.exp(epsilon * (u - u.max()) / (2.0 * sensitivity))
+    out = np.zeros(k)
+    perms = list(itertools.permutations(range(k)))
+    for perm in perms:
+        alive = 1.0
+        for r in perm:
+            out[r] += alive * accept[r]
+            alive *= 1.0 - accept[r]
+    return out / len(perms)
 
 
 def binomial(rs: RandomSource, n: int, p: float) -> int:

@@ -50,3 +50,20 @@ def test_exponential_law(factor, passes):
     x = exponential(RandomSource(seed=5), 2.0, SAMPLES)
     p = continuous_gof_pvalue(x, lambda v: 1 - np.exp(-2.0 * factor * np.clip(v, 0, None)))
     assert (p > P_THRESHOLD) == passes
+
+
+@pytest.mark.parametrize("factor,passes", [(1.0, True), (0.7, False), (1.3, False)])
+def test_permute_and_flip_law(factor, passes):
+    """Draws of permute-and-flip (sampled as report-noisy-max with exponential noise) follow the
+    law enumerated over visiting orders at the true ε, and not at ε·0.7 or ε·1.3."""
+    from scipy import stats
+
+    from beamsynth.transforms.noise import permute_and_flip, permute_and_flip_probabilities
+
+    scores = np.array([0.0, 1.0, 2.0, 3.0])
+    rs = RandomSource(seed=21)
+    picks = np.array([permute_and_flip(rs.child(i), scores, epsilon=1.0, sensitivity=1.0)
+                      for i in range(SAMPLES)])
+    law = permute_and_flip_probabilities(scores, epsilon=1.0 * factor, sensitivity=1.0)
+    p = stats.chisquare(np.bincount(picks, minlength=4), law * SAMPLES).pvalue
+    assert (p > P_THRESHOLD) == passes

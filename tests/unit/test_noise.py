@@ -15,6 +15,8 @@ from beamsynth.transforms.noise import (
     discrete_laplace_pmf,
     exponential_mechanism,
     gumbel,
+    permute_and_flip,
+    permute_and_flip_probabilities,
     sample_categorical,
 )
 
@@ -157,3 +159,28 @@ def test_exponential_tail_branch_follows_the_exponential_law():
     e = _standard_exponential(RandomSource(seed=21), 50_000)
     assert stats.kstest(e, "expon").pvalue > 1e-4
     assert stats.kstest(e * 1.3, "expon").pvalue < 1e-4
+
+
+def test_permute_and_flip_exact_law_is_epsilon_dp():
+    """The enumerated output law of permute-and-flip moves by at most e^ε between neighbouring
+    score vectors (every score shifted by at most Δ), and prefers the best candidate."""
+    rng = np.random.default_rng(11)
+    eps, delta = 0.7, 2.0
+    worst = 0.0
+    for _ in range(300):
+        u = rng.uniform(-6, 6, 4)
+        v = u + rng.uniform(-delta, delta, 4)
+        p = permute_and_flip_probabilities(u, epsilon=eps, sensitivity=delta)
+        q = permute_and_flip_probabilities(v, epsilon=eps, sensitivity=delta)
+        assert p.sum() == pytest.approx(1.0) and q.sum() == pytest.approx(1.0)
+        worst = max(worst, float(np.max(np.abs(np.log(p / q)))))
+    assert worst <= eps + 1e-9
+    p = permute_and_flip_probabilities(np.array([0.0, 5.0, 1.0]), epsilon=1.0, sensitivity=1.0)
+    assert int(np.argmax(p)) == 1
+
+
+def test_permute_and_flip_validates():
+    with pytest.raises(ValueError, match="epsilon"):
+        permute_and_flip(RandomSource(seed=1), np.array([1.0]), epsilon=0.0, sensitivity=1.0)
+    with pytest.raises(ValueError, match="finite"):
+        permute_and_flip(RandomSource(seed=1), np.array([1.0, np.nan]), epsilon=1.0, sensitivity=1.0)
