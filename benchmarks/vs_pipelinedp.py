@@ -5,17 +5,25 @@ bundled schema: 15 columns, 14 attributes + income), and release a DP count for 
 declared cell of every column (public partitions, no partition selection), one record per
 privacy unit, total ε split equally over the columns, Laplace-type noise:
 
-* beamsynth: ``EncodedBatch`` elements (20k rows) → ``DPMarginals`` (one pass,
+* beamsynth: ``EncodedBatch`` elements (20k rows, int32 codes) → ``DPMarginals`` (one pass,
   ``MarginalCountsCombineFn``) in one pipeline;
 * PipelineDP 0.3.1 (installed in its own virtualenv, never a project dependency): one row tuple
   per element → ``DPEngine.aggregate(COUNT, public_partitions=cells)`` per column, one pipeline,
   run as a subprocess by that virtualenv's Python.
 
-Both run on the in-process DirectRunner of apache-beam (the peer venv sees the same Beam).
-Times are pipeline runs (construction + run), wall clock and process CPU time (the machine is
-shared, so CPU time is the steadier figure), medians over ``--repeat``; the ratios are
-PipelineDP / beamsynth, both measured in this run. A pandas ``value_counts`` floor
-is printed for scale. Setup of the peer::
+Both sides feed their input with ``beam.Create`` (so Beam encodes it with the element coder,
+pickles and bz2-compresses the payload into the pipeline, and decodes it again) and run on the
+in-process DirectRunner of apache-beam (the peer venv sees the same Beam; apache-beam 2.77's
+DirectRunner first tries the Prism runner and falls back, on both sides alike). beamsynth's
+counting itself takes milliseconds: its time is Beam's per-pipeline cost (the 1,000-row line)
+plus moving the batches, whose wire form is ``EncodedBatch``'s compact pickle (codes in the
+narrowest unsigned dtype, printed as "wire size").
+
+Times are pipeline runs (construction + run), wall clock and process CPU time (all threads;
+the machine is shared, so CPU time is the steadier figure), medians over ``--repeat`` /
+``--peer-repeat``; the ratios are PipelineDP / beamsynth, both measured in this run, and the
+1-minute load average is printed with them. A pandas ``value_counts`` floor is printed for
+scale. Setup of the peer::
 
     python -m venv --system-site-packages /tmp/peer-pdp
     /tmp/peer-pdp/bin/pip install pipeline-dp==0.3.1
@@ -27,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import subprocess
 import sys
 import tempfile
@@ -144,6 +153,8 @@ def main() -> None:
         wall, cpu = run_pipelinedp(args.peer[0], json.loads(args.peer[1]), args.epsilon)
         print(json.dumps({"seconds": wall, "cpu_seconds": cpu}))
         return
+    from beamsynth.schemas.schema import EncodedBatch
+
     codes, shape, names = adult_codes()
     run_beamsynth(codes[:1000], shape, names, args.epsilon)  # warm-up (imports, pickling)
     small = [run_beamsynth(codes[:1000], shape, names, args.epsilon) for _ in range(args.repeat)]
@@ -159,10 +170,14 @@ def main() -> None:
             got = json.loads(res.stdout.strip().splitlines()[-1])
             peer.append((got["seconds"], got["cpu_seconds"]))
     floor = pandas_floor(codes)
+    wire = sum(len(pickle.dumps(EncodedBatch(codes[s:s + 20_000]), pickle.HIGHEST_PROTOCOL))
+               for s in range(0, codes.shape[0], 20_000))
     t_ours, t_peer = float(np.median([w for w, _ in ours])), float(np.median([w for w, _ in peer]))
     c_ours, c_peer = float(np.median([c for _, c in ours])), float(np.median([c for _, c in peer]))
     print(f"Adult: {codes.shape[0]:,} rows, {len(shape)} columns, {sum(shape)} declared cells, ε={args.epsilon}")
     print(f"pandas value_counts floor : {floor:8.3f} s")
+    print(f"EncodedBatch wire size    : {wire / 1e6:8.3f} MB pickled (codes {codes.dtype}: "
+          f"{codes.nbytes / 1e6:.3f} MB in memory)")
     print(f"beamsynth DPMarginals     : wall {t_ours:8.3f} s, CPU {c_ours:8.3f} s  (median of {len(ours)})")
     print(f"beamsynth on 1,000 rows   : wall {float(np.median([w for w, _ in small])):8.3f} s, CPU "
           f"{float(np.median([c for _, c in small])):8.3f} s  (Beam's fixed cost per pipeline)")

@@ -211,6 +211,58 @@ class EncodedBatch:
     def __len__(self) -> int:
         return int(self.codes.shape[0])
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickle ``codes`` compactly (see :func:`_pack_codes`); unpickling restores the dtype.
+
+        Beam encodes batches with ``FastPrimitivesCoder``, which falls back to ``pickle`` for this
+        type, so this is the wire form in ``Create`` payloads, shuffles, side inputs and
+        multi-process transfers. ``pids`` is pickled as is.
+        """
+        return (_unpack_batch, (_pack_codes(self.codes), self.pids))
+
+    def __copy__(self) -> EncodedBatch:
+        """A shallow copy sharing ``codes`` and ``pids`` (``__reduce__`` would copy them)."""
+        return EncodedBatch(self.codes, self.pids)
+
+
+_NARROW = (np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.uint32))
+
+
+def _pack_codes(codes: Any) -> tuple[Any, ...]:
+    """Exact, compact serialized form of a code array: ``(dtype, shape, offset, narrow, bytes)``.
+
+    Integer codes are stored C-contiguous in the narrowest unsigned dtype (uint8/16/32) that holds
+    ``codes - offset``, where ``offset`` is the minimum if it is negative (sentinels such as
+    ``OUT_OF_DOMAIN``) else 0; one-byte codes and 64-bit codes spanning 2**32 or more are stored
+    as their own bytes. The dtype string keeps the byte order (numpy's own pickling drops it below
+    protocol 5). Anything else (non-integer dtypes, non-arrays) is kept as is: ``(codes,)``.
+    """
+    if not isinstance(codes, np.ndarray) or codes.dtype.kind not in "iu":
+        return (codes,)
+    offset, narrow = 0, codes.dtype
+    if codes.size and codes.dtype.itemsize > 1:
+        lo, hi = int(codes.min()), int(codes.max())
+        fits = [d for d in _NARROW if hi - min(lo, 0) <= np.iinfo(d).max]
+        if fits:
+            offset, narrow = min(lo, 0), fits[0]
+    shifted = codes if offset == 0 else codes.astype(np.int64) - offset  # int64: no overflow
+    return (codes.dtype.str, codes.shape, offset, narrow.str, shifted.astype(narrow, copy=False).tobytes())
+
+
+def _unpack_codes(packed: tuple[Any, ...]) -> Any:
+    """Inverse of :func:`_pack_codes`: the original values in the original dtype (a fresh array)."""
+    if len(packed) == 1:
+        return packed[0]
+    dtype, shape, offset, narrow, data = packed
+    small = np.frombuffer(data, dtype=narrow).reshape(shape)
+    if offset == 0:
+        return small.astype(dtype)
+    return (small.astype(np.int64) + offset).astype(dtype)
+
+
+def _unpack_batch(packed: tuple[Any, ...], pids: Any) -> EncodedBatch:
+    return EncodedBatch(_unpack_codes(packed), pids)
+
 
 @dataclass(frozen=True)
 class Schema:
