@@ -89,6 +89,8 @@ __all__ = [
     "PrivBayesMethod",
     "INDIF_SENSITIVITY",
     "MAX_CANDIDATE_CELLS",
+    "MAX_FAMILY_CELLS",
+    "SPLIT_CELLS_CAP",
     "DPPrivBayes",
     "PrivBayesMeasureFn",
     "PrivBayesMeasurement",
@@ -98,6 +100,7 @@ __all__ = [
     "SAMPLING_MODES",
     "balanced_uniforms",
     "candidate_families",
+    "family_cells",
     "choose_structure",
     "conditional_from_table",
     "fit_privbayes",
@@ -119,6 +122,7 @@ SAMPLING_MODES = ("balanced", "iid")
 DEFAULT_SAMPLING = "balanced"
 INDIF_SENSITIVITY = 4.0  # per record, add/remove neighbours (see indif_score)
 MAX_CANDIDATE_CELLS = 16_000_000  # exact candidate counts kept in one accumulator
+MAX_FAMILY_CELLS = 2_000_000  # a larger (X, Π) table is never a candidate (declared cells)
 
 
 # -- scores --------------------------------------------------------------------------------------
@@ -155,11 +159,38 @@ def marginalize(table: np.ndarray, table_cols: Sequence[int], keep: Sequence[int
     return np.transpose(out, order) if order != list(range(len(order))) else out
 
 
-def candidate_families(n_columns: int, degree: int) -> list[tuple[int, ...]]:
-    """The ``(degree+1)``-column subsets whose counts cover every candidate family (all columns
-    if there are fewer)."""
+def candidate_families(n_columns: int, degree: int, *, shape: Sequence[int] | None = None,
+                       max_family_cells: int | None = None) -> list[tuple[int, ...]]:
+    """The column subsets whose exact counts cover every candidate family.
+
+    Without ``shape``: all ``(degree+1)``-column subsets (all columns if there are fewer). With
+    ``shape`` and ``max_family_cells`` (both declared, so the list is data-independent): the
+    ``(degree+1)``-subsets of at most ``max_family_cells`` cells, then, size by size down to
+    single columns, every smaller subset within the limit that no listed subset contains. A
+    family larger than the limit is never a candidate (:func:`choose_structure`), so one
+    huge-domain column (a declared integer range of 10^6 values) does not force ``degree`` down
+    for every other column.
+    """
     size = min(degree + 1, n_columns)
-    return list(itertools.combinations(range(n_columns), size))
+    if shape is None or max_family_cells is None:
+        return list(itertools.combinations(range(n_columns), size))
+    shape = [int(c) for c in shape]
+    if len(shape) != n_columns:
+        raise ValueError(f"shape has {len(shape)} columns, n_columns is {n_columns}")
+    out: list[tuple[int, ...]] = []
+    for s in range(size, 0, -1):
+        for f in itertools.combinations(range(n_columns), s):
+            if math.prod(shape[c] for c in f) > max_family_cells:
+                continue
+            if s < size and any(set(f) <= set(g) for g in out):
+                continue
+            out.append(f)
+    return out
+
+
+def family_cells(shape: Sequence[int], cols: Sequence[int]) -> int:
+    """Declared cells of the table over ``cols``."""
+    return math.prod(int(shape[c]) for c in cols)
 
 
 def _family_table(tables: dict[tuple[int, ...], np.ndarray], cols: tuple[int, ...]) -> np.ndarray:
@@ -183,6 +214,7 @@ def choose_structure(
     rs: RandomSource,
     root: int | None = None,
     exact_degree: bool = True,
+    max_family_cells: int | None = None,
 ) -> list[tuple[int, tuple[int, ...]]]:
     """Greedy private network construction (PrivBayes Alg. 4, DataSynthesizer GreedyBayes).
 
@@ -197,7 +229,9 @@ def choose_structure(
     ``indif(X, Π) − cells(X ∪ Π)·noise_scale``. Each step is ``epsilon``-DP (add/remove), the
     whole ``(d−1)·epsilon``-DP. Measured on Adult at ε = 1 (16 seeds, ``docs/privbayes.md``):
     exact k-subsets with permute-and-flip lower TVD2/TVD3 from 0.0451/0.0894 (all subsets ≤ k,
-    exponential mechanism) to 0.0435/0.0869.
+    exponential mechanism) to 0.0435/0.0869. Families of more than ``max_family_cells`` declared
+    cells are not candidates; when no parent set of the exact size fits for some ``X``, its
+    largest size that does fit is used (down to no parents).
     Returns ``[(column, parents), ...]`` in sampling order.
     """
     d = len(shape)
@@ -222,15 +256,20 @@ def choose_structure(
             if x in placed:
                 continue
             top = min(degree, len(placed))
-            for size in ((top,) if exact_degree else range(0, top + 1)):
-                for parents in itertools.combinations(sorted(placed), size):
+            for size in range(top, -1, -1):
+                fits = [ps for ps in itertools.combinations(sorted(placed), size)
+                        if max_family_cells is None or size == 0
+                        or family_cells(shape, (x, *ps)) <= max_family_cells]
+                for parents in fits:
                     key = (x, parents)
                     if key not in scored:
-                        cells = shape[x] * math.prod(shape[p] for p in parents)
+                        cells = family_cells(shape, (x, *parents))
                         gain = indif_score(sub((x, *parents)).reshape(shape[x], -1)) if parents else 0.0
                         scored[key] = gain - cells * noise_scale
                     cands.append(key)
                     scores.append(scored[key])
+                if exact_degree and fits:
+                    break
         pick = permute_and_flip(rs.child("step", step), np.asarray(scores),
                                 epsilon=epsilon, sensitivity=sensitivity)
         order.append(cands[pick])
@@ -258,6 +297,7 @@ class PrivBayesPlan:
     n_columns: int
     max_contributions: int
     penalty: float = 1.0
+    max_family_cells: int = MAX_FAMILY_CELLS
 
     @property
     def step_epsilon(self) -> float:
@@ -292,6 +332,7 @@ class PrivBayesPlan:
             "score_sensitivity": self.score_sensitivity,
             "marginal_epsilon": self.marginal_budget.epsilon,
             "max_tables": self.max_tables,
+            "max_family_cells": self.max_family_cells,
         }
 
 
@@ -303,9 +344,11 @@ def plan_privbayes(
     structure_fraction: float = DEFAULT_STRUCTURE_FRACTION,
     max_contributions: int = 1,
     max_candidate_cells: int = MAX_CANDIDATE_CELLS,
+    max_family_cells: int = MAX_FAMILY_CELLS,
 ) -> PrivBayesPlan:
     """Validate parameters and split the budget; lowers ``degree`` (from the declared shape
-    only) until all candidate counts fit in ``max_candidate_cells``."""
+    only) until the counts of all candidate families (each at most ``max_family_cells`` cells,
+    :func:`candidate_families`) fit in ``max_candidate_cells``."""
     if not isinstance(budget, ApproxDP):
         raise TypeError(f"budget must be an ApproxDP/PureDP, got {type(budget).__name__}")
     if isinstance(degree, bool) or not isinstance(degree, int) or not 0 <= degree <= 8:
@@ -316,11 +359,14 @@ def plan_privbayes(
         raise ValueError(f"max_contributions ({max_contributions!r}) must be an int >= 1")
     if not isinstance(max_candidate_cells, int) or max_candidate_cells < 1:
         raise ValueError(f"max_candidate_cells ({max_candidate_cells!r}) must be an int >= 1")
+    if isinstance(max_family_cells, bool) or not isinstance(max_family_cells, int) or max_family_cells < 1:
+        raise ValueError(f"max_family_cells ({max_family_cells!r}) must be an int >= 1")
     shape = [int(s) for s in shape]
     if not shape:
         raise ValueError("shape must name at least one column")
     while degree > 0 and sum(
-        math.prod(shape[c] for c in f) for f in candidate_families(len(shape), degree)
+        family_cells(shape, f) for f in candidate_families(
+            len(shape), degree, shape=shape, max_family_cells=max_family_cells)
     ) > max_candidate_cells:
         degree -= 1
     if len(shape) == 1:
@@ -334,6 +380,7 @@ def plan_privbayes(
         marginal_budget=PureDP(epsilon=rest),
         n_columns=len(shape),
         max_contributions=max_contributions,
+        max_family_cells=max_family_cells,
     )
 
 
@@ -363,10 +410,18 @@ def spend_privbayes(accountant: PrivacyAccountant, plan: PrivBayesPlan, prefix: 
     )
 
 
+SPLIT_CELLS_CAP = 10_000  # tables above this many cells earn no larger share of ε
+
+
 def split_marginal_budget(budget: PureDP, cells: Sequence[int]) -> list[PureDP]:
-    """ε_i ∝ √cells_i: minimizes the expected total L1 noise Σ cells_i·m/ε_i for Σ ε_i = ε
-    (Lagrange). Depends only on the chosen structure and the declared shape."""
-    w = np.sqrt(np.asarray(cells, dtype=np.float64))
+    """ε_i ∝ √min(cells_i, 10⁴): ``√cells`` minimizes the expected total L1 noise
+    Σ cells_i·m/ε_i for Σ ε_i = ε (Lagrange); the cap (:data:`SPLIT_CELLS_CAP`) stops one huge
+    declared table (a parentless column with a 10⁶-value declared range) from taking nearly all
+    of ε from the small tables that carry the correlations: beyond ~10⁴ cells a table's noise
+    swamps any realistic count per cell whatever its share. No Adult table chosen at ε ≤ 5 is that
+    large, so the split there is unchanged. Depends only on the chosen structure and the declared
+    shape."""
+    w = np.sqrt(np.minimum(np.asarray(cells, dtype=np.float64), SPLIT_CELLS_CAP))
     w = w / w.sum()
     return [PureDP(epsilon=float(budget.epsilon * wi)) for wi in w]
 
@@ -397,7 +452,8 @@ def measure_privbayes(
     if d > 1:
         structure = choose_structure(
             tables, shape, degree=plan.degree, epsilon=plan.step_epsilon,
-            sensitivity=plan.score_sensitivity, noise_scale=scale, rs=rs.child("structure"))
+            sensitivity=plan.score_sensitivity, noise_scale=scale, rs=rs.child("structure"),
+            max_family_cells=plan.max_family_cells)
     else:
         structure = [(0, ())]
     specs = family_specs(structure)
@@ -530,6 +586,24 @@ def balanced_uniforms(groups: np.ndarray, rs: RandomSource) -> np.ndarray:
     return u
 
 
+def _invert_cdf_rows(cdf: np.ndarray, rows: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """``min(#{j : cdf[rows[i], j] ≤ u[i]}, K−1)`` for every ``i`` without an ``n × K`` array.
+
+    One ``searchsorted`` over the rows laid end to end, row ``r`` shifted by ``r`` (its values lie
+    in ``[r, r+1]``), so memory is ``O(n + R·K)`` whatever the domain size ``K`` (a declared
+    integer column can have millions of cells). Exact for the single-row case; with ``R`` parent
+    cells the shift costs ``log2(R)`` bits of the uniform's 53 (post-processing only).
+    """
+    k = cdf.shape[1]
+    if cdf.shape[0] == 1:
+        idx = np.searchsorted(cdf[0], u, side="right")
+    else:
+        r = np.asarray(rows, dtype=np.int64)
+        flat = (cdf + np.arange(cdf.shape[0], dtype=np.float64)[:, None]).ravel()
+        idx = np.searchsorted(flat, r + u, side="right") - r * k
+    return np.clip(idx, 0, k - 1)
+
+
 class PrivBayesModel(SynthesisModel):
     """Bayesian network ``Π_i P(X_i | Π_i)`` sampled ancestrally (post-processing only).
 
@@ -585,9 +659,7 @@ class PrivBayesModel(SynthesisModel):
                 u = balanced_uniforms(pidx, rs.child("balanced", x))
             else:
                 u = rs.child("column", x).uniform(n)
-            rows = cdf[pidx]
-            idx = (u[:, None] >= rows).sum(axis=1)
-            out[:, x] = np.minimum(idx, self._shape[x] - 1)
+            out[:, x] = _invert_cdf_rows(cdf, pidx, u)
         return out
 
     def describe(self) -> dict[str, Any]:
@@ -669,7 +741,8 @@ class DPPrivBayes(beam.PTransform):
                                    max_candidate_cells=max_candidate_cells)
         if accountant is not None:
             spend_privbayes(accountant, self.plan)
-        self._families = candidate_families(len(schema.shape), self.plan.degree)
+        self._families = candidate_families(len(schema.shape), self.plan.degree, shape=schema.shape,
+                                            max_family_cells=self.plan.max_family_cells)
         self._seed, self._shrink = seed, float(shrink)
 
     def expand(self, batches):

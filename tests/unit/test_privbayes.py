@@ -228,9 +228,20 @@ def test_plan_validation_messages_and_degree_cap():
         plan_privbayes((2, 2), PureDP(epsilon=1.0), structure_fraction=1.5)
     shape = (50,) * 6
     # 3-way candidates: 20 × 50³ = 2.5e6 cells; 4-way: 15 × 50⁴ ≈ 9.4e7; 2-way: 15 × 2500
-    assert plan_privbayes(shape, PureDP(epsilon=1.0), degree=3, max_candidate_cells=10**7).degree == 2
-    assert plan_privbayes(shape, PureDP(epsilon=1.0), degree=3, max_candidate_cells=10**5).degree == 1
-    assert plan_privbayes(shape, PureDP(epsilon=1.0), degree=3, max_candidate_cells=10**3).degree == 0
+    big = 10**9  # no per-family limit: the degree is lowered until all candidates fit
+    assert plan_privbayes(shape, PureDP(epsilon=1.0), degree=3, max_candidate_cells=10**7,
+                          max_family_cells=big).degree == 2
+    assert plan_privbayes(shape, PureDP(epsilon=1.0), degree=3, max_candidate_cells=10**5,
+                          max_family_cells=big).degree == 1
+    assert plan_privbayes(shape, PureDP(epsilon=1.0), degree=3, max_candidate_cells=10**3,
+                          max_family_cells=big).degree == 0
+    # default per-family limit (2e6 cells): 4-way families are simply not candidates
+    plan = plan_privbayes(shape, PureDP(epsilon=1.0), degree=3, max_candidate_cells=10**7)
+    assert plan.degree == 3
+    fams = candidate_families(6, 3, shape=shape, max_family_cells=plan.max_family_cells)
+    assert sorted({len(f) for f in fams}) == [3]
+    with pytest.raises(ValueError, match=r"max_family_cells \(0\)"):
+        plan_privbayes(shape, PureDP(epsilon=1.0), max_family_cells=0)
 
 
 def test_budget_split_and_spends_sum_to_epsilon():
@@ -279,3 +290,34 @@ def test_empty_input_still_releases_a_valid_model():
     model = fit_privbayes(m, shape)
     codes = model.sample_codes(50, RandomSource(seed=2))
     assert codes.shape == (50, 3) and np.all(codes >= 0) and np.all(codes < np.asarray(shape))
+
+
+def test_huge_declared_column_keeps_degree_for_the_others():
+    """One 10⁶-cell column: families over the limit are not candidates, the degree stays, the small
+    columns still get parents among themselves, the split gives the huge table a capped share, and
+    sampling never builds an n × 10⁶ array."""
+    from beamsynth.transforms.privbayes import family_cells
+
+    shape = (1_000_000, 4, 40, 5)
+    plan = plan_privbayes(shape, PureDP(epsilon=1.0), degree=2)
+    assert plan.degree == 2
+    fams = candidate_families(4, plan.degree, shape=shape, max_family_cells=plan.max_family_cells)
+    assert (1, 2, 3) in fams and (0,) in fams
+    assert all(family_cells(shape, f) <= plan.max_family_cells for f in fams)
+    rng = np.random.default_rng(0)
+    codes = np.column_stack([rng.integers(0, 1_000_000, 3000), rng.integers(0, 4, 3000), rng.integers(0, 40, 3000),
+                             rng.integers(0, 5, 3000)])
+    codes[:, 3] = codes[:, 1]  # a strong dependency between two small columns
+    counts = [np.bincount(np.ravel_multi_index(tuple(codes[:, c] for c in f), [shape[c] for c in f]),
+                          minlength=family_cells(shape, f)).reshape([shape[c] for c in f]) for f in fams]
+    m = measure_privbayes(counts, fams, shape=shape, names=["a", "b", "c", "d"], plan=plan,
+                          rs=RandomSource(seed=3))
+    parents = dict(m.structure)
+    assert all(0 not in ps for ps in parents.values()) and parents[0] == ()
+    eps = {t.columns: t.budget.epsilon for t in m.marginals}
+    assert eps[(0,)] < 0.95 * plan.marginal_budget.epsilon
+    model = fit_privbayes(m, shape, ["a", "b", "c", "d"])
+    out = model.sample_codes(2000, RandomSource(seed=4))
+    assert out.shape == (2000, 4) and out[:, 0].max() < 1_000_000
+    split = split_marginal_budget(PureDP(epsilon=1.0), [1_000_000, 100])
+    assert split[1].epsilon == pytest.approx(10 / 110)
