@@ -8,8 +8,16 @@ Runs with the peer's interpreter (it imports neither beamsynth nor Beam)::
 ``IN.csv`` holds the training rows as **declared cell codes** (written by correlated.py with the
 beamsynth schema, numeric columns already in their declared bins), so every peer sees every column
 as categorical over the same cells. ``OUT.csv`` gets the same number of synthetic rows (codes) and
-``OUT.json`` the wall time of fit + sample. MST's sampler (mbi 1.x) emits rows grouped by value:
-they are resampled i.i.d. (with replacement, seeded) before being written.
+``OUT.json`` the wall time of fit + sample.
+
+MST's default sampler in mbi 1.1.0 (``MarkovRandomField.synthetic_data(method="round")``) assigns
+each column by systematic sampling over the rows of a parent group **in row order** (stable
+argsort, no random permutation), so two columns drawn from overlapping groups become monotone in
+the same row order: siblings in the tree get a spurious near-deterministic dependence (Adult,
+ε = 1: fnlwgt × occupation TVD 0.66, mean TVD2 0.127, worse than independent marginals' 0.084).
+Resampling the output rows does not undo that. The MST runs here therefore use mbi's own
+``method="sample"`` (i.i.d. ancestral sampling from the fitted model); everything else is
+smartnoise's MST unchanged.
 """
 
 from __future__ import annotations
@@ -53,15 +61,20 @@ def run_datasynthesizer(df: pd.DataFrame, epsilon: float, seed: int, degree: int
 
 def run_mst(df: pd.DataFrame, epsilon: float, seed: int) -> pd.DataFrame:
     """smartnoise-synth MST (all columns categorical; δ = 1e-9)."""
+    import mbi.markov_random_field as mrf
     from snsynth import Synthesizer
 
+    round_sampler = mrf.MarkovRandomField.synthetic_data
+    if not getattr(round_sampler, "_iid_patch", False):
+        def iid_sampler(self, rows=None, method="sample"):  # see the module docstring
+            return round_sampler(self, rows, method="sample")
+        iid_sampler._iid_patch = True
+        mrf.MarkovRandomField.synthetic_data = iid_sampler
     np.random.seed(seed)
     synth = Synthesizer.create("mst", epsilon=epsilon, delta=1e-9)
     out = synth.fit_sample(df.astype(str), categorical_columns=list(df.columns),
                            preprocessor_eps=0.0)
-    out = pd.DataFrame(out, columns=df.columns)
-    idx = np.random.default_rng(seed).integers(0, len(out), len(out))  # undo mbi's grouped order
-    return out.iloc[idx].reset_index(drop=True)
+    return pd.DataFrame(out, columns=df.columns)
 
 
 def main() -> int:
