@@ -850,8 +850,18 @@ def _table_to_jsonl(table: pa.Table) -> str:
 class WriteTables(beam.PTransform):
     """Write ``PCollection[pyarrow.Table]`` to one file (format from the extension).
 
-    ``avro_schema`` is needed for ``.avro`` output. One output file is produced
-    (``num_shards=1``), which is what local runs expect; pass ``num_shards`` for clusters.
+    ``avro_schema`` is needed for ``.avro`` output, ``arrow_schema`` for ``.parquet``.
+
+    With ``num_shards=1`` (the default) the write streams
+    (:class:`~beamsynth.pipelines.single_file.WriteSingleFile`): each table goes to its own part
+    file where it is produced, only part paths are grouped, and one worker concatenates the parts
+    into the output file; memory stays flat in the number of rows (Beam's single-shard sinks
+    group every row under one key, which the DirectRunner holds in memory). Parts are ordered by
+    their :func:`~beamsynth.pipelines.single_file.label_part` label (sampling window and shard),
+    then by content, so the row order does not depend on the runner. Empty input writes an empty
+    file (csv: the header).
+
+    ``num_shards`` other than 1 uses Beam's sharded sinks (``-SSSSS-of-NNNNN`` file names).
     """
 
     def __init__(self, path: str, *, column_names: Sequence[str], avro_schema: dict | None = None,
@@ -873,6 +883,8 @@ class WriteTables(beam.PTransform):
         return "" if self._shards == 1 else "-SSSSS-of-NNNNN"
 
     def expand(self, tables):
+        if self._shards == 1:
+            return self._expand_single_file(tables)
         if self._fmt == "csv":
             header = ",".join(_csv_escape(n) for n in self._names) + "\n"
             return (
@@ -902,6 +914,13 @@ class WriteTables(beam.PTransform):
         return tables | "WriteParquet" >> beam.io.WriteToParquetBatched(
             self._path, schema=self._arrow, num_shards=self._shards,
             shard_name_template=self._template())
+
+    def _expand_single_file(self, tables):
+        from beamsynth.pipelines.single_file import WriteSingleFile
+
+        return tables | "SingleFile" >> WriteSingleFile(
+            self._path, fmt=self._fmt, column_names=self._names, avro_schema=self._avro,
+            arrow_schema=self._arrow)
 
 
 def _avro_records(table: pa.Table, field_names: list[str]) -> list[dict[str, Any]]:

@@ -37,6 +37,7 @@ __all__ = [
     "SynthesisModel",
     "clip_and_normalize",
     "codes_to_table",
+    "shard_label",
     "shard_plan",
 ]
 
@@ -300,9 +301,20 @@ class _SampleShardWithModelFn(_SampleShardFn):
 
 def _sample_shard(schema: Schema, seed: int | None, shard_id: int, n: int, model: SynthesisModel,
                   window: Any) -> pa.Table:
-    rs = RandomSource(seed=seed).child("sample", shard_id, *window_labels(window))
+    from beamsynth.pipelines.single_file import label_part
+
+    labels = window_labels(window)
+    rs = RandomSource(seed=seed).child("sample", shard_id, *labels)
     codes = model.sample_codes(n, rs.child("codes"))
-    return codes_to_table(schema, codes, rs.child("values"))
+    table = codes_to_table(schema, codes, rs.child("values"))
+    # the shard's identity orders it in a single-file output (pipelines/single_file.py)
+    return label_part(table, shard_label(shard_id, labels))
+
+
+def shard_label(shard_id: int, labels: Sequence[Any]) -> str:
+    """Sortable identity of a sampling shard: window labels, then the zero-padded shard id."""
+    parts = [f"{v:020d}" if isinstance(v, int) else str(v) for v in labels]
+    return "/".join([*parts, f"{shard_id:012d}"])
 
 
 class SampleSynthetic(beam.PTransform):
@@ -310,7 +322,9 @@ class SampleSynthetic(beam.PTransform):
 
     Input: ``PCollection[(SynthesisModel, rows)]`` with one element per window. Output:
     ``PCollection[pyarrow.Table]``, about ``shard_rows`` rows per element. Shard ``i`` draws from the
-    stream ``(seed, "sample", i, window)``, so seeded output does not depend on the runner.
+    stream ``(seed, "sample", i, window)``, so seeded output does not depend on the runner; each
+    table carries the label :func:`shard_label` (window, shard), by which a single-file
+    ``WriteTables`` orders its rows, so the file is byte-identical on every runner.
 
     ``side_input=False`` sends the model inside every shard element instead of as a singleton
     side input: Beam's DaskRunner (2.77) feeds wrong side-input contents when the side input and
