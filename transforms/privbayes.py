@@ -213,7 +213,7 @@ def choose_structure(
     noise_scale: float,
     rs: RandomSource,
     root: int | None = None,
-    exact_degree: bool = True,
+    exact_degree: bool = False,
     max_family_cells: int | None = None,
 ) -> list[tuple[int, tuple[int, ...]]]:
     """Greedy private network construction (PrivBayes Alg. 4, DataSynthesizer GreedyBayes).
@@ -221,17 +221,19 @@ def choose_structure(
     ``tables`` maps sorted column tuples to exact counts covering every candidate family. Root:
     ``root`` if given (chosen from declared facts only), else uniform over the columns (no data
     used). Step ``i`` (``d−1`` steps): candidates are ``(X, Π)`` with ``X`` not yet placed and
-    ``Π`` a subset of the placed columns of size exactly ``min(degree, placed)`` (PrivBayes
-    Alg. 4 takes k-subsets; ``exact_degree=False`` also offers every smaller subset); one is
-    chosen by **permute-and-flip** (:func:`~beamsynth.transforms.noise.permute_and_flip`,
-    McKenna & Sheldon 2020: ε-DP like the exponential mechanism, never a worse expected score)
-    with ``epsilon`` (already the per-step budget) and ``sensitivity`` on
+    ``Π`` any subset of the placed columns with ``|Π| ≤ degree`` (the penalty decides how many
+    parents pay off), or with ``exact_degree`` only subsets of size exactly
+    ``min(degree, placed)`` (PrivBayes Alg. 4's k-subsets); one is chosen by
+    **permute-and-flip** (:func:`~beamsynth.transforms.noise.permute_and_flip`, McKenna &
+    Sheldon 2020: ε-DP like the exponential mechanism, never a worse expected score) with
+    ``epsilon`` (already the per-step budget) and ``sensitivity`` on
     ``indif(X, Π) − cells(X ∪ Π)·noise_scale``. Each step is ``epsilon``-DP (add/remove), the
-    whole ``(d−1)·epsilon``-DP. Measured on Adult at ε = 1 (16 seeds, ``docs/privbayes.md``):
-    exact k-subsets with permute-and-flip lower TVD2/TVD3 from 0.0451/0.0894 (all subsets ≤ k,
-    exponential mechanism) to 0.0435/0.0869. Families of more than ``max_family_cells`` declared
-    cells are not candidates; when no parent set of the exact size fits for some ``X``, its
-    largest size that does fit is used (down to no parents).
+    whole ``(d−1)·epsilon``-DP. Measured at ε = 1 (Beam-free harness, ``docs/privbayes.md``),
+    TVD2/TVD3: Adult (16 seeds) exponential mechanism 0.0451/0.0894, permute-and-flip
+    0.0444/0.0889, with exact k-subsets 0.0435/0.0869; ACS national2019 (6 seeds) 0.0663/0.1277,
+    0.0653/0.1264, 0.0727/0.1377 — hence the adaptive default. Families of more than
+    ``max_family_cells`` declared cells are not candidates; with ``exact_degree``, when no parent
+    set of the exact size fits for some ``X``, its largest size that does fit is used.
     Returns ``[(column, parents), ...]`` in sampling order.
     """
     d = len(shape)
@@ -298,6 +300,7 @@ class PrivBayesPlan:
     max_contributions: int
     penalty: float = 1.0
     max_family_cells: int = MAX_FAMILY_CELLS
+    exact_degree: bool = False
 
     @property
     def step_epsilon(self) -> float:
@@ -333,6 +336,7 @@ class PrivBayesPlan:
             "marginal_epsilon": self.marginal_budget.epsilon,
             "max_tables": self.max_tables,
             "max_family_cells": self.max_family_cells,
+            "parent_sets": "exact k" if self.exact_degree else "any size ≤ k",
         }
 
 
@@ -345,6 +349,7 @@ def plan_privbayes(
     max_contributions: int = 1,
     max_candidate_cells: int = MAX_CANDIDATE_CELLS,
     max_family_cells: int = MAX_FAMILY_CELLS,
+    exact_degree: bool = False,
 ) -> PrivBayesPlan:
     """Validate parameters and split the budget; lowers ``degree`` (from the declared shape
     only) until the counts of all candidate families (each at most ``max_family_cells`` cells,
@@ -359,6 +364,8 @@ def plan_privbayes(
         raise ValueError(f"max_contributions ({max_contributions!r}) must be an int >= 1")
     if not isinstance(max_candidate_cells, int) or max_candidate_cells < 1:
         raise ValueError(f"max_candidate_cells ({max_candidate_cells!r}) must be an int >= 1")
+    if not isinstance(exact_degree, bool):
+        raise TypeError(f"exact_degree must be a bool, got {exact_degree!r}")
     if isinstance(max_family_cells, bool) or not isinstance(max_family_cells, int) or max_family_cells < 1:
         raise ValueError(f"max_family_cells ({max_family_cells!r}) must be an int >= 1")
     shape = [int(s) for s in shape]
@@ -381,6 +388,7 @@ def plan_privbayes(
         n_columns=len(shape),
         max_contributions=max_contributions,
         max_family_cells=max_family_cells,
+        exact_degree=bool(exact_degree),
     )
 
 
@@ -389,8 +397,9 @@ def spend_privbayes(accountant: PrivacyAccountant, plan: PrivBayesPlan, prefix: 
     if plan.structure_budget is not None:
         accountant.spend(
             f"{prefix}.structure", plan.structure_budget,
-            mechanism="permute-and-flip on InDif − cells·b over exact k-subsets, greedy network",
+            mechanism="permute-and-flip on InDif − cells·b, greedy network",
             details={"steps": plan.n_columns - 1, "epsilon_per_step": plan.step_epsilon,
+                     "parent_sets": "exact k" if plan.exact_degree else "any size ≤ k",
                      "sensitivity": plan.score_sensitivity, "degree": plan.degree,
                      "neighbours": "add/remove one privacy unit",
                      "paper": "PrivBayes Alg. 4 (Zhang et al. 2014); InDif score (PrivSyn §4); "
@@ -453,7 +462,7 @@ def measure_privbayes(
         structure = choose_structure(
             tables, shape, degree=plan.degree, epsilon=plan.step_epsilon,
             sensitivity=plan.score_sensitivity, noise_scale=scale, rs=rs.child("structure"),
-            max_family_cells=plan.max_family_cells)
+            max_family_cells=plan.max_family_cells, exact_degree=plan.exact_degree)
     else:
         structure = [(0, ())]
     specs = family_specs(structure)
@@ -718,13 +727,15 @@ class DPPrivBayes(beam.PTransform):
     automatically if the candidate counts exceed ``max_candidate_cells``), structure_fraction
     (share of ε for the structure, default 0.1), max_contributions, seed (``None`` = secure),
     shrink (conditional fallback strength, post-processing), sampling (``"balanced"`` default or
-    ``"iid"``, post-processing, see :class:`PrivBayesModel`), accountant.
+    ``"iid"``, post-processing, see :class:`PrivBayesModel`), exact_degree (parent sets of
+    exactly k columns instead of any size ≤ k, :func:`choose_structure`), accountant.
     """
 
     def __init__(self, *, schema: Schema, budget: ApproxDP, degree: int = DEFAULT_DEGREE,
                  structure_fraction: float = DEFAULT_STRUCTURE_FRACTION, max_contributions: int = 1,
                  seed: int | None = None, shrink: float = DEFAULT_SHRINK,
                  sampling: str = DEFAULT_SAMPLING, max_candidate_cells: int = MAX_CANDIDATE_CELLS,
+                 exact_degree: bool = False,
                  accountant: PrivacyAccountant | None = None, label: str | None = None) -> None:
         super().__init__(label)
         if not isinstance(schema, Schema):
@@ -738,7 +749,8 @@ class DPPrivBayes(beam.PTransform):
         self.plan = plan_privbayes(schema.shape, budget, degree=degree,
                                    structure_fraction=structure_fraction,
                                    max_contributions=max_contributions,
-                                   max_candidate_cells=max_candidate_cells)
+                                   max_candidate_cells=max_candidate_cells,
+                                   exact_degree=exact_degree)
         if accountant is not None:
             spend_privbayes(accountant, self.plan)
         self._families = candidate_families(len(schema.shape), self.plan.degree, shape=schema.shape,
@@ -826,6 +838,7 @@ class PrivBayesMethod(Method):
             structure_fraction=float(opts.get("structure_fraction") or DEFAULT_STRUCTURE_FRACTION),
             shrink=float(DEFAULT_SHRINK if opts.get("shrink") is None else opts["shrink"]),
             sampling=str(opts.get("sampling") or DEFAULT_SAMPLING),
+            exact_degree=(opts.get("parents") or "adaptive") == "exact",
             max_contributions=self.max_contributions, seed=self.seed, accountant=self.accountant)
 
     @classmethod
@@ -842,6 +855,11 @@ class PrivBayesMethod(Method):
         if "--pb-shrink" not in taken:
             parser.add_argument("--pb-shrink", dest="shrink", type=float, default=None,
                                 help=f"privbayes: conditional fallback strength (default {DEFAULT_SHRINK})")
+        if "--pb-parents" not in taken:
+            parser.add_argument("--pb-parents", dest="parents", choices=("adaptive", "exact"),
+                                default=None, help="privbayes: parent sets of any size up to k "
+                                "chosen with the noise penalty (adaptive, default) or exactly k "
+                                "(PrivBayes Alg. 4)")
         if "--pb-sampling" not in taken:
             parser.add_argument("--pb-sampling", dest="sampling", choices=SAMPLING_MODES, default=None,
                                 help="privbayes: balanced (systematic within parent cells) or iid "

@@ -101,12 +101,16 @@ def test_structure_penalty_prefers_no_parents_for_independent_columns():
     shape = (4, 4, 4)
     fams, counts = _tables(codes, shape, 2)
     order = choose_structure(dict(zip(fams, counts)), shape, degree=2, epsilon=50.0, sensitivity=4.0,
-                             noise_scale=100.0, rs=RandomSource(seed=0), exact_degree=False)
-    assert all(ps == () for _, ps in order)
-    # default (PrivBayes Alg. 4): exactly min(k, placed) parents at every step
-    order = choose_structure(dict(zip(fams, counts)), shape, degree=2, epsilon=50.0, sensitivity=4.0,
                              noise_scale=100.0, rs=RandomSource(seed=0))
+    assert all(ps == () for _, ps in order)
+    # exact_degree (PrivBayes Alg. 4, --pb-parents exact): exactly min(k, placed) parents per step
+    order = choose_structure(dict(zip(fams, counts)), shape, degree=2, epsilon=50.0, sensitivity=4.0,
+                             noise_scale=100.0, rs=RandomSource(seed=0), exact_degree=True)
     assert [len(ps) for _, ps in order] == [0, 1, 2]
+    plan = plan_privbayes(shape, PureDP(epsilon=1.0), exact_degree=True)
+    assert plan.exact_degree and plan.details()["parent_sets"] == "exact k"
+    with pytest.raises(TypeError, match="exact_degree"):
+        plan_privbayes(shape, PureDP(epsilon=1.0), exact_degree="yes")
 
 
 def test_family_specs_drops_covered_root():
