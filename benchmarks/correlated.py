@@ -15,7 +15,8 @@ only reads outputs saved by earlier runs of the companion script in ``--peer-dir
     nice -n 10 python benchmarks/correlated.py --dataset adult --peers saved
     nice -n 10 python benchmarks/correlated.py --dataset acs --epsilons 1 --peers none
     nice -n 10 python benchmarks/correlated.py --epsilons 0.5,1,2 --peers none --pb-sampling-baseline iid
-    nice -n 10 python benchmarks/correlated.py --speed 100000,1000000
+    nice -n 10 python benchmarks/correlated.py --speed 100000,1000000,3000000
+    nice -n 10 python benchmarks/correlated.py --speed 100000,1000000 --speed-method independent
 
 Ratios printed: beamsynth TVD / peer TVD and peer time / beamsynth time at the same ε (peers at
 the seeds they were run with). ``--speed`` runs the end-to-end pipeline on an Adult resample of each
@@ -67,8 +68,10 @@ def load_dataset(name: str):
 
 
 def run_beamsynth(schema, train_csv: str, rows: int, epsilon: float, seed: int, out_dir: str,
-                  degree: int | None = None, sampling: str | None = None) -> tuple[pd.DataFrame, float]:
-    """The synthesize pipeline end to end on the DirectRunner; returns (synthetic frame, seconds)."""
+                  degree: int | None = None, sampling: str | None = None, method: str = "privbayes",
+                  read_back: bool = True) -> tuple[pd.DataFrame | None, float]:
+    """The synthesize pipeline end to end on the DirectRunner; returns (synthetic frame, seconds)
+    (frame None without ``read_back``)."""
     from apache_beam.options.pipeline_options import PipelineOptions
 
     from beamsynth.pipelines.synthesize import SynthesisConfig, run_synthesis
@@ -78,10 +81,12 @@ def run_beamsynth(schema, train_csv: str, rows: int, epsilon: float, seed: int, 
     if sampling is not None:
         opts["sampling"] = sampling
     cfg = SynthesisConfig(input=train_csv, schema=schema, output=out, epsilon=epsilon,
-                          method="privbayes", rows=rows, seed=seed, options=opts)
+                          method=method, rows=rows, seed=seed, options=opts)
     t0 = time.perf_counter()
     run_synthesis(cfg, PipelineOptions(["--runner=DirectRunner"]))
     seconds = time.perf_counter() - t0
+    if not read_back:
+        return None, seconds
     return pd.read_csv(out, dtype=str, keep_default_na=False), seconds
 
 
@@ -210,17 +215,19 @@ def make_resample(n: int, path: str, seed: int = 0) -> None:
     train.iloc[idx][schema.names].to_csv(path, index=False)
 
 
-def speed_child(n: int, path: str) -> int:
-    """One end-to-end run on a prepared resample; prints seconds, CPU seconds and peak RSS."""
+def speed_child(n: int, path: str, method: str = "privbayes") -> int:
+    """One end-to-end run on a prepared resample; prints seconds, CPU seconds and peak RSS.
+
+    The output is not read back (reading 1M+ rows into pandas would dominate the peak RSS)."""
     from beamsynth.schemas.schema import load_schema
 
     schema = load_schema("adult")
     before = resource.getrusage(resource.RUSAGE_SELF)
     with tempfile.TemporaryDirectory() as tmp:
-        _, secs = run_beamsynth(schema, path, n, 1.0, 0, tmp)
+        _, secs = run_beamsynth(schema, path, n, 1.0, 0, tmp, method=method, read_back=False)
     after = resource.getrusage(resource.RUSAGE_SELF)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    print(json.dumps({"rows": n, "seconds": secs, "cpu_seconds": cpu,
+    print(json.dumps({"rows": n, "method": method, "seconds": secs, "cpu_seconds": cpu,
                       "peak_rss_mb": after.ru_maxrss / 1024,
                       "rss_before_run_mb": before.ru_maxrss / 1024,
                       "load_average_1min": os.getloadavg()[0]}))
@@ -233,7 +240,8 @@ def speed_main(a: argparse.Namespace) -> int:
         for n in [int(x) for x in a.speed.split(",")]:
             path = os.path.join(tmp, f"adult_{n}.csv")
             subprocess.run([sys.executable, __file__, "--make-resample", str(n), path], check=True)
-            proc = subprocess.run([sys.executable, __file__, "--speed-child", str(n), path],
+            proc = subprocess.run([sys.executable, __file__, "--speed-child", str(n), path,
+                                   "--speed-method", a.speed_method],
                                   capture_output=True, text=True, check=False)
             line = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
             if not line:
@@ -242,8 +250,9 @@ def speed_main(a: argparse.Namespace) -> int:
             r = json.loads(line[-1])
             results.append(r)
             print(json.dumps(r), flush=True)
-    if len(results) >= 2:
-        a0, a1 = results[0], results[-1]
+            os.remove(path)
+    a0 = results[0]
+    for a1 in results[1:]:  # against the first (smallest) size of the same run
         print(f"rows x{a1['rows'] / a0['rows']:.0f}: time x{a1['seconds'] / a0['seconds']:.2f}, "
               f"CPU x{a1['cpu_seconds'] / a0['cpu_seconds']:.2f}, "
               f"peak RSS x{a1['peak_rss_mb'] / a0['peak_rss_mb']:.2f}")
@@ -264,6 +273,8 @@ def main() -> int:
     ap.add_argument("--beamsynth-from", default=None,
                     help="reuse beamsynth rows of an earlier --out JSON (re-evaluate peers only)")
     ap.add_argument("--speed", default=None, help="comma-separated row counts for the speed run")
+    ap.add_argument("--speed-method", default="privbayes",
+                    help="synthesis method of the speed run (e.g. independent)")
     ap.add_argument("--speed-child", nargs=2, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--make-resample", nargs=2, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -271,7 +282,7 @@ def main() -> int:
         make_resample(int(a.make_resample[0]), a.make_resample[1])
         return 0
     if a.speed_child is not None:
-        return speed_child(int(a.speed_child[0]), a.speed_child[1])
+        return speed_child(int(a.speed_child[0]), a.speed_child[1], a.speed_method)
     if a.speed:
         return speed_main(a)
     return quality_main(a)
