@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import shutil
 import uuid
 from collections.abc import Iterable, Sequence
@@ -181,6 +182,8 @@ class WriteSingleFile(beam.PTransform):
             raise ValueError("writing avro needs avro_schema")
         if fmt == "parquet" and arrow_schema is None:
             raise ValueError("writing parquet needs arrow_schema")
+        if "://" not in path:  # workers may run in another folder than the launcher
+            path = os.path.abspath(path)
         self._path = path
         self._codec = _PartCodec(fmt, column_names, avro_schema, arrow_schema)
         folder, name = FileSystems.split(path)
