@@ -107,10 +107,14 @@ def test_structure_penalty_prefers_no_parents_for_independent_columns():
     order = choose_structure(dict(zip(fams, counts)), shape, degree=2, epsilon=50.0, sensitivity=4.0,
                              noise_scale=100.0, rs=RandomSource(seed=0), exact_degree=True)
     assert [len(ps) for _, ps in order] == [0, 1, 2]
-    plan = plan_privbayes(shape, PureDP(epsilon=1.0), exact_degree=True)
+    plan = plan_privbayes(shape, PureDP(epsilon=1.0), parents="exact")
     assert plan.exact_degree and plan.details()["parent_sets"] == "exact k"
-    with pytest.raises(TypeError, match="exact_degree"):
-        plan_privbayes(shape, PureDP(epsilon=1.0), exact_degree="yes")
+    assert not plan_privbayes(shape, PureDP(epsilon=1.0), parents="adaptive").exact_degree
+    # auto: exact up to 16 declared columns, adaptive above (from the declared width only)
+    assert plan_privbayes((3,) * 16, PureDP(epsilon=1.0)).exact_degree
+    assert not plan_privbayes((3,) * 17, PureDP(epsilon=1.0)).exact_degree
+    with pytest.raises(ValueError, match="parents"):
+        plan_privbayes(shape, PureDP(epsilon=1.0), parents="yes")
 
 
 def test_family_specs_drops_covered_root():
