@@ -113,6 +113,10 @@ def test_structure_penalty_prefers_no_parents_for_independent_columns():
     # auto: exact up to 16 declared columns, adaptive above (from the declared width only)
     assert plan_privbayes((3,) * 16, PureDP(epsilon=1.0)).exact_degree
     assert not plan_privbayes((3,) * 17, PureDP(epsilon=1.0)).exact_degree
+    # ... and only with ε_m/(d·m) ≥ 0.05 (Adult at ε = 0.1/0.5 is better adaptive)
+    assert not plan_privbayes((3,) * 15, PureDP(epsilon=0.5)).exact_degree
+    assert not plan_privbayes((3,) * 15, PureDP(epsilon=1.0), max_contributions=2).exact_degree
+    assert plan_privbayes((3,) * 15, PureDP(epsilon=2.0), max_contributions=2).exact_degree
     with pytest.raises(ValueError, match="parents"):
         plan_privbayes(shape, PureDP(epsilon=1.0), parents="yes")
 
