@@ -934,13 +934,42 @@ def _csv_escape(value: str) -> str:
     return value
 
 
-def write_rejected(rejected: beam.PCollection, output: str) -> Any:
-    """Write dead-letter rows as JSON lines to ``rejected_path(output)`` (one file)."""
-    return (
-        rejected
-        | "RejectedToJson" >> beam.Map(lambda r: r.to_json())
-        | "WriteRejected" >> beam.io.WriteToText(rejected_path(output), num_shards=1, shard_name_template="")
-    )
+def _rejected_sort_key(r: Rejected) -> bytes:
+    """Bytes ordering dead letters by (source file, row, line): the source as ASCII JSON (no
+    JSON string is a prefix of another), rows and lines zero-padded, ``-`` for unknown."""
+    def num(v: int | None) -> bytes:
+        return b"-" if v is None else b"%020d" % v
+    return json.dumps(r.source).encode("ascii") + b" " + num(r.row) + b" " + num(r.line)
+
+
+def _keyed_json(r: Rejected) -> tuple[bytes, str]:
+    return _rejected_sort_key(r), r.to_json()
+
+
+def write_rejected(rejected: beam.PCollection | Sequence[beam.PCollection], output: str) -> Any:
+    """Write dead-letter rows as JSON lines to ``rejected_path(output)`` (one file), streaming.
+
+    ``rejected``: ``PCollection[Rejected]``, or several (written separately and merged: better
+    than a ``Flatten`` of dead-letter outputs of different stages, which the DirectRunner holds
+    in memory).
+
+    Lines are ordered by (source file, row, line), then by content, on every runner. Rows never
+    cross a shuffle here: each worker writes sorted runs where the rows are rejected and one
+    worker merges them (:class:`~beamsynth.pipelines.single_file.WriteSortedLines`), so the write
+    holds one run (8 MiB) per worker, whatever the number of rejected rows (Beam's
+    ``WriteToText(num_shards=1)`` grouped every row under one key, which the DirectRunner holds
+    in memory). What feeds it may still hold rows: ``ReadRecords``' merged ``rejected`` output is
+    a ``Flatten`` of the read and encode stages, and ``NumberRejected`` groups a split file's
+    dead letters. No rejected row: an empty file.
+    """
+    from beamsynth.pipelines.single_file import WriteSortedLines
+
+    inputs = [rejected] if isinstance(rejected, beam.PCollection) else list(rejected)
+    keyed = tuple(pc | f"RejectedToJson{'' if i == 0 else i}" >> beam.Map(_keyed_json)
+                  for i, pc in enumerate(inputs))
+    # (sort key bytes, JSON line) per input
+    return keyed | "WriteRejected" >> WriteSortedLines(rejected_path(output))
+    # str: the dead-letter file path
 
 
 def ensure_parent(path: str) -> None:

@@ -30,6 +30,7 @@ from beamsynth.pipelines.io import (
 from beamsynth.pipelines.manifest import build_manifest, manifest_path, write_json_atomic
 from beamsynth.pipelines.methods import Method, get_method
 from beamsynth.pipelines.progress import Progress, RowProgressFn
+from beamsynth.pipelines.single_file import remove_temp_folders_on_failure
 from beamsynth.runners.presets import is_dask
 from beamsynth.schemas.schema import Schema
 from beamsynth.transforms.budget import BudgetExceededError, PrivacyAccountant, as_budget
@@ -228,8 +229,9 @@ def run_synthesis(cfg: SynthesisConfig, pipeline_options: PipelineOptions | None
     if not progress.quiet:
         _ = built["batches"] | "Progress" >> beam.ParDo(RowProgressFn("synthesize"))
     progress("reading, measuring and sampling")
-    result = p.run()
-    result.wait_until_finish()
+    with remove_temp_folders_on_failure(p):  # a failed run leaves no .beamsynth-temp-* folder
+        result = p.run()
+        result.wait_until_finish()
     progress("pipeline finished; writing the manifest")
     plan.method.collect_metrics(result)
     read = counter_value(result, "rows_read")
