@@ -6,6 +6,10 @@ default) and runs the ``synthesize`` steps **per window**: bound contributions, 
 method's measurements, sampling. Every **declared** window yields exactly one release, whether or
 not it received records: a synthetic file ``OUT`` with the window start inserted before the
 extension and its own manifest, written by the pipeline (:class:`WindowRelease` describes both).
+Rows stream to the file: each sampled table is written to a part file of its window
+(``.beamsynth-temp-<window file>-<run id>/`` next to ``OUT``) where it is sampled, the window's
+group holds part paths only, and the release step concatenates the parts in (window, shard)
+order under a CSV-escaped header, then deletes the folder. Memory per window is one table.
 
 Declared windows: the set of released windows is public and fixed before any data is seen
 (``windows_start``, ``windows_end``, ``window_seconds``). One **empty** ``EncodedBatch`` per
@@ -37,20 +41,27 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import apache_beam as beam
 import numpy as np
-import pyarrow as pa
+from apache_beam.io.filesystems import FileSystems
 from apache_beam.transforms import trigger
 from apache_beam.transforms import window as beam_window
 from apache_beam.transforms.periodicsequence import PeriodicImpulse
 from apache_beam.utils.timestamp import Duration
 
-from beamsynth.pipelines.io import METRICS_NAMESPACE, table_to_csv_text
+from beamsynth.pipelines.io import METRICS_NAMESPACE
 from beamsynth.pipelines.manifest import build_manifest, manifest_path, write_json_atomic
+from beamsynth.pipelines.single_file import (
+    TEMP_PREFIX,
+    _PartCodec,
+    _WritePartFn,
+    join_part_files,
+)
 from beamsynth.pipelines.synthesize import SynthesisPlan, synthesize_batches
 from beamsynth.schemas.schema import EncodedBatch, Schema
 from beamsynth.transforms.units import BoundContributions
@@ -128,29 +139,53 @@ def window_output_path(output: str, window: Any) -> str:
     return f"{root}.{stamp}{ext}"
 
 
-class _WriteWindowReleaseFn(beam.DoFn):
-    """Writes one window's synthetic CSV and manifest (atomic renames; rerun-safe)."""
+def _window_temp_folder(output: str, run_id: str, window: Any) -> str:
+    """The part folder of one window's release: ``.beamsynth-temp-<window file>-<run id>``."""
+    folder, name = FileSystems.split(window_output_path(output, window))
+    return FileSystems.join(folder, f"{TEMP_PREFIX}{name}-{run_id}")
 
-    def __init__(self, *, plan_info: dict[str, Any], output: str, column_names: list[str]) -> None:
+
+class _WriteWindowPartFn(_WritePartFn):
+    """pyarrow.Table → a part file in its window's temporary folder; emits
+    ``(label, digest, path, rows)`` (in the table's window)."""
+
+    def __init__(self, codec: _PartCodec, output: str, run_id: str) -> None:
+        super().__init__(codec, "")
+        self._output, self._run_id = output, run_id
+
+    def _folder(self, window: Any) -> str:
+        return _window_temp_folder(self._output, self._run_id, window)
+
+
+class _WriteWindowReleaseFn(beam.DoFn):
+    """Writes one window's synthetic CSV (its part files concatenated in label order: window,
+    sampling shard) and manifest; rerun-safe.
+
+    Memory: the window's group holds part paths and row counts only (never rows); the file is
+    written by streaming part after part (``join_part_files``: staged under a temporary name,
+    renamed, parts deleted; a retry after that re-writes only the manifest).
+    """
+
+    def __init__(self, *, plan_info: dict[str, Any], output: str, column_names: list[str],
+                 run_id: str) -> None:
         self._info, self._output, self._names = plan_info, output, column_names
+        self._run_id = run_id
+        self._codec = _PartCodec("csv", column_names, None, None)
 
     def process(self, keyed, window=beam.DoFn.WindowParam) -> Iterable[WindowRelease]:
         rows = 0
-        tables: list[pa.Table] = []
+        parts: list[tuple[str, str, str, int]] = []
         for tag, value in keyed[1]:
             if tag == "rows":
                 rows = int(value)
             else:
-                tables.append(value)
-        # shards in content order: the file does not depend on arrival order or worker
-        chunks = sorted(table_to_csv_text(t) for t in tables)
+                parts.append(value)
+        # parts in (label, digest) order: the file does not depend on arrival order or worker
+        parts.sort()
         path = window_output_path(self._output, window)
-        text = ",".join(self._names) + "\n" + "".join(chunks)
-        tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-        written = sum(t.num_rows for t in tables)
+        join_part_files([p[2] for p in parts], _window_temp_folder(self._output, self._run_id, window),
+                        path, self._codec.concatenate)
+        written = sum(p[3] for p in parts)
         info = self._info
         manifest = build_manifest(
             command="synthesize --stream", method=info["method"], inputs=["stream"],
@@ -277,8 +312,8 @@ def _batch_rows(batch: EncodedBatch) -> int:
     return len(batch)
 
 
-def _tag_table(table: pa.Table) -> tuple[int, tuple[str, Any]]:
-    return 0, ("table", table)
+def _tag_part(part: tuple[str, str, str, int]) -> tuple[int, tuple[str, Any]]:
+    return 0, ("part", part)
 
 
 class WindowedSynthesis(beam.PTransform):
@@ -322,8 +357,22 @@ class WindowedSynthesis(beam.PTransform):
             raise ValueError(f"allowed_lateness ({allowed_lateness!r}) must be an int >= 0")
         if not output.lower().endswith(".csv"):
             raise ValueError(f"output ({output!r}) must be a .csv path for windowed releases")
+        if "://" not in output:  # workers may run in another folder than the launcher
+            output = os.path.abspath(output)
         self._plan, self._output = plan, output
+        self._run_id = uuid.uuid4().hex  # names the windows' temporary part folders
         self._seconds, self._lateness = window_seconds, allowed_lateness
+
+    def remove_temp_folders(self) -> list[str]:
+        """Delete the windows' temporary part folders left by a failed run; returns them (see
+        :func:`~beamsynth.pipelines.single_file.remove_temp_folders_on_failure`)."""
+        folder, _ = FileSystems.split(self._output)
+        pattern = FileSystems.join(folder, f"{TEMP_PREFIX}*-{self._run_id}", "*")
+        found = sorted({FileSystems.split(m.path)[0]
+                        for m in FileSystems.match([pattern])[0].metadata_list})
+        if found:
+            FileSystems.delete(found)
+        return found
 
     def _plan_info(self) -> dict[str, Any]:
         plan, cfg = self._plan, self._plan.config
@@ -392,17 +441,20 @@ class WindowedSynthesis(beam.PTransform):
         windowed = (windowed, heartbeats) | "WithHeartbeats" >> beam.Flatten()
         # EncodedBatch per window; every declared window has at least the empty batch
         tables, _models, rows = synthesize_batches(windowed, plan, side_input=False)
-        # pyarrow.Table shards; rows: int per window
-        # pyarrow.Table shards
+        # pyarrow.Table shards (labelled window, shard); rows: int per window
+        names = list(plan.schema.names)
+        parts = tables | "WriteParts" >> beam.ParDo(_WriteWindowPartFn(
+            _PartCodec("csv", names, None, None), self._output, self._run_id))
+        # (label, digest, part path, rows) per window: rows written where they are sampled
         releases = (
-            (tables | "KeyTables" >> beam.Map(_tag_table),
+            (parts | "KeyParts" >> beam.Map(_tag_part),
              rows | "KeyPlanned" >> beam.Map(lambda r: (0, ("rows", r))))
             | "JoinTables" >> beam.Flatten()
             | "GroupWindow" >> beam.GroupByKey()
-            # (0, Iterable[("rows", n) | ("table", Table)]) per window
+            # (0, Iterable[("rows", n) | ("part", (label, digest, path, rows))]) per window
             | "WriteRelease" >> beam.ParDo(_WriteWindowReleaseFn(
-                plan_info=self._plan_info(), output=self._output,
-                column_names=list(plan.schema.names)))
+                plan_info=self._plan_info(), output=self._output, column_names=names,
+                run_id=self._run_id))
             # WindowRelease per window
         )
         return {"releases": releases, "late": late, "outside": outside, "tables": tables,
