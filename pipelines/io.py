@@ -637,17 +637,29 @@ def number_rejected(keyed: tuple[str, Iterable[Rejected | PartCount]]) -> list[R
     return out
 
 
+def _first_part(r: Rejected) -> bool:
+    return r.part == 0
+
+
+def _later_part(r: Rejected) -> bool:
+    return r.part != 0
+
+
 class NumberRejected(beam.PTransform):
     """``(rejected, part counts)`` → dead letters with file-wide row and line numbers.
 
-    Only needed when files are read in parts (:class:`ReadRawBlocks` with ``split_bytes``);
-    groups the (few) dead letters and part counts by file, so it is safe on every runner.
+    Only needed when files are read in parts (:class:`ReadRawBlocks` with ``split_bytes``).
+    Dead letters of part 0 (and of unsplit files) are already numbered and pass straight through;
+    those of later parts are grouped by file with the part counts (a ``GroupByKey``, safe on every
+    runner), so they are held until every part of their file has been read.
     """
 
     def expand(self, pcolls):
         rejected, parts = pcolls
-        return (
-            (rejected, parts)
+        first = rejected | "FirstParts" >> beam.Filter(_first_part)
+        # Rejected, file-wide numbers already
+        later = (
+            (rejected | "LaterParts" >> beam.Filter(_later_part), parts)
             | "Flatten" >> beam.Flatten()
             # Rejected | PartCount
             | "ByFile" >> beam.Map(_key_by_path)
@@ -656,6 +668,7 @@ class NumberRejected(beam.PTransform):
             | "Number" >> beam.FlatMap(number_rejected)
             # Rejected, file-wide row/line
         )
+        return (first, later) | "Join" >> beam.Flatten()
 
 
 class ReadRawBlocks(beam.PTransform):
@@ -935,23 +948,58 @@ def _csv_escape(value: str) -> str:
 
 
 def _rejected_sort_key(r: Rejected) -> bytes:
-    """Bytes ordering dead letters by (source file, row, line): the source as ASCII JSON (no
-    JSON string is a prefix of another), rows and lines zero-padded, ``-`` for unknown."""
+    """Bytes ordering dead letters by (source file, file part, row, line): the source as ASCII
+    JSON (no JSON string is a prefix of another), numbers zero-padded, ``-`` for unknown."""
     def num(v: int | None) -> bytes:
         return b"-" if v is None else b"%020d" % v
-    return json.dumps(r.source).encode("ascii") + b" " + num(r.row) + b" " + num(r.line)
+    return b" ".join((json.dumps(r.source).encode("ascii"), b"%010d" % r.part, num(r.row), num(r.line)))
 
 
 def _keyed_json(r: Rejected) -> tuple[bytes, str]:
     return _rejected_sort_key(r), r.to_json()
 
 
-def write_rejected(rejected: beam.PCollection | Sequence[beam.PCollection], output: str) -> Any:
+def _renumber_lines(counts: list[PartCount]) -> Any:
+    """``rewrite(key, line)`` for the dead-letter merge: lines of file parts ``> 0`` get file-wide
+    row and line numbers (part ``i`` offset by the records and lines of parts ``0..i-1``, as
+    :func:`number_rejected`), others pass unchanged."""
+    by_path: dict[str, dict[int, PartCount]] = {}
+    for c in counts:
+        by_path.setdefault(c.path, {})[c.index] = c
+    offsets: dict[tuple[str, int], tuple[int, int]] = {}
+    for path, parts in by_path.items():
+        rows = lines = 0
+        for i in range(len(parts)):
+            if i not in parts:
+                break  # incomplete: later parts get no offset (their dead letters raise)
+            offsets[(path, i)] = (rows, lines)
+            rows, lines = rows + parts[i].records, lines + parts[i].lines
+
+    def rewrite(key: bytes, line: bytes) -> bytes:
+        source, part = key.rsplit(b" ", 3)[:2]
+        if part == b"0" * 10:
+            return line
+        r = json.loads(line)
+        where = (json.loads(source), int(part))
+        if where not in offsets:
+            raise ValueError(f"part counts of {where[0]!r} are incomplete: no offset for part {where[1]}")
+        row_off, line_off = offsets[where]
+        fixed = Rejected(r["source"], None if r["row"] is None else r["row"] + row_off, r["reason"],
+                         r["raw"], None if r["line"] is None else r["line"] + line_off)
+        return (fixed.to_json() + "\n").encode("utf-8")
+    return rewrite
+
+
+def write_rejected(rejected: beam.PCollection | Sequence[beam.PCollection], output: str, *,
+                   part_counts: beam.PCollection | None = None) -> Any:
     """Write dead-letter rows as JSON lines to ``rejected_path(output)`` (one file), streaming.
 
     ``rejected``: ``PCollection[Rejected]``, or several (written separately and merged: better
     than a ``Flatten`` of dead-letter outputs of different stages, which the DirectRunner holds
-    in memory).
+    in memory). ``part_counts``: the ``PartCount`` output of a read in file parts
+    (:class:`ReadRawBlocks` with ``split_bytes``): dead letters may then still count rows and
+    lines from their part's start, and are renumbered file-wide while merging (the work of
+    :class:`NumberRejected`, without grouping the rows).
 
     Lines are ordered by (source file, row, line), then by content, on every runner. Rows never
     cross a shuffle here: each worker writes sorted runs where the rows are rejected and one
@@ -968,7 +1016,10 @@ def write_rejected(rejected: beam.PCollection | Sequence[beam.PCollection], outp
     keyed = tuple(pc | f"RejectedToJson{'' if i == 0 else i}" >> beam.Map(_keyed_json)
                   for i, pc in enumerate(inputs))
     # (sort key bytes, JSON line) per input
-    return keyed | "WriteRejected" >> WriteSortedLines(rejected_path(output))
+    if part_counts is None:
+        return keyed | "WriteRejected" >> WriteSortedLines(rejected_path(output))
+    return {"lines": keyed, "context": part_counts} | "WriteRejected" >> WriteSortedLines(
+        rejected_path(output), rewriter=_renumber_lines)
     # str: the dead-letter file path
 
 

@@ -7,7 +7,7 @@ key every element with the same key and group them, so the whole output passes t
 
 1. ``WriteParts``: every table is written to its own part file in a temporary folder next to the
    output as soon as it arrives (fused with the step producing it), and only
-   ``(label, digest, path)`` goes on;
+   ``(label, digest, path, rows)`` goes on;
 2. ``GroupParts``: the part paths (plus one marker, so empty input still writes a file) are
    grouped under one key;
 3. ``Concatenate``: one worker writes the output, streaming part by part (csv: header + part
@@ -40,8 +40,9 @@ import heapq
 import io
 import os
 import shutil
+import threading
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import apache_beam as beam
@@ -303,54 +304,69 @@ class WriteSingleFile(_TempFolders, beam.PTransform):
 
 
 # -- sorted lines (dead letters) ------------------------------------------------------------------
+class _Run:
+    """The records of one sorted run being filled, and its (already emitted) path."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.records, self.size = path, [], 0
+
+
 class _WriteRunsFn(beam.DoFn):
     """``(key, line)`` → sorted run files of ``key + b"\\t" + line`` records; emits each run's
     path with its first record (the run is written when it is full or when the bundle ends)."""
 
     def __init__(self, parts_dir: str, run_bytes: int) -> None:
         self._dir, self._run_bytes = parts_dir, run_bytes
-        self._records: list[bytes] = []
-        self._size, self._path = 0, None
+        # the run of each thread's bundle: one DoFn object may serve bundles of several threads
+        # at once (Beam's DaskRunner shares it between partitions)
+        self._runs: dict[int, _Run | None] = {}
 
     def start_bundle(self) -> None:
-        self._records, self._size, self._path = [], 0, None
+        self._runs[threading.get_ident()] = None
 
     def process(self, item: tuple[bytes, str]) -> Iterator[str]:
         key, line = item
         if b"\t" in key or b"\n" in key or "\n" in line:
             raise ValueError(f"sort keys ({key!r}) must hold no tab or line break and lines "
                              f"({line[:80]!r}) no line break")
-        if self._path is None:
+        thread = threading.get_ident()
+        run = self._runs.get(thread)
+        if run is None:
             # named and emitted now (nothing is emitted from finish_bundle); a failed bundle's
             # path is discarded with its output, so its run is never merged
-            self._path = FileSystems.join(self._dir, f"run-{uuid.uuid4().hex}")
-            yield self._path
+            run = self._runs[thread] = _Run(FileSystems.join(self._dir, f"run-{uuid.uuid4().hex}"))
+            yield run.path
         record = key + b"\t" + line.encode("utf-8") + b"\n"
-        self._records.append(record)
-        self._size += len(record)
-        if self._size >= self._run_bytes:
-            self._flush()
+        run.records.append(record)
+        run.size += len(record)
+        if run.size >= self._run_bytes:
+            self._flush(thread)
 
     def finish_bundle(self) -> None:
-        self._flush()
+        self._flush(threading.get_ident())
 
-    def _flush(self) -> None:
-        if self._path is None:
+    def _flush(self, thread: int) -> None:
+        run = self._runs.pop(thread, None)
+        if run is None:
             return
-        self._records.sort()
-        with _create(self._path) as f:
-            f.write(b"".join(self._records))
-        self._records, self._size, self._path = [], 0, None
+        run.records.sort()
+        with _create(run.path) as f:
+            f.write(b"".join(run.records))
 
 
-def _merge_into(paths: Sequence[str], out: Any, *, strip_keys: bool) -> None:
-    """Merge sorted run files into ``out`` (``strip_keys``: write only the lines)."""
+def _merge_into(paths: Sequence[str], out: Any, *, strip_keys: bool,
+                rewrite: Callable[[bytes, bytes], bytes] | None = None) -> None:
+    """Merge sorted run files into ``out`` (``strip_keys``: write only the lines, each through
+    ``rewrite(key, line)`` if given)."""
     with contextlib.ExitStack() as stack:
         files = [stack.enter_context(_open_part(p)) for p in paths]
         buf: list[bytes] = []
         size = 0
         for record in heapq.merge(*files):
-            if strip_keys:
+            if strip_keys and rewrite is not None:
+                key, _, line = record.partition(b"\t")
+                record = rewrite(key, line)
+            elif strip_keys:
                 record = record[record.index(b"\t") + 1:]
             buf.append(record)
             size += len(record)
@@ -360,9 +376,11 @@ def _merge_into(paths: Sequence[str], out: Any, *, strip_keys: bool) -> None:
         out.write(b"".join(buf))
 
 
-def merge_runs(run_paths: Sequence[str], out: Any, parts_dir: str) -> None:
+def merge_runs(run_paths: Sequence[str], out: Any, parts_dir: str, *,
+               rewrite: Callable[[bytes, bytes], bytes] | None = None) -> None:
     """Write the lines of sorted runs to ``out`` in key order, at most ``_MAX_FAN_IN`` runs open
-    at a time (intermediate runs go to ``parts_dir``). Beam-free."""
+    at a time (intermediate runs go to ``parts_dir``); ``rewrite(key, line)`` → the line written
+    (newline included). Beam-free."""
     runs = list(run_paths)
     while len(runs) > _MAX_FAN_IN:
         merged = []
@@ -372,20 +390,32 @@ def merge_runs(run_paths: Sequence[str], out: Any, parts_dir: str) -> None:
                 _merge_into(runs[i:i + _MAX_FAN_IN], f, strip_keys=False)
             merged.append(path)
         runs = merged
-    _merge_into(runs, out, strip_keys=True)
+    _merge_into(runs, out, strip_keys=True, rewrite=rewrite)
 
 
 class _MergeRunsFn(beam.DoFn):
-    """All run paths → the output file (:func:`join_part_files` with :func:`merge_runs`)."""
+    """All run paths (and context elements) → the output file (:func:`join_part_files` with
+    :func:`merge_runs`)."""
 
-    def __init__(self, parts_dir: str, path: str) -> None:
-        self._dir, self._path = parts_dir, path
+    def __init__(self, parts_dir: str, path: str,
+                 rewriter: Callable[[list[Any]], Any] | None = None) -> None:
+        self._dir, self._path, self._rewriter = parts_dir, path, rewriter
 
-    def process(self, keyed: tuple[Any, Iterable[str | None]]):
-        runs = sorted(p for p in keyed[1] if p is not None)
-        join_part_files(runs, self._dir, self._path,
-                        lambda paths, out: merge_runs(paths, out, self._dir))
+    def process(self, keyed: tuple[Any, Iterable[str | tuple[str, Any] | None]]):
+        runs, context = [], []
+        for entry in keyed[1]:
+            if isinstance(entry, str):
+                runs.append(entry)
+            elif entry is not None:
+                context.append(entry[1])
+        rewrite = None if self._rewriter is None else self._rewriter(context)
+        join_part_files(sorted(runs), self._dir, self._path,
+                        lambda paths, out: merge_runs(paths, out, self._dir, rewrite=rewrite))
         yield self._path
+
+
+def _tag_context(item: Any) -> tuple[str, Any]:
+    return "context", item
 
 
 class WriteSortedLines(_TempFolders, beam.PTransform):
@@ -398,18 +428,27 @@ class WriteSortedLines(_TempFolders, beam.PTransform):
     temporary folder, only run paths are grouped, and one worker merges the runs (module doc).
     Keys must hold no tab or line break, lines no line break (``ValueError``). Empty input writes
     an empty file. Returns ``PCollection[str]`` holding the path once it is written.
+
+    Input ``{"lines": ..., "context": PCollection}`` with ``rewriter``: the (few) context elements
+    reach the merge, which writes ``rewriter(context)(key, line)`` (newline included) for every
+    line, in key order (e.g. dead letters renumbered file-wide from part counts).
     """
 
     def __init__(self, path: str, *, run_bytes: int = DEFAULT_RUN_BYTES,
+                 rewriter: Callable[[list[Any]], Callable[[bytes, bytes], bytes]] | None = None,
                  label: str | None = None) -> None:
         super().__init__(label)
         if isinstance(run_bytes, bool) or not isinstance(run_bytes, int) or run_bytes < 1:
             raise ValueError(f"run_bytes ({run_bytes!r}) must be an int >= 1")
         self._path = _absolute(path)
         self._run_bytes = run_bytes
+        self._rewriter = rewriter
         self._dir = temp_folder_for(self._path)
 
     def expand(self, keyed_lines):
+        context = None
+        if isinstance(keyed_lines, dict):
+            keyed_lines, context = keyed_lines["lines"], keyed_lines.get("context")
         if isinstance(keyed_lines, beam.PCollection):
             keyed_lines = (keyed_lines,)
         # each input writes its own runs, and only run paths are flattened: a Flatten of inputs
@@ -418,11 +457,11 @@ class WriteSortedLines(_TempFolders, beam.PTransform):
                     _WriteRunsFn(self._dir, self._run_bytes))
                 for i, pc in enumerate(keyed_lines)]
         # str: path of a sorted run (written by the end of its bundle)
-        if len(runs) > 1:
-            runs = tuple(runs) | "FlattenRuns" >> beam.Flatten()
-        else:
-            runs = runs[0]
-        return _gather_and_join(runs, _MergeRunsFn(self._dir, self._path))
+        if context is not None:
+            runs.append(context | "TagContext" >> beam.Map(_tag_context))
+            # ("context", element): small, goes to the merge with the run paths
+        runs = tuple(runs) | "FlattenRuns" >> beam.Flatten() if len(runs) > 1 else runs[0]
+        return _gather_and_join(runs, _MergeRunsFn(self._dir, self._path, self._rewriter))
         # str: the output path
 
 

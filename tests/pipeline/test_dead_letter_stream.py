@@ -240,12 +240,12 @@ def test_join_retry_after_a_failed_merge_writes_the_file_once(tmp_path, monkeypa
     flag = tmp_path / "flag"
     original = single_file._merge_into
 
-    def merge_into(paths, out, *, strip_keys):
+    def merge_into(paths, out, *, strip_keys, **kw):
         if strip_keys and not flag.exists():
             flag.touch()
             out.write(b"half a file\n")
             raise InjectedFault("injected failure while merging")
-        return original(paths, out, strip_keys=strip_keys)
+        return original(paths, out, strip_keys=strip_keys, **kw)
 
     monkeypatch.setattr(single_file, "_merge_into", merge_into)
     items = _keyed(400)
@@ -297,3 +297,42 @@ def test_several_dead_letter_inputs_are_merged_into_one_ordered_file(tmp_path):
     two = Path(rejected_path(str(tmp_path / "two"))).read_bytes()
     assert two == Path(rejected_path(str(tmp_path / "one"))).read_bytes()
     assert [json.loads(x)["row"] for x in two.decode().splitlines()] == list(range(1, 400))
+
+
+def _split_read_dead_letters(src: str, out: str, *, renumber_in_writer: bool) -> bytes:
+    from beamsynth.pipelines.io import EncodeBlocks, ReadRawBlocks
+
+    with beam.Pipeline(options=PipelineOptions(OPTIONS)) as p:
+        if renumber_in_writer:
+            raw = p | ReadRawBlocks(src, block_rows=5, split_bytes=300)
+            enc = raw["blocks"] | EncodeBlocks(load_schema(SCHEMA))
+            write_rejected((raw["rejected"], enc["rejected"]), out, part_counts=raw["parts"])
+        else:
+            read = p | ReadRecords(src, load_schema(SCHEMA), block_rows=5, split_bytes=300)
+            write_rejected(read["rejected"], out)
+    return Path(rejected_path(out)).read_bytes()
+
+
+def test_split_read_dead_letters_renumbered_while_merging(tmp_path):
+    """A file read in byte-range parts: dead letters written with ``part_counts`` (renumbered at
+    the merge, no GroupByKey of rows) give the bytes of ``NumberRejected`` + write."""
+    src = tmp_path / "in.csv"
+    src.write_text("a,n\n" + "".join(("q,1\n" if i % 3 == 0 else "x,1,extra\n" if i % 5 == 0
+                                      else "y,2\n") for i in range(400)), encoding="utf-8")
+    merged = _split_read_dead_letters(str(src), str(tmp_path / "m.csv"), renumber_in_writer=True)
+    grouped = _split_read_dead_letters(str(src), str(tmp_path / "g.csv"), renumber_in_writer=False)
+    assert merged == grouped
+    rows = [json.loads(x) for x in merged.decode().splitlines()]
+    want = [i + 1 for i in range(400) if i % 3 == 0 or i % 5 == 0]
+    assert [r["row"] for r in rows] == want and [r["line"] for r in rows] == [w + 1 for w in want]
+
+
+def test_renumbering_with_incomplete_part_counts_raises():
+    from beamsynth.pipelines.io import PartCount, _keyed_json, _renumber_lines
+
+    rewrite = _renumber_lines([PartCount("a.csv", 0, 10, 11), PartCount("a.csv", 2, 10, 10)])
+    key, line = _keyed_json(Rejected("a.csv", 3, "domain", line=3, part=2))
+    with pytest.raises(ValueError, match=r"part counts of 'a.csv' are incomplete"):
+        rewrite(key, line.encode() + b"\n")
+    key, line = _keyed_json(Rejected("a.csv", 3, "domain", line=4, part=0))
+    assert rewrite(key, line.encode() + b"\n") == line.encode() + b"\n"
