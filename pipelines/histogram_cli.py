@@ -40,6 +40,7 @@ from beamsynth.pipelines.io import (
     write_rejected,
 )
 from beamsynth.pipelines.manifest import build_manifest, manifest_path, write_json_atomic
+from beamsynth.pipelines.single_file import remove_temp_folders_on_failure
 from beamsynth.pipelines.synthesize import counter_value
 from beamsynth.pipelines.synthesize_cli import pipeline_options
 from beamsynth.schemas.domains import CategoricalDomain, IntegerDomain, ProductDomain, StringDomain
@@ -168,8 +169,9 @@ def run_histogram(cfg: HistogramConfig, options: PipelineOptions | None = None) 
     tables | "Write" >> WriteTables(cfg.output, column_names=names, arrow_schema=arrow,
                                     avro_schema=avro)
     write_rejected(read["rejected"], cfg.output)
-    result = p.run()
-    result.wait_until_finish()
+    with remove_temp_folders_on_failure(p):  # a failed run leaves no .beamsynth-temp-* folder
+        result = p.run()
+        result.wait_until_finish()
     rej = [counter_value(result, n) for n in ("rows_rejected_unparseable", "rows_rejected_domain")]
     counts = {"rows_read": counter_value(result, "rows_read"), "rows_used": counter_value(result, "rows_encoded"),
               "rows_rejected": None if None in rej else sum(rej),

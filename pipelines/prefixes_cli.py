@@ -38,6 +38,7 @@ from beamsynth.pipelines.io import (
     write_rejected,
 )
 from beamsynth.pipelines.manifest import build_manifest, manifest_path, write_json_atomic
+from beamsynth.pipelines.single_file import remove_temp_folders_on_failure
 from beamsynth.pipelines.synthesize import counter_value
 from beamsynth.schemas.keys import (
     DEFAULT_ALPHABET,
@@ -213,8 +214,9 @@ def run_prefixes(*, input: str, codec: KeyCodec, method: str, epsilon: float, ou
     build_prefix_pipeline(p, input=input, codec=codec, transform=transform, output=output,
                           privacy_id=privacy_id, max_contributions=max_contributions, seed=seed,
                           restore_discount=restore_t)
-    result = p.run()
-    result.wait_until_finish()
+    with remove_temp_folders_on_failure(p):  # a failed run leaves no .beamsynth-temp-* folder
+        result = p.run()
+        result.wait_until_finish()
     rej = [counter_value(result, "rows_rejected_unparseable"), counter_value(result, "rows_rejected_domain")]
     counts = {"rows_read": counter_value(result, "rows_read"), "rows_used": counter_value(result, "rows_encoded"),
               "rows_rejected": None if None in rej else sum(rej),  # type: ignore[arg-type]
