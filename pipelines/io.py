@@ -818,17 +818,26 @@ class ReadRecords(beam.PTransform):
     only encoded cell codes leave the reading worker; dead letters get file-wide row and line
     numbers (:class:`NumberRejected`). Blocks depend only on the files and ``split_bytes``, so
     seeded output is the same on every runner and worker count.
+
+    ``number_rejected=False`` skips that renumbering (whose ``GroupByKey``, like the ``Flatten`` of
+    the read and encode dead letters, holds dead letters in memory until every part is read):
+    ``rejected`` is then a list of two ``PCollection[Rejected]`` (read, encode) whose rows of file
+    parts ``> 0`` count from their part's start, and ``parts`` the ``PartCount`` output (``None``
+    when nothing is split), for ``write_rejected(rejected, out, part_counts=parts)``, which
+    renumbers while it merges.
     """
 
     def __init__(self, pattern: str | Sequence[str], schema: Schema, *,
                  block_rows: int = DEFAULT_BLOCK_ROWS, single_output: bool = False,
-                 split_bytes: int = DEFAULT_SPLIT_BYTES, label: str | None = None) -> None:
+                 split_bytes: int = DEFAULT_SPLIT_BYTES, number_rejected: bool = True,
+                 label: str | None = None) -> None:
         super().__init__(label)
         self._read = ReadRawBlocks(pattern, block_rows=block_rows, single_output=single_output,
                                    split_bytes=split_bytes)
         self._schema = schema
         self._single_output = single_output
         self._split = split_bytes
+        self._number = _check_flag("number_rejected", number_rejected)
 
     @property
     def paths(self) -> list[str]:
@@ -840,6 +849,9 @@ class ReadRecords(beam.PTransform):
         # blocks: RawBlock, rejected: Rejected (+ parts: PartCount when split)
         enc = raw["blocks"] | "EncodeRows" >> EncodeBlocks(self._schema, single_output=self._single_output)
         # batches: EncodedBatch, rejected: Rejected
+        if not self._number:  # the caller renumbers, e.g. write_rejected(..., part_counts=parts)
+            return {"batches": enc["batches"], "rejected": [raw["rejected"], enc["rejected"]],
+                    "parts": raw.get("parts")}
         rejected = (raw["rejected"], enc["rejected"]) | "MergeRejected" >> beam.Flatten()
         if self._split:
             rejected = (rejected, raw["parts"]) | "NumberRejected" >> NumberRejected()

@@ -114,3 +114,19 @@ def test_split_read_records_gives_the_same_batches_and_dead_letters(tmp_path, si
         assert_that(out["batches"], _matches(want_codes, _sorted_codes), label="Batches")
         assert_that(out["rejected"], _matches(want_dead, lambda rs: sorted(_dead_tuple(r) for r in rs)),
                     label="DeadLetters")
+
+
+def test_unnumbered_dead_letters_renumbered_by_the_writer_match(tmp_path):
+    from beamsynth.pipelines.io import rejected_path, write_rejected
+
+    path = _input(tmp_path)
+    schema = load_schema("adult")
+    files = {}
+    for number in (True, False):
+        out = str(tmp_path / f"out_{number}.csv")
+        with beam.Pipeline(options=PipelineOptions(IN_PROCESS)) as p:
+            read = p | ReadRecords(str(path), schema, block_rows=700, split_bytes=SPLIT,
+                                   number_rejected=number)
+            write_rejected(read["rejected"], out, part_counts=None if number else read["parts"])
+        files[number] = Path(rejected_path(out)).read_bytes()
+    assert files[False] == files[True] and files[True].count(b"\n") == 12
