@@ -356,8 +356,9 @@ def _iter_csv(path: str, block_rows: int, part: FilePart | None = None,
                     raise ValueError(
                         f"cannot split {path!r} at byte {fh_range[1]}: a quoted CSV field with a line "
                         "break spans that point, so the parallel readers of this file would not see "
-                        "the records a sequential read sees; read it unsplit (split_bytes=0 in "
-                        "ReadRecords/ReadRawBlocks) or compress it (.csv.gz is read by one reader)")
+                        "the records a sequential read sees; read it unsplit (--split-bytes 0, or "
+                        "split_bytes=0 in SynthesisConfig/ReadRecords/ReadRawBlocks) or compress "
+                        "it (.csv.gz is read by one reader)")
                 if not rec:  # blank line: not a record
                     continue
                 row_no += 1

@@ -19,6 +19,7 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beamsynth.pipelines.io import (
+    DEFAULT_SPLIT_BYTES,
     METRICS_NAMESPACE,
     ReadRecords,
     WriteTables,
@@ -69,6 +70,7 @@ class SynthesisConfig:
     options: dict[str, Any] = field(default_factory=dict)
     shard_rows: int = DEFAULT_SHARD_ROWS
     block_rows: int = 20_000
+    split_bytes: int = DEFAULT_SPLIT_BYTES  # CSV/JSONL larger than this: read in parts (0: never)
 
 
 @dataclass
@@ -86,6 +88,8 @@ def plan_synthesis(cfg: SynthesisConfig) -> SynthesisPlan:
     """Validate the configuration and spend the budget; raises before any data is read."""
     if cfg.rows is not None and (isinstance(cfg.rows, bool) or not isinstance(cfg.rows, int) or cfg.rows < 0):
         raise ValueError(f"rows ({cfg.rows!r}) must be an int >= 0")
+    if isinstance(cfg.split_bytes, bool) or not isinstance(cfg.split_bytes, int) or cfg.split_bytes < 0:
+        raise ValueError(f"split_bytes ({cfg.split_bytes!r}) must be an int >= 0 (0: one reader per file)")
     if not (0 < cfg.count_fraction < 1):
         raise ValueError(f"count_fraction ({cfg.count_fraction!r}) must be in (0, 1)")
     if isinstance(cfg.max_contributions, bool) or not isinstance(cfg.max_contributions, int) or cfg.max_contributions < 1:
@@ -136,8 +140,11 @@ def build_synthesis(p: beam.Pipeline, plan: SynthesisPlan) -> dict[str, Any]:
     """Wire the synthesis graph into ``p``; returns the main PCollections."""
     cfg, schema = plan.config, plan.schema
     dask_safe = is_dask(p.options)  # no multi-output ParDos, one sink (docs/runners.md)
+    # dead letters stay numbered per file part and are renumbered while their file is merged
+    # (no Flatten/GroupByKey holding every rejected row); the Dask path keeps the merged form
     read = p | "Read" >> ReadRecords(cfg.input, schema, block_rows=cfg.block_rows,
-                                     single_output=dask_safe)
+                                     single_output=dask_safe, split_bytes=cfg.split_bytes,
+                                     number_rejected=dask_safe)
     batches = read["batches"]
     # EncodedBatch
     if schema.privacy_id is not None:
@@ -151,7 +158,7 @@ def build_synthesis(p: beam.Pipeline, plan: SynthesisPlan) -> dict[str, Any]:
     written = tables | "Write" >> WriteTables(cfg.output, column_names=schema.names,
                                               avro_schema=schema.avro_schema(),
                                               arrow_schema=arrow_schema_for(schema))
-    written_rejected = write_rejected(read["rejected"], cfg.output)
+    written_rejected = write_rejected(read["rejected"], cfg.output, part_counts=read.get("parts"))
     if dask_safe:  # the DaskRunner computes only the last step's graph: make it depend on both
         (written, written_rejected) | "JoinSinks" >> beam.Flatten()
     return {"batches": batches, "models": models, "tables": tables, "rejected": read["rejected"]}

@@ -8,6 +8,7 @@ import sys
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from beamsynth.pipelines.io import DEFAULT_SPLIT_BYTES
 from beamsynth.pipelines.manifest import manifest_path
 from beamsynth.pipelines.methods import METHODS, _load_optional_methods
 from beamsynth.pipelines.progress import Progress
@@ -50,6 +51,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--privacy-id", default=None, help="column identifying a privacy unit")
     p.add_argument("--max-contributions", type=int, default=1,
                    help="records kept per privacy unit (needs --privacy-id; default 1)")
+    p.add_argument("--split-bytes", type=int, default=DEFAULT_SPLIT_BYTES, metavar="N",
+                   help="read uncompressed CSV/JSONL files larger than N bytes in parallel parts "
+                        f"(default {DEFAULT_SPLIT_BYTES >> 20} MiB; 0: one reader per file, needed for "
+                        "a CSV whose quoted fields contain line breaks)")
     p.add_argument("--seed", type=int, default=None,
                    help="fixed seed for tests and demos: output is marked 'seeded: not for release'")
     for cls in METHODS.values():
@@ -64,7 +69,8 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
         input=args.input, schema=schema, output=args.output, epsilon=args.epsilon,
         delta=args.delta, method=args.method, rows=args.rows, privacy_id=args.privacy_id,
         max_contributions=args.max_contributions, seed=args.seed,
-        count_fraction=args.count_fraction, count_epsilon=args.count_epsilon, options=vars(args).copy())
+        count_fraction=args.count_fraction, count_epsilon=args.count_epsilon,
+        split_bytes=args.split_bytes, options=vars(args).copy())
     quiet = getattr(args, "quiet", False)
     if not quiet:
         print(f"beamsynth synthesize: {args.method} on {args.input} (ε={args.epsilon:g}"
