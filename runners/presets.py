@@ -3,7 +3,9 @@
 A preset is a named bundle of Beam pipeline options plus the options a user must supply
 (``required``). :func:`options_for` is what the CLI calls on the arguments it did not consume:
 
-* ``--runner direct``: the in-process DirectRunner (one process; the reference for seeded runs).
+* ``--runner direct`` (also the default without ``--runner``): the in-process DirectRunner (one
+  process; the reference for seeded runs), as :class:`~beamsynth.runners.local.LocalDirectRunner`,
+  which never switches to Beam's Prism runner (nor tries to download it).
 * ``--runner direct-multi``: the DirectRunner in ``multi_processing`` mode, 2 workers by default
   (``--direct_num_workers`` overrides).
 * ``--runner dask``: Beam's DaskRunner on a dask.distributed cluster. Without
@@ -28,6 +30,8 @@ from typing import Any
 
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
+from beamsynth.runners.local import LOCAL_DIRECT_RUNNER
+
 __all__ = [
     "DASK_RUNNER",
     "PRESETS",
@@ -39,6 +43,7 @@ __all__ = [
 ]
 
 DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
+DEFAULT_PRESET = "direct"  # without --runner (LocalDirectRunner: the DirectRunner minus Prism)
 
 
 class PresetError(ValueError):
@@ -92,10 +97,10 @@ class Preset:
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in (
-        Preset("direct", "DirectRunner", {"direct_running_mode": "in_memory"},
+        Preset("direct", LOCAL_DIRECT_RUNNER, {"direct_running_mode": "in_memory"},
                description="in-process DirectRunner (single process; reference for seeded runs)",
                tested_here=True),
-        Preset("direct-multi", "DirectRunner",
+        Preset("direct-multi", LOCAL_DIRECT_RUNNER,
                {"direct_running_mode": "multi_processing", "direct_num_workers": 2},
                description="DirectRunner with worker processes (2 by default)", tested_here=True),
         Preset("dask", DASK_RUNNER, {},
@@ -193,6 +198,8 @@ def expand_args(beam_args: Sequence[str]) -> list[str]:
     runner, rest = _split_runner(beam_args)
     if runner == "DaskRunner":  # Beam only knows the DaskRunner by its dotted path
         runner = "dask"
+    if runner is None:  # no --runner: the direct preset (Beam's default runner, minus Prism)
+        runner = DEFAULT_PRESET
     if runner is None or runner not in PRESETS:
         out = list(beam_args)
         _check_values(out)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
+from beamsynth.runners.local import LOCAL_DIRECT_RUNNER
 from beamsynth.runners.presets import (
     DASK_RUNNER,
     PRESETS,
@@ -21,7 +22,7 @@ def _std(opts: PipelineOptions) -> StandardOptions:
 
 def test_direct_multi_defaults_to_two_worker_processes():
     opts = options_for(["--runner", "direct-multi"])
-    assert _std(opts).runner == "DirectRunner"
+    assert _std(opts).runner == LOCAL_DIRECT_RUNNER
     direct = opts.view_as(DirectOptions)
     assert direct.direct_running_mode == "multi_processing"
     assert direct.direct_num_workers == 2
@@ -42,7 +43,34 @@ def test_direct_is_in_process():
 def test_plain_beam_runner_names_pass_through():
     assert expand_args(["--runner=PortableRunner", "--job_endpoint=embed"]) == [
         "--runner=PortableRunner", "--job_endpoint=embed"]
-    assert _std(options_for([])).runner is None
+    # without --runner: the direct preset (the DirectRunner without its Prism switch)
+    assert _std(options_for([])).runner == LOCAL_DIRECT_RUNNER
+    assert options_for([]).view_as(DirectOptions).direct_running_mode == "in_memory"
+    assert _std(options_for(["--runner=DirectRunner"])).runner == "DirectRunner"
+
+
+def test_local_direct_runner_never_tries_prism(monkeypatch):
+    """The preset's runner runs a pipeline without touching Beam's Prism runner and restores
+    the option it uses to decline it."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import TypeOptions
+    from apache_beam.runners.portability import prism_runner
+    from apache_beam.testing.util import assert_that, equal_to
+
+    tried = []
+
+    def record(self, *a, **k):  # Beam's DirectRunner catches a failure here and falls back
+        tried.append(1)
+        raise RuntimeError("no Prism here")
+
+    monkeypatch.setattr(prism_runner.PrismRunner, "run_pipeline", record)
+    for argv, expect_prism in (([], False), (["--runner=DirectRunner"], True)):
+        tried.clear()
+        opts = options_for(argv)
+        with beam.Pipeline(options=opts) as p:
+            assert_that(p | beam.Create([1, 2, 3]) | beam.Map(lambda x: x * 2), equal_to([2, 4, 6]))
+        assert bool(tried) is expect_prism, argv
+        assert opts.view_as(TypeOptions).allow_unsafe_triggers is False
 
 
 def test_dask_preset_and_plain_daskrunner_name_select_the_dotted_class():
