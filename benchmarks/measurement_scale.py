@@ -4,7 +4,7 @@ Input: the bundled Adult data encoded with the bundled schema (15 columns), resa
 N rows in batches of 20k (``beamsynth.runners.loadgen``; batch ``s`` is the same rows on every
 run and worker). Measured, all in the same run, medians over ``--repeat``:
 
-(a) throughput of ``MarginalCountsCombineFn`` in a Beam pipeline (in-process DirectRunner:
+(a) throughput of ``MarginalCountsCombineFn`` in a Beam pipeline (the ``direct`` preset, in-process:
     ``Create(batch starts) → ResampleBatchesFn → CombineGlobally(MarginalCountsCombineFn)``) vs a
     numpy floor doing the same resampling plus one ``np.bincount`` per table per batch, no Beam,
     at 1M and 10M rows (goal: ≥ 25% of the floor). The tables of both are compared exactly.
@@ -33,7 +33,6 @@ from pathlib import Path
 import apache_beam as beam
 import numpy as np
 from apache_beam.metrics.metric import MetricsFilter
-from apache_beam.options.pipeline_options import PipelineOptions
 
 from beamsynth.runners.loadgen import (
     METRICS_NAMESPACE,
@@ -42,6 +41,7 @@ from beamsynth.runners.loadgen import (
     resample_rows,
     save_tables,
 )
+from beamsynth.runners.presets import options_for
 from beamsynth.transforms.measure import MarginalCountsCombineFn
 
 ADULT = Path(__file__).resolve().parents[1] / "examples" / "data" / "adult" / "adult.csv"
@@ -85,7 +85,7 @@ def beam_measure(codes_path: str, rows: int, shape: list[int], args: list[str],
     saved to ``out_path``; batches per worker process in ``LAST_SPREAD``."""
     specs = [(j,) for j in range(len(shape))]
     t, c = time.perf_counter(), time.process_time()
-    p = beam.Pipeline(options=PipelineOptions(args))
+    p = beam.Pipeline(options=options_for(args))
     (p
      | "Starts" >> beam.Create(batch_starts(rows, BATCH))
      | "Resample" >> beam.ParDo(ResampleBatchesFn(codes_path=codes_path, rows=rows, batch=BATCH))
