@@ -388,6 +388,13 @@ def plan_privbayes(
     shape = [int(s) for s in shape]
     if not shape:
         raise ValueError("shape must name at least one column")
+    huge = [(i, c) for i, c in enumerate(shape) if c > max_family_cells]
+    if huge:
+        raise ValueError(
+            f"columns (position, declared cells) {huge} exceed max_family_cells "
+            f"({max_family_cells}): privbayes measures every column's table over its declared "
+            "cells; declare bins (integer/float `edges`) or a smaller domain, or use the "
+            "independent method, which releases open columns with CatHist")
     while degree > 0 and sum(
         family_cells(shape, f) for f in candidate_families(
             len(shape), degree, shape=shape, max_family_cells=max_family_cells)
@@ -766,6 +773,13 @@ class DPPrivBayes(beam.PTransform):
             raise ValueError(f"sampling ({sampling!r}) must be one of {SAMPLING_MODES}")
         self._sampling = sampling
         self._schema = schema
+        huge = [f"{n!r} ({c:,} cells)" for n, c in zip(schema.names, schema.shape)
+                if c > MAX_FAMILY_CELLS]
+        if huge:
+            raise ValueError(
+                f"privbayes: column(s) {', '.join(huge)} declare more than {MAX_FAMILY_CELLS:,} "
+                "cells; declare bins (integer/float `edges`) or a smaller domain, or use "
+                "--method independent (open columns go through CatHist)")
         self.plan = plan_privbayes(schema.shape, budget, degree=degree,
                                    structure_fraction=structure_fraction,
                                    max_contributions=max_contributions,

@@ -333,3 +333,18 @@ def test_huge_declared_column_keeps_degree_for_the_others():
     assert out.shape == (2000, 4) and out[:, 0].max() < 1_000_000
     split = split_marginal_budget(PureDP(epsilon=1.0), [1_000_000, 100])
     assert split[1].epsilon == pytest.approx(10 / 110)
+
+
+def test_column_over_the_family_limit_is_refused_before_data():
+    """A column whose declared domain alone exceeds the per-family limit cannot be measured: the
+    plan and the transform refuse it when the pipeline is built, naming the column."""
+    from beamsynth.schemas.domains import IntegerDomain
+    from beamsynth.schemas.schema import Column, Schema
+    from beamsynth.transforms.privbayes import DPPrivBayes
+
+    with pytest.raises(ValueError, match=r"\(0, 100000000\)"):
+        plan_privbayes((10**8, 3), PureDP(epsilon=1.0))
+    schema = Schema(name="s", columns=(Column("big", "integer", IntegerDomain(low=0, high=10**8 - 1)),
+                                       Column("small", "integer", IntegerDomain(low=0, high=2))))
+    with pytest.raises(ValueError, match=r"'big' \(100,000,000 cells\).*independent"):
+        DPPrivBayes(schema=schema, budget=PureDP(epsilon=1.0))
