@@ -301,6 +301,16 @@ def laplace_internal(rs: RandomSource, scale: float, size: int | tuple[int, ...]
     return -scale * np.sign(u) * np.log1p(-2.0 * np.abs(u))
 
 
+def _selection_scores(scores: np.ndarray, epsilon: float, sensitivity: float) -> np.ndarray:
+    """Validated scores (1-d, non-empty, float) of a private selection with ε, Δ > 0."""
+    scores = np.asarray(scores, dtype=np.float64)
+    if scores.ndim != 1 or scores.size == 0:
+        raise ValueError(f"scores must be a non-empty 1-d array, got shape {scores.shape}")
+    if not (epsilon > 0 and sensitivity > 0):
+        raise ValueError(f"epsilon ({epsilon}) and sensitivity ({sensitivity}) must be > 0")
+    return scores
+
+
 def exponential_mechanism(
     rs: RandomSource,
     scores: np.ndarray,
@@ -315,11 +325,7 @@ def exponential_mechanism(
     ``ε·score/(2Δ) + Gumbel``. Scores must not depend on the data except through a function of
     sensitivity ``Δ`` (add/remove neighbours).
     """
-    scores = np.asarray(scores, dtype=np.float64)
-    if scores.ndim != 1 or scores.size == 0:
-        raise ValueError(f"scores must be a non-empty 1-d array, got shape {scores.shape}")
-    if not (epsilon > 0 and sensitivity > 0):
-        raise ValueError(f"epsilon ({epsilon}) and sensitivity ({sensitivity}) must be > 0")
+    scores = _selection_scores(scores, epsilon, sensitivity)
     factor = epsilon / (sensitivity if monotonic else 2.0 * sensitivity)
     return int(np.argmax(factor * scores + gumbel(rs, scores.size)))
 
@@ -342,13 +348,9 @@ def permute_and_flip(
     identical to report-noisy-max with exponential noise", 2021). Its expected score is never
     below the exponential mechanism's at the same ε and can be up to 2× closer to the best.
     """
-    scores = np.asarray(scores, dtype=np.float64)
-    if scores.ndim != 1 or scores.size == 0:
-        raise ValueError(f"scores must be a non-empty 1-d array, got shape {scores.shape}")
+    scores = _selection_scores(scores, epsilon, sensitivity)
     if not np.all(np.isfinite(scores)):
         raise ValueError("scores must be finite")
-    if not (epsilon > 0 and sensitivity > 0):
-        raise ValueError(f"epsilon ({epsilon}) and sensitivity ({sensitivity}) must be > 0")
     factor = epsilon / (2.0 * sensitivity)
     return int(np.argmax(factor * scores + exponential(rs, 1.0, scores.size)))
 

@@ -356,6 +356,7 @@ def plan_privbayes(
     max_candidate_cells: int = MAX_CANDIDATE_CELLS,
     max_family_cells: int = MAX_FAMILY_CELLS,
     parents: str = "auto",
+    names: Sequence[str] | None = None,
 ) -> PrivBayesPlan:
     """Validate parameters and split the budget; lowers ``degree`` (from the declared shape
     only) until the counts of all candidate families (each at most ``max_family_cells`` cells,
@@ -388,13 +389,13 @@ def plan_privbayes(
     shape = [int(s) for s in shape]
     if not shape:
         raise ValueError("shape must name at least one column")
-    huge = [(i, c) for i, c in enumerate(shape) if c > max_family_cells]
+    huge = [f"{names[i] if names is not None else i!r} ({c:,} cells)"
+            for i, c in enumerate(shape) if c > max_family_cells]
     if huge:
         raise ValueError(
-            f"columns (position, declared cells) {huge} exceed max_family_cells "
-            f"({max_family_cells}): privbayes measures every column's table over its declared "
-            "cells; declare bins (integer/float `edges`) or a smaller domain, or use the "
-            "independent method, which releases open columns with CatHist")
+            f"privbayes: column(s) {', '.join(huge)} declare more than {max_family_cells:,} "
+            "cells (max_family_cells); declare bins (integer/float `edges`) or a smaller domain, "
+            "or use --method independent (open columns go through CatHist)")
     while degree > 0 and sum(
         family_cells(shape, f) for f in candidate_families(
             len(shape), degree, shape=shape, max_family_cells=max_family_cells)
@@ -773,18 +774,11 @@ class DPPrivBayes(beam.PTransform):
             raise ValueError(f"sampling ({sampling!r}) must be one of {SAMPLING_MODES}")
         self._sampling = sampling
         self._schema = schema
-        huge = [f"{n!r} ({c:,} cells)" for n, c in zip(schema.names, schema.shape)
-                if c > MAX_FAMILY_CELLS]
-        if huge:
-            raise ValueError(
-                f"privbayes: column(s) {', '.join(huge)} declare more than {MAX_FAMILY_CELLS:,} "
-                "cells; declare bins (integer/float `edges`) or a smaller domain, or use "
-                "--method independent (open columns go through CatHist)")
         self.plan = plan_privbayes(schema.shape, budget, degree=degree,
                                    structure_fraction=structure_fraction,
                                    max_contributions=max_contributions,
                                    max_candidate_cells=max_candidate_cells,
-                                   parents=parents)
+                                   parents=parents, names=schema.names)
         if accountant is not None:
             spend_privbayes(accountant, self.plan)
         self._families = candidate_families(len(schema.shape), self.plan.degree, shape=schema.shape,
