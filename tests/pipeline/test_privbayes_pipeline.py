@@ -18,6 +18,7 @@ from beamsynth.pipelines.synthesize import SynthesisConfig, run_synthesis
 from beamsynth.schemas.schema import EncodedBatch, load_schema
 from beamsynth.transforms.budget import PrivacyAccountant, PureDP
 from beamsynth.transforms.privbayes import DPPrivBayes, PrivBayesModel, PrivBayesSynthesizer
+from beamsynth.transforms.refine import DEFAULT_REFINE_FRACTION, DEFAULT_REFINE_PAIRS, RefinedModel
 
 ADULT = Path(__file__).resolve().parents[3] / "shared" / "data" / "adult" / "adult.csv"
 needs_adult = pytest.mark.skipif(not ADULT.exists(), reason=f"{ADULT} (../shared/data) is absent")
@@ -56,23 +57,35 @@ def test_synthesizer_emits_valid_codes_and_spends_budget():
                | PrivBayesSynthesizer(schema=SCHEMA, budget=PureDP(epsilon=1.0), rows=700, seed=11,
                                       shard_rows=300, accountant=acc))
         assert_that(out | beam.combiners.ToList(), lambda got: check(got[0]))
-    assert [s.step for s in acc.spends] == ["privbayes.structure", "privbayes.marginals"]
+    assert [s.step for s in acc.spends] == ["privbayes.structure", "privbayes.marginals",
+                                            "privbayes.refine.selection", "privbayes.refine.marginals"]
     assert acc.spent_epsilon == pytest.approx(1.0)
 
 
 @needs_adult
-def test_model_is_a_privbayes_network_over_every_column():
+@pytest.mark.parametrize(("refine_pairs", "max_parents"), [(0, 2), (None, 1)])
+def test_model_is_a_privbayes_network_over_every_column(refine_pairs, max_parents):
+    """Without refinement (degree 2) the model is the network itself; by default (degree 1) a
+    RefinedModel whose ``base`` is the network and whose targets are the released coarse pairs."""
     codes = _sample_codes()
+    extra = {} if refine_pairs is None else {"refine_pairs": refine_pairs}
 
     def check(models):
         (m,) = models
-        assert isinstance(m, PrivBayesModel)
-        assert sorted(x for x, _ in m.structure) == list(range(len(SCHEMA.columns)))
-        assert all(len(ps) <= 2 for _, ps in m.structure)
+        if refine_pairs == 0:
+            assert isinstance(m, PrivBayesModel)
+            net = m
+        else:
+            assert isinstance(m, RefinedModel) and isinstance(m.base, PrivBayesModel)
+            assert len(m.targets) == DEFAULT_REFINE_PAIRS
+            net = m.base
+        assert sorted(x for x, _ in net.structure) == list(range(len(SCHEMA.columns)))
+        assert all(len(ps) <= max_parents for _, ps in net.structure)
+        assert any(len(ps) == max_parents for _, ps in net.structure)
 
     with BeamTestPipeline(options=_options()) as p:
         models = p | beam.Create(_batches(codes)) | DPPrivBayes(
-            schema=SCHEMA, budget=PureDP(epsilon=1.0), seed=5)
+            schema=SCHEMA, budget=PureDP(epsilon=1.0), seed=5, **extra)
         assert_that(models, check)
 
 
@@ -118,3 +131,71 @@ def test_cli_sampling_option_reaches_the_model(tmp_path):
     # same seed → same released tables and structure; only the sampling differs
     assert len(outs["balanced"]) == len(outs["iid"]) == 500
     assert not outs["balanced"].equals(outs["iid"])
+
+
+# -- the refinement (transforms/refine.py) through the CLI and the synthesizer ----------------------
+@needs_adult
+def test_cli_refine_flag_controls_the_refinement_spends(tmp_path):
+    """``--pb-refine-pairs 0``: only the network's two spends; default: four, summing to the
+    method's budget (total ε minus the row count)."""
+    from beamsynth.pipelines.cli import main
+
+    df = pd.read_csv(ADULT, dtype=str, keep_default_na=False, nrows=1000)
+    src = tmp_path / "in.csv"
+    df[SCHEMA.names].to_csv(src, index=False)
+    spends = {}
+    for name, extra in (("off", ["--pb-refine-pairs", "0"]), ("default", [])):
+        out = tmp_path / f"{name}.csv"
+        assert main(["synthesize", str(src), "--schema", "adult", "--method", "privbayes",
+                     "--epsilon", "1", "--seed", "4", "--output", str(out), "--quiet", *extra]) == 0
+        budget = json.loads(Path(f"{out}.manifest.json").read_text())["release"]["budget"]
+        assert budget["spent"]["epsilon"] == pytest.approx(1.0)
+        spends[name] = {s["step"]: s["epsilon"] for s in budget["spends"]}
+        assert len(pd.read_csv(out, dtype=str, keep_default_na=False)) > 0
+    assert list(spends["off"]) == ["row_count", "privbayes.structure", "privbayes.marginals"]
+    assert list(spends["default"]) == ["row_count", "privbayes.structure", "privbayes.marginals",
+                                       "privbayes.refine.selection", "privbayes.refine.marginals"]
+    method_eps = 1.0 - spends["default"]["row_count"]
+    pb = {k: v for k, v in spends["default"].items() if k.startswith("privbayes.")}
+    assert sum(pb.values()) == pytest.approx(method_eps, rel=1e-12)
+    refine = pb["privbayes.refine.selection"] + pb["privbayes.refine.marginals"]
+    assert refine == pytest.approx(DEFAULT_REFINE_FRACTION * method_eps, rel=1e-12)
+    assert pb["privbayes.refine.selection"] == pytest.approx(0.2 * refine, rel=1e-12)
+
+
+@needs_adult
+def test_refined_synthesizer_emits_codes_in_every_domain():
+    codes = _sample_codes(2000)
+    shape = np.asarray(SCHEMA.shape)
+    acc = PrivacyAccountant(total=PureDP(epsilon=2.0))
+
+    def check(tables):
+        frame = pd.concat([t.to_pandas() for t in tables])
+        enc, dropped = encode_frame(SCHEMA, frame)
+        assert dropped == 0 and enc.shape == (900, len(shape))
+        assert np.all(enc >= 0) and np.all(enc < shape)
+        # every column varies: the raked pool is not collapsed onto a few records
+        assert all(len(np.unique(enc[:, j])) > 1 for j in range(len(shape)))
+
+    with BeamTestPipeline(options=_options()) as p:
+        out = (p | beam.Create(_batches(codes))
+               | PrivBayesSynthesizer(schema=SCHEMA, budget=PureDP(epsilon=2.0), rows=900, seed=3,
+                                      shard_rows=400, refine_pairs=6, refine_rounds=2,
+                                      accountant=acc))
+        assert_that(out | beam.combiners.ToList(), lambda got: check(got[0]))
+    refine = [s for s in acc.spends if s.step.startswith("privbayes.refine.")]
+    assert [s.details.get("tables", s.details.get("picks")) for s in refine] == [6, 6]
+    assert acc.spent_epsilon == pytest.approx(2.0)
+
+
+@pytest.mark.xfail(strict=True, reason="PrivBayesMethod reads refine_rounds/groups/fraction with "
+                   "`opts.get(...) or DEFAULT`, so an explicit 0 silently becomes the default "
+                   "instead of the ValueError DPPrivBayes raises")
+@pytest.mark.parametrize("option", ["refine_rounds", "refine_groups", "refine_fraction"])
+def test_cli_zero_refine_option_is_refused_when_the_pipeline_is_built(option):
+    from beamsynth.pipelines.synthesize import plan_synthesis
+
+    cfg = SynthesisConfig(input="in.csv", schema=SCHEMA, output="out.csv", epsilon=1.0,
+                          method="privbayes", rows=10, options={option: 0})
+    with pytest.raises(ValueError, match=r"\(0"):
+        plan_synthesis(cfg)

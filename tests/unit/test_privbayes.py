@@ -110,13 +110,19 @@ def test_structure_penalty_prefers_no_parents_for_independent_columns():
     plan = plan_privbayes(shape, PureDP(epsilon=1.0), parents="exact")
     assert plan.exact_degree and plan.details()["parent_sets"] == "exact k"
     assert not plan_privbayes(shape, PureDP(epsilon=1.0), parents="adaptive").exact_degree
-    # auto: exact up to 16 declared columns, adaptive above (from the declared width only)
-    assert plan_privbayes((3,) * 16, PureDP(epsilon=1.0)).exact_degree
-    assert not plan_privbayes((3,) * 17, PureDP(epsilon=1.0)).exact_degree
+    # auto: exact up to 16 declared columns, adaptive above (from the declared width only);
+    # the rule is about the network's own ε_m, so these use the pure network (refine_pairs=0)
+    pure = {"refine_pairs": 0}
+    assert plan_privbayes((3,) * 16, PureDP(epsilon=1.0), **pure).exact_degree
+    assert not plan_privbayes((3,) * 17, PureDP(epsilon=1.0), **pure).exact_degree
     # ... and only with ε_m/(d·m) ≥ 0.05 (Adult at ε = 0.1/0.5 is better adaptive)
-    assert not plan_privbayes((3,) * 15, PureDP(epsilon=0.5)).exact_degree
-    assert not plan_privbayes((3,) * 15, PureDP(epsilon=1.0), max_contributions=2).exact_degree
-    assert plan_privbayes((3,) * 15, PureDP(epsilon=2.0), max_contributions=2).exact_degree
+    assert not plan_privbayes((3,) * 15, PureDP(epsilon=0.5), **pure).exact_degree
+    assert not plan_privbayes((3,) * 15, PureDP(epsilon=1.0), max_contributions=2, **pure).exact_degree
+    assert plan_privbayes((3,) * 15, PureDP(epsilon=2.0), max_contributions=2, **pure).exact_degree
+    # with the refinement (default) ε_m is what is left after its share: 0.675/16 < 0.05 at ε = 1
+    refined = plan_privbayes((3,) * 16, PureDP(epsilon=1.0))
+    assert refined.refine is not None and not refined.exact_degree
+    assert plan_privbayes((3,) * 16, PureDP(epsilon=2.0)).exact_degree  # 1.35/16 ≥ 0.05
     with pytest.raises(ValueError, match="parents"):
         plan_privbayes(shape, PureDP(epsilon=1.0), parents="yes")
 
@@ -257,7 +263,9 @@ def test_plan_validation_messages_and_degree_cap():
 
 
 def test_budget_split_and_spends_sum_to_epsilon():
-    plan = plan_privbayes((3, 4, 5), PureDP(epsilon=2.0), structure_fraction=0.25)
+    # the pure network (refine_pairs=0): two spends
+    plan = plan_privbayes((3, 4, 5), PureDP(epsilon=2.0), structure_fraction=0.25, refine_pairs=0)
+    assert plan.refine is None and plan.degree == 2
     acc = PrivacyAccountant(total=PureDP(epsilon=2.0))
     spend_privbayes(acc, plan)
     names = [s.step for s in acc.spends]
@@ -266,6 +274,17 @@ def test_budget_split_and_spends_sum_to_epsilon():
     parts = split_marginal_budget(plan.marginal_budget, [4, 100])
     assert sum(p.epsilon for p in parts) == pytest.approx(1.5)
     assert parts[1].epsilon / parts[0].epsilon == pytest.approx(5.0)
+    # default: the refinement takes 1/4 of ε (2 more spends); the network splits the rest
+    plan = plan_privbayes((3, 4, 5), PureDP(epsilon=2.0), structure_fraction=0.25)
+    acc = PrivacyAccountant(total=PureDP(epsilon=2.0))
+    spend_privbayes(acc, plan)
+    assert [s.step for s in acc.spends] == ["privbayes.structure", "privbayes.marginals",
+                                            "privbayes.refine.selection", "privbayes.refine.marginals"]
+    assert acc.spent_epsilon == pytest.approx(2.0)
+    assert plan.structure_budget.epsilon == pytest.approx(0.375)  # 0.25 · (2 − 0.5)
+    assert plan.marginal_budget.epsilon == pytest.approx(1.125)
+    assert plan.refine.selection_budget.epsilon == pytest.approx(0.1)
+    assert plan.refine.measure_budget.epsilon == pytest.approx(0.4)
 
 
 def test_measure_releases_one_table_per_family_with_budgets_summing():
