@@ -79,10 +79,26 @@ from beamsynth.transforms.noise import (
     discrete_laplace_scale,
     permute_and_flip,
 )
+from beamsynth.transforms.refine import (
+    DEFAULT_REFINE_FRACTION,
+    DEFAULT_REFINE_GROUPS,
+    DEFAULT_REFINE_PAIRS,
+    DEFAULT_REFINE_ROUNDS,
+    REFINE_MIN_PAIRS,
+    REFINE_MIN_TABLE_EPSILON,
+    SELECTION_SHARE,
+    RefinedModel,
+    RefineMeasurement,
+    RefinePlan,
+    measure_refinement,
+    plan_refinement,
+    spend_refinement,
+)
 from beamsynth.transforms.synthesis import DPCount, SampleSynthetic, SynthesisModel
 
 __all__ = [
     "DEFAULT_DEGREE",
+    "DEFAULT_REFINED_DEGREE",
     "DEFAULT_SAMPLING",
     "DEFAULT_SHRINK",
     "DEFAULT_STRUCTURE_FRACTION",
@@ -115,10 +131,12 @@ __all__ = [
     "split_marginal_budget",
     "marginalize",
     "norm_sub",
+    "ordered_columns",
     "plan_privbayes",
 ]
 
-DEFAULT_DEGREE = 2
+DEFAULT_DEGREE = 2  # parents per column without the refinement
+DEFAULT_REFINED_DEGREE = 1  # ... and with it (the refinement adds the pairs a tree misses)
 DEFAULT_STRUCTURE_FRACTION = 0.1
 DEFAULT_SHRINK = 0.1
 SAMPLING_MODES = ("balanced", "iid")
@@ -307,6 +325,7 @@ class PrivBayesPlan:
     penalty: float = 1.0
     max_family_cells: int = MAX_FAMILY_CELLS
     exact_degree: bool = False
+    refine: RefinePlan | None = None
 
     @property
     def step_epsilon(self) -> float:
@@ -343,6 +362,7 @@ class PrivBayesPlan:
             "max_tables": self.max_tables,
             "max_family_cells": self.max_family_cells,
             "parent_sets": "exact k" if self.exact_degree else "any size ≤ k",
+            "refine": None if self.refine is None else self.refine.details(),
         }
 
 
@@ -350,13 +370,17 @@ def plan_privbayes(
     shape: Sequence[int],
     budget: ApproxDP,
     *,
-    degree: int = DEFAULT_DEGREE,
+    degree: int | None = None,
     structure_fraction: float = DEFAULT_STRUCTURE_FRACTION,
     max_contributions: int = 1,
     max_candidate_cells: int = MAX_CANDIDATE_CELLS,
     max_family_cells: int = MAX_FAMILY_CELLS,
     parents: str = "auto",
     names: Sequence[str] | None = None,
+    refine_pairs: int = DEFAULT_REFINE_PAIRS,
+    refine_rounds: int = DEFAULT_REFINE_ROUNDS,
+    refine_groups: int = DEFAULT_REFINE_GROUPS,
+    refine_fraction: float = DEFAULT_REFINE_FRACTION,
 ) -> PrivBayesPlan:
     """Validate parameters and split the budget; lowers ``degree`` (from the declared shape
     only) until the counts of all candidate families (each at most ``max_family_cells`` cells,
@@ -374,7 +398,8 @@ def plan_privbayes(
     exact 0.0727/0.1377 vs adaptive 0.0653/0.1264 (6 seeds), at ε = 2 0.0552 vs 0.0538."""
     if not isinstance(budget, ApproxDP):
         raise TypeError(f"budget must be an ApproxDP/PureDP, got {type(budget).__name__}")
-    if isinstance(degree, bool) or not isinstance(degree, int) or not 0 <= degree <= 8:
+    if degree is not None and (isinstance(degree, bool) or not isinstance(degree, int)
+                               or not 0 <= degree <= 8):
         raise ValueError(f"degree ({degree!r}) must be an int in [0, 8]")
     if not isinstance(structure_fraction, (int, float)) or not 0 < structure_fraction < 1:
         raise ValueError(f"structure_fraction ({structure_fraction!r}) must be in (0, 1)")
@@ -386,6 +411,10 @@ def plan_privbayes(
         raise ValueError(f"parents ({parents!r}) must be one of {PARENT_MODES}")
     if isinstance(max_family_cells, bool) or not isinstance(max_family_cells, int) or max_family_cells < 1:
         raise ValueError(f"max_family_cells ({max_family_cells!r}) must be an int >= 1")
+    if isinstance(refine_pairs, bool) or not isinstance(refine_pairs, int) or refine_pairs < 0:
+        raise ValueError(f"refine_pairs ({refine_pairs!r}) must be an int >= 0")
+    if not isinstance(refine_fraction, (int, float)) or not 0 < refine_fraction < 1:
+        raise ValueError(f"refine_fraction ({refine_fraction!r}) must be in (0, 1)")
     shape = [int(s) for s in shape]
     if not shape:
         raise ValueError("shape must name at least one column")
@@ -396,16 +425,38 @@ def plan_privbayes(
             f"privbayes: column(s) {', '.join(huge)} declare more than {max_family_cells:,} "
             "cells (max_family_cells); declare bins (integer/float `edges`) or a smaller domain, "
             "or use --method independent (open columns go through CatHist)")
+    # refinement size, from declared quantities only: pairs with exact counts (every pair within
+    # max_family_cells is in a candidate family), and as many tables as get ≥ REFINE_MIN_TABLE_EPSILON
+    countable = sum(1 for a, b in itertools.combinations(range(len(shape)), 2)
+                    if shape[a] * shape[b] <= max_family_cells)
+    refine_budget = PureDP(epsilon=budget.epsilon * float(refine_fraction))
+    if refine_pairs > 0:
+        # validate the refinement parameters whether or not the refinement ends up used
+        plan_refinement(refine_budget, pairs=refine_pairs, rounds=min(refine_rounds, refine_pairs),
+                        groups=refine_groups, max_contributions=max_contributions)
+    afford = int(refine_budget.epsilon * (1 - SELECTION_SHARE)
+                 / (max_contributions * REFINE_MIN_TABLE_EPSILON) + 1e-9)
+    pairs = min(refine_pairs, countable, afford)
+    if pairs < REFINE_MIN_PAIRS or len(shape) < 2:
+        pairs = 0
+    if degree is None:
+        degree = DEFAULT_REFINED_DEGREE if pairs else DEFAULT_DEGREE
     while degree > 0 and sum(
         family_cells(shape, f) for f in candidate_families(
             len(shape), degree, shape=shape, max_family_cells=max_family_cells)
     ) > max_candidate_cells:
         degree -= 1
+    refine = None
+    network = budget.epsilon
+    if pairs and degree > 0:
+        refine = plan_refinement(refine_budget, pairs=pairs, rounds=min(refine_rounds, pairs),
+                                 groups=refine_groups, max_contributions=max_contributions)
+        network = budget.epsilon - refine.selection_budget.epsilon - refine.measure_budget.epsilon
     if len(shape) == 1:
-        structure, rest = 0.0, budget.epsilon
+        structure, rest = 0.0, network
     else:
-        structure = budget.epsilon * float(structure_fraction)
-        rest = budget.epsilon - structure
+        structure = network * float(structure_fraction)
+        rest = network - structure
     return PrivBayesPlan(
         degree=degree,
         structure_budget=PureDP(epsilon=structure) if structure > 0 else None,
@@ -416,6 +467,7 @@ def plan_privbayes(
         exact_degree=parents == "exact" or (
             parents == "auto" and len(shape) <= AUTO_EXACT_MAX_COLUMNS
             and rest / (len(shape) * max_contributions) >= AUTO_EXACT_MIN_TABLE_EPSILON),
+        refine=refine,
     )
 
 
@@ -444,6 +496,8 @@ def spend_privbayes(accountant: PrivacyAccountant, plan: PrivBayesPlan, prefix: 
                           "with the model's noisy marginals",
                  "paper": "PrivBayes §4.2 (noisy conditionals), converted to add/remove counts"},
     )
+    if plan.refine is not None:
+        spend_refinement(accountant, plan.refine, f"{prefix}.refine")
 
 
 SPLIT_CELLS_CAP = 10_000  # tables above this many cells earn no larger share of ε
@@ -469,6 +523,7 @@ class PrivBayesMeasurement:
 
     structure: tuple[tuple[int, tuple[int, ...]], ...]
     marginals: tuple[NoisyMarginal, ...]
+    refinement: RefineMeasurement | None = None
 
 
 def measure_privbayes(
@@ -479,8 +534,14 @@ def measure_privbayes(
     names: Sequence[str],
     plan: PrivBayesPlan,
     rs: RandomSource,
+    ordered: Sequence[bool] | None = None,
+    shrink: float = DEFAULT_SHRINK,
+    sampling: str = DEFAULT_SAMPLING,
 ) -> PrivBayesMeasurement:
-    """Structure (permute-and-flip) then noisy family tables from exact candidate counts."""
+    """Structure (permute-and-flip) then noisy family tables from exact candidate counts, then
+    (``plan.refine``) the refinement rounds of :func:`~beamsynth.transforms.refine.measure_refinement`
+    on the network fitted from those tables (``shrink``, ``sampling`` as in :func:`fit_privbayes`;
+    ``ordered``: whether each column's declared domain is ordered, default all unordered)."""
     tables = {tuple(f): np.asarray(t) for f, t in zip(families, counts)}
     d = len(shape)
     # the penalty uses the scale the tables would get if every column had a family (data-independent)
@@ -498,7 +559,19 @@ def measure_privbayes(
     released = noisy_marginals(
         exact, specs=specs, names=names, budgets=budgets,
         sensitivity=float(plan.max_contributions), rs=rs.child("marginals"))
-    return PrivBayesMeasurement(tuple((x, tuple(p)) for x, p in structure), released)
+    measurement = PrivBayesMeasurement(tuple((x, tuple(p)) for x, p in structure), released)
+    if plan.refine is None:
+        return measurement
+    # post-processing: the network from the released tables only
+    network = fit_privbayes(measurement, shape, names, shrink=shrink, sampling=sampling)
+    total = max(float(np.mean([m.values.sum() for m in released])), 1.0)
+    pairs = [(a, b) for a in range(d) for b in range(a + 1, d)
+             if any(a in f and b in f for f in tables)]
+    refinement = measure_refinement(
+        lambda a, b: _family_table(tables, (a, b)), network, total=total,
+        ordered=list(ordered) if ordered is not None else [False] * d, names=names,
+        plan=plan.refine, rs=rs.child("refine"), candidates=pairs)
+    return PrivBayesMeasurement(measurement.structure, released, refinement)
 
 
 class PrivBayesMeasureFn(beam.DoFn):
@@ -508,15 +581,20 @@ class PrivBayesMeasureFn(beam.DoFn):
     """
 
     def __init__(self, *, families: Sequence[tuple[int, ...]], shape: Sequence[int],
-                 names: Sequence[str], plan: PrivBayesPlan, seed: int | None) -> None:
+                 names: Sequence[str], plan: PrivBayesPlan, seed: int | None,
+                 ordered: Sequence[bool] | None = None, shrink: float = DEFAULT_SHRINK,
+                 sampling: str = DEFAULT_SAMPLING) -> None:
         self._families = [tuple(f) for f in families]
         self._shape, self._names = tuple(shape), tuple(names)
         self._plan, self._seed = plan, seed
+        self._ordered = None if ordered is None else tuple(bool(o) for o in ordered)
+        self._shrink, self._sampling = float(shrink), sampling
 
     def process(self, counts, window=beam.DoFn.WindowParam):
         rs = RandomSource(seed=self._seed).child("privbayes", *window_labels(window))
         yield measure_privbayes(counts, self._families, shape=self._shape, names=self._names,
-                                plan=self._plan, rs=rs)
+                                plan=self._plan, rs=rs, ordered=self._ordered,
+                                shrink=self._shrink, sampling=self._sampling)
 
 
 # -- post-processing: consistency, non-negativity, conditionals ----------------------------------
@@ -707,8 +785,10 @@ class PrivBayesModel(SynthesisModel):
 def fit_privbayes(
     measurement: PrivBayesMeasurement, shape: Sequence[int], names: Sequence[str] | None = None,
     *, shrink: float = DEFAULT_SHRINK, sampling: str = DEFAULT_SAMPLING,
-) -> PrivBayesModel:
-    """Fit the network from released tables only: consistency → Norm-Sub → shrunk conditionals.
+) -> PrivBayesModel | RefinedModel:
+    """Fit the network from released tables only: consistency → Norm-Sub → shrunk conditionals;
+    with a refinement, the network wrapped in a :class:`~beamsynth.transforms.refine.RefinedModel`
+    that rakes it to the refinement's targets.
 
     ``shrink`` multiplies the fallback strength ``c_X · b`` (about the noise mass one row of the
     conditional carries) used by :func:`conditional_from_table`. ``sampling`` is passed to
@@ -737,10 +817,21 @@ def fit_privbayes(
             continue
         strength = shrink * shape[x] * ms[i].scale
         conditionals.append(conditional_from_table(tables[i], one_way[x], strength))
-    return PrivBayesModel(shape, measurement.structure, conditionals, names, sampling=sampling)
+    network = PrivBayesModel(shape, measurement.structure, conditionals, names, sampling=sampling)
+    if measurement.refinement is None or not measurement.refinement.targets:
+        return network
+    return RefinedModel(network, measurement.refinement.targets, names=names)
 
 
 # -- Beam transforms -------------------------------------------------------------------------------
+def ordered_columns(schema: Schema) -> list[bool]:
+    """Whether each column's declared domain is ordered (integer, float, datetime): how the
+    refinement coarsens it (:func:`~beamsynth.transforms.refine.coarse_groups`)."""
+    from beamsynth.schemas.domains import DatetimeDomain, FloatDomain, IntegerDomain
+
+    return [isinstance(c.domain, (IntegerDomain, FloatDomain, DatetimeDomain)) for c in schema.columns]
+
+
 class DPPrivBayes(beam.PTransform):
     """PrivBayes measurement + fit: ``PCollection[EncodedBatch]`` → one :class:`PrivBayesModel`
     per window.
@@ -750,20 +841,26 @@ class DPPrivBayes(beam.PTransform):
     mechanisms in the module docstring. Spends are recorded on ``accountant`` (if given) here,
     when the pipeline is built.
 
-    Args (keyword-only): schema, budget, degree (parents per attribute, default 2, lowered
+    Args (keyword-only): schema, budget, degree (parents per attribute, default 1 with the
+    refinement and 2 without, :func:`plan_privbayes`; lowered
     automatically if the candidate counts exceed ``max_candidate_cells``), structure_fraction
     (share of ε for the structure, default 0.1), max_contributions, seed (``None`` = secure),
     shrink (conditional fallback strength, post-processing), sampling (``"balanced"`` default or
     ``"iid"``, post-processing, see :class:`PrivBayesModel`), parents (``"auto"``, ``"adaptive"``
     or ``"exact"``, see :func:`plan_privbayes`; exact means parent sets of
-    exactly k columns instead of any size ≤ k, :func:`choose_structure`), accountant.
+    exactly k columns instead of any size ≤ k, :func:`choose_structure`), refine_pairs /
+    refine_rounds / refine_groups / refine_fraction (the refinement of
+    :mod:`beamsynth.transforms.refine`; ``refine_pairs=0`` turns it off, see
+    :func:`plan_privbayes`), accountant.
     """
 
-    def __init__(self, *, schema: Schema, budget: ApproxDP, degree: int = DEFAULT_DEGREE,
+    def __init__(self, *, schema: Schema, budget: ApproxDP, degree: int | None = None,
                  structure_fraction: float = DEFAULT_STRUCTURE_FRACTION, max_contributions: int = 1,
                  seed: int | None = None, shrink: float = DEFAULT_SHRINK,
                  sampling: str = DEFAULT_SAMPLING, max_candidate_cells: int = MAX_CANDIDATE_CELLS,
-                 parents: str = "auto",
+                 parents: str = "auto", refine_pairs: int = DEFAULT_REFINE_PAIRS,
+                 refine_rounds: int = DEFAULT_REFINE_ROUNDS, refine_groups: int = DEFAULT_REFINE_GROUPS,
+                 refine_fraction: float = DEFAULT_REFINE_FRACTION,
                  accountant: PrivacyAccountant | None = None, label: str | None = None) -> None:
         super().__init__(label)
         if not isinstance(schema, Schema):
@@ -778,7 +875,9 @@ class DPPrivBayes(beam.PTransform):
                                    structure_fraction=structure_fraction,
                                    max_contributions=max_contributions,
                                    max_candidate_cells=max_candidate_cells,
-                                   parents=parents, names=schema.names)
+                                   parents=parents, names=schema.names,
+                                   refine_pairs=refine_pairs, refine_rounds=refine_rounds,
+                                   refine_groups=refine_groups, refine_fraction=refine_fraction)
         if accountant is not None:
             spend_privbayes(accountant, self.plan)
         self._families = candidate_families(len(schema.shape), self.plan.degree, shape=schema.shape,
@@ -792,11 +891,12 @@ class DPPrivBayes(beam.PTransform):
                                   "CountCandidates")
         # tuple[np.ndarray, ...]: exact counts of every (k+1)-column family, one per window
         measured = counts | "ChooseAndMeasure" >> beam.ParDo(PrivBayesMeasureFn(
-            families=self._families, shape=shape, names=names, plan=self.plan, seed=self._seed))
-        # PrivBayesMeasurement (structure + NoisyMarginal tables): the DP boundary
+            families=self._families, shape=shape, names=names, plan=self.plan, seed=self._seed,
+            ordered=ordered_columns(self._schema), shrink=shrink, sampling=sampling))
+        # PrivBayesMeasurement (structure + NoisyMarginal tables + refinement tables): the DP boundary
         return measured | "Fit" >> beam.Map(fit_privbayes, shape, names, shrink=shrink,
                                                 sampling=sampling)
-        # PrivBayesModel
+        # PrivBayesModel, or RefinedModel when refining
 
 
 class PrivBayesSynthesizer(beam.PTransform):
@@ -862,11 +962,19 @@ class PrivBayesMethod(Method):
         opts = self.options
         self._transform = DPPrivBayes(
             schema=self.schema, budget=self.budget,
-            degree=int(opts.get("degree") or DEFAULT_DEGREE),
+            degree=None if opts.get("degree") is None else int(opts["degree"]),
             structure_fraction=float(opts.get("structure_fraction") or DEFAULT_STRUCTURE_FRACTION),
             shrink=float(DEFAULT_SHRINK if opts.get("shrink") is None else opts["shrink"]),
             sampling=str(opts.get("sampling") or DEFAULT_SAMPLING),
             parents=str(opts.get("parents") or "auto"),
+            refine_pairs=int(DEFAULT_REFINE_PAIRS if opts.get("refine_pairs") is None
+                             else opts["refine_pairs"]),
+            refine_rounds=int(DEFAULT_REFINE_ROUNDS if opts.get("refine_rounds") is None
+                              else opts["refine_rounds"]),
+            refine_groups=int(DEFAULT_REFINE_GROUPS if opts.get("refine_groups") is None
+                              else opts["refine_groups"]),
+            refine_fraction=float(DEFAULT_REFINE_FRACTION if opts.get("refine_fraction") is None
+                                  else opts["refine_fraction"]),
             max_contributions=self.max_contributions, seed=self.seed, accountant=self.accountant)
 
     @classmethod
@@ -874,7 +982,9 @@ class PrivBayesMethod(Method):
         taken = getattr(parser, "_option_string_actions", {})
         if "--degree" not in taken and "--k-parents" not in taken:
             parser.add_argument("--degree", "--k-parents", dest="degree", type=int, default=None,
-                                help=f"privbayes: parents per attribute (default {DEFAULT_DEGREE}; "
+                                help="privbayes: parents per attribute (default "
+                                     f"{DEFAULT_REFINED_DEGREE} with the refinement, {DEFAULT_DEGREE} "
+                                     "without; "
                                      "lowered if the declared domains make candidate counts too large)")
         if "--pb-structure-fraction" not in taken:
             parser.add_argument("--pb-structure-fraction", dest="structure_fraction", type=float,
@@ -889,6 +999,18 @@ class PrivBayesMethod(Method):
                                 "chosen with the noise penalty (adaptive), exactly k (exact, "
                                 "PrivBayes Alg. 4), or auto (default: exact for at most "
                                 f"{AUTO_EXACT_MAX_COLUMNS} declared columns, else adaptive)")
+        if "--pb-refine-pairs" not in taken:
+            parser.add_argument("--pb-refine-pairs", dest="refine_pairs", type=int, default=None,
+                                help="privbayes: coarse 2-way tables chosen privately and raked in "
+                                     f"after the network (default {DEFAULT_REFINE_PAIRS}; 0 = off)")
+            parser.add_argument("--pb-refine-rounds", dest="refine_rounds", type=int, default=None,
+                                help=f"privbayes: selection rounds (default {DEFAULT_REFINE_ROUNDS})")
+            parser.add_argument("--pb-refine-groups", dest="refine_groups", type=int, default=None,
+                                help="privbayes: groups per column in refinement tables "
+                                     f"(default {DEFAULT_REFINE_GROUPS})")
+            parser.add_argument("--pb-refine-fraction", dest="refine_fraction", type=float,
+                                default=None, help="privbayes: share of the method's ε for the "
+                                f"refinement (default {DEFAULT_REFINE_FRACTION})")
         if "--pb-sampling" not in taken:
             parser.add_argument("--pb-sampling", dest="sampling", choices=SAMPLING_MODES, default=None,
                                 help="privbayes: balanced (systematic within parent cells) or iid "

@@ -13,6 +13,7 @@ mechanisms encode them with the declared :data:`SCHEMA` exactly as the pipeline 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 from typing import Any
@@ -626,6 +627,9 @@ def _privbayes_setup() -> tuple[Any, list[tuple[int, ...]]]:
     from beamsynth.transforms.privbayes import candidate_families, plan_privbayes
 
     plan = plan_privbayes(SCHEMA.shape, PureDP(epsilon=EPSILON), degree=1, max_contributions=K)
+    # the default refinement (all 3 pairs here) is audited too, with a small pool: the pool is
+    # post-processing (sampled from released tables), its size does not touch the guarantee
+    plan = dataclasses.replace(plan, refine=dataclasses.replace(plan.refine, pool_rows=2_000))
     return plan, [tuple(f) for f in candidate_families(len(SCHEMA.shape), plan.degree)]
 
 
@@ -655,6 +659,13 @@ def _privbayes_stat(release: Any, pair: NeighbourPair) -> float:
         cell = tuple(row[c] for c in m.columns)
         base = int(np.sum(np.all(batch.codes[:, list(m.columns)] == np.array(cell), axis=1))) if len(batch) else 0
         out.append(int(m.values[cell]) - base)
+    # refinement tables: coarse cells through the groupings released with each table
+    for m in (release.refinement.tables if release.refinement is not None else ()):
+        groups = [np.asarray(g) for g in m.meta["groups"]]
+        cell = tuple(int(g[row[c]]) for g, c in zip(groups, m.columns))
+        base = int(np.sum(np.all(np.stack([g[batch.codes[:, c]] for g, c in zip(groups, m.columns)], 1)
+                                 == np.array(cell), axis=1))) if len(batch) else 0
+        out.append(int(m.values[cell]) - base)
     return float(min(out))
 
 
@@ -677,7 +688,8 @@ register(AuditCase(
     batch=batch_privbayes,
     # the structure (exponential mechanism) and the table layout it implies are DP outputs; the
     # data-independent part: the plan, and the marginal budget always fully and exactly spent
-    public=lambda r: (_privbayes_setup()[0].details(), round(sum(m.budget.epsilon for m in r.marginals), 9)),
+    public=lambda r: (_privbayes_setup()[0].details(), round(sum(m.budget.epsilon for m in r.marginals), 9),
+                      len(r.refinement.tables)),
 ))
 
 

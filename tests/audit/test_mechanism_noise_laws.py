@@ -122,3 +122,28 @@ def test_privbayes_released_tables_follow_their_scale():
     residuals = np.concatenate([(t.values - (np.arange(t.values.size) == 0).reshape(t.values.shape) * 50).ravel()
                                 for t in m.marginals])
     check_law(residuals, scale)
+
+
+def test_privbayes_refinement_tables_follow_their_scale():
+    """The refinement's released coarse pairs (transforms/refine.py): four 64-cell columns kept
+    at full resolution (groups = 64), all 6 pairs measured, so 24,576 released cells over
+    records all in cell 0; every cell's residual is discrete Laplace at ``plan.refine.table_scale``."""
+    from beamsynth.transforms.measure import count_marginals
+    from beamsynth.transforms.noise import RandomSource
+    from beamsynth.transforms.privbayes import candidate_families, measure_privbayes, plan_privbayes
+
+    shape = (64, 64, 64, 64)
+    plan = plan_privbayes(shape, PureDP(epsilon=2.0), degree=1, max_contributions=1,
+                          refine_pairs=6, refine_rounds=2, refine_groups=64)
+    families = [tuple(f) for f in candidate_families(4, plan.degree)]
+    codes = np.zeros((50, 4), dtype=np.int64)
+    counts = [t.reshape([shape[c] for c in f]) for t, f in zip(count_marginals(codes, families, shape), families)]
+    m = measure_privbayes(counts, families, shape=shape, names=["a", "b", "c", "d"], plan=plan,
+                          rs=RandomSource(seed=9), ordered=[True, False, True, False])
+    tables = m.refinement.tables
+    assert len(tables) == 6 and {t.values.size for t in tables} == {4096}
+    assert all(t.scale == pytest.approx(plan.refine.table_scale) for t in tables)
+    assert plan.refine.table_scale == pytest.approx(6 / plan.refine.measure_budget.epsilon)
+    residuals = np.concatenate([(t.values - (np.arange(4096) == 0).reshape(64, 64) * 50).ravel()
+                                for t in tables])
+    check_law(residuals, plan.refine.table_scale)

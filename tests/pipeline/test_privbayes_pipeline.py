@@ -188,9 +188,6 @@ def test_refined_synthesizer_emits_codes_in_every_domain():
     assert acc.spent_epsilon == pytest.approx(2.0)
 
 
-@pytest.mark.xfail(strict=True, reason="PrivBayesMethod reads refine_rounds/groups/fraction with "
-                   "`opts.get(...) or DEFAULT`, so an explicit 0 silently becomes the default "
-                   "instead of the ValueError DPPrivBayes raises")
 @pytest.mark.parametrize("option", ["refine_rounds", "refine_groups", "refine_fraction"])
 def test_cli_zero_refine_option_is_refused_when_the_pipeline_is_built(option):
     from beamsynth.pipelines.synthesize import plan_synthesis

@@ -137,9 +137,6 @@ def test_target_is_a_distribution_with_the_estimate_margins():
     assert np.all(got >= 0) and got.sum() == pytest.approx(1.0, abs=1e-12)
 
 
-@pytest.mark.xfail(strict=True, reason="refine._ipf_margins runs a fixed 20 sweeps from 1e-9 seeds: "
-                   "when Norm-Sub zeroes the cells the estimate's margins need, the row sums stay "
-                   "5% off (converges with ~2000 sweeps)")
 def test_target_has_the_estimate_margins_when_norm_sub_zeroes_cells():
     est = np.array([[5.0, 120.0], [820.0, 55.0]])  # rows 125/875, columns 825/175
     noisy = np.array([[0.0, 86.0], [1061.0, 18.0]])  # Norm-Sub keeps only the anti-diagonal
@@ -264,7 +261,7 @@ def test_plan_refinement_splits_one_fifth_to_selection():
 
 # -- plan_privbayes with the refinement --------------------------------------------------------------
 def test_privbayes_plan_budget_parts_sum_to_epsilon():
-    for shape, eps, fraction in (((3, 4, 5), 1.0, 0.25), ((2,) * 6, 0.3, 0.5), ((9, 9), 7.0, 0.1)):
+    for shape, eps, fraction in (((3, 4, 5), 1.0, 0.25), ((2,) * 6, 0.3, 0.5), ((9, 9, 9), 7.0, 0.1)):
         plan = plan_privbayes(shape, PureDP(epsilon=eps), refine_fraction=fraction)
         assert plan.refine is not None
         parts = (plan.structure_budget.epsilon, plan.marginal_budget.epsilon,
@@ -277,6 +274,23 @@ def test_privbayes_plan_budget_parts_sum_to_epsilon():
         assert plan.details()["refine"]["pairs"] == plan.refine.pairs
 
 
+def test_privbayes_plan_refines_only_as_many_pairs_as_get_the_minimum_table_epsilon():
+    from beamsynth.transforms.refine import REFINE_MIN_PAIRS, REFINE_MIN_TABLE_EPSILON
+
+    shape = (5,) * 15  # 105 pairs
+    for eps, m, want in ((1.0, 1, 15), (0.5, 1, 10), (0.3, 1, 6), (0.2, 1, 4), (0.15, 1, 3),
+                         (0.1, 1, 0), (1.0, 2, 10), (0.3, 2, 3), (0.2, 2, 0)):
+        plan = plan_privbayes(shape, PureDP(epsilon=eps), max_contributions=m)
+        afford = int(eps * 0.25 * 0.8 / (m * REFINE_MIN_TABLE_EPSILON) + 1e-9)
+        assert want == (min(15, afford) if afford >= REFINE_MIN_PAIRS else 0)
+        if want == 0:
+            # dropped: the whole ε to the network, which then gets the default k = 2
+            assert plan.refine is None and plan.degree == DEFAULT_DEGREE
+        else:
+            assert plan.refine.pairs == want and plan.degree == DEFAULT_REFINED_DEGREE
+            assert plan.refine.table_epsilon / m >= REFINE_MIN_TABLE_EPSILON - 1e-12
+
+
 def test_privbayes_plan_degree_and_when_the_refinement_is_dropped():
     eps = PureDP(epsilon=1.0)
     assert plan_privbayes((3, 4, 5), eps).degree == DEFAULT_REFINED_DEGREE == 1
@@ -287,8 +301,10 @@ def test_privbayes_plan_degree_and_when_the_refinement_is_dropped():
     small = plan_privbayes((3, 4, 5), eps)
     assert small.refine.pairs == 3 and small.refine.rounds == 3
     assert plan_privbayes((2,) * 7, eps).refine.pairs == 15
-    # one column or no parents: nothing to refine, the whole ε goes to the network
-    for plan in (plan_privbayes((5,), eps), plan_privbayes((3, 4), eps, degree=0)):
+    # one column, fewer than REFINE_MIN_PAIRS pairs, or no parents: nothing to refine, the whole
+    # ε goes to the network
+    for plan in (plan_privbayes((5,), eps), plan_privbayes((3, 4), eps),
+                 plan_privbayes((3, 4, 5), eps, degree=0)):
         assert plan.refine is None and plan.details()["refine"] is None
         total = plan.marginal_budget.epsilon + (
             plan.structure_budget.epsilon if plan.structure_budget is not None else 0.0)
