@@ -5,7 +5,8 @@ Bayesian Networks" (SIGMOD 2014 / TODS 2017), as implemented by DataSynthesizer'
 attribute mode (Ping, Stoyanovich, Howe 2017, seed 004, §3 "GreedyBayes"). Formulas:
 ``shared/notes/algorithms.md``.
 
-Pipeline (one pass over the private data, plus the row count done by the caller):
+Pipeline (one pass over the private data, plus the row count done by the caller; the default
+k is 1 with the refinement below, 2 without):
 
 1. **Count** (``CountCandidates``): one :class:`~beamsynth.transforms.measure.MarginalCountsCombineFn`
    computes the exact counts of every ``(k+1)``-column subset (the candidate families). Nothing
@@ -50,6 +51,15 @@ Pipeline (one pass over the private data, plus the row count done by the caller)
    non-parent columns given the parents. It reads only the fitted model (post-processing), and
    removes part of the synthetic sample's own sampling error (Adult, ε = 1: see
    ``docs/privbayes.md``). ``sampling="iid"`` is plain i.i.d. ancestral sampling.
+
+**Refinement** (default on, :mod:`beamsynth.transforms.refine`; ``refine_pairs=0`` turns it off):
+after step 2b, inside the same measurement step, the network fitted from the released tables
+(post-processing) is refined with ``refine_pairs`` coarsened 2-way marginals chosen privately in
+rounds (permute-and-flip on the current model's L1 error, Δ = m) and released with discrete
+Laplace; sampling then rakes a pool drawn from the network to them
+(:class:`~beamsynth.transforms.refine.RefinedModel`). Its ε (``refine_fraction`` of the method's,
+default 0.25) is taken before the network's split, so the total stays the method's ε by
+sequential composition; the network then defaults to k = 1 (:data:`DEFAULT_REFINED_DEGREE`).
 """
 
 from __future__ import annotations
