@@ -363,9 +363,10 @@ def measure_refinement(
     groups = [coarse_groups(np.bincount(pool[:, j], minlength=shape[j]), plan.groups,
                             ordered=bool(ordered[j])) for j in range(d)]
     weights = np.ones(pool.shape[0])
-    keys = {}
-    for a, b in cands:
-        keys[(a, b)] = groups[a][pool[:, a]] * (int(groups[b].max()) + 1) + groups[b][pool[:, b]]
+    # coarse codes of the pool, one small-int column per schema column (keys are built per pair
+    # when scored: holding every pair's keys would take pairs × pool rows of memory)
+    coarse = np.stack([groups[j][pool[:, j]] for j in range(d)], axis=1).astype(np.int32)
+    sizes = [int(g.max()) + 1 for g in groups]
     scale = plan.table_scale
     variance = 2.0 * math.exp(-1.0 / scale) / (1.0 - math.exp(-1.0 / scale)) ** 2
     exact: dict[tuple[int, int], np.ndarray] = {}
@@ -381,7 +382,8 @@ def measure_refinement(
             if (a, b) not in exact:
                 exact[(a, b)] = coarse_table(pair_counts(a, b), groups[a], groups[b])
             t = exact[(a, b)]
-            est = np.bincount(keys[(a, b)], weights=weights, minlength=t.size).reshape(t.shape) * factor
+            key = coarse[:, a] * sizes[b] + coarse[:, b]
+            est = np.bincount(key, weights=weights, minlength=t.size).reshape(t.shape) * factor
             estimates[(a, b)] = est
             scores.append(float(np.abs(t - est).sum()) - t.size * scale)
         for _ in range(min(count, len(left))):
