@@ -87,6 +87,7 @@ __all__ = [
     "measure_refinement",
     "plan_refinement",
     "rake_weights",
+    "smoothed_proportions",
     "spend_refinement",
     "systematic_resample",
     "target_from_noisy",
@@ -266,18 +267,20 @@ def target_from_noisy(noisy: np.ndarray, estimate: np.ndarray, variance: float, 
 
 @dataclass(frozen=True)
 class RakeTarget:
-    """One released coarse pair folded into the model: columns, per-column groupings and the
-    target proportions (post-processing of the noisy table)."""
+    """A released table folded into the model: columns, per-column groupings (cell → group; the
+    identity for a full-resolution table) and the target proportions over the groups
+    (post-processing of the noisy table)."""
 
-    columns: tuple[int, int]
-    groups: tuple[np.ndarray, np.ndarray]
+    columns: tuple[int, ...]
+    groups: tuple[np.ndarray, ...]
     proportions: np.ndarray
 
     def keys(self, codes: np.ndarray) -> np.ndarray:
-        """Flat coarse cell of every row."""
-        a, b = self.columns
-        ga, gb = self.groups
-        return ga[codes[:, a]] * self.proportions.shape[1] + gb[codes[:, b]]
+        """Flat (coarse) cell of every row."""
+        key = np.zeros(codes.shape[0], dtype=np.int64)
+        for c, g, size in zip(self.columns, self.groups, self.proportions.shape):
+            key = key * int(size) + g[codes[:, c]]
+        return key
 
 
 def rake_weights(codes: np.ndarray, shape: Sequence[int], targets: Sequence[RakeTarget],
@@ -291,15 +294,36 @@ def rake_weights(codes: np.ndarray, shape: Sequence[int], targets: Sequence[Rake
     ones = [(codes[:, j], np.bincount(codes[:, j], minlength=int(shape[j])).astype(np.float64))
             for j in range(codes.shape[1])]
     keyed = [(t.keys(codes), t.proportions.ravel()) for t in targets]
+
+    def update(w: np.ndarray, idx: np.ndarray, prop: np.ndarray) -> np.ndarray:
+        cur = np.bincount(idx, weights=w, minlength=prop.size)
+        new = w * np.where(cur > 0, prop * w.sum() / np.maximum(cur, 1e-300), 1.0)[idx]
+        total = new.sum()
+        # a target that would zero every row (its support misses all of them) is skipped
+        return new if total > 0 and np.isfinite(total) else w
+
     for _ in range(iterations):
         for idx, counts in ones:
-            cur = np.bincount(idx, weights=w, minlength=counts.size)
-            want = counts * (w.sum() / counts.sum())
-            w *= np.where(cur > 0, want / np.maximum(cur, 1e-300), 1.0)[idx]
+            w = update(w, idx, counts / counts.sum())
         for idx, prop in keyed:
-            cur = np.bincount(idx, weights=w, minlength=prop.size)
-            w *= np.where(cur > 0, prop * w.sum() / np.maximum(cur, 1e-300), 1.0)[idx]
+            w = update(w, idx, prop)
     return w
+
+
+def smoothed_proportions(table: np.ndarray, floor: float = 1e-3) -> np.ndarray:
+    """``table`` as proportions with its empty cells given ``floor`` × the independence table of
+    its own 1-way margins (post-processing), so raking to it never zeroes every pool row that a
+    noisy zero happens to cover. A table without mass is uniform."""
+    t = np.clip(np.asarray(table, dtype=np.float64), 0.0, None)
+    total = t.sum()
+    if total <= 0:
+        return np.full(t.shape, 1.0 / t.size)
+    seed = np.ones(())
+    for axis in range(t.ndim):
+        others = tuple(a for a in range(t.ndim) if a != axis)
+        seed = np.multiply.outer(seed, t.sum(axis=others) / total) if seed.ndim else t.sum(axis=others) / total
+    t = np.where(t > 0, t / total, floor * seed)
+    return t / t.sum()
 
 
 def systematic_resample(codes: np.ndarray, weights: np.ndarray, n: int, rs: RandomSource,
@@ -342,13 +366,16 @@ def measure_refinement(
     plan: RefinePlan,
     rs: RandomSource,
     candidates: Sequence[tuple[int, int]] | None = None,
+    base_targets: Sequence[RakeTarget] = (),
 ) -> RefineMeasurement:
     """Select, measure and fold in ``plan.pairs`` coarse pairs (module docstring).
 
     ``pair_counts(a, b)`` returns the exact full-resolution ``[a, b]`` count table (the only
     access to the private data); ``model`` is the fitted network (released), ``total`` its noisy
     record count, ``ordered`` the declared order of each column's domain. ``candidates``: the
-    pairs whose exact counts exist (default: all).
+    pairs whose exact counts exist (default: all). ``base_targets``: the network's own released
+    tables as targets (post-processing), raked before the refinement's in every round so that
+    folding in a coarse pair does not undo what the network measured.
     """
     shape = [int(s) for s in model.shape]
     d = len(shape)
@@ -403,7 +430,7 @@ def measure_refinement(
             prop = target_from_noisy(noisy, estimates[(a, b)], variance, total)
             targets.append(RakeTarget((a, b), (groups[a], groups[b]), prop))
             pick += 1
-        weights = rake_weights(pool, shape, targets, plan.rake_iterations)
+        weights = rake_weights(pool, shape, [*base_targets, *targets], plan.rake_iterations)
     return RefineMeasurement(tuple(released), tuple(targets),
                              {"pairs": len(released), "rounds": plan.rounds, "groups": plan.groups,
                               "selected": [[names[a], names[b]] for a, b in

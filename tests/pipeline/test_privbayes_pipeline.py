@@ -77,7 +77,10 @@ def test_model_is_a_privbayes_network_over_every_column(refine_pairs, max_parent
             net = m
         else:
             assert isinstance(m, RefinedModel) and isinstance(m.base, PrivBayesModel)
-            assert len(m.targets) == DEFAULT_REFINE_PAIRS
+            # the network's own (x, parents) tables first, then the refinement's coarse pairs
+            families = [(x, *ps) for x, ps in m.base.structure if ps]
+            assert len(m.targets) == len(families) + DEFAULT_REFINE_PAIRS
+            assert [t.columns for t in m.targets[:len(families)]] == families
             net = m.base
         assert sorted(x for x, _ in net.structure) == list(range(len(SCHEMA.columns)))
         assert all(len(ps) <= max_parents for _, ps in net.structure)

@@ -464,3 +464,41 @@ def test_refined_model_edge_cases():
     assert len(fitted.targets) == len(m.targets)
     assert isinstance(fit_privbayes(PrivBayesMeasurement(structure, _ones(codes), empty), SHAPE,
                                     NAMES), PrivBayesModel)
+
+
+# -- multi-column targets and zero-safe raking (the network's own tables as targets) ---------------
+def test_rake_target_keys_for_three_columns_are_the_row_major_cell():
+    from beamsynth.transforms.refine import RakeTarget
+
+    codes = np.array([[0, 1, 2, 9], [1, 0, 1, 9], [1, 1, 0, 9]])
+    groups = (np.arange(2), np.array([0, 0]), np.array([0, 1, 1]))
+    t = RakeTarget((0, 1, 2), groups, np.full((2, 1, 2), 0.25))
+    assert t.keys(codes).tolist() == [1, 3, 2]
+
+
+def test_smoothed_proportions_fill_empty_cells_from_the_independence_table():
+    from beamsynth.transforms.refine import smoothed_proportions
+
+    t = np.array([[0.0, 5.0], [3.0, 0.0]])
+    got = smoothed_proportions(t, floor=1e-3)
+    assert got.sum() == pytest.approx(1.0, abs=1e-12)
+    rows, cols = t.sum(axis=1) / 8, t.sum(axis=0) / 8
+    raw = np.where(t > 0, t / 8, 1e-3 * np.outer(rows, cols))
+    np.testing.assert_allclose(got, raw / raw.sum(), rtol=1e-12)
+    assert np.all(got > 0)
+    np.testing.assert_allclose(smoothed_proportions(np.zeros((2, 3))), np.full((2, 3), 1 / 6))
+    # three axes: positive wherever every 1-way margin is positive
+    t3 = np.zeros((2, 2, 2))
+    t3[0, 1, 1], t3[1, 0, 0] = 4.0, 2.0
+    p3 = smoothed_proportions(t3)
+    assert p3.sum() == pytest.approx(1.0) and np.all(p3 > 0)
+
+
+def test_rake_weights_skips_a_target_that_would_zero_every_row():
+    from beamsynth.transforms.refine import RakeTarget, rake_weights
+
+    codes = np.array([[0, 0], [0, 1], [1, 0]])
+    # all target mass on cell (1, 1), which no row reaches: applying it would zero every weight
+    t = RakeTarget((0, 1), (np.arange(2), np.arange(2)), np.array([[0.0, 0.0], [0.0, 1.0]]))
+    w = rake_weights(codes, (2, 2), [t], iterations=3)
+    assert np.all(np.isfinite(w)) and w.sum() > 0
