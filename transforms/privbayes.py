@@ -848,7 +848,8 @@ def fit_privbayes(
     network, targets = _fit_network(measurement, shape, names, shrink, sampling)
     if measurement.refinement is None or not measurement.refinement.targets:
         return network
-    return RefinedModel(network, [*targets, *measurement.refinement.targets], names=names)
+    return RefinedModel(network, [*targets, *measurement.refinement.targets], names=names,
+                        base_targets=len(targets))
 
 
 # -- Beam transforms -------------------------------------------------------------------------------

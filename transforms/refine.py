@@ -442,7 +442,9 @@ def measure_refinement(
 
 
 class RefinedModel(SynthesisModel):
-    """A network refined by raked coarse pairs (post-processing only).
+    """A network refined by raked coarse pairs (post-processing only). ``targets`` are raked in
+    order; the first ``base_targets`` of them are the network's own tables (``describe`` lists
+    them apart from the refinement's).
 
     ``sample_codes(n)`` draws ``max(4n, 20,000)`` records from the network, rakes them to the
     released targets (keeping their own 1-way margins) and takes ``n`` rows by systematic
@@ -450,11 +452,16 @@ class RefinedModel(SynthesisModel):
     """
 
     def __init__(self, base: SynthesisModel, targets: Sequence[RakeTarget], *,
-                 names: Sequence[str] | None = None, iterations: int = RAKE_ITERATIONS) -> None:
+                 names: Sequence[str] | None = None, iterations: int = RAKE_ITERATIONS,
+                 base_targets: int = 0) -> None:
+        if isinstance(base_targets, bool) or not isinstance(base_targets, int) \
+                or not 0 <= base_targets <= len(targets):
+            raise ValueError(f"base_targets ({base_targets!r}) must be an int in [0, {len(targets)}]")
         self._base = base
         self._targets = tuple(targets)
         self._names = list(names) if names is not None else None
         self._iterations = int(iterations)
+        self._base_targets = base_targets
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -481,5 +488,8 @@ class RefinedModel(SynthesisModel):
     def describe(self) -> dict[str, Any]:
         name = (lambda c: self._names[c]) if self._names else (lambda c: c)
         out = dict(self._base.describe())
-        out["refined_with"] = [[name(a), name(b)] for a, b in (t.columns for t in self._targets)]
+        cols = [[name(c) for c in t.columns] for t in self._targets]
+        # the first base_targets targets are the network's own tables, the rest the refinement's
+        out["kept_tables"] = cols[:self._base_targets]
+        out["refined_with"] = cols[self._base_targets:]
         return out

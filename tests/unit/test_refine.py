@@ -502,3 +502,29 @@ def test_rake_weights_skips_a_target_that_would_zero_every_row():
     t = RakeTarget((0, 1), (np.arange(2), np.arange(2)), np.array([[0.0, 0.0], [0.0, 1.0]]))
     w = rake_weights(codes, (2, 2), [t], iterations=3)
     assert np.all(np.isfinite(w)) and w.sum() > 0
+
+
+def test_refined_model_describes_kept_network_tables_apart_from_refined_pairs():
+    """Three-column network tables (k = 2 with the refinement) must not break ``describe``."""
+    from beamsynth.transforms.privbayes import fit_privbayes, measure_privbayes, plan_privbayes
+
+    rng = np.random.default_rng(3)
+    a = rng.integers(0, 3, 2000)
+    codes = np.stack([a, (a + rng.integers(0, 2, 2000)) % 3, rng.integers(0, 4, 2000),
+                      (a * 2 + rng.integers(0, 2, 2000)) % 4], axis=1)
+    shape = (3, 3, 4, 4)
+    plan = plan_privbayes(shape, PureDP(epsilon=20.0), degree=2, refine_pairs=3)
+    families = [tuple(f) for f in itertools.combinations(range(4), 3)]
+    counts = []
+    for f in families:
+        idx = np.ravel_multi_index(tuple(codes[:, c] for c in f), [shape[c] for c in f])
+        counts.append(np.bincount(idx, minlength=math.prod(shape[c] for c in f)).reshape([shape[c] for c in f]))
+    m = measure_privbayes(counts, families, shape=shape, names=list("abcd"), plan=plan,
+                          rs=RandomSource(seed=4), ordered=[False] * 4)
+    model = fit_privbayes(m, shape, list("abcd"))
+    desc = model.describe()
+    assert len(desc["refined_with"]) == 3 and all(len(c) == 2 for c in desc["refined_with"])
+    assert desc["kept_tables"] and any(len(c) == 3 for c in desc["kept_tables"])
+    assert model.sample_codes(50, RandomSource(seed=5)).shape == (50, 4)
+    with pytest.raises(ValueError, match=r"base_targets \(9\)"):
+        RefinedModel(model.base, model.targets, base_targets=9)
