@@ -53,7 +53,6 @@ TVD2/TVD3 0.0436/0.0876 (10 seeds); k = 1 plus 15 coarse pairs in 3 rounds 0.039
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -224,9 +223,9 @@ def coarse_groups(mass: np.ndarray, groups: int, *, ordered: bool) -> np.ndarray
 def coarse_table(table: np.ndarray, ga: np.ndarray, gb: np.ndarray) -> np.ndarray:
     """Sum a ``[a, b]`` table into ``[group(a), group(b)]``."""
     t = np.asarray(table, dtype=np.float64)
-    out = np.zeros((int(ga.max()) + 1, int(gb.max()) + 1))
-    np.add.at(out, (ga[:, None], gb[None, :]), t)
-    return out
+    na, nb = int(ga.max()) + 1, int(gb.max()) + 1
+    keys = (ga[:, None] * nb + gb[None, :]).ravel()
+    return np.bincount(keys, weights=t.ravel(), minlength=na * nb).reshape(na, nb)
 
 
 def _ipf_margins(table: np.ndarray, rows: np.ndarray, cols: np.ndarray, *, tol: float = 1e-9,
@@ -399,7 +398,6 @@ def measure_refinement(
     coarse = np.stack([groups[j][pool[:, j]] for j in range(d)], axis=1).astype(np.int32)
     sizes = [int(g.max()) + 1 for g in groups]
     scale = plan.table_scale
-    variance = 2.0 * math.exp(-1.0 / scale) / (1.0 - math.exp(-1.0 / scale)) ** 2
     exact: dict[tuple[int, int], np.ndarray] = {}
     released: list[NoisyMarginal] = []
     targets: list[RakeTarget] = []
@@ -431,7 +429,7 @@ def measure_refinement(
                 meta={"coarse": True, "groups": [groups[a].tolist(), groups[b].tolist()],
                       "round": r}))
             # post-processing from here on: the released table and the model only
-            prop = target_from_noisy(noisy, estimates[(a, b)], variance, total)
+            prop = target_from_noisy(noisy, estimates[(a, b)], released[-1].variance, total)
             targets.append(RakeTarget((a, b), (groups[a], groups[b]), prop))
             pick += 1
         weights = rake_weights(pool, shape, [*base_targets, *targets], plan.rake_iterations)
