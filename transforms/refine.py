@@ -59,6 +59,7 @@ from typing import Any
 
 import numpy as np
 
+from beamsynth.transforms.balance import balance_pairs
 from beamsynth.transforms.budget import PrivacyAccountant, PureDP
 from beamsynth.transforms.measure import NoisyMarginal
 from beamsynth.transforms.noise import (
@@ -92,6 +93,7 @@ __all__ = [
     "rake_weights",
     "smoothed_proportions",
     "spend_refinement",
+    "systematic_indices",
     "systematic_resample",
     "target_from_noisy",
 ]
@@ -104,7 +106,7 @@ SELECTION_SHARE = 0.2
 REFINE_MIN_TABLE_EPSILON = 0.01  # plan_privbayes measures no more tables than get this ε each ...
 REFINE_MIN_PAIRS = 3  # ... and drops the refinement when that allows fewer than this many
 POOL_ROWS = 200_000  # records in the measurement step's pool (fixed: memory flat in n)
-POOL_FACTOR = 4  # a sampling shard of n rows rakes a pool of max(4n, POOL_MIN_ROWS) records
+POOL_FACTOR = 8  # a sampling shard of n rows rakes a pool of max(8n, POOL_MIN_ROWS) records
 POOL_MIN_ROWS = 20_000
 RAKE_ITERATIONS = 10
 
@@ -329,22 +331,29 @@ def smoothed_proportions(table: np.ndarray, floor: float = 1e-3) -> np.ndarray:
     return t / t.sum()
 
 
-def systematic_resample(codes: np.ndarray, weights: np.ndarray, n: int, rs: RandomSource,
-                        shape: Sequence[int]) -> np.ndarray:
-    """``n`` rows drawn from the weighted ``codes`` by systematic sampling over the rows sorted
-    lexicographically (columns with more cells first), then shuffled: every row is drawn with
-    probability ∝ its weight, and the sample's low-order marginals stay within a row or so of
-    the weighted pool's (post-processing)."""
+def systematic_indices(codes: np.ndarray, weights: np.ndarray, n: int, rs: RandomSource,
+                       shape: Sequence[int]) -> np.ndarray:
+    """Indices of ``n`` rows drawn from the weighted ``codes`` by systematic sampling over the
+    rows sorted lexicographically (columns with more cells first): every row is drawn with
+    probability ∝ its weight, and the sample's marginals of the leading sort columns stay within
+    a row of the weighted pool's (post-processing). In sort order, not shuffled."""
     if n == 0:
-        return np.zeros((0, codes.shape[1]), dtype=np.int64)
+        return np.zeros(0, dtype=np.int64)
     by_size = sorted(range(codes.shape[1]), key=lambda j: -int(shape[j]))
     order = np.lexsort(tuple(codes[:, j] for j in reversed(by_size)))
     cum = np.cumsum(np.asarray(weights, dtype=np.float64)[order])
     if cum[-1] <= 0:
         raise ValueError("weights must have a positive total")
     u = (np.arange(n) + rs.child("offset").uniform(1)[0]) / n * cum[-1]
-    idx = np.minimum(np.searchsorted(cum, u, side="right"), order.size - 1)
-    picked = codes[order[idx]]
+    return order[np.minimum(np.searchsorted(cum, u, side="right"), order.size - 1)]
+
+
+def systematic_resample(codes: np.ndarray, weights: np.ndarray, n: int, rs: RandomSource,
+                        shape: Sequence[int]) -> np.ndarray:
+    """``n`` rows drawn by :func:`systematic_indices`, then shuffled (post-processing)."""
+    if n == 0:
+        return np.zeros((0, codes.shape[1]), dtype=np.int64)
+    picked = codes[systematic_indices(codes, weights, n, rs, shape)]
     return picked[np.argsort(rs.child("shuffle").uniform(n), kind="stable")]
 
 
@@ -444,14 +453,19 @@ class RefinedModel(SynthesisModel):
     order; the first ``base_targets`` of them are the network's own tables (``describe`` lists
     them apart from the refinement's).
 
-    ``sample_codes(n)`` draws ``max(4n, 20,000)`` records from the network, rakes them to the
-    released targets (keeping their own 1-way margins) and takes ``n`` rows by systematic
-    sampling of the weighted pool (:func:`systematic_resample`).
+    ``sample_codes(n)`` draws ``max(8n, 20,000)`` records from the network, rakes them to the
+    released targets (keeping their own 1-way margins), takes ``n`` rows by systematic sampling
+    of the weighted pool (:func:`systematic_indices`) and, with ``balance`` (default), swaps rows
+    so that the sample's 2-way tables match the weighted pool's
+    (:func:`~beamsynth.transforms.balance.balance_pairs`): the rows then carry less sampling
+    error on top of the model's.
     """
 
     def __init__(self, base: SynthesisModel, targets: Sequence[RakeTarget], *,
                  names: Sequence[str] | None = None, iterations: int = RAKE_ITERATIONS,
-                 base_targets: int = 0) -> None:
+                 base_targets: int = 0, balance: bool = True) -> None:
+        if not isinstance(balance, bool):
+            raise TypeError(f"balance ({balance!r}) must be a bool")
         if isinstance(base_targets, bool) or not isinstance(base_targets, int) \
                 or not 0 <= base_targets <= len(targets):
             raise ValueError(f"base_targets ({base_targets!r}) must be an int in [0, {len(targets)}]")
@@ -460,6 +474,7 @@ class RefinedModel(SynthesisModel):
         self._names = list(names) if names is not None else None
         self._iterations = int(iterations)
         self._base_targets = base_targets
+        self._balance = balance
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -481,7 +496,10 @@ class RefinedModel(SynthesisModel):
             return np.zeros((0, len(self.shape)), dtype=np.int64)
         pool = self._base.sample_codes(max(POOL_FACTOR * n, POOL_MIN_ROWS), rs.child("pool"))
         w = rake_weights(pool, self.shape, self._targets, self._iterations)
-        return systematic_resample(pool, w, n, rs.child("resample"), self.shape)
+        picked = systematic_indices(pool, w, n, rs.child("resample"), self.shape)
+        if self._balance:
+            picked = balance_pairs(pool, w, picked, rs.child("balance"))
+        return pool[picked[np.argsort(rs.child("shuffle").uniform(n), kind="stable")]]
 
     def describe(self) -> dict[str, Any]:
         name = (lambda c: self._names[c]) if self._names else (lambda c: c)
