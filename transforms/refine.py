@@ -82,6 +82,7 @@ __all__ = [
     "POOL_MIN_ROWS",
     "POOL_ROWS",
     "RAKE_ITERATIONS",
+    "SAMPLE_RAKE_ITERATIONS",
     "RefineMeasurement",
     "RefinePlan",
     "RefinedModel",
@@ -109,6 +110,7 @@ POOL_ROWS = 200_000  # records in the measurement step's pool (fixed: memory fla
 POOL_FACTOR = 8  # a sampling shard of n rows rakes a pool of max(8n, POOL_MIN_ROWS) records
 POOL_MIN_ROWS = 20_000
 RAKE_ITERATIONS = 10
+SAMPLE_RAKE_ITERATIONS = 5  # sweeps when a sampling shard rakes its pool (as good as 10 on Adult)
 
 
 @dataclass(frozen=True)
@@ -285,7 +287,8 @@ class RakeTarget:
         key = np.zeros(codes.shape[0], dtype=np.int64)
         for c, g, size in zip(self.columns, self.groups, self.proportions.shape):
             key = key * int(size) + g[codes[:, c]]
-        return key
+        # the pool's keys are held for every target while raking: 4 bytes a row when they fit
+        return key.astype(np.int32) if self.proportions.size < 2**31 else key
 
 
 def rake_weights(codes: np.ndarray, shape: Sequence[int], targets: Sequence[RakeTarget],
@@ -453,19 +456,19 @@ class RefinedModel(SynthesisModel):
     order; the first ``base_targets`` of them are the network's own tables (``describe`` lists
     them apart from the refinement's).
 
-    ``sample_codes(n)`` draws ``max(8n, 20,000)`` records from the network, rakes them to the
-    released targets (keeping their own 1-way margins), takes ``n`` rows by systematic sampling
-    of the weighted pool (:func:`systematic_indices`) and, with ``balance`` (default), swaps rows
-    so that the sample's 2-way tables match the weighted pool's
-    (:func:`~beamsynth.transforms.balance.balance_pairs`): the rows then carry less sampling
-    error on top of the model's.
+    ``sample_codes(n)`` draws ``max(8n, 20,000)`` records from the network and rakes them to the
+    released targets (keeping their own 1-way margins). ``sampling="balanced"`` (default) then
+    takes ``n`` rows by systematic sampling of the weighted pool (:func:`systematic_indices`) and
+    swaps rows so that the sample's 2-way tables match the weighted pool's
+    (:func:`~beamsynth.transforms.balance.balance_pairs`): the rows carry little sampling error on
+    top of the model's. ``sampling="iid"`` draws the ``n`` rows independently ∝ weight.
     """
 
     def __init__(self, base: SynthesisModel, targets: Sequence[RakeTarget], *,
-                 names: Sequence[str] | None = None, iterations: int = RAKE_ITERATIONS,
-                 base_targets: int = 0, balance: bool = True) -> None:
-        if not isinstance(balance, bool):
-            raise TypeError(f"balance ({balance!r}) must be a bool")
+                 names: Sequence[str] | None = None, iterations: int = SAMPLE_RAKE_ITERATIONS,
+                 base_targets: int = 0, sampling: str = "balanced") -> None:
+        if sampling not in ("balanced", "iid"):
+            raise ValueError(f"sampling ({sampling!r}) must be one of ('balanced', 'iid')")
         if isinstance(base_targets, bool) or not isinstance(base_targets, int) \
                 or not 0 <= base_targets <= len(targets):
             raise ValueError(f"base_targets ({base_targets!r}) must be an int in [0, {len(targets)}]")
@@ -474,7 +477,7 @@ class RefinedModel(SynthesisModel):
         self._names = list(names) if names is not None else None
         self._iterations = int(iterations)
         self._base_targets = base_targets
-        self._balance = balance
+        self._sampling = sampling
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -495,15 +498,21 @@ class RefinedModel(SynthesisModel):
         if n == 0:
             return np.zeros((0, len(self.shape)), dtype=np.int64)
         pool = self._base.sample_codes(max(POOL_FACTOR * n, POOL_MIN_ROWS), rs.child("pool"))
+        if max(self.shape) < 2**31:  # the pool lives through raking and balancing: 4 bytes a code
+            pool = pool.astype(np.int32)
         w = rake_weights(pool, self.shape, self._targets, self._iterations)
+        if self._sampling == "iid":
+            cum = np.cumsum(w)
+            picked = np.searchsorted(cum, rs.child("iid").uniform(n) * cum[-1], side="right")
+            return pool[np.minimum(picked, pool.shape[0] - 1)].astype(np.int64)
         picked = systematic_indices(pool, w, n, rs.child("resample"), self.shape)
-        if self._balance:
-            picked = balance_pairs(pool, w, picked, rs.child("balance"))
-        return pool[picked[np.argsort(rs.child("shuffle").uniform(n), kind="stable")]]
+        picked = balance_pairs(pool, w, picked, rs.child("balance"))
+        return pool[picked[np.argsort(rs.child("shuffle").uniform(n), kind="stable")]].astype(np.int64)
 
     def describe(self) -> dict[str, Any]:
         name = (lambda c: self._names[c]) if self._names else (lambda c: c)
         out = dict(self._base.describe())
+        out["sampling"] = self._sampling
         cols = [[name(c) for c in t.columns] for t in self._targets]
         # the first base_targets targets are the network's own tables, the rest the refinement's
         out["kept_tables"] = cols[:self._base_targets]

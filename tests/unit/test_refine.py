@@ -528,3 +528,26 @@ def test_refined_model_describes_kept_network_tables_apart_from_refined_pairs():
     assert model.sample_codes(50, RandomSource(seed=5)).shape == (50, 4)
     with pytest.raises(ValueError, match=r"base_targets \(9\)"):
         RefinedModel(model.base, model.targets, base_targets=9)
+
+
+def test_refined_model_sampling_modes():
+    """``balanced`` (default) rows match the raked pool's pair tables more closely than ``iid``
+    draws from the same pool; bad modes are refused with the value."""
+    codes = _dependent_data()
+    _, network, m = _refine(codes)
+    balanced = RefinedModel(network, m.targets)
+    iid = RefinedModel(network, m.targets, sampling="iid")
+    assert balanced.describe()["sampling"] == "balanced" and iid.describe()["sampling"] == "iid"
+    n = 2000
+    # the model's own (0, 1) table, from a large balanced draw
+    ref = _pair_counts(balanced.sample_codes(40_000, RandomSource(seed=1)))(0, 1) / 40_000
+
+    def err(model, seed):
+        got = model.sample_codes(n, RandomSource(seed=seed))
+        assert got.shape == (n, 4) and np.all((got >= 0) & (got < np.array(SHAPE)))
+        return 0.5 * np.abs(_pair_counts(got)(0, 1) / n - ref).sum()
+    e_bal = np.mean([err(balanced, s) for s in range(5)])
+    e_iid = np.mean([err(iid, s) for s in range(5)])
+    assert e_bal < 0.8 * e_iid, (e_bal, e_iid)
+    with pytest.raises(ValueError, match=r"sampling \('stratified'\)"):
+        RefinedModel(network, m.targets, sampling="stratified")
