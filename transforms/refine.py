@@ -48,7 +48,8 @@ folding in a pair does not undo what the network measured.
 
 Measured on Adult, ε = 1 (``docs/privbayes.md``): Beam-free harness, PrivBayes k = 2 alone
 TVD2/TVD3 0.0436/0.0876 (10 seeds); k = 1 plus 15 coarse pairs in 3 rounds 0.0392–0.0399 /
-0.0787–0.0802 (blocks of 10–24 seeds); the ``synthesize`` pipeline over seeds 0–9 0.0395/0.0795.
+0.0787–0.0802 (blocks of 10–24 seeds); the ``synthesize`` pipeline over seeds 0–9 0.0395/0.0795,
+and 0.0389/0.0784 with the pair-balanced sampling of :class:`RefinedModel`.
 """
 
 from __future__ import annotations
