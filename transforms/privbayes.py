@@ -1049,8 +1049,10 @@ class PrivBayesMethod(Method):
                                 f"refinement (default {DEFAULT_REFINE_FRACTION})")
         if "--pb-sampling" not in taken:
             parser.add_argument("--pb-sampling", dest="sampling", choices=SAMPLING_MODES, default=None,
-                                help="privbayes: balanced (systematic within parent cells) or iid "
-                                     f"ancestral sampling (default {DEFAULT_SAMPLING})")
+                                help="privbayes: balanced (refined: rows whose 2-way tables match "
+                                     "the raked pool's; plain network: systematic within parent "
+                                     "cells) or iid draws (default "
+                                     f"{DEFAULT_SAMPLING})")
 
     def expand_model(self, batches):
         return batches | "PrivBayes" >> self._transform
