@@ -58,7 +58,8 @@ BALANCE_MAX_CELLS = 1 << 22  # all balanced pairs' cells together (the dense err
 
 def _compact(codes: np.ndarray) -> tuple[np.ndarray, list[int]]:
     """Every column's codes renumbered over the values present (smaller dense tables), in the
-    narrowest of int16/int32 that holds them."""
+    narrowest of int16/int32 that holds them. ``codes`` is the model's pool (drawn from released
+    tables: post-processing), never the private input, so its extremes may be read."""
     lows = codes.min(axis=0).astype(np.int64)
     highs = codes.max(axis=0).astype(np.int64)
     widest = int(min((highs - lows).max() + 1, codes.shape[0]))
