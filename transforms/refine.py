@@ -68,6 +68,7 @@ from beamsynth.transforms.noise import (
     discrete_laplace,
     discrete_laplace_scale,
     permute_and_flip,
+    sample_categorical,
 )
 from beamsynth.transforms.synthesis import SynthesisModel
 
@@ -503,9 +504,7 @@ class RefinedModel(SynthesisModel):
             pool = pool.astype(np.int32)
         w = rake_weights(pool, self.shape, self._targets, self._iterations)
         if self._sampling == "iid":
-            cum = np.cumsum(w)
-            picked = np.searchsorted(cum, rs.child("iid").uniform(n) * cum[-1], side="right")
-            return pool[np.minimum(picked, pool.shape[0] - 1)].astype(np.int64)
+            return pool[sample_categorical(rs.child("iid"), w, n)].astype(np.int64)
         picked = systematic_indices(pool, w, n, rs.child("resample"), self.shape)
         picked = balance_pairs(pool, w, picked, rs.child("balance"))
         return pool[picked[np.argsort(rs.child("shuffle").uniform(n), kind="stable")]].astype(np.int64)
