@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import csv
 import gzip
-import io
 import json
 import os
 import re
@@ -40,10 +39,16 @@ import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
+from beamsynth.pipelines.formats import FORMATS, table_to_csv_text
+from beamsynth.pipelines.formats import avro_records as _avro_records
+from beamsynth.pipelines.formats import csv_escape as _csv_escape
+from beamsynth.pipelines.formats import table_to_jsonl as _table_to_jsonl
 from beamsynth.schemas.schema import EncodedBatch, Schema, SchemaError, avro_field_name
+from beamsynth.schemas.tables import arrow_schema_for
 
 __all__ = [
     "DEFAULT_SPLIT_BYTES",
+    "FORMATS",
     "EncodeBlocks",
     "FilePart",
     "NumberRejected",
@@ -53,6 +58,7 @@ __all__ = [
     "ReadRecords",
     "Rejected",
     "WriteTables",
+    "arrow_schema_for",
     "detect_format",
     "iter_raw_blocks",
     "number_rejected",
@@ -61,7 +67,6 @@ __all__ = [
     "table_to_csv_text",
 ]
 
-FORMATS = ("csv", "jsonl", "avro", "parquet")
 DEFAULT_BLOCK_ROWS = 20_000
 DEFAULT_SPLIT_BYTES = 16 << 20  # CSV/JSONL files larger than this are read in parts
 _RAW_LIMIT = 500  # characters of a rejected row kept in the dead-letter output
@@ -861,18 +866,6 @@ class ReadRecords(beam.PTransform):
 
 
 # -- writing --------------------------------------------------------------------------------------
-def table_to_csv_text(table: pa.Table) -> str:
-    """CSV lines (no header) of a table, each ending in a newline."""
-    df = table.to_pandas()
-    buf = io.StringIO()
-    df.to_csv(buf, header=False, index=False, lineterminator="\n")
-    return buf.getvalue()
-
-
-def _table_to_jsonl(table: pa.Table) -> str:
-    return "".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in table.to_pylist())
-
-
 class WriteTables(beam.PTransform):
     """Write ``PCollection[pyarrow.Table]`` to one file (format from the extension).
 
@@ -947,17 +940,6 @@ class WriteTables(beam.PTransform):
         return tables | "SingleFile" >> WriteSingleFile(
             self._path, fmt=self._fmt, column_names=self._names, avro_schema=self._avro,
             arrow_schema=self._arrow)
-
-
-def _avro_records(table: pa.Table, field_names: list[str]) -> list[dict[str, Any]]:
-    """Rows of a table keyed by Avro field names (same order as the table's columns)."""
-    return table.rename_columns(field_names).to_pylist()
-
-
-def _csv_escape(value: str) -> str:
-    if any(ch in value for ch in ',"\n\r'):
-        return '"' + value.replace('"', '""') + '"'
-    return value
 
 
 def _rejected_sort_key(r: Rejected) -> bytes:
@@ -1041,12 +1023,3 @@ def ensure_parent(path: str) -> None:
     parent = os.path.dirname(os.path.abspath(path))
     if "://" not in path:
         os.makedirs(parent, exist_ok=True)
-
-
-def arrow_schema_for(schema: Schema) -> pa.Schema:
-    """Arrow schema of synthetic output tables."""
-    types = {"categorical": pa.string(), "string": pa.string(), "text": pa.string(),
-             "datetime": pa.string(), "integer": pa.int64(), "float": pa.float64()}
-    return pa.schema([pa.field(c.name, types[c.type], nullable=c.nullable) for c in schema.columns])
-
-

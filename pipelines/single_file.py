@@ -50,13 +50,11 @@ import pyarrow as pa
 from apache_beam.io.filesystem import BeamIOError, CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from beamsynth.pipelines.io import (
-    FORMATS,
-    _avro_records,
-    _csv_escape,
-    _table_to_jsonl,
-    table_to_csv_text,
-)
+from beamsynth.pipelines.formats import FORMATS, table_to_csv_text
+from beamsynth.pipelines.formats import avro_records as _avro_records
+from beamsynth.pipelines.formats import csv_escape as _csv_escape
+from beamsynth.pipelines.formats import table_to_jsonl as _table_to_jsonl
+from beamsynth.schemas.tables import PART_LABEL_KEY, label_part, part_label
 
 __all__ = [
     "PART_LABEL_KEY",
@@ -72,7 +70,6 @@ __all__ = [
     "temp_folder_for",
 ]
 
-PART_LABEL_KEY = b"beamsynth.part"
 TEMP_PREFIX = ".beamsynth-temp-"
 _COPY_BYTES = 1 << 20
 DEFAULT_RUN_BYTES = 8 << 20  # bytes of one sorted run of WriteSortedLines (its memory per worker)
@@ -100,20 +97,6 @@ def _delete_quietly(paths: Sequence[str]) -> None:
         FileSystems.delete(list(paths))
     except (OSError, BeamIOError):
         pass
-
-
-def label_part(table: pa.Table, label: str) -> pa.Table:
-    """``table`` tagged with a stable identity (e.g. window + sampling shard) that orders it in a
-    single-file write (labels compare as strings: zero-pad numbers)."""
-    meta = dict(table.schema.metadata or {})
-    meta[PART_LABEL_KEY] = label.encode("utf-8")
-    return table.replace_schema_metadata(meta)
-
-
-def part_label(table: pa.Table) -> str:
-    """The label :func:`label_part` put on ``table`` (``""`` if none)."""
-    meta = table.schema.metadata or {}
-    return meta.get(PART_LABEL_KEY, b"").decode("utf-8")
 
 
 class _PartCodec:

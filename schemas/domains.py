@@ -19,14 +19,15 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from beamsynth.transforms.noise import RandomSource
+if TYPE_CHECKING:  # annotations only: schemas/ never imports transforms/ at run time
+    from beamsynth.transforms.noise import RandomSource
 
 __all__ = [
     "MALFORMED",

@@ -64,7 +64,6 @@ sequential composition; the network then defaults to k = 1 (:data:`DEFAULT_REFIN
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import math
 from collections.abc import Sequence
@@ -74,9 +73,9 @@ from typing import Any
 import apache_beam as beam
 import numpy as np
 
-from beamsynth.pipelines.methods import Method, register
 from beamsynth.schemas.schema import Schema
 from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, PureDP
+from beamsynth.transforms.consistency import norm_sub
 from beamsynth.transforms.measure import (
     MarginalCountsCombineFn,
     NoisyMarginal,
@@ -114,7 +113,6 @@ __all__ = [
     "DEFAULT_SAMPLING",
     "DEFAULT_SHRINK",
     "DEFAULT_STRUCTURE_FRACTION",
-    "PrivBayesMethod",
     "INDIF_SENSITIVITY",
     "MAX_CANDIDATE_CELLS",
     "MAX_FAMILY_CELLS",
@@ -650,24 +648,6 @@ def make_consistent(marginals: Sequence[NoisyMarginal], rounds: int = 3) -> list
     return tables
 
 
-def norm_sub(values: np.ndarray, total: float) -> np.ndarray:
-    """Non-negative table with the given total: ``max(v − δ, 0)`` with δ chosen so the sum is
-    ``total`` (PrivSyn's Norm-Sub; removes the positive noise mass clipping would keep).
-
-    A non-positive ``total`` or an all-non-positive table gives zeros.
-    """
-    v = np.asarray(values, dtype=np.float64)
-    if total <= 0 or not np.any(v > 0):
-        return np.zeros_like(v)
-    flat = np.sort(v.ravel())[::-1]
-    csum = np.cumsum(flat)
-    # largest j with flat[j] − (csum[j] − total)/(j+1) > 0
-    deltas = (csum - total) / np.arange(1, flat.size + 1)
-    ok = np.flatnonzero(flat - deltas > 0)
-    delta = deltas[ok[-1]] if ok.size else 0.0
-    return np.clip(v - delta, 0.0, None)
-
-
 def conditional_from_table(table: np.ndarray, prior: np.ndarray, strength: float) -> np.ndarray:
     """``P(X | Π)`` rows from a non-negative table ``[x, π...]`` (post-processing).
 
@@ -983,79 +963,3 @@ class PrivBayesSynthesizer(beam.PTransform):
         return pair | "Sample" >> SampleSynthetic(schema=self._schema, seed=self._seed,
                                                   shard_rows=self._shard_rows)
         # pyarrow.Table
-
-
-# -- CLI / synthesize registration ---------------------------------------------------------------
-@register
-class PrivBayesMethod(Method):
-    """``--method privbayes``: private Bayesian network (structure + noisy family tables)."""
-
-    name = "privbayes"
-    description = "PrivBayes: private k-parent Bayesian network from noisy (k+1)-way marginals"
-
-    def __init__(self, **kw: Any) -> None:
-        super().__init__(**kw)
-        opts = self.options
-        self._transform = DPPrivBayes(
-            schema=self.schema, budget=self.budget,
-            degree=None if opts.get("degree") is None else int(opts["degree"]),
-            structure_fraction=float(opts.get("structure_fraction") or DEFAULT_STRUCTURE_FRACTION),
-            shrink=float(DEFAULT_SHRINK if opts.get("shrink") is None else opts["shrink"]),
-            sampling=str(opts.get("sampling") or DEFAULT_SAMPLING),
-            parents=str(opts.get("parents") or "auto"),
-            refine_pairs=int(DEFAULT_REFINE_PAIRS if opts.get("refine_pairs") is None
-                             else opts["refine_pairs"]),
-            refine_rounds=int(DEFAULT_REFINE_ROUNDS if opts.get("refine_rounds") is None
-                              else opts["refine_rounds"]),
-            refine_groups=int(DEFAULT_REFINE_GROUPS if opts.get("refine_groups") is None
-                              else opts["refine_groups"]),
-            refine_fraction=float(DEFAULT_REFINE_FRACTION if opts.get("refine_fraction") is None
-                                  else opts["refine_fraction"]),
-            max_contributions=self.max_contributions, seed=self.seed, accountant=self.accountant)
-
-    @classmethod
-    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        taken = getattr(parser, "_option_string_actions", {})
-        if "--degree" not in taken and "--k-parents" not in taken:
-            parser.add_argument("--degree", "--k-parents", dest="degree", type=int, default=None,
-                                help="privbayes: parents per attribute (default "
-                                     f"{DEFAULT_REFINED_DEGREE} with the refinement, {DEFAULT_DEGREE} "
-                                     "without; "
-                                     "lowered if the declared domains make candidate counts too large)")
-        if "--pb-structure-fraction" not in taken:
-            parser.add_argument("--pb-structure-fraction", dest="structure_fraction", type=float,
-                                default=None, help="privbayes: share of the method's ε for the "
-                                f"structure (default {DEFAULT_STRUCTURE_FRACTION})")
-        if "--pb-shrink" not in taken:
-            parser.add_argument("--pb-shrink", dest="shrink", type=float, default=None,
-                                help=f"privbayes: conditional fallback strength (default {DEFAULT_SHRINK})")
-        if "--pb-parents" not in taken:
-            parser.add_argument("--pb-parents", dest="parents", choices=PARENT_MODES,
-                                default=None, help="privbayes: parent sets of any size up to k "
-                                "chosen with the noise penalty (adaptive), exactly k (exact, "
-                                "PrivBayes Alg. 4), or auto (default: exact for at most "
-                                f"{AUTO_EXACT_MAX_COLUMNS} declared columns, else adaptive)")
-        if "--pb-refine-pairs" not in taken:
-            parser.add_argument("--pb-refine-pairs", dest="refine_pairs", type=int, default=None,
-                                help="privbayes: coarse 2-way tables chosen privately and raked in "
-                                     f"after the network (default {DEFAULT_REFINE_PAIRS}; 0 = off)")
-            parser.add_argument("--pb-refine-rounds", dest="refine_rounds", type=int, default=None,
-                                help=f"privbayes: selection rounds (default {DEFAULT_REFINE_ROUNDS})")
-            parser.add_argument("--pb-refine-groups", dest="refine_groups", type=int, default=None,
-                                help="privbayes: groups per column in refinement tables "
-                                     f"(default {DEFAULT_REFINE_GROUPS})")
-            parser.add_argument("--pb-refine-fraction", dest="refine_fraction", type=float,
-                                default=None, help="privbayes: share of the method's ε for the "
-                                f"refinement (default {DEFAULT_REFINE_FRACTION})")
-        if "--pb-sampling" not in taken:
-            parser.add_argument("--pb-sampling", dest="sampling", choices=SAMPLING_MODES, default=None,
-                                help="privbayes: balanced (refined: rows whose 2-way tables match "
-                                     "the raked pool's; plain network: systematic within parent "
-                                     "cells) or iid draws (default "
-                                     f"{DEFAULT_SAMPLING})")
-
-    def expand_model(self, batches):
-        return batches | "PrivBayes" >> self._transform
-
-    def details(self) -> dict[str, Any]:
-        return {"privbayes": self._transform.plan.details()}

@@ -62,6 +62,7 @@ import numpy as np
 
 from beamsynth.transforms.balance import balance_pairs
 from beamsynth.transforms.budget import PrivacyAccountant, PureDP
+from beamsynth.transforms.consistency import norm_sub
 from beamsynth.transforms.measure import NoisyMarginal
 from beamsynth.transforms.noise import (
     RandomSource,
@@ -260,8 +261,6 @@ def target_from_noisy(noisy: np.ndarray, estimate: np.ndarray, variance: float, 
     """A refinement target from a released table (post-processing): James–Stein shrinkage of
     ``noisy`` toward the model ``estimate`` (both in counts), Norm-Sub to ``total``, then the
     estimate's row and column sums by IPF. Returned as proportions."""
-    from beamsynth.transforms.privbayes import norm_sub
-
     n = np.asarray(noisy, dtype=np.float64)
     b = np.asarray(estimate, dtype=np.float64)
     dist = float(((n - b) ** 2).sum())

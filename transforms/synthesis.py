@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from beamsynth.schemas.schema import EncodedBatch, Schema
+from beamsynth.schemas.tables import arrow_schema_for, label_part
 from beamsynth.transforms.budget import ApproxDP, PureDP
 from beamsynth.transforms.cathist import ColumnCells, DPCategoricalHistogram
 from beamsynth.transforms.measure import DPMarginals, NoisyMarginal, combine_globally, window_labels
@@ -274,8 +275,6 @@ def shard_plan(rows: int, shard_rows: int = DEFAULT_SHARD_ROWS) -> list[tuple[in
 
 def codes_to_table(schema: Schema, codes: np.ndarray, rs: RandomSource | None) -> pa.Table:
     """Decode cell codes into a pyarrow Table (numeric bins draw values inside the bin)."""
-    from beamsynth.pipelines.io import arrow_schema_for
-
     cols = {}
     for j, c in enumerate(schema.columns):
         cols[c.name] = c.decode(codes[:, j], None if rs is None else rs.child("decode", j))
@@ -301,8 +300,6 @@ class _SampleShardWithModelFn(_SampleShardFn):
 
 def _sample_shard(schema: Schema, seed: int | None, shard_id: int, n: int, model: SynthesisModel,
                   window: Any) -> pa.Table:
-    from beamsynth.pipelines.single_file import label_part
-
     labels = window_labels(window)
     rs = RandomSource(seed=seed).child("sample", shard_id, *labels)
     codes = model.sample_codes(n, rs.child("codes"))

@@ -1,0 +1,110 @@
+"""``--method privbayes``: the PrivBayes network (:mod:`beamsynth.transforms.privbayes`) as a
+synthesis method of the ``synthesize`` pipeline and releases.
+
+Budget: :class:`~beamsynth.transforms.privbayes.DPPrivBayes` spends the method's ε on the
+accountant in ``__init__``, before any data is read (structure, family tables and the
+refinement; see that module's docstring for mechanisms, sensitivities and paper sections).
+This module holds only the CLI options and the registry entry, so that ``transforms/`` never
+imports ``pipelines/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from beamsynth.pipelines.methods import Method, register
+from beamsynth.transforms.privbayes import (
+    AUTO_EXACT_MAX_COLUMNS,
+    DEFAULT_DEGREE,
+    DEFAULT_REFINED_DEGREE,
+    DEFAULT_SAMPLING,
+    DEFAULT_SHRINK,
+    DEFAULT_STRUCTURE_FRACTION,
+    PARENT_MODES,
+    SAMPLING_MODES,
+    DPPrivBayes,
+)
+from beamsynth.transforms.refine import (
+    DEFAULT_REFINE_FRACTION,
+    DEFAULT_REFINE_GROUPS,
+    DEFAULT_REFINE_PAIRS,
+    DEFAULT_REFINE_ROUNDS,
+)
+
+__all__ = ["PrivBayesMethod"]
+
+
+@register
+class PrivBayesMethod(Method):
+    """``--method privbayes``: private Bayesian network (structure + noisy family tables)."""
+
+    name = "privbayes"
+    description = "PrivBayes: private k-parent Bayesian network from noisy (k+1)-way marginals"
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        opts = self.options
+        self._transform = DPPrivBayes(
+            schema=self.schema, budget=self.budget,
+            degree=None if opts.get("degree") is None else int(opts["degree"]),
+            structure_fraction=float(opts.get("structure_fraction") or DEFAULT_STRUCTURE_FRACTION),
+            shrink=float(DEFAULT_SHRINK if opts.get("shrink") is None else opts["shrink"]),
+            sampling=str(opts.get("sampling") or DEFAULT_SAMPLING),
+            parents=str(opts.get("parents") or "auto"),
+            refine_pairs=int(DEFAULT_REFINE_PAIRS if opts.get("refine_pairs") is None
+                             else opts["refine_pairs"]),
+            refine_rounds=int(DEFAULT_REFINE_ROUNDS if opts.get("refine_rounds") is None
+                              else opts["refine_rounds"]),
+            refine_groups=int(DEFAULT_REFINE_GROUPS if opts.get("refine_groups") is None
+                              else opts["refine_groups"]),
+            refine_fraction=float(DEFAULT_REFINE_FRACTION if opts.get("refine_fraction") is None
+                                  else opts["refine_fraction"]),
+            max_contributions=self.max_contributions, seed=self.seed, accountant=self.accountant)
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        taken = getattr(parser, "_option_string_actions", {})
+        if "--degree" not in taken and "--k-parents" not in taken:
+            parser.add_argument("--degree", "--k-parents", dest="degree", type=int, default=None,
+                                help="privbayes: parents per attribute (default "
+                                     f"{DEFAULT_REFINED_DEGREE} with the refinement, {DEFAULT_DEGREE} "
+                                     "without; "
+                                     "lowered if the declared domains make candidate counts too large)")
+        if "--pb-structure-fraction" not in taken:
+            parser.add_argument("--pb-structure-fraction", dest="structure_fraction", type=float,
+                                default=None, help="privbayes: share of the method's ε for the "
+                                f"structure (default {DEFAULT_STRUCTURE_FRACTION})")
+        if "--pb-shrink" not in taken:
+            parser.add_argument("--pb-shrink", dest="shrink", type=float, default=None,
+                                help=f"privbayes: conditional fallback strength (default {DEFAULT_SHRINK})")
+        if "--pb-parents" not in taken:
+            parser.add_argument("--pb-parents", dest="parents", choices=PARENT_MODES,
+                                default=None, help="privbayes: parent sets of any size up to k "
+                                "chosen with the noise penalty (adaptive), exactly k (exact, "
+                                "PrivBayes Alg. 4), or auto (default: exact for at most "
+                                f"{AUTO_EXACT_MAX_COLUMNS} declared columns, else adaptive)")
+        if "--pb-refine-pairs" not in taken:
+            parser.add_argument("--pb-refine-pairs", dest="refine_pairs", type=int, default=None,
+                                help="privbayes: coarse 2-way tables chosen privately and raked in "
+                                     f"after the network (default {DEFAULT_REFINE_PAIRS}; 0 = off)")
+            parser.add_argument("--pb-refine-rounds", dest="refine_rounds", type=int, default=None,
+                                help=f"privbayes: selection rounds (default {DEFAULT_REFINE_ROUNDS})")
+            parser.add_argument("--pb-refine-groups", dest="refine_groups", type=int, default=None,
+                                help="privbayes: groups per column in refinement tables "
+                                     f"(default {DEFAULT_REFINE_GROUPS})")
+            parser.add_argument("--pb-refine-fraction", dest="refine_fraction", type=float,
+                                default=None, help="privbayes: share of the method's ε for the "
+                                f"refinement (default {DEFAULT_REFINE_FRACTION})")
+        if "--pb-sampling" not in taken:
+            parser.add_argument("--pb-sampling", dest="sampling", choices=SAMPLING_MODES, default=None,
+                                help="privbayes: balanced (refined: rows whose 2-way tables match "
+                                     "the raked pool's; plain network: systematic within parent "
+                                     "cells) or iid draws (default "
+                                     f"{DEFAULT_SAMPLING})")
+
+    def expand_model(self, batches):
+        return batches | "PrivBayes" >> self._transform
+
+    def details(self) -> dict[str, Any]:
+        return {"privbayes": self._transform.plan.details()}
