@@ -7,8 +7,16 @@ comes from a :class:`RandomSource` made here. Nothing else in the package import
 
 Two modes:
 
-* **secure** (the default, ``seed=None``): every 64-bit word comes from ``os.urandom`` (the OS
-  CSPRNG). Child streams are fresh OS entropy too, so nothing is reproducible.
+* **secure** (the default, ``seed=None``): a 256-bit run secret (:class:`RunSecret`, ``os.urandom``
+  once) keys every stream. A stream's key is ``HMAC-SHA256(secret, labels)`` and its words are the
+  AES-256-CTR keystream under that key (``cryptography``, a dependency of apache-beam). Every draw
+  is thus a deterministic function of the secret and the stream labels (step, window, shard):
+  a runner that retries a bundle or recomputes a side input re-derives exactly the same noise, so
+  nothing charged once is ever drawn twice differently. Transforms resolve ``seed=None`` to a run
+  secret **once, when the pipeline is built** (:func:`run_seed`), and carry it inside their
+  pickled DoFns (the job graph); it is never written to an output, manifest or log
+  (``repr`` hides it, and it is not JSON-serialisable). ``RandomSource()`` without a secret draws
+  a fresh one: fine in a driver, wrong inside ``process`` (see docs/runners.md).
 * **seeded** (``seed=<int>``, for tests and demos only): words come from numpy's Philox
   counter-based generator keyed by SHA-256 of ``(seed, stream labels)``. A stream is identified by
   its labels (step name, shard number, window), never by worker, bundle or arrival order, so a
@@ -30,15 +38,21 @@ to choose a structure).
 from __future__ import annotations
 
 import hashlib
+import hmac
 import math
 import os
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 __all__ = [
     "RandomSource",
+    "RunSecret",
+    "run_seed",
+    "hypergeometric",
+    "uniform_below",
     "discrete_laplace",
     "discrete_laplace_cdf",
     "discrete_laplace_pmf",
@@ -59,28 +73,127 @@ _BELOW_ONE = 1.0 - 2.0**-53  # the largest double below 1
 
 
 def _derive_key(seed: int, labels: tuple[Hashable, ...]) -> int:
-    """128-bit Philox key from SHA-256 of the seed and the stream labels."""
+    """128-bit Philox key from SHA-256 of the seed and the stream labels (seeded mode only)."""
     digest = hashlib.sha256(repr((int(seed), labels)).encode("utf-8")).digest()
     return int.from_bytes(digest[:16], "little")
 
 
-class RandomSource:
-    """A stream of random 64-bit words: OS entropy by default, Philox when seeded (tests/demos).
+def _plain(label: Any) -> Any:
+    """A label with numpy scalars as Python scalars (so ``np.int64(3)`` and ``3`` name one stream)."""
+    if isinstance(label, np.generic):
+        return label.item()
+    if isinstance(label, tuple):
+        return tuple(_plain(x) for x in label)
+    return label
 
-    Args:
-      seed: ``None`` for secure OS randomness (the default), or an int for reproducible streams.
-      labels: identity of this stream (e.g. ``("sample", shard)``); only matters when seeded.
 
-    A ``RandomSource`` is cheap and picklable: DoFns carry the seed and build child streams in
-    ``process`` from element identity (``rs.child("noise", window, shard)``).
+class _KeyedStream:
+    """The AES-256-CTR keystream of one stream key: a deterministic sequence of bytes."""
+
+    def __init__(self, key: bytes) -> None:
+        self._enc = Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
+
+    def read(self, nbytes: int) -> bytes:
+        return self._enc.update(bytes(nbytes))
+
+
+class RunSecret:
+    """The per-run secret of secure mode: 256 bits of OS entropy, drawn once at construction.
+
+    It keys every privacy draw of the transforms that carry it: stream key
+    ``HMAC-SHA256(secret, "beamsynth/stream" ‖ repr(labels))``, words from AES-256-CTR under that
+    key. Picklable, so DoFns carry it in the job graph and every worker (and every retry) derives
+    the same draws; ``repr`` never shows it and it is not JSON-serialisable, so it cannot slip into
+    a manifest. Equality compares the secret in constant time.
     """
 
-    def __init__(self, *, seed: int | None = None, labels: Sequence[Hashable] = ()) -> None:
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
-            raise TypeError(f"seed must be an int or None, got {type(seed).__name__} ({seed!r})")
-        self._seed = None if seed is None else int(seed)
+    __slots__ = ("_key",)
+
+    def __init__(self, key: bytes | None = None) -> None:
+        if key is None:
+            key = os.urandom(32)
+        if not isinstance(key, (bytes, bytearray)) or len(key) < 32:
+            raise ValueError(f"a run secret needs at least 32 bytes, got {type(key).__name__}"
+                             f" of length {len(key) if isinstance(key, (bytes, bytearray)) else '?'}")
+        self._key = bytes(key)
+
+    def stream_key(self, labels: tuple[Hashable, ...]) -> bytes:
+        """The 256-bit key of the stream named by ``labels`` (HMAC-SHA256 as a KDF)."""
+        msg = b"beamsynth/stream\x00" + repr(_plain(tuple(labels))).encode("utf-8")
+        return hmac.digest(self._key, msg, "sha256")
+
+    def stream(self, labels: tuple[Hashable, ...]) -> _KeyedStream:
+        """The byte stream named by ``labels``; the same labels always give the same bytes."""
+        return _KeyedStream(self.stream_key(labels))
+
+    def __getstate__(self) -> bytes:
+        return self._key
+
+    def __setstate__(self, state: bytes) -> None:
+        self._key = state
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and hmac.compare_digest(self._key, other._key)  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash((type(self), hmac.digest(self._key, b"beamsynth/hash", "sha256")[:8]))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(<{8 * len(self._key)}-bit secret, hidden>)"
+
+
+_SECRET_FACTORY: Callable[[], RunSecret] = RunSecret  # audits swap in a broken variant (faults.py)
+
+
+def run_seed(seed: int | RunSecret | None) -> int | RunSecret:
+    """Resolve a transform's ``seed`` when the pipeline is built, before any data is read.
+
+    ``None`` (secure) becomes a fresh :class:`RunSecret` that the transform then carries into its
+    DoFns, so every execution of those DoFns, on any worker and after any retry, makes the same
+    draws; an int (tests, demos) and an already resolved secret (handed down by a parent
+    transform) pass through. Call it once per transform, in ``__init__``; never in ``process`` or
+    ``setup`` (a secret drawn there would differ between executions).
+    """
+    if seed is None:
+        return _SECRET_FACTORY()
+    if isinstance(seed, RunSecret):
+        return seed
+    _check_seed(seed)
+    return int(seed)
+
+
+def _check_seed(seed: Any) -> None:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"seed must be an int or None, got {type(seed).__name__} ({seed!r})")
+
+
+class RandomSource:
+    """A stream of random 64-bit words: keyed by a run secret by default, Philox when seeded.
+
+    Args:
+      seed: ``None`` for secure mode with a fresh :class:`RunSecret` (drawn here), a
+        :class:`RunSecret` (secure mode keyed by a transform's run secret, see :func:`run_seed`),
+        or an int for reproducible streams (tests and demos only).
+      labels: identity of this stream (e.g. ``("sample", shard)``).
+
+    A ``RandomSource`` is cheap and picklable: DoFns carry the resolved seed and build child
+    streams in ``process`` from element identity (``rs.child("noise", window, shard)``). A
+    pickled source restarts its stream.
+    """
+
+    def __init__(self, *, seed: int | RunSecret | None = None, labels: Sequence[Hashable] = ()) -> None:
+        self._secret: RunSecret | None = None
+        self._seed: int | None = None
+        if seed is None:
+            self._secret = RunSecret()
+        elif isinstance(seed, RunSecret):
+            self._secret = seed
+        else:
+            _check_seed(seed)
+            self._seed = int(seed)
         self._labels = tuple(labels)
         self._bitgen: np.random.Philox | None = None
+        self._stream: _KeyedStream | None = None
 
     # -- identity ---------------------------------------------------------------------------
     @property
@@ -94,21 +207,29 @@ class RandomSource:
         return self._seed
 
     @property
+    def run_secret(self) -> RunSecret | None:
+        """The run secret keying this stream (secure mode), or None when seeded."""
+        return self._secret
+
+    @property
     def labels(self) -> tuple[Hashable, ...]:
         """The labels identifying this stream."""
         return self._labels
 
     def child(self, *labels: Hashable) -> RandomSource:
         """An independent sub-stream identified by ``labels`` appended to this stream's labels."""
-        return RandomSource(seed=self._seed, labels=self._labels + tuple(labels))
+        return RandomSource(seed=self._secret if self._seed is None else self._seed,
+                            labels=self._labels + tuple(labels))
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"seed": self._seed, "labels": self._labels}
+        return {"seed": self._seed, "secret": self._secret, "labels": self._labels}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._seed = state["seed"]
+        self._secret = state["secret"]
         self._labels = state["labels"]
         self._bitgen = None
+        self._stream = None
 
     def __repr__(self) -> str:
         mode = "secure" if self._seed is None else f"seeded({self._seed})"
@@ -120,8 +241,10 @@ class RandomSource:
         n = int(n)
         if n < 0:
             raise ValueError(f"n ({n}) must be >= 0")
-        if self._seed is None:
-            return np.frombuffer(os.urandom(8 * n), dtype=np.uint64).copy()
+        if self._secret is not None:
+            if self._stream is None:
+                self._stream = self._secret.stream(self._labels)
+            return np.frombuffer(self._stream.read(8 * n), dtype=np.uint64).copy()
         if self._bitgen is None:
             key = _derive_key(self._seed, self._labels)
             self._bitgen = np.random.Philox(key=key)
@@ -185,7 +308,8 @@ class RandomSource:
         return np.random.Generator(np.random.PCG64(self.words(4).tolist()))
 
     def secret_key(self) -> bytes:
-        """32 secret bytes (HMAC keys for lazily derived noise). Derived from the seed when seeded."""
+        """32 secret bytes (HMAC keys for lazily derived noise): the next words of this stream, so
+        a deterministic function of the run secret (or seed) and the labels."""
         return b"".join(int(x).to_bytes(8, "little") for x in self.words(4).tolist())
 
 
@@ -194,13 +318,9 @@ _TAIL_BITS = 20  # below u = 2^-20 the 2^-53 grid is too coarse: switch to the e
 _LN2 = math.log(2.0)
 
 
-def _standard_exponential(rs: RandomSource, n: int) -> np.ndarray:
-    """``n`` draws of Exp(1) with no upper bound and uniform relative accuracy in the tail.
-
-    ``E = ln2·N + R`` with ``N ~ Geometric(1/2)`` (trailing zero bits of fresh random words, so
-    unbounded) and ``R ~ Exp(1)`` truncated to ``[0, ln 2)``, ``R = -log1p(-V/2)``: the integer
-    and fractional parts of ``E / ln 2`` are independent with exactly these laws.
-    """
+def _trailing_zero_runs(rs: RandomSource, n: int) -> np.ndarray:
+    """``n`` i.i.d. Geometric(1/2) counts (``P(N = k) = 2^-(k+1)``, unbounded): the trailing zero
+    bits of fresh random words, continued into the next word while a word is all zeros."""
     zeros = np.zeros(n, dtype=np.int64)
     active = np.arange(n)
     while active.size:
@@ -210,7 +330,34 @@ def _standard_exponential(rs: RandomSource, n: int) -> np.ndarray:
         zeros[active[~empty]] += np.frexp(low.astype(np.float64))[1] - 1
         zeros[active[empty]] += 64
         active = active[empty]
-    return zeros * _LN2 - np.log1p(-0.5 * rs.uniform(n))
+    return zeros
+
+
+def _fine_uniform(rs: RandomSource, n: int) -> np.ndarray:
+    """``n`` uniform doubles on (0, 1) with uniform *relative* resolution near 0.
+
+    The binade is exact: ``U ∈ [2^-(N+1), 2^-N)`` with ``N ~ Geometric(1/2)`` (unbounded), and
+    ``U`` is uniform within it on a 2^-52-relative grid (shifted by half a step, so never on a
+    binade edge). ``rs.uniform`` stops at 2^-54; this one reaches every positive normal double
+    (below 2^-1022, probability 2^-1022, it is clamped to the smallest normal).
+    """
+    k = _trailing_zero_runs(rs, n)
+    f = ((rs.words(n) >> np.uint64(12)).astype(np.float64) + 0.5) / float(2**52)
+    u = np.ldexp(0.5 + 0.5 * f, -np.minimum(k, 1021).astype(np.int32))
+    return np.maximum(u, np.finfo(np.float64).tiny)
+
+
+def _standard_exponential(rs: RandomSource, n: int) -> np.ndarray:
+    """``n`` draws of Exp(1) with no upper bound and uniform relative accuracy in both tails.
+
+    ``E = ln2·N + R`` with ``N ~ Geometric(1/2)`` (:func:`_trailing_zero_runs`, unbounded) and
+    ``R ~ Exp(1)`` truncated to ``[0, ln 2)``, ``R = -log1p(-V/2)`` with ``V`` from
+    :func:`_fine_uniform`, so ``R`` (hence ``E``) comes arbitrarily close to 0 with relative
+    accuracy: the integer and fractional parts of ``E / ln 2`` are independent with exactly these
+    laws.
+    """
+    zeros = _trailing_zero_runs(rs, n)
+    return zeros * _LN2 - np.log1p(-0.5 * _fine_uniform(rs, n))
 
 
 def _log_uniform(rs: RandomSource, size: int | tuple[int, ...]) -> np.ndarray:
@@ -285,20 +432,33 @@ def exponential(rs: RandomSource, rate: float, size: int | tuple[int, ...]) -> n
 
 
 def gumbel(rs: RandomSource, size: int | tuple[int, ...]) -> np.ndarray:
-    """Standard Gumbel draws (for the exponential mechanism via Gumbel-max)."""
-    return -np.log(-np.log(rs.uniform(size)))
+    """Standard Gumbel draws (for the exponential mechanism via Gumbel-max), unbounded both ways.
+
+    ``G = -log E`` with ``E ~ Exp(1)`` from :func:`_standard_exponential`: its upper tail (E near
+    0, relative accuracy from :func:`_fine_uniform`) reaches about 709 and its lower tail (E
+    unbounded) has no limit. ``-log(-log U)`` of a 53-bit uniform was confined to
+    ``[-3.62, 37.4]``, so the exponential mechanism gave candidates behind by a scaled gap above
+    about 41 probability exactly 0 instead of about ``e^-gap``.
+    """
+    shape = (size,) if isinstance(size, (int, np.integer)) else tuple(size)
+    n = int(np.prod(shape)) if shape else 1
+    return (-np.log(_standard_exponential(rs, n))).reshape(shape)
 
 
 def laplace_internal(rs: RandomSource, scale: float, size: int | tuple[int, ...]) -> np.ndarray:
     """Continuous Laplace noise, **only** for internal scores that are never released as values.
 
     Released values must use integer noise (:func:`discrete_laplace`). Scores such as noisy
-    entropies feed a structure choice; only the choice is released.
+    entropies feed a structure choice; only the choice is released. Sampled as a random sign
+    times ``scale·E``, ``E ~ Exp(1)`` unbounded (:func:`_standard_exponential`); the old inversion
+    of a 53-bit uniform stopped at ``37.4·scale``.
     """
     if not (scale > 0 and math.isfinite(scale)):
         raise ValueError(f"scale ({scale!r}) must be a finite number > 0")
-    u = rs.uniform(size) - 0.5
-    return -scale * np.sign(u) * np.log1p(-2.0 * np.abs(u))
+    shape = (size,) if isinstance(size, (int, np.integer)) else tuple(size)
+    n = int(np.prod(shape)) if shape else 1
+    sign = np.where(rs.words(n) >> np.uint64(63), 1.0, -1.0)  # the top bit of a fresh word
+    return (sign * scale * _standard_exponential(rs, n)).reshape(shape)
 
 
 def _selection_scores(scores: np.ndarray, epsilon: float, sensitivity: float) -> np.ndarray:
@@ -373,6 +533,52 @@ def permute_and_flip_probabilities(scores: np.ndarray, *, epsilon: float, sensit
             out[r] += alive * accept[r]
             alive *= 1.0 - accept[r]
     return out / len(perms)
+
+
+def uniform_below(rs: RandomSource, bounds: np.ndarray) -> np.ndarray:
+    """One uniform integer in ``[0, b)`` for each entry ``b`` of ``bounds`` (``1 <= b < 2**53``),
+    exact: each draw masks a fresh word to the bit length of ``b - 1`` and rejects values ``>= b``."""
+    bounds = np.asarray(bounds, dtype=np.int64)
+    if bounds.size and (bounds.min() < 1 or bounds.max() >= 2**53):
+        raise ValueError(f"bounds must be in [1, 2**53), got min {bounds.min()} and max {bounds.max()}")
+    flat = bounds.ravel()
+    bits = np.frexp(np.maximum(flat - 1, 0).astype(np.float64))[1]  # bit length of b - 1
+    mask = (np.uint64(1) << bits.astype(np.uint64)) - np.uint64(1)
+    out = np.zeros(flat.size, dtype=np.int64)
+    active = np.flatnonzero(flat > 1)
+    while active.size:
+        cand = rs.words(active.size) & mask[active]
+        ok = cand < flat[active].astype(np.uint64)
+        out[active[ok]] = cand[ok].astype(np.int64)
+        active = active[~ok]
+    return out.reshape(bounds.shape)
+
+
+def hypergeometric(rs: RandomSource, good: np.ndarray, bad: np.ndarray, nsample: np.ndarray | int) -> np.ndarray:
+    """Exact Hypergeometric draws: good items among ``nsample`` drawn without replacement from an
+    urn of ``good`` good and ``bad`` bad items (element-wise over arrays, broadcast).
+
+    Draws one item at a time with exact integer uniforms (:func:`uniform_below`), on the smaller
+    side of each urn: ``min(n, total - n)`` draws per entry (``H(g, b, n) = g - H(g, b, total - n)``).
+    Replaces numpy's generator in privacy-relevant draws (plausible ``k'``, the proportional
+    discount of prefix trees), which now come from the secure source like all other noise.
+    """
+    good, bad, n = np.broadcast_arrays(np.asarray(good, dtype=np.int64), np.asarray(bad, dtype=np.int64),
+                                       np.asarray(nsample, dtype=np.int64))
+    if good.size and (good.min() < 0 or bad.min() < 0 or n.min() < 0 or np.any(n > good + bad)):
+        raise ValueError("hypergeometric needs good, bad >= 0 and 0 <= nsample <= good + bad")
+    total = (good + bad).ravel()
+    flip = (2 * n > good + bad).ravel()
+    draws = np.where(flip, total - n.ravel(), n.ravel())
+    g_left, t_left = good.ravel().copy(), total.copy()
+    got = np.zeros(total.size, dtype=np.int64)
+    for step in range(int(draws.max()) if draws.size else 0):
+        active = np.flatnonzero(draws > step)
+        hit = uniform_below(rs, t_left[active]) < g_left[active]
+        got[active] += hit
+        g_left[active] -= hit
+        t_left[active] -= 1
+    return np.where(flip, good.ravel() - got, got).reshape(good.shape)
 
 
 def binomial(rs: RandomSource, n: int, p: float) -> int:
