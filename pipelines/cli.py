@@ -2,8 +2,10 @@
 
 Subcommands live in their own modules, each exposing ``add_parser(subparsers)`` which registers
 the subcommand and sets ``func(args, beam_args) -> int``. Adding one is one line in
-``_COMMAND_MODULES``. Arguments the CLI does not know (``--runner``, ``--direct_num_workers``, ...)
-are passed to Beam as pipeline options.
+``_COMMAND_MODULES``. Arguments the subcommand does not know go to Beam as pipeline options
+(``--runner``, ``--direct_num_workers``, ...) only if a registered Beam ``PipelineOptions`` class
+parses them; anything else (a mistyped ``--rowz 10``) exits 2 before anything is read or spent,
+with the closest flag as a suggestion (:func:`beamsynth.runners.options.check_pipeline_args`).
 """
 
 from __future__ import annotations
@@ -11,8 +13,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
+
+from beamsynth.runners.options import UnknownOptionError, check_pipeline_args
 
 __all__ = ["main", "build_parser"]
 
@@ -40,6 +45,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _own_flags(parser: argparse.ArgumentParser, command: str) -> list[str]:
+    """The ``--flags`` of the top-level parser and of ``command``'s subparser."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    parsers = [parser, *(s.choices[command] for s in subs if command in s.choices)]
+    return [o for p in parsers for a in p._actions for o in a.option_strings if o.startswith("--")]
+
+
 class _DropBeamImportNoise(logging.Filter):
     """Beam logs an 'apitools not found' warning on import when GCP extras are absent."""
 
@@ -61,12 +73,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = [a for a in beam_args if a.startswith("-") and not a.startswith("--")]
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    try:
+        check_pipeline_args(beam_args, own_flags=_own_flags(parser, args.command))
+    except UnknownOptionError as exc:
+        print(f"beamsynth {args.command}: error: {exc}", file=sys.stderr)
+        return 2
     logging.getLogger().setLevel(
         logging.ERROR if args.quiet else (logging.INFO if args.verbose else logging.WARNING))
     if not args.verbose:
         logging.getLogger("apache_beam").setLevel(logging.ERROR)
     try:
-        return int(args.func(args, beam_args) or 0)
+        code = int(args.func(args, beam_args) or 0)
+        sys.stdout.flush()  # a closed pipe (`beamsynth schema avro adult | head`) shows here
+        return code
+    except BrokenPipeError:  # the reader went away: stop quietly (Python docs, signal notes)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except (ValueError, TypeError, FileNotFoundError) as exc:
         print(f"beamsynth {args.command}: error: {exc}", file=sys.stderr)
         return 2
