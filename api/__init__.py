@@ -1,0 +1,69 @@
+"""beamsynth: differentially private synthesis and statistics as Apache Beam transforms.
+
+``import beamsynth as bs`` is the public surface (docs/beam-api.md, "Use it in your Beam job")::
+
+    job = bs.PrivacyJob(epsilon=1.0, privacy_unit=bs.PrivacyUnit(id_column="user_id",
+                                                                 max_contributions=3))
+    private = records | job.private(bs.load_schema("adult"))
+    private.dead_letters | "WriteBad" >> beam.io.WriteToText("bad")   # element, reason, position
+    counts = private | bs.Count(epsilon=0.05)
+    tables = private | bs.Marginals(marginals=[("age", "sex")], epsilon=0.2)
+    synthetic = private | bs.PrivBayes(epsilon=0.7, rows=10_000)
+    _ = p | bs.WriteManifest(job=job, path="out/manifest.json")
+
+Every mechanism spends its ε on the job's one accountant when it is applied, before any data is
+read; overspending raises :class:`BudgetExceededError` while the pipeline is built. Everything
+else (``beamsynth.transforms``, ``beamsynth.pipelines``, ...) is internal.
+"""
+
+from beamsynth.pipelines.job import (
+    SBHG,
+    IndependentSynthesis,
+    PlausibleDeniability,
+    PrivBayes,
+    Synthesize,
+    WriteManifest,
+)
+from beamsynth.schemas.keys import HierarchyKeyCodec as HierarchyKey
+from beamsynth.schemas.keys import SpatialKeyCodec as SpatialKey
+from beamsynth.schemas.keys import TextKeyCodec as TextKey
+from beamsynth.schemas.schema import EncodedBatch, Schema, SchemaError, load_schema
+from beamsynth.transforms.budget import ApproxDP, BudgetExceededError, PureDP
+from beamsynth.transforms.cathist import ReleasedHistogram
+from beamsynth.transforms.inputs import DEAD_LETTER_TYPE
+from beamsynth.transforms.measure import NoisyMarginal
+from beamsynth.transforms.private import MakePrivate, PrivacyJob, PrivacyUnit, PrivateCollection
+from beamsynth.transforms.private_ops import Count, Histogram, Marginals, PrefixTree
+from beamsynth.transforms.synthesis import NoisyCount, SynthesisModel
+
+__all__ = [
+    "DEAD_LETTER_TYPE",
+    "SBHG",
+    "ApproxDP",
+    "BudgetExceededError",
+    "Count",
+    "EncodedBatch",
+    "HierarchyKey",
+    "Histogram",
+    "IndependentSynthesis",
+    "MakePrivate",
+    "Marginals",
+    "NoisyCount",
+    "NoisyMarginal",
+    "PlausibleDeniability",
+    "PrefixTree",
+    "PrivBayes",
+    "PrivacyJob",
+    "PrivacyUnit",
+    "PrivateCollection",
+    "PureDP",
+    "ReleasedHistogram",
+    "Schema",
+    "SchemaError",
+    "SpatialKey",
+    "Synthesize",
+    "SynthesisModel",
+    "TextKey",
+    "WriteManifest",
+    "load_schema",
+]

@@ -1,0 +1,295 @@
+"""Job-level steps of the public API: full synthesis on a private collection, and the manifest.
+
+* :class:`Synthesize` (and its named forms :class:`IndependentSynthesis`, :class:`PrivBayes`,
+  :class:`SBHG`, :class:`PlausibleDeniability`) runs a registered synthesis method
+  (:mod:`beamsynth.pipelines.methods`) on a :class:`~beamsynth.transforms.private.PrivateCollection`
+  and returns synthetic records as schema'd ``beam.Row``s. Its ε (and δ) is spent on the job's
+  accountant when it is applied, under step names ``<label>/<part>``; with ``rows=None`` a DP
+  record count takes ``count_fraction`` of its ε.
+* :class:`WriteManifest` writes the job's one manifest through Beam's ``FileSystems`` (local
+  paths, ``gs://``, ...) and returns it as a ``PCollection[dict]``: the public part lists every
+  spend of the job; the private ``operational`` part has the exact counts of every input (read,
+  rejected, dropped by the contribution bound, used).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+
+from beamsynth.pipelines.manifest import build_manifest
+from beamsynth.pipelines.methods import get_method
+from beamsynth.pipelines.synthesize import SynthesisConfig, SynthesisPlan, synthesize_batches
+from beamsynth.schemas.schema import EncodedBatch
+from beamsynth.transforms.budget import ApproxDP, PureDP, as_budget
+from beamsynth.transforms.outputs import record_type, table_rows
+from beamsynth.transforms.private import (
+    PrivacyJob,
+    PrivateCollection,
+    PrivateTransform,
+    check_epsilon,
+)
+from beamsynth.transforms.synthesis import DEFAULT_SHARD_ROWS
+
+__all__ = ["IndependentSynthesis", "PlausibleDeniability", "PrivBayes", "SBHG", "Synthesize",
+           "WriteManifest", "method_option_names"]
+
+
+def method_option_names(method: str) -> set[str]:
+    """Option names a synthesis method reads (its CLI destinations)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    get_method(method).add_arguments(parser)
+    return {a.dest for a in parser._actions if a.dest != "help"}
+
+
+class _StepAccountant:
+    """The job's accountant seen by one method: spends are named ``<step>/<part>``."""
+
+    def __init__(self, job: PrivacyJob, step: str) -> None:
+        self._job, self._step = job, step
+
+    def spend(self, step: str, budget: ApproxDP, *, mechanism: str,
+              details: Mapping[str, Any] | None = None) -> ApproxDP:
+        return self._job.spend(f"{self._step}/{step}", budget, mechanism=mechanism, details=details)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._job.accountant, name)
+
+
+class Synthesize(PrivateTransform):
+    """DP synthetic records from a private collection with a registered method.
+
+    Args:
+      epsilon: ε of this step (model, and the DP row count when ``rows`` is None).
+      delta: δ of this step (default 0; ``sbhg`` and ``plausible`` need δ > 0).
+      method: ``independent`` (default), ``privbayes``, ``sbhg`` or ``plausible``.
+      rows: synthetic records to draw; ``None``: a DP count spending ``count_fraction`` of ε.
+      count_fraction: share of ε for the DP count when ``rows`` is None.
+      options: method options (the CLI's, e.g. ``{"degree": 2}`` for privbayes); unknown names
+        are refused.
+      typed: return ``{"tables": PCollection[pyarrow.Table], "models": PCollection[SynthesisModel]
+        or None}`` instead of rows.
+
+    The guarantee is the method's (its docstring and docs/), for add/remove of one privacy unit
+    with the job's contribution bound; synthesis after measurement is post-processing. Output:
+    ``PCollection[beam.Row]``, one field per declared column (schema types and nullability).
+    """
+
+    method_name = ""
+
+    def __init__(self, *, epsilon: float, delta: float = 0.0, method: str = "independent",
+                 rows: int | None = None, count_fraction: float = 0.05,
+                 options: Mapping[str, Any] | None = None, shard_rows: int = DEFAULT_SHARD_ROWS,
+                 typed: bool = False, label: str | None = None) -> None:
+        super().__init__(label)
+        method = self.method_name or method
+        get_method(method)  # unknown method: ValueError listing the available ones
+        self._budget = as_budget(check_epsilon(epsilon), delta)
+        if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 0):
+            raise ValueError(f"rows ({rows!r}) must be None or an int >= 0")
+        if isinstance(count_fraction, bool) or not isinstance(count_fraction, (int, float)) or not (
+                0 < count_fraction < 1):
+            raise ValueError(f"count_fraction ({count_fraction!r}) must be in (0, 1)")
+        options = dict(options or {})
+        unknown = sorted(set(options) - method_option_names(method))
+        if unknown:
+            raise ValueError(f"unknown option(s) {unknown} for method {method!r}; allowed: "
+                             f"{sorted(method_option_names(method))}")
+        if not isinstance(typed, bool):
+            raise TypeError(f"typed ({typed!r}) must be True or False")
+        self._method, self._rows, self._fraction = method, rows, float(count_fraction)
+        self._options, self._shard_rows, self._typed = options, shard_rows, typed
+        self.mechanism = f"synthesis ({method})"
+        self.with_input_types(EncodedBatch)
+
+    def default_label(self) -> str:
+        return f"Synthesize[{self.method_name or self._method}]"
+
+    def display_data(self) -> dict[str, Any]:
+        return {"mechanism": self.mechanism, "epsilon": self._budget.epsilon,
+                "delta": self._budget.delta, "rows": str(self._rows)}
+
+    def bind(self, private: PrivateCollection) -> None:
+        job, step, k = private.job, self.label, private.max_contributions
+        job.check_fits(step, self._budget)  # names this step when the whole share does not fit
+        acct = _StepAccountant(job, step)
+        count_budget, method_budget = None, self._budget
+        if self._rows is None:
+            count_budget = PureDP(epsilon=self._budget.epsilon * self._fraction)
+            acct.spend("row_count", count_budget, mechanism="discrete Laplace on the record count",
+                       details={"sensitivity": k, "scale": k / count_budget.epsilon})
+            method_budget = as_budget(self._budget.epsilon - count_budget.epsilon, self._budget.delta)
+        seed = job.step_seed(step)
+        schema = private.schema
+        method = get_method(self._method)(
+            schema=schema, accountant=acct, budget=method_budget, max_contributions=k, seed=seed,
+            options={**self._options, "rows": self._rows})
+        cfg = SynthesisConfig(input=private.source, schema=schema, output="", epsilon=self._budget.epsilon,
+                              delta=self._budget.delta, method=self._method, rows=self._rows,
+                              privacy_id=schema.privacy_id, max_contributions=k, seed=seed,
+                              count_fraction=self._fraction, options=self._options,
+                              shard_rows=self._shard_rows)
+        self._plan = SynthesisPlan(cfg, schema, acct, method, count_budget)  # type: ignore[arg-type]
+        self.record({"method": self._method, "rows": self._rows, "epsilon": self._budget.epsilon,
+                     "delta": self._budget.delta, "details": method.details()})
+
+    def expand(self, batches):
+        p = self.private
+        if p.layout.keys:
+            batches = batches | "SchemaColumns" >> beam.Map(p.layout.schema_codes)
+            # EncodedBatch of the schema's columns only
+        tables, models, _rows = synthesize_batches(batches, self._plan)
+        # pyarrow.Table shards of synthetic records
+        if self._typed:
+            return {"tables": tables, "models": models}
+        return tables | "ToRows" >> beam.FlatMap(table_rows, p.schema).with_output_types(
+            record_type(p.schema))
+        # beam.Row per synthetic record
+
+
+class IndependentSynthesis(Synthesize):
+    """:class:`Synthesize` with ``method="independent"``: noisy 1-way marginals of every column
+    (discrete Laplace, ε split equally; CatHist for open columns), columns sampled independently."""
+
+    method_name = "independent"
+
+
+class PrivBayes(Synthesize):
+    """:class:`Synthesize` with ``method="privbayes"``: a private Bayesian network from noisy
+    marginals (seed 004; docs/privbayes.md), pure ε-DP."""
+
+    method_name = "privbayes"
+
+
+class SBHG(Synthesize):
+    """:class:`Synthesize` with ``method="sbhg"``: hashed full conditionals released by
+    stability-based histograms, Gibbs-sampled (seed 002; docs/sbhg.md); needs ``delta > 0``."""
+
+    method_name = "sbhg"
+
+
+class PlausibleDeniability(Synthesize):
+    """:class:`Synthesize` with ``method="plausible"``: seed-based candidates released through the
+    randomized plausible-deniability test (seed 001; docs/plausible.md); needs a public ``rows``
+    and ``delta > 0``."""
+
+    method_name = "plausible"
+
+
+# -- the manifest --------------------------------------------------------------------------------
+class _MergeCountsFn(beam.CombineFn):
+    """``(source, field, rows)`` → ``{source: {field: total}}`` (exact, private)."""
+
+    def create_accumulator(self) -> dict[str, dict[str, int]]:
+        return {}
+
+    def add_input(self, acc: dict[str, dict[str, int]], item: tuple[str, str, int]
+                  ) -> dict[str, dict[str, int]]:
+        source, field, n = item
+        acc.setdefault(source, {})
+        acc[source][field] = acc[source].get(field, 0) + int(n)
+        return acc
+
+    def merge_accumulators(self, accs: Iterable[dict[str, dict[str, int]]]
+                           ) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        for acc in accs:
+            for source, fields in acc.items():
+                for field, n in fields.items():
+                    self.add_input(out, (source, field, n))
+        return out
+
+    def extract_output(self, acc: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+        return acc
+
+
+def _operational(counts: Mapping[str, Mapping[str, int]], sources: list[str]) -> dict[str, Any]:
+    per = {}
+    for s in sources:
+        c = counts.get(s, {})
+        read, rejected = c.get("read", 0), c.get("rejected", 0)
+        encoded, used = c.get("encoded", 0), c.get("used", 0)
+        per[s] = {"read": read, "rejected": rejected, "dropped_by_bound": encoded - used,
+                  "used": used}
+    return {"rows_read": sum(v["read"] for v in per.values()),
+            "rows_rejected": sum(v["rejected"] for v in per.values()),
+            "rows_dropped_by_bound": sum(v["dropped_by_bound"] for v in per.values()),
+            "rows_used": sum(v["used"] for v in per.values()), "sources": per}
+
+
+def assemble_manifest(counts: Mapping[str, Mapping[str, int]], *, public: Mapping[str, Any],
+                      path: str) -> dict[str, Any]:
+    """The job manifest from the public facts (taken at build time) and the exact counts."""
+    sources = [s["source"] for s in public["sources"]]
+    first = public["sources"][0] if public["sources"] else {"schema": None, "schema_sha256": None}
+    return build_manifest(
+        command="api", method="; ".join(m["step"] for m in public["mechanisms"]),
+        inputs=sources, outputs={"manifest": path}, schema_name=first["schema"],
+        schema_fingerprint=first["schema_sha256"], accountant=public["accountant"],
+        seed=public["seed"], privacy_unit=public["privacy_unit"],
+        counts=_operational(counts, sources),
+        details={"job": public["job"], "mechanisms": public["mechanisms"],
+                 "sources": public["sources"]})
+
+
+def write_manifest_file(manifest: Mapping[str, Any], path: str) -> dict[str, Any]:
+    """Write JSON through ``FileSystems`` (a temporary file renamed over ``path``)."""
+    data = (json.dumps(manifest, indent=2, ensure_ascii=False, default=str) + "\n").encode("utf-8")
+    tmp = f"{path}.tmp"
+    with FileSystems.create(tmp) as fh:
+        fh.write(data)
+    if FileSystems.exists(path):
+        FileSystems.delete([path])
+    FileSystems.rename([tmp], [path])
+    return dict(manifest)
+
+
+class WriteManifest(beam.PTransform):
+    """``p | bs.WriteManifest(job=job, path=...)``: the job's one manifest, written and returned.
+
+    Apply it after every mechanism of the job: it takes the job's spends when the pipeline is
+    built, and any later spend raises. Output: ``PCollection[dict]`` with the manifest (one
+    element), written to ``path`` through ``FileSystems`` when the pipeline runs. The
+    ``operational`` part (exact counts) is private: keep it with the data owner.
+    """
+
+    def __init__(self, *, job: PrivacyJob, path: str, label: str | None = None) -> None:
+        super().__init__(label)
+        if not isinstance(job, PrivacyJob):
+            raise TypeError(f"job must be a PrivacyJob, got {type(job).__name__} ({job!r})")
+        if not isinstance(path, str) or not path:
+            raise ValueError(f"path ({path!r}) must be a non-empty path or URL")
+        self._job, self._path = job, path
+        self.with_output_types(dict)
+
+    def default_label(self) -> str:
+        return "WriteManifest"
+
+    def display_data(self) -> dict[str, Any]:
+        acct = self._job.accountant
+        return {"path": self._path, "epsilon_total": acct.total.epsilon,
+                "delta_total": acct.total.delta, "spends": len(acct.spends)}
+
+    def expand(self, pbegin):
+        job = self._job
+        job.freeze(self.label)
+        public = {"job": job.name, "accountant": job.accountant.to_dict(), "seed": job.seed,
+                  "privacy_unit": job.unit.to_dict(), "mechanisms": list(job.mechanisms),
+                  "sources": list(job.sources)}
+        p = pbegin.pipeline
+        if job.count_outputs:
+            items = tuple(job.count_outputs) | "JoinCounts" >> beam.Flatten()
+        else:
+            items = p | "NoInputs" >> beam.Create([])
+        # (source, field, rows)
+        counts = items | "SumCounts" >> beam.CombineGlobally(_MergeCountsFn())
+        # {source: {field: rows}} (one: global window)
+        return (counts
+                | "Assemble" >> beam.Map(assemble_manifest, public=public, path=self._path)
+                | "Write" >> beam.Map(write_manifest_file, self._path).with_output_types(dict))
+        # dict: the manifest

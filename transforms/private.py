@@ -1,0 +1,403 @@
+"""The public API's core: one privacy job (one budget) over private collections of a user's data.
+
+::
+
+    job = PrivacyJob(epsilon=1.0, privacy_unit=PrivacyUnit(id_column="user_id", max_contributions=3))
+    private = records | job.private(schema)          # dicts, beam.Rows, Arrow tables → private
+    private.dead_letters | beam.io.WriteToText(...)  # rejected elements, with reasons
+    counts = private | Count(epsilon=0.05)           # schema'd beam.Row outputs
+    ages = private | Marginals(marginals=[("age", "sex")], epsilon=0.3)
+
+**One budget per job.** The job holds one :class:`~beamsynth.transforms.budget.PrivacyAccountant`.
+Every mechanism spends its ε on it when it is applied to a private collection, i.e. while the
+pipeline is built and before any data is read; a spend that does not fit raises
+:class:`~beamsynth.transforms.budget.BudgetExceededError` naming the step and the amounts. Spends
+compose by basic sequential composition for add/remove of one privacy unit.
+
+**Privacy unit, bounded once.** :class:`PrivacyUnit` is declared on the job. With an id column,
+:class:`MakePrivate` keeps at most ``max_contributions`` records per id (uniformly at random,
+:class:`~beamsynth.transforms.units.BoundContributions`) right after encoding, before any
+measurement; every mechanism's sensitivity is that bound.
+
+**Windows.** The API releases over the global window; :class:`MakePrivate` refuses a windowed
+input when the pipeline is built (declared per-window releases: ``docs/streaming.md``).
+
+A mechanism applied to anything but a private collection fails when the pipeline is built with a
+message saying how to make one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import StandardOptions
+from apache_beam.transforms.window import GlobalWindows
+
+from beamsynth.schemas.keys import KeyCodec
+from beamsynth.schemas.schema import EncodedBatch, Schema, load_schema
+from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, PureDP, as_budget
+from beamsynth.transforms.inputs import (
+    DEAD_LETTER_TYPE,
+    DEFAULT_BATCH_ROWS,
+    INPUT_TYPES,
+    EncodeElements,
+    KeyLayout,
+)
+from beamsynth.transforms.units import BoundContributions
+
+__all__ = [
+    "MakePrivate",
+    "PrivacyJob",
+    "PrivacyUnit",
+    "PrivateCollection",
+    "PrivateTransform",
+    "check_epsilon",
+]
+
+
+def check_epsilon(epsilon: Any, *, name: str = "epsilon") -> float:
+    """A mechanism's ε share: a finite number > 0 (message echoes the bad value)."""
+    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)):
+        raise TypeError(f"{name} must be a number > 0, got {type(epsilon).__name__} ({epsilon!r})")
+    if not (epsilon > 0 and epsilon != float("inf")):
+        raise ValueError(f"{name} ({epsilon!r}) must be a finite number > 0")
+    return float(epsilon)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PrivacyUnit:
+    """Who is protected: one record (``id_column=None``) or one person with all their records.
+
+    Args:
+      id_column: the field naming a person; ``None`` makes every record its own unit.
+      max_contributions: records kept per person (chosen uniformly at random) before anything is
+        measured; 1 without an id column.
+    """
+
+    id_column: str | None = None
+    max_contributions: int = 1
+
+    def __post_init__(self) -> None:
+        if self.id_column is not None and (not isinstance(self.id_column, str) or not self.id_column):
+            raise ValueError(f"id_column ({self.id_column!r}) must be None or a field name")
+        k = self.max_contributions
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"max_contributions ({k!r}) must be an int >= 1")
+        if self.id_column is None and k != 1:
+            raise ValueError(f"max_contributions ({k}) needs an id_column; without one every "
+                             "record is its own privacy unit")
+
+    @classmethod
+    def records(cls) -> PrivacyUnit:
+        """Every record is one privacy unit."""
+        return cls()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Manifest form."""
+        return {"privacy_id": self.id_column, "max_contributions": self.max_contributions,
+                "neighbouring": "add/remove one privacy unit"}
+
+
+class PrivacyJob:
+    """One pipeline's privacy budget, privacy unit and randomness mode.
+
+    Args:
+      epsilon: total ε of every beamsynth release in the pipeline (> 0).
+      delta: total δ (default 0; only δ-spending mechanisms such as SBHG use it).
+      privacy_unit: :class:`PrivacyUnit` (default: one record).
+      seed: ``None`` (secure noise, the default) or an int for tests and demos only; the manifest
+        then says ``seeded: not for release``.
+      name: the job's name in the manifest.
+    """
+
+    def __init__(self, *, epsilon: float, delta: float = 0.0,
+                 privacy_unit: PrivacyUnit | None = None, seed: int | None = None,
+                 name: str = "beamsynth job") -> None:
+        unit = PrivacyUnit() if privacy_unit is None else privacy_unit
+        if not isinstance(unit, PrivacyUnit):
+            raise TypeError(f"privacy_unit must be a PrivacyUnit, got {type(unit).__name__} "
+                            f"({unit!r})")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise TypeError(f"seed must be an int or None, got {type(seed).__name__} ({seed!r})")
+        self.accountant = PrivacyAccountant(total=as_budget(epsilon, delta))
+        self.unit = unit
+        self.seed = seed
+        self.name = str(name)
+        self.sources: list[dict[str, Any]] = []   # one entry per private collection
+        self.count_outputs: list[beam.PCollection] = []  # (source, field, n) exact, private
+        self.mechanisms: list[dict[str, Any]] = []
+        self._frozen: str | None = None
+
+    def private(self, schema: Schema | str, **kwargs: Any) -> MakePrivate:
+        """``records | job.private(schema)``: a :class:`MakePrivate` step of this job."""
+        return MakePrivate(job=self, schema=schema, **kwargs)
+
+    def step_seed(self, step: str) -> int | None:
+        """The seed of one step: ``None`` in secure mode (each transform draws its own run secret),
+        else an int derived from the job seed and the step name, so two steps never share noise."""
+        if self.seed is None:
+            return None
+        digest = hashlib.sha256(repr((self.seed, step)).encode("utf-8")).digest()
+        return int.from_bytes(digest[:7], "big")
+
+    def spend(self, step: str, budget: ApproxDP, *, mechanism: str,
+              details: Mapping[str, Any] | None = None) -> ApproxDP:
+        """Spend on the job's accountant (raises ``BudgetExceededError`` when it does not fit)."""
+        if self._frozen is not None:
+            raise ValueError(f"step {step!r} is applied after {self._frozen!r} took the job's "
+                             "manifest; apply every mechanism before bs.WriteManifest")
+        return self.accountant.spend(step, budget, mechanism=mechanism, details=details)
+
+    def check_fits(self, step: str, budget: ApproxDP) -> None:
+        """Raise ``BudgetExceededError`` naming ``step`` if ``budget`` does not fit (no spend)."""
+        if self._frozen is not None:
+            raise ValueError(f"step {step!r} is applied after {self._frozen!r} took the job's "
+                             "manifest; apply every mechanism before bs.WriteManifest")
+        if not self.accountant.can_spend(budget):
+            probe = PrivacyAccountant(total=self.accountant.total)
+            for s in self.accountant.spends:
+                probe.spend(s.step, s.budget, mechanism=s.mechanism)
+            probe.spend(step, budget, mechanism="probe")  # raises with the accountant's message
+
+    def freeze(self, by: str) -> None:
+        """No spend after this (the manifest has been taken by step ``by``)."""
+        self._frozen = by
+
+    @property
+    def seeded(self) -> bool:
+        """True for tests and demos (not for release)."""
+        return self.seed is not None
+
+
+class PrivateCollection(tuple):
+    """Encoded, contribution-bounded records of one input, bound to a :class:`PrivacyJob`.
+
+    ``private = records | job.private(schema)``; apply beamsynth mechanisms to it
+    (``private | bs.Count(epsilon=0.1)``) and route ``private.dead_letters`` to a sink. (It is a
+    tuple ``(batches, dead_letters)`` to Beam, which is how a step may return it; use the
+    attributes, not unpacking.)
+
+    Attributes:
+      batches: ``PCollection[EncodedBatch]`` (schema cells, then declared key symbols).
+      dead_letters: ``PCollection[beam.Row]`` of rejected elements ``(source, position, reason,
+        element)``.
+      schema: the declared schema (with the job's privacy id).
+      job: the job whose budget every mechanism spends.
+      layout: where declared prefix keys sit in ``batches``.
+      source: the name of this input in dead letters and the manifest.
+    """
+
+    def __new__(cls, *, job: PrivacyJob, layout: KeyLayout, batches: beam.PCollection,
+                dead_letters: beam.PCollection, source: str) -> PrivateCollection:
+        self = super().__new__(cls, (batches, dead_letters))
+        self.job, self.layout, self.batches = job, layout, batches
+        self.dead_letters, self.source = dead_letters, source
+        return self
+
+    @property
+    def schema(self) -> Schema:
+        """The declared schema."""
+        return self.layout.schema
+
+    @property
+    def pipeline(self) -> beam.Pipeline:
+        """The pipeline the collection belongs to."""
+        return self.batches.pipeline
+
+    @property
+    def max_contributions(self) -> int:
+        """Records per privacy unit after bounding (every mechanism's sensitivity)."""
+        return self.job.unit.max_contributions
+
+    def __repr__(self) -> str:
+        return f"PrivateCollection(source={self.source!r}, schema={self.schema.name!r})"
+
+
+class PrivateTransform(beam.PTransform):
+    """Base of the mechanisms that apply to a :class:`PrivateCollection`.
+
+    ``private | mech`` (or ``private | "Label" >> mech``) first calls :meth:`bind`, which spends
+    the mechanism's budget on the job (build time), then applies :meth:`expand` to
+    ``private.batches``. Anything else on the left fails when the pipeline is built.
+    """
+
+    mechanism = ""
+    _private: PrivateCollection | None = None
+
+    def _refuse(self, left: Any) -> None:
+        kind = type(left).__name__
+        if isinstance(left, beam.pvalue.PCollection):
+            kind = f"PCollection[{left.element_type}]"
+        raise TypeError(
+            f"{type(self).__name__} applies to a private collection, got {kind}; make one "
+            "with `private = records | job.private(schema)` and apply `private | "
+            f"bs.{type(self).__name__}(...)`")
+
+    def type_check_inputs(self, pvalueish: Any) -> None:
+        """Refuse anything but a private collection's batches (``pcoll | mech`` lands here)."""
+        if self._private is None or pvalueish is not self._private.batches:
+            self._refuse(pvalueish)
+        super().type_check_inputs(pvalueish)
+
+    def __ror__(self, left: Any, label: str | None = None) -> Any:
+        if not isinstance(left, PrivateCollection):
+            self._refuse(left)
+        if label is not None:
+            self.label = label
+        self._private = left
+        self.bind(left)
+        return left.pipeline.apply(self, left.batches)
+
+    def bind(self, private: PrivateCollection) -> None:
+        """Validate against the schema and spend on the job (called at build time)."""
+        raise NotImplementedError
+
+    @property
+    def private(self) -> PrivateCollection:
+        """The private collection this transform was applied to."""
+        if self._private is None:
+            raise TypeError(f"{type(self).__name__} has not been applied to a private collection")
+        return self._private
+
+    def record(self, details: Mapping[str, Any]) -> None:
+        """Note this mechanism in the job (for the manifest's details)."""
+        self.private.job.mechanisms.append({"step": self.label, "mechanism": self.mechanism,
+                                            "source": self.private.source, **details})
+
+
+def _check_schema(schema: Any) -> Schema:
+    if isinstance(schema, str):
+        return load_schema(schema)
+    if not isinstance(schema, Schema):
+        raise TypeError(f"schema must be a Schema or a schema file/bundled name, got "
+                        f"{type(schema).__name__} ({schema!r})")
+    return schema
+
+
+def _with_unit(schema: Schema, unit: PrivacyUnit) -> Schema:
+    if unit.id_column is None:
+        if schema.privacy_id is not None:
+            raise ValueError(
+                f"schema {schema.name!r} names privacy_id {schema.privacy_id!r} but the job's "
+                "privacy unit is one record; declare PrivacyUnit(id_column="
+                f"{schema.privacy_id!r}, max_contributions=K) on the job")
+        return schema
+    if schema.privacy_id not in (None, unit.id_column):
+        raise ValueError(f"schema privacy_id ({schema.privacy_id!r}) differs from the job's "
+                         f"id_column ({unit.id_column!r})")
+    if unit.id_column in schema.names:
+        raise ValueError(f"id_column {unit.id_column!r} is a declared column of schema "
+                         f"{schema.name!r}; a privacy id must not be released")
+    return dataclasses.replace(schema, privacy_id=unit.id_column)
+
+
+class MakePrivate(beam.PTransform):
+    """User elements → a :class:`PrivateCollection` of encoded, bounded records.
+
+    Args:
+      job: the :class:`PrivacyJob` whose budget and privacy unit apply.
+      schema: declared schema (a :class:`~beamsynth.schemas.schema.Schema`, a file or a bundled
+        name such as ``"adult"``).
+      keys: declared prefix keys ``{name: codec}`` (``bs.TextKey``, ``bs.SpatialKey``,
+        ``bs.HierarchyKey``) for :class:`~beamsynth.transforms.private_prefix.PrefixTree`.
+      position_field: a field holding each element's position in its source (numbers dead letters;
+        without it their position is ``None``).
+      source: the input's name in dead letters and the manifest (default: the step label).
+      batch_rows: rows per encoded batch.
+
+    Input: ``PCollection`` of dicts, schema'd ``beam.Row``s / named tuples (``ReadFromParquet(
+    as_rows=True)``, ``beam.Select``, ``to_pcollection``), or pyarrow Tables/RecordBatches.
+    Output: a :class:`PrivateCollection` (not a PCollection: apply beamsynth mechanisms to it).
+    Spends no budget: encoding, bounding and dead letters are not releases (the dead letters and
+    the exact counts are private; keep them with the data owner).
+    """
+
+    def __init__(self, *, job: PrivacyJob, schema: Schema | str,
+                 keys: Mapping[str, KeyCodec] | None = None, position_field: str | None = None,
+                 source: str | None = None, batch_rows: int = DEFAULT_BATCH_ROWS,
+                 label: str | None = None) -> None:
+        super().__init__(label)
+        if not isinstance(job, PrivacyJob):
+            raise TypeError(f"job must be a PrivacyJob, got {type(job).__name__} ({job!r})")
+        if source is not None and (not isinstance(source, str) or not source):
+            raise ValueError(f"source ({source!r}) must be None or a non-empty string")
+        self._job = job
+        self._layout = KeyLayout(_with_unit(_check_schema(schema), job.unit), keys)
+        self._position, self._source, self._batch_rows = position_field, source, batch_rows
+        EncodeElements(layout=self._layout, source="check", position_field=position_field,
+                       batch_rows=batch_rows)  # validates now
+        self.with_input_types(INPUT_TYPES)
+
+    def default_label(self) -> str:
+        return f"MakePrivate({self._layout.schema.name})"
+
+    def display_data(self) -> dict[str, Any]:
+        unit = self._job.unit
+        return {"schema": self._layout.schema.name, "columns": len(self._layout.schema.columns),
+                "keys": ",".join(self._layout.keys), "privacy_id": str(unit.id_column),
+                "max_contributions": unit.max_contributions}
+
+    def _source_name(self) -> str:
+        return self._source or self.label
+
+    def expand(self, elements):
+        windowfn = elements.windowing.windowfn
+        if not isinstance(windowfn, GlobalWindows):
+            raise ValueError(
+                f"{self.label}: the input is windowed ({type(windowfn).__name__}); the beamsynth "
+                "API releases over the global window only. Apply it before WindowInto, or use "
+                "declared per-window releases (docs/streaming.md)")
+        runner = str(elements.pipeline.options.view_as(StandardOptions).runner or "")
+        if "dask" in runner.lower():
+            raise ValueError(
+                f"{self.label}: the beamsynth API batches elements with beam.BatchElements, whose "
+                "finish_bundle output Beam's DaskRunner drops (docs/runners.md); use the direct, "
+                "flink, spark or dataflow runner, or the beamsynth CLI on Dask")
+        job, source = self._job, self._source_name()
+        enc = elements | "Encode" >> EncodeElements(
+            layout=self._layout, source=source, position_field=self._position,
+            batch_rows=self._batch_rows)
+        batches = enc["batches"]
+        # EncodedBatch of in-domain records (schema cells, then key symbols)
+        if self._layout.schema.privacy_id is not None:
+            batches = batches | "BoundContributions" >> BoundContributions(
+                max_contributions=job.unit.max_contributions,
+                seed=job.step_seed(f"{self.label}/bound"))
+            # EncodedBatch, <= max_contributions rows per privacy id
+        counts = (
+            (enc["stats"] | "ReadCounts" >> beam.FlatMap(
+                lambda s: [("read", s.read), ("rejected", s.rejected)]),
+             enc["batches"] | "EncodedCounts" >> beam.Map(lambda b: ("encoded", len(b))),
+             batches | "UsedCounts" >> beam.Map(lambda b: ("used", len(b))))
+            | "FlattenCounts" >> beam.Flatten()
+            | "TagSource" >> beam.Map(lambda kv: (source, kv[0], int(kv[1])))
+        )
+        # (source, field, rows) exact counts: private, for the manifest's operational part
+        job.count_outputs.append(counts)
+        job.sources.append({"source": source, "schema": self._layout.schema.name,
+                            "schema_sha256": self._layout.schema.fingerprint(),
+                            "keys": {k: c.to_spec() for k, c in self._layout.keys.items()}})
+        batches.element_type = EncodedBatch
+        enc["dead_letters"].element_type = DEAD_LETTER_TYPE
+        return PrivateCollection(job=job, layout=self._layout, batches=batches,
+                                 dead_letters=enc["dead_letters"], source=source)
+
+
+def pure(epsilon: float) -> PureDP:
+    """A pure ε budget from a validated share."""
+    return PureDP(epsilon=check_epsilon(epsilon))
+
+
+def names_of(schema: Schema, columns: Sequence[str], what: str) -> list[int]:
+    """Column positions of ``columns`` (error lists the schema's columns)."""
+    out = []
+    for c in columns:
+        if not isinstance(c, str) or c not in schema.names:
+            raise ValueError(f"{what}: {c!r} is not a declared column of schema {schema.name!r} "
+                             f"(columns: {schema.names})")
+        out.append(schema.names.index(c))
+    return out
