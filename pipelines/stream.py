@@ -65,6 +65,8 @@ from beamsynth.pipelines.single_file import (
 from beamsynth.pipelines.synthesize import SynthesisPlan, synthesize_batches
 from beamsynth.schemas.schema import EncodedBatch, Schema
 from beamsynth.transforms.units import BoundContributions
+from beamsynth.transforms.windows import DeclaredWindows
+from beamsynth.transforms.windows import declared_range as _declared_range
 
 __all__ = [
     "DAY",
@@ -210,35 +212,6 @@ class _CountLateFn(beam.DoFn):
                 pane=beam.DoFn.PaneInfoParam) -> Iterable[LateCount]:
         if pane.timing == beam.utils.windowed_value.PaneInfoTiming.LATE and count:
             yield LateCount(_iso(window.start), _iso(window.end), int(count))
-
-
-def _epoch_seconds(value: Any, name: str) -> int:
-    """Whole epoch seconds of an int or a timezone-aware datetime."""
-    if isinstance(value, _dt.datetime):
-        if value.tzinfo is None:
-            raise ValueError(f"{name} ({value!r}) must be timezone-aware (e.g. tzinfo=timezone.utc)")
-        ts = value.timestamp()
-        if ts != int(ts):
-            raise ValueError(f"{name} ({value!r}) must be a whole second")
-        return int(ts)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be epoch seconds (int) or an aware datetime, got {value!r}")
-    return value
-
-
-def _declared_range(windows_start: Any, windows_end: Any, window_seconds: Any) -> tuple[int, int | None]:
-    """Validated ``(start, end or None)`` epoch seconds of the declared windows."""
-    if isinstance(window_seconds, bool) or not isinstance(window_seconds, int) or window_seconds < 1:
-        raise ValueError(f"window_seconds ({window_seconds!r}) must be an int >= 1")
-    start = _epoch_seconds(windows_start, "windows_start")
-    end = None if windows_end is None else _epoch_seconds(windows_end, "windows_end")
-    for name, value in (("windows_start", start), ("windows_end", end)):
-        if value is not None and value % window_seconds:
-            raise ValueError(f"{name} ({value}) must be a multiple of window_seconds "
-                             f"({window_seconds}): windows are aligned to the epoch")
-    if end is not None and end <= start:
-        raise ValueError(f"windows_end ({end}) must be after windows_start ({start})")
-    return start, end
 
 
 def empty_batch(schema: Schema) -> EncodedBatch:
@@ -402,7 +375,7 @@ class WindowedSynthesis(beam.PTransform):
 
     def _window(self) -> beam.WindowInto:
         return beam.WindowInto(
-            beam_window.FixedWindows(self._seconds),
+            DeclaredWindows(start=self._start, end=self._end, size=self._seconds),
             trigger=trigger.AfterWatermark(),
             accumulation_mode=trigger.AccumulationMode.DISCARDING,
             allowed_lateness=Duration(seconds=self._lateness))

@@ -23,16 +23,18 @@ from typing import Any
 
 import apache_beam as beam
 import numpy as np
-from apache_beam.transforms.window import GlobalWindow, GlobalWindows
+from apache_beam.transforms.window import GlobalWindow
 
 from beamsynth.schemas.schema import EncodedBatch
 from beamsynth.transforms.budget import ApproxDP, PureDP
 from beamsynth.transforms.noise import RandomSource, discrete_laplace, discrete_laplace_scale
+from beamsynth.transforms.windows import CombineDeclaredWindows, check_release_windowing
 
 __all__ = [
     "DPMarginals",
     "MarginalCountsCombineFn",
     "NoisyMarginal",
+    "combine_globally",
     "count_marginals",
     "noisy_marginals",
     "window_labels",
@@ -216,12 +218,18 @@ class _NoiseMarginalsFn(beam.DoFn):
 
 
 def combine_globally(pcoll: beam.PCollection, fn: beam.CombineFn, label: str) -> beam.PCollection:
-    """``CombineGlobally`` that emits on empty input in the global window (DP must release on
-    empty data too) and per non-empty window otherwise."""
-    combine = beam.CombineGlobally(fn)
-    if not isinstance(pcoll.windowing.windowfn, GlobalWindows):
-        combine = combine.without_defaults()
-    return pcoll | label >> combine
+    """``CombineGlobally`` for a release: exactly one output per release window, data or not.
+
+    Global window: one output, on empty input too (DP must release on empty data). Declared
+    windows (:class:`~beamsynth.transforms.windows.DeclaredWindows`): one output per declared
+    window (heartbeats; records stamped outside dropped and counted). Any other windowing, or a
+    trigger that can fire twice, raises ``ValueError`` when the pipeline is built: a window that
+    exists only because a record arrived would make the existence of a release reveal it.
+    """
+    declared = check_release_windowing(pcoll, label)
+    if declared is None:
+        return pcoll | label >> beam.CombineGlobally(fn)
+    return pcoll | label >> CombineDeclaredWindows(fn, declared)
 
 
 class DPMarginals(beam.PTransform):
@@ -238,7 +246,9 @@ class DPMarginals(beam.PTransform):
         distinct names); the noise of window ``w`` comes from ``(seed, stream, w)``.
 
     Input: ``PCollection[EncodedBatch]`` (already contribution-bounded).
-    Output: one element per window, ``tuple[NoisyMarginal, ...]`` in ``specs`` order.
+    Output: one ``tuple[NoisyMarginal, ...]`` (``specs`` order) in the global window, or one per
+    declared window (:class:`~beamsynth.transforms.windows.DeclaredWindows`), records or not;
+    other windowing is refused when the pipeline is built (:func:`combine_globally`).
 
     Privacy: see the module docstring (discrete Laplace, ``Σ ε_i``-DP, add/remove neighbours).
     """

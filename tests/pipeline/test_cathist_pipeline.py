@@ -12,6 +12,7 @@ from beamsynth.schemas.domains import CategoricalDomain, ProductDomain
 from beamsynth.schemas.schema import EncodedBatch
 from beamsynth.transforms.budget import PureDP
 from beamsynth.transforms.cathist import DPCategoricalHistogram, SampleCategoricalColumn
+from beamsynth.transforms.windows import DeclaredWindows
 
 WORDS = CategoricalDomain([f"w{i}" for i in range(2000)])
 PAIRS = ProductDomain([WORDS, WORDS])  # 4,000,000 cells
@@ -50,7 +51,7 @@ def test_one_release_per_window():
     hist = DPCategoricalHistogram(domain=PAIRS, budget=PureDP(epsilon=1.0), tolerance=0.5, seed=5)
     stamped = [window.TimestampedValue(b, t) for b, t in zip(_batches(), [1, 2, 61, 62, 63])]
     with BeamTestPipeline(options=_options()) as p:
-        out = (p | beam.Create(stamped) | beam.WindowInto(window.FixedWindows(60)) | hist
+        out = (p | beam.Create(stamped) | beam.WindowInto(DeclaredWindows(start=0, end=120, size=60)) | hist
                | beam.Map(lambda r: (11 in r.cells.tolist(), 42 in r.cells.tolist())))
         # window [0,60): the first 2 batches (only value 11); window [60,120): the rest
         assert_that(out, equal_to([(True, False), (True, True)]))

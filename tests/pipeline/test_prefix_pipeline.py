@@ -15,6 +15,7 @@ from beamsynth.schemas.keys import SpatialKeyCodec, TextKeyCodec
 from beamsynth.schemas.schema import EncodedBatch
 from beamsynth.transforms import prefix as P
 from beamsynth.transforms.budget import PrivacyAccountant, PureDP
+from beamsynth.transforms.windows import DeclaredWindows
 
 
 def _opts():
@@ -72,7 +73,7 @@ def test_improved_runs_per_window_with_seeded_streams():
             with BeamTestPipeline(options=_opts()) as p:
                 items = [window.TimestampedValue(b, 1) for b in first] + [
                     window.TimestampedValue(b, 15) for b in second]
-                rel = (p | beam.Create(items) | "Fixed" >> beam.WindowInto(window.FixedWindows(10))
+                rel = (p | beam.Create(items) | "Fixed" >> beam.WindowInto(DeclaredWindows(start=0, end=20, size=10))
                        | P.DPImprovedPrefixHistogram(codec=codec, budget=PureDP(epsilon=4.0),
                                                      threshold=5, discount="skip", seed=3))
                 t = P.improved_accounting(epsilon=4.0, threshold=5).discount

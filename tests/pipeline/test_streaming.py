@@ -14,7 +14,8 @@ import pandas as pd
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 from apache_beam.testing import test_stream as beam_test_stream
-from apache_beam.testing.util import assert_that
+from apache_beam.testing.util import assert_that, equal_to
+from apache_beam.transforms import trigger
 from apache_beam.transforms import window as beam_window
 
 from beamsynth.pipelines.plausible import PlausibleMethod
@@ -28,9 +29,11 @@ from beamsynth.pipelines.stream import (
 from beamsynth.pipelines.synthesize import SynthesisConfig, plan_synthesis
 from beamsynth.schemas.schema import EncodedBatch, load_schema
 from beamsynth.transforms.budget import PureDP
+from beamsynth.transforms.cathist import DPCategoricalHistogram
 from beamsynth.transforms.measure import DPMarginals
 from beamsynth.transforms.privbayes import DPPrivBayes
 from beamsynth.transforms.synthesis import DPCount
+from beamsynth.transforms.windows import DeclaredWindows
 
 ADULT = Path(__file__).resolve().parents[3] / "shared" / "data" / "adult" / "adult.csv"
 T0 = int(dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc).timestamp())
@@ -266,7 +269,7 @@ def test_empty_declared_windows_get_noisy_measurements():
     with beam.Pipeline() as p:
         hb = (p | WindowHeartbeat(schema=schema, windows_start=T0, windows_end=T0 + 3 * DAY,
                                   window_seconds=DAY)
-              | beam.WindowInto(beam_window.FixedWindows(DAY)))
+              | beam.WindowInto(DeclaredWindows(start=T0, end=T0 + 3 * DAY, size=DAY)))
         counts = hb | DPCount(budget=PureDP(epsilon=0.1), max_contributions=K, seed=5)
         marginals = hb | DPMarginals(specs=[(0,), (1,)], shape=shape, names=names,
                                      budgets=[PureDP(epsilon=0.5)] * 2, max_contributions=K, seed=5)
@@ -301,3 +304,74 @@ def test_methods_that_skip_empty_windows_are_refused(method, tmp_path):
     with pytest.raises(ValueError) as err:
         WindowedSynthesis(plan=plan, output=str(tmp_path / "day.csv"), **DECLARED)
     assert f"method {method!r} cannot release an empty window" in str(err.value)
+
+
+# -- release steps refuse windows that open on data, and data-driven triggers ------------------
+_DECLARED = DeclaredWindows(start=T0, end=T0 + 3 * DAY, size=DAY)
+
+
+@pytest.mark.parametrize(
+    ("window_into", "message"),
+    [
+        (beam.WindowInto(beam_window.FixedWindows(DAY)),
+         "DPCount/CountRows: input is windowed with FixedWindows(size=86400s); a release per window"),
+        (beam.WindowInto(beam_window.SlidingWindows(DAY, 3600)),
+         "input is windowed with SlidingWindows(size=86400s, period=3600s)"),
+        (beam.WindowInto(beam_window.Sessions(600)), "input is windowed with Sessions(gap=600s)"),
+        (beam.WindowInto(beam_window.GlobalWindows(), trigger=trigger.Repeatedly(trigger.AfterCount(10)),
+                         accumulation_mode=trigger.AccumulationMode.DISCARDING),
+         "DPCount/CountRows: trigger Repeatedly(AfterCount(10))"),
+        (beam.WindowInto(_DECLARED, allowed_lateness=3600),
+         "trigger DefaultTrigger() (allowed lateness 3600s) can fire more than once"),
+        (beam.WindowInto(_DECLARED, trigger=trigger.AfterWatermark(early=trigger.AfterCount(1)),
+                         accumulation_mode=trigger.AccumulationMode.DISCARDING),
+         "can fire more than once per window"),
+    ],
+)
+def test_release_steps_refuse_windowing_that_depends_on_the_data(window_into, message):
+    """Refused when the pipeline is built (no data read): FixedWindows/Sliding/Sessions open a
+    window only when a record arrives; early/late/count triggers fire a data-dependent number of
+    times."""
+    p = beam.Pipeline()
+    batches = p | beam.Create([], reshuffle=False).with_output_types(EncodedBatch) | window_into
+    with pytest.raises(ValueError) as err:
+        _ = batches | DPCount(budget=PureDP(epsilon=1.0), seed=1)
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize("window_into", [
+    None,
+    beam.WindowInto(_DECLARED),
+    beam.WindowInto(_DECLARED, trigger=trigger.AfterWatermark(),
+                    accumulation_mode=trigger.AccumulationMode.DISCARDING),
+])
+def test_release_steps_accept_global_and_declared_windows(window_into):
+    p = beam.Pipeline()
+    batches = p | beam.Create([], reshuffle=False).with_output_types(EncodedBatch)
+    if window_into is not None:
+        batches = batches | window_into
+    _ = batches | DPCount(budget=PureDP(epsilon=1.0), seed=1)  # builds
+
+
+def test_declared_windows_release_once_per_window_data_or_not():
+    """Records on day 1 only, one record stamped after the declared range: DPCount, DPMarginals and
+    CatHist (whose measurements feed no heartbeat of their own) release once per declared day;
+    the late-stamped record is dropped and counted."""
+    schema = load_schema("adult")
+    shape, names = schema.shape, schema.names
+    batch = _random_batch(shape, 6, "u", 4)
+    stamped = [beam_window.TimestampedValue(batch, T0 + 60),
+               beam_window.TimestampedValue(_random_batch(shape, 1, "x", 5), T0 + 9 * DAY)]
+    windows = beam.Map(lambda x, w=beam.DoFn.WindowParam: int(w.start))
+    three_days = [T0, T0 + DAY, T0 + 2 * DAY]
+    with beam.Pipeline() as p:
+        data = (p | beam.Create(stamped).with_output_types(EncodedBatch)
+                | beam.WindowInto(_DECLARED))
+        counts = data | DPCount(budget=PureDP(epsilon=0.5), seed=5)
+        marginals = data | DPMarginals(specs=[(0,)], shape=shape, names=names,
+                                       budgets=[PureDP(epsilon=0.5)], seed=5)
+        hist = data | DPCategoricalHistogram(domain=schema.columns[1].domain,
+                                             budget=PureDP(epsilon=1.0), tolerance=0.5, column=1, seed=5)
+        assert_that(counts | "WinCounts" >> windows, equal_to(three_days), label="Counts")
+        assert_that(marginals | "WinMarginals" >> windows, equal_to(three_days), label="Marginals")
+        assert_that(hist | "WinHist" >> windows, equal_to(three_days), label="CatHist")
