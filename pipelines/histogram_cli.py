@@ -40,6 +40,14 @@ from beamsynth.pipelines.io import (
     write_rejected,
 )
 from beamsynth.pipelines.manifest import build_manifest, manifest_path, write_json_atomic
+from beamsynth.pipelines.preflight import (
+    Required,
+    add_check_arguments,
+    check_noise_scales,
+    cli_checks,
+    cli_report,
+    count_line,
+)
 from beamsynth.pipelines.single_file import remove_temp_folders_on_failure
 from beamsynth.pipelines.synthesize import counter_value
 from beamsynth.pipelines.synthesize_cli import pipeline_options
@@ -142,6 +150,7 @@ def run_histogram(cfg: HistogramConfig, options: PipelineOptions | None = None) 
     accountant.spend(f"cathist.{cfg.column.name}", budget,
                      mechanism="CatHist: discrete Laplace on every declared bin, keep ≥ τ",
                      details={"column": cfg.column.name, **hist.plan.details()})
+    check_noise_scales(accountant.spends)
     start = time.time()
     p = beam.Pipeline(options=options or PipelineOptions([]))
     read = p | "Read" >> ReadRecords(cfg.input, schema)
@@ -173,7 +182,10 @@ def run_histogram(cfg: HistogramConfig, options: PipelineOptions | None = None) 
         result = p.run()
         result.wait_until_finish()
     rej = [counter_value(result, n) for n in ("rows_rejected_unparseable", "rows_rejected_domain")]
-    counts = {"rows_read": counter_value(result, "rows_read"), "rows_used": counter_value(result, "rows_encoded"),
+    used, dropped = counter_value(result, "rows_encoded"), (
+        counter_value(result, "rows_dropped_by_bound") if cfg.privacy_id else 0)
+    counts = {"rows_read": counter_value(result, "rows_read"), "rows_dropped_by_bound": dropped,
+              "rows_used": None if None in (used, dropped) else used - dropped,  # after bounding
               "rows_rejected": None if None in rej else sum(rej),
               "rows_out": counter_value(result, "categories_released"),
               "seconds": round(time.time() - start, 3)}
@@ -214,6 +226,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--privacy-id", default=None, help="column identifying a privacy unit")
     p.add_argument("--max-contributions", type=int, default=1,
                    help="records kept per privacy unit (needs --privacy-id; default 1)")
+    add_check_arguments(p)
     p.set_defaults(func=_run)
 
 
@@ -226,8 +239,15 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
                           epsilon=args.epsilon, tolerance=tolerance, seed=args.seed,
                           privacy_id=args.privacy_id, max_contributions=args.max_contributions,
                           domain_spec=args.domain)
-    manifest = run_histogram(cfg, pipeline_options(beam_args))
+    required = [Required(args.column, "named by --column")] + (
+        [Required(args.privacy_id, "named by --privacy-id")] if args.privacy_id else [])
+    options = pipeline_options(beam_args)
+    schema = Schema(name="histogram", columns=(column,), privacy_id=args.privacy_id)
+    cli_checks("histogram", args, options, required=required,
+               read=lambda p: p | "Read" >> ReadRecords(args.input, schema))
+    manifest = run_histogram(cfg, options)
     op = manifest["operational"]
+    cli_report("histogram", args, op, rejected_path(args.output))
     if op.get("rows_read") and not op.get("rows_used"):  # exact, operator-only (not released)
         print(f"beamsynth histogram: warning: none of the {op['rows_read']} rows was usable (wrong "
               f"--column or domain?); the release holds only random categories. Reasons: "
@@ -237,8 +257,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
         print(f"beamsynth histogram: {rel['rows_out']} categories of {args.column!r} released to "
               f"{args.output} (ε={args.epsilon:g}, n={d['domain_size']}, τ={d['tau']}, "
               f"ρ={d['tolerance']:g} → achieved {d['achieved_tolerance']:.4g})", file=sys.stderr)
-        print(f"  rows read {op['rows_read']}, used {op['rows_used']}, rejected "
-              f"{op['rows_rejected']} (see {rejected_path(args.output)}); manifest: "
+        print(f"  {count_line(op)} (see {rejected_path(args.output)}); manifest: "
               f"{manifest_path(args.output)}" + ("  [seeded: not for release]"
                                                  if args.seed is not None else ""), file=sys.stderr)
     return 0

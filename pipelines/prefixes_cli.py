@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 from apache_beam.metrics import Metrics
 
+from beamsynth.pipelines import preflight
 from beamsynth.pipelines.io import (
     METRICS_NAMESPACE,
     RawBlock,
@@ -206,6 +207,7 @@ def run_prefixes(*, input: str, codec: KeyCodec, method: str, epsilon: float, ou
     transform = make_transform(method=method, codec=codec, epsilon=epsilon,
                                max_contributions=max_contributions, seed=seed, accountant=accountant,
                                **method_args)
+    preflight.check_noise_scales(accountant.spends)
     start = time.time()
     p = beam.Pipeline(options=options or PipelineOptions([]))
     if restore and method != "improved":
@@ -218,7 +220,10 @@ def run_prefixes(*, input: str, codec: KeyCodec, method: str, epsilon: float, ou
         result = p.run()
         result.wait_until_finish()
     rej = [counter_value(result, "rows_rejected_unparseable"), counter_value(result, "rows_rejected_domain")]
-    counts = {"rows_read": counter_value(result, "rows_read"), "rows_used": counter_value(result, "rows_encoded"),
+    used, dropped = counter_value(result, "rows_encoded"), (
+        counter_value(result, "rows_dropped_by_bound") if privacy_id else 0)
+    counts = {"rows_read": counter_value(result, "rows_read"), "rows_dropped_by_bound": dropped,
+              "rows_used": None if None in (used, dropped) else used - dropped,  # after bounding
               "rows_rejected": None if None in rej else sum(rej),  # type: ignore[arg-type]
               "rows_out": counter_value(result, "rows_synthesized"),
               "incomplete_leaf_mass_dropped": counter_value(result, "incomplete_leaf_mass_dropped"),
@@ -329,6 +334,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "of the released tree) before writing synthetic keys")
     g.add_argument("--final-fraction", type=float, default=0.25,
                    help="basic: share of ε for re-measuring the leaves (default 0.25)")
+    preflight.add_check_arguments(p)
     p.set_defaults(func=_run)
 
 
@@ -350,15 +356,25 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     if not quiet:
         print(f"beamsynth prefixes: {args.method} on {args.input} ({codec.kind}, ε={args.epsilon:g})",
               file=sys.stderr)
+    flag = "--key-spec" if args.key_spec else ("--column" if args.kind == "text" else "--columns")
+    required = [preflight.Required(c, f"named by {flag}") for c in codec.input_columns] + (
+        [preflight.Required(args.privacy_id, "named by --privacy-id")] if args.privacy_id else [])
+    options = pipeline_options(beam_args)
+
+    def read(p: beam.Pipeline) -> None:
+        raw = p | "Read" >> ReadRawBlocks(args.input)
+        _ = raw["blocks"] | "Encode" >> EncodeKeys(codec=codec, privacy_id=args.privacy_id)
+
+    preflight.cli_checks("prefixes", args, options, required=required, read=read)
     manifest = run_prefixes(input=args.input, codec=codec, method=args.method, epsilon=args.epsilon,
                             output=args.output, privacy_id=args.privacy_id,
                             max_contributions=args.max_contributions, seed=args.seed,
-                            options=pipeline_options(beam_args), **method_args)
+                            options=options, **method_args)
+    op, rel = manifest["operational"], manifest["release"]
+    preflight.cli_report("prefixes", args, op, rejected_path(args.output))
     if not quiet:
-        op, rel = manifest["operational"], manifest["release"]
-        print(f"  rows read {op['rows_read']}, used {op['rows_used']}, rejected {op['rows_rejected']}"
-              f" → {rel['rows_out']} synthetic keys in {args.output}, tree in {tree_path(args.output)}",
-              file=sys.stderr)
+        print(f"  {preflight.count_line(op)} → {rel['rows_out']} synthetic keys in {args.output}, tree in "
+              f"{tree_path(args.output)}", file=sys.stderr)
         for s in rel["budget"]["spends"]:
             print(f"  spent ε={s['epsilon']:g} on {s['step']} ({s['mechanism']})", file=sys.stderr)
         print(f"  manifest: {manifest_path(args.output)}"

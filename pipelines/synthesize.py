@@ -30,6 +30,7 @@ from beamsynth.pipelines.io import (
 )
 from beamsynth.pipelines.manifest import build_manifest, manifest_path, write_json_atomic
 from beamsynth.pipelines.methods import Method, get_method
+from beamsynth.pipelines.preflight import check_noise_scales
 from beamsynth.pipelines.progress import Progress, RowProgressFn
 from beamsynth.pipelines.single_file import remove_temp_folders_on_failure
 from beamsynth.runners.presets import is_dask
@@ -227,6 +228,7 @@ def run_synthesis(cfg: SynthesisConfig, pipeline_options: PipelineOptions | None
     """Plan (spending the budget), run the pipeline, write the manifest; returns the manifest."""
     progress = progress or Progress(quiet=True)
     plan = plan_synthesis(cfg)
+    check_noise_scales(plan.accountant.spends)  # every mechanism's scale is drawable, before data
     progress(f"planned: {plan.method.name}, spends "
              + ", ".join(f"{s.step} {s.budget}" for s in plan.accountant.spends))
     options = pipeline_options or PipelineOptions([])
@@ -247,8 +249,10 @@ def run_synthesis(cfg: SynthesisConfig, pipeline_options: PipelineOptions | None
     used = counter_value(result, "rows_encoded")
     out_rows = counter_value(result, "rows_synthesized")
     rejected = None if rej_parse is None or rej_dom is None else rej_parse + rej_dom
-    counts = {"rows_read": read, "rows_used": used, "rows_rejected": rejected, "rows_out": out_rows,
-              "seconds": round(time.time() - start, 3)}
+    dropped = counter_value(result, "rows_dropped_by_bound") if plan.schema.privacy_id else 0
+    counts = {"rows_read": read, "rows_rejected": rejected, "rows_dropped_by_bound": dropped,
+              "rows_used": None if used is None or dropped is None else used - dropped,  # after bounding
+              "rows_out": out_rows, "seconds": round(time.time() - start, 3)}
     method_operational = plan.method.operational()
     if method_operational:
         counts["method"] = method_operational

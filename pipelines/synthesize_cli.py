@@ -3,16 +3,27 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beamsynth.pipelines.io import DEFAULT_SPLIT_BYTES
+from beamsynth.pipelines.io import DEFAULT_SPLIT_BYTES, ReadRecords, rejected_path
 from beamsynth.pipelines.manifest import manifest_path
 from beamsynth.pipelines.methods import METHODS, _load_optional_methods
+from beamsynth.pipelines.preflight import (
+    add_check_arguments,
+    allowed_columns,
+    check_noise_scales,
+    cli_checks,
+    cli_report,
+    count_line,
+    method_advice,
+    schema_requirements,
+)
 from beamsynth.pipelines.progress import Progress
-from beamsynth.pipelines.synthesize import SynthesisConfig, run_synthesis
+from beamsynth.pipelines.synthesize import SynthesisConfig, plan_synthesis, run_synthesis
 from beamsynth.schemas.schema import load_schema
 
 __all__ = ["add_parser", "pipeline_options"]
@@ -57,6 +68,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "a CSV whose quoted fields contain line breaks)")
     p.add_argument("--seed", type=int, default=None,
                    help="fixed seed for tests and demos: output is marked 'seeded: not for release'")
+    add_check_arguments(p)
     for cls in METHODS.values():
         group = p.add_argument_group(f"method {cls.name}")
         cls.add_arguments(group)
@@ -72,14 +84,30 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
         count_fraction=args.count_fraction, count_epsilon=args.count_epsilon,
         split_bytes=args.split_bytes, options=vars(args).copy())
     quiet = getattr(args, "quiet", False)
+    pid_schema = schema if args.privacy_id is None else dataclasses.replace(schema, privacy_id=args.privacy_id)
+    # options, spends and noise scales are refused before any input file is opened
+    check_noise_scales(plan_synthesis(cfg).accountant.spends)
+    advice = method_advice(method=args.method, epsilon=args.epsilon, rows=args.rows)
+    if advice:
+        print(f"beamsynth synthesize: note: {advice}", file=sys.stderr)
     if not quiet:
         print(f"beamsynth synthesize: {args.method} on {args.input} (ε={args.epsilon:g}"
               + (f", δ={args.delta:g}" if args.delta else "") + ")", file=sys.stderr)
-    manifest = run_synthesis(cfg, pipeline_options(beam_args), progress=Progress(quiet=quiet))
+    options = pipeline_options(beam_args)
+    cli_checks("synthesize", args, options,
+               required=schema_requirements(schema, privacy_id=args.privacy_id),
+               reject_extra=allowed_columns(pid_schema),
+               read=lambda p: p | "Read" >> ReadRecords(args.input, pid_schema, split_bytes=args.split_bytes))
+    manifest = run_synthesis(cfg, options, progress=Progress(quiet=quiet))
+    op, rel = manifest["operational"], manifest["release"]
+    cli_report("synthesize", args, op, rejected_path(args.output))
+    if args.rows is None and not advice:
+        advice = method_advice(method=args.method, epsilon=args.epsilon, rows=rel.get("rows_out"))
+        if advice:  # from the released DP row count
+            print(f"beamsynth synthesize: note: {advice}", file=sys.stderr)
     if not quiet:
-        op, rel = manifest["operational"], manifest["release"]
-        print(f"  rows read {op['rows_read']}, used {op['rows_used']}, rejected {op['rows_rejected']}"
-              f" → wrote {rel['rows_out']} synthetic rows to {args.output}", file=sys.stderr)
+        print(f"  {count_line(op)} → wrote {rel['rows_out']} synthetic rows to {args.output}",
+              file=sys.stderr)
         for s in rel["budget"]["spends"]:
             print(f"  spent ε={s['epsilon']:g} δ={s['delta']:g} on {s['step']} ({s['mechanism']})",
                   file=sys.stderr)

@@ -94,6 +94,7 @@ class _BoundShardFn(beam.DoFn):
         pids = np.concatenate([b.pids for b in batches])
         rs = RandomSource(seed=self._seed).child(self._step, shard, *window_labels(window))
         keep = bound_rows(codes, pids, self._k, rs)
+        beam.metrics.Metrics.counter("beamsynth", "rows_dropped_by_bound").inc(codes.shape[0] - keep.size)
         codes, pids = codes[keep], pids[keep]
         # emit in canonical order: output batches (content and boundaries) do not depend on the
         # order the grouped batches arrived in, so steps keying randomness on batch content agree

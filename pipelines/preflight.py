@@ -1,0 +1,557 @@
+"""Whole-file checks before a pipeline is built, and the operator's console after it ran.
+
+**Pre-flight** (:func:`check_inputs`) runs when a command is planned, before any budget is spent,
+any output is written or any record is measured. It reads only public structure of each input
+file — the CSV header line, the Avro writer schema, the Parquet schema, whether the gzip stream is
+intact and whether a file holds any record at all — and raises :class:`PreflightError` (a
+``ValueError``: the CLI exits with status 2) naming the file and the problem:
+
+* no file matches the input pattern; a file that cannot be opened;
+* a CSV file without a header line (0 bytes), a header that is not UTF-8 (e.g. UTF-16, Latin-1),
+  binary content (NUL bytes) in a ``.csv``;
+* a declared column, the ``--privacy-id`` or a ``--column`` named on the command line missing from
+  the header, with a guess at the delimiter (``;``, tab, ``|``) and near-miss names;
+* undeclared columns under ``extra_columns: reject``, declared columns repeated in the header;
+* a truncated or corrupt ``.gz`` stream (checked by decompressing it to the end without parsing:
+  the gzip trailer is the only place truncation shows);
+* an unreadable Avro header or Parquet footer;
+* an input with no data record at all (every file empty or header-only), unless the operator
+  passes ``--allow-empty`` (see ``docs/methods.md``, "Empty inputs", for why this is the one
+  data-dependent refusal and what it costs the guarantee).
+
+Record contents are never inspected: per-record problems stay dead letters. JSONL files have no
+header, so for them only the gzip stream and emptiness are checked.
+
+**Noise scales** (:func:`check_noise_scales`): every spend recorded on the accountant carries its
+noise scale; a scale the exact samplers cannot draw (``exp(-1/scale)`` rounds to 1, e.g.
+``ε = 1e-20``) is refused when the pipeline is built, naming the step, ε and the scale.
+
+**After the run** (:func:`rejection_report`, :func:`count_line`): the operator's console (stderr,
+never a released file) gets honest counts — rows read, rejected, dropped by the contribution
+bound, used — and a warning with the top reasons and example positions when more than a set share
+of the rows was rejected.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import difflib
+import gzip
+import io
+import json
+import math
+import re
+import sys
+import zlib
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from apache_beam.io.filesystems import FileSystems
+
+from beamsynth.schemas.schema import Schema, avro_field_name
+
+__all__ = [
+    "CORRELATED_METHODS",
+    "CORRELATED_MIN_N_EPSILON",
+    "DEFAULT_WARN_REJECTED",
+    "FileFacts",
+    "PreflightError",
+    "PreflightReport",
+    "Required",
+    "add_check_arguments",
+    "allowed_columns",
+    "check_inputs",
+    "cli_checks",
+    "cli_report",
+    "check_noise_scales",
+    "check_rejected_fraction",
+    "count_line",
+    "count_rejections",
+    "method_advice",
+    "rejection_report",
+    "schema_requirements",
+    "summarize_rejected",
+]
+
+DEFAULT_WARN_REJECTED = 0.05
+"""Share of rejected rows above which the console prints a warning (``--warn-rejected``)."""
+
+_HEAD_BYTES = 1 << 20  # the header line must end within the first MiB
+_GZIP_CHUNK = 1 << 20
+_DELIMITERS = {";": "';'", "\t": "tab", "|": "'|'", ":": "':'"}
+_VALUE = re.compile(r"value (?:'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|\S+)")
+
+
+class PreflightError(ValueError):
+    """A whole-file problem found before the pipeline was built (the CLI exits with status 2)."""
+
+
+@dataclass(frozen=True)
+class Required:
+    """A column an input must have, and who asked for it (for the error message)."""
+
+    name: str
+    why: str
+
+
+@dataclass
+class FileFacts:
+    """Public structure of one input file."""
+
+    path: str
+    format: str
+    columns: list[str] | None = None  # None: the format has no header (JSONL)
+    has_records: bool | None = None  # None: unknown
+
+
+@dataclass
+class PreflightReport:
+    """What pre-flight found: the files and warnings for the operator's console."""
+
+    files: list[FileFacts] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        """Whether no input file holds any record (every file empty or header-only)."""
+        return bool(self.files) and all(f.has_records is False for f in self.files)
+
+
+def schema_requirements(schema: Schema, *, privacy_id: str | None = None,
+                        privacy_id_flag: str = "--privacy-id") -> list[Required]:
+    """The columns a schema (and a privacy id given on the command line) needs in every input."""
+    req = [Required(n, f"declared in schema {schema.name!r}") for n in schema.names]
+    pid = privacy_id or schema.privacy_id
+    if pid is not None and pid not in schema.names:
+        why = f"named by {privacy_id_flag}" if privacy_id else f"privacy_id of schema {schema.name!r}"
+        req.append(Required(pid, why))
+    return req
+
+
+# -- input files ----------------------------------------------------------------------------------------
+def _format(path: str) -> str:
+    from beamsynth.pipelines.io import detect_format
+
+    return detect_format(path)
+
+
+def _expand(pattern: str | Sequence[str]) -> list[str]:
+    patterns = [pattern] if isinstance(pattern, str) else list(pattern)
+    paths: list[str] = []
+    for pat in patterns:
+        try:
+            found = sorted(m.path for m in FileSystems.match([pat])[0].metadata_list)
+        except Exception as exc:  # Beam wraps OS errors in BeamIOError
+            raise PreflightError(f"{pat}: cannot list input files: {exc}") from None
+        if not found:
+            raise PreflightError(f"{pat}: no input file matches")
+        paths.extend(found)
+    return paths
+
+
+def _open(path: str) -> Any:
+    try:
+        return FileSystems.open(path, compression_type="uncompressed")
+    except Exception as exc:
+        raise PreflightError(f"{path}: cannot open the file: {exc}") from None
+
+
+def _check_gzip(path: str) -> None:
+    """Decompress the whole stream (every member) without keeping it; raise if cut short."""
+    with _open(path) as raw:
+        d, fed = zlib.decompressobj(wbits=31), False
+        try:
+            while chunk := raw.read(_GZIP_CHUNK):
+                while chunk:
+                    d.decompress(chunk)
+                    fed = True
+                    chunk = d.unused_data
+                    if d.eof:  # a member ended: what follows is the next member
+                        d, fed = zlib.decompressobj(wbits=31), False
+                        chunk = chunk.lstrip(b"\0")  # zero padding after the last member is allowed
+                    else:
+                        chunk = b""
+        except zlib.error as exc:
+            raise PreflightError(f"{path}: the gzip stream is corrupt ({exc}); re-copy or "
+                                 "re-compress the file") from None
+    if fed:
+        raise PreflightError(f"{path}: the gzip stream is truncated (it ends before its "
+                             "end-of-stream marker): the file was cut short; re-copy it")
+
+
+def _head(path: str) -> tuple[bytes, bool]:
+    """(up to the first MiB of the decompressed content, whether that is the whole file)."""
+    with _open(path) as raw:
+        fh = gzip.GzipFile(fileobj=raw) if path.lower().endswith(".gz") else raw
+        try:
+            data = fh.read(_HEAD_BYTES)
+            whole = not fh.read(1)
+        except (OSError, EOFError) as exc:
+            raise PreflightError(f"{path}: cannot read the file: {exc}") from None
+    return data, whole
+
+
+def _csv_facts(path: str) -> FileFacts:
+    data, whole = _head(path)
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise PreflightError(f"{path}: the file is UTF-16 encoded; beamsynth reads UTF-8 — convert "
+                             "it (e.g. iconv -f utf-16 -t utf-8)")
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    if not data.strip():
+        raise PreflightError(f"{path}: the file is empty (no header line); a CSV input needs a "
+                             "header naming its columns")
+    if b"\x00" in data[:4096]:
+        raise PreflightError(f"{path}: the file holds NUL bytes: is it a binary file (Parquet, "
+                             "Avro, a spreadsheet) with a .csv name?")
+    end = _header_end(data)
+    if end is None:
+        if not whole:
+            raise PreflightError(f"{path}: no line break in the first {_HEAD_BYTES >> 20} MiB: is "
+                                 "it a CSV file?")
+        end = len(data)
+    head = data[:end]
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PreflightError(
+            f"{path}: the header line is not valid UTF-8 (byte 0x{head[exc.start]:02x} at offset "
+            f"{exc.start}); beamsynth reads UTF-8 — convert the file (e.g. iconv -f latin1 -t utf-8)"
+        ) from None
+    fields = next(csv.reader(io.StringIO(text, newline="")), [])
+    rest = data[end:]
+    has_records = True if rest.strip() else (False if whole else None)
+    return FileFacts(path, "csv", [f.strip() for f in fields], has_records)
+
+
+def _header_end(data: bytes) -> int | None:
+    """Offset just after the header record's line ending (quoted line breaks stay inside)."""
+    quoted = False
+    for i, b in enumerate(data):
+        if b == 0x22:
+            quoted = not quoted
+        elif b in (0x0A, 0x0D) and not quoted:
+            return i + 2 if data[i:i + 2] == b"\r\n" else i + 1
+    return None
+
+
+def _jsonl_facts(path: str) -> FileFacts:
+    data, whole = _head(path)
+    return FileFacts(path, "jsonl", None, True if data.strip() else (False if whole else None))
+
+
+def _avro_facts(path: str) -> FileFacts:
+    import fastavro
+
+    with _open(path) as fh:
+        try:
+            reader = fastavro.reader(fh)
+            names = [f["name"] for f in reader.writer_schema.get("fields", [])]
+        except Exception as exc:  # fastavro raises several types for a bad header
+            raise PreflightError(f"{path}: not a readable Avro file ({exc})") from None
+        try:
+            has = next(iter(reader), None) is not None
+        except Exception:  # a corrupt first block is a per-block problem: the reader dead-letters it
+            has = None
+    return FileFacts(path, "avro", names, has)
+
+
+def _parquet_facts(path: str) -> FileFacts:
+    import pyarrow.parquet as pq
+
+    with _open(path) as fh:
+        try:
+            meta = pq.ParquetFile(fh).metadata
+            names = list(meta.schema.to_arrow_schema().names)
+        except Exception as exc:
+            raise PreflightError(f"{path}: not a readable Parquet file ({exc})") from None
+    return FileFacts(path, "parquet", names, meta.num_rows > 0)
+
+
+_FACTS = {"csv": _csv_facts, "jsonl": _jsonl_facts, "avro": _avro_facts, "parquet": _parquet_facts}
+
+
+def _delimiter_hint(path: str, header: list[str], wanted: Sequence[str]) -> str:
+    """'— is the delimiter ';'?' when splitting the header on another delimiter finds more names."""
+    line = ",".join(header)
+    best, best_hits = None, sum(1 for n in wanted if n in header)
+    for d, shown in _DELIMITERS.items():
+        if d not in line:
+            continue
+        fields = [f.strip() for f in next(csv.reader([line], delimiter=d), [])]
+        hits = sum(1 for n in wanted if n in fields)
+        if hits > best_hits:
+            best, best_hits = shown, hits
+    if best is None:
+        return ""
+    return f" — is the delimiter {best}? (beamsynth reads ','-separated CSV; convert the file)"
+
+
+def _near_misses(missing: Sequence[str], header: Sequence[str]) -> str:
+    hints = []
+    lower = {h.lower(): h for h in header}
+    for name in missing:
+        close = [lower[name.lower()]] if name.lower() in lower else difflib.get_close_matches(
+            name, header, n=1, cutoff=0.8)
+        if close:
+            hints.append(f"{close[0]!r} for {name!r}")
+    return f"; did you mean {', '.join(hints)}?" if hints else ""
+
+
+def _few(items: Sequence[str], limit: int = 6) -> str:
+    """``a, b, c`` or ``a, b, … (N in all)``."""
+    if len(items) <= limit:
+        return ", ".join(items)
+    return ", ".join(items[:limit]) + f", … ({len(items)} in all)"
+
+
+def _check_columns(facts: FileFacts, required: Sequence[Required], reject_extra: Sequence[str] | None
+                   ) -> None:
+    if facts.columns is None:
+        return
+    header = facts.columns
+    have = set(header)
+    missing = [r for r in required if r.name not in have and avro_field_name(r.name) not in have]
+    if missing:
+        by_why: dict[str, list[str]] = {}
+        for r in missing:
+            by_why.setdefault(r.why, []).append(repr(r.name))
+        parts = [f"{_few(names)} ({why})" for why, names in by_why.items()]
+        noun = "column" if len(missing) == 1 else "columns"
+        raise PreflightError(
+            f"{facts.path}: header has no {noun} {' and '.join(parts)}; header columns "
+            f"({len(header)}): {_few([repr(h) for h in header], 20)}"
+            + _delimiter_hint(facts.path, header, [r.name for r in required])
+            + _near_misses([r.name for r in missing], header))
+    wanted = {r.name for r in required} | {avro_field_name(r.name) for r in required}
+    dups = sorted({h for h in header if h in wanted and header.count(h) > 1})
+    if dups:
+        raise PreflightError(f"{facts.path}: header repeats column(s) {dups}")
+    if reject_extra is not None:
+        allowed = set(reject_extra) | {avro_field_name(n) for n in reject_extra}
+        extra = [h for h in header if h not in allowed]
+        if extra:
+            raise PreflightError(f"{facts.path}: header has undeclared column(s) {extra} and the "
+                                 "schema says extra_columns: reject")
+
+
+def check_inputs(pattern: str | Sequence[str], *, required: Sequence[Required] = (),
+                 reject_extra: Sequence[str] | None = None, allow_empty: bool = False) -> PreflightReport:
+    """Check every input file's public structure; raise :class:`PreflightError` on a whole-file
+    problem (module docstring). ``reject_extra``: the only columns allowed (schema
+    ``extra_columns: reject``). ``allow_empty``: release from an input with no record at all."""
+    report = PreflightReport()
+    for path in _expand(pattern):
+        fmt = _format(path)
+        if path.lower().endswith(".gz"):
+            _check_gzip(path)
+        facts = _FACTS[fmt](path)
+        _check_columns(facts, required, reject_extra)
+        report.files.append(facts)
+    if report.empty and not allow_empty:
+        names = ", ".join(f.path for f in report.files)
+        raise PreflightError(
+            f"{names}: no data records (the input is empty or header-only). An empty input is "
+            "treated as an operator error; pass --allow-empty to release from it anyway "
+            "(docs/methods.md, 'Empty inputs')")
+    if not report.empty and len(report.files) > 1:
+        report.warnings += [f"{f.path}: no data records" for f in report.files if f.has_records is False]
+    return report
+
+
+# -- noise scales ---------------------------------------------------------------------------------------
+def _scales(details: Any, prefix: str = "") -> Iterable[tuple[str, float]]:
+    if isinstance(details, Mapping):
+        for k, v in details.items():
+            key = f"{prefix}{k}"
+            if "scale" in str(k) and isinstance(v, (int, float)) and not isinstance(v, bool):
+                yield key, float(v)
+            elif isinstance(v, (Mapping, list, tuple)):
+                yield from _scales(v, key + ".")
+    elif isinstance(details, (list, tuple)):
+        for i, v in enumerate(details):
+            yield from _scales(v, f"{prefix}{i}.")
+
+
+def _drawable(scale: float) -> bool:
+    """Whether the exact samplers can draw noise of this scale (``exp(-1/scale) < 1``)."""
+    return math.isfinite(scale) and scale > 0 and math.exp(-1.0 / scale) < 1.0
+
+
+def check_noise_scales(spends: Iterable[Any]) -> None:
+    """Refuse, when the pipeline is built, a spend whose noise scale the samplers cannot draw.
+
+    ``spends``: the accountant's spends (objects with ``step``, ``budget`` and ``details``, or
+    their ``to_dict()`` form). Every numeric detail whose key names a scale is checked.
+    """
+    for s in spends:
+        d = s if isinstance(s, Mapping) else {"step": s.step, "epsilon": s.budget.epsilon,
+                                               "details": s.details}
+        for key, scale in _scales(d.get("details") or {}):
+            if not _drawable(scale):
+                raise PreflightError(
+                    f"step {d['step']!r}: ε={d['epsilon']:g} gives noise {key}={scale:g}, which "
+                    "the exact samplers cannot draw (exp(-1/scale) rounds to 1); raise --epsilon")
+
+
+# -- after the run: counts and rejections ---------------------------------------------------------------
+def count_line(op: Mapping[str, Any]) -> str:
+    """``rows read R, rejected X, dropped by the bound D, used U`` from manifest counts."""
+    read, rej = op.get("rows_read"), op.get("rows_rejected")
+    dropped = op.get("rows_dropped_by_bound")
+    text = f"rows read {read}, rejected {rej}"
+    if dropped is not None:
+        text += f", dropped by the contribution bound {dropped}"
+    return text + f", used {op.get('rows_used')}"
+
+
+def _normalize(reason: str) -> str:
+    return _VALUE.sub("value …", reason)
+
+
+def summarize_rejected(path: str, *, limit: int = 200_000, examples: int = 3
+                       ) -> tuple[Counter, dict[str, list[str]], int]:
+    """(count per normalized reason, example positions per reason, lines read) of a dead-letter
+    file (at most ``limit`` lines are read)."""
+    counts: Counter = Counter()
+    where: dict[str, list[str]] = {}
+    n = 0
+    try:
+        fh = FileSystems.open(path, compression_type="uncompressed")
+    except Exception:
+        return counts, where, 0
+    with fh:
+        for raw in io.TextIOWrapper(fh, encoding="utf-8", errors="replace"):
+            if n >= limit:
+                break
+            n += 1
+            try:
+                rec = json.loads(raw)
+            except ValueError:
+                continue
+            reason = _normalize(str(rec.get("reason", "?")))
+            counts[reason] += 1
+            ex = where.setdefault(reason, [])
+            if len(ex) < examples:
+                pos = rec.get("line") if rec.get("line") is not None else rec.get("row")
+                label = "line" if rec.get("line") is not None else "row"
+                ex.append(f"{rec.get('source')}:{label} {pos}" if pos is not None else str(rec.get("source")))
+    return counts, where, n
+
+
+def rejection_report(op: Mapping[str, Any], rejected_file: str, *, warn: float = DEFAULT_WARN_REJECTED,
+                     top: int = 3) -> str | None:
+    """The console warning when more than ``warn`` of the rows read were rejected, else None."""
+    read, rej = op.get("rows_read"), op.get("rows_rejected")
+    if not read or rej is None or rej / read <= warn:
+        return None
+    counts, where, n = summarize_rejected(rejected_file)
+    lines = [f"warning: {rej} of {read} rows ({rej / read:.1%}) were rejected "
+             f"(more than --warn-rejected {warn:g}); the release is built from the rest. "
+             f"Top reasons{'' if n >= rej else f' (first {n} dead letters)'}:"]
+    for reason, c in counts.most_common(top):
+        lines.append(f"  {c} × {reason}  (e.g. {'; '.join(where[reason])})")
+    lines.append(f"  all dead letters: {rejected_file}")
+    return "\n".join(lines)
+
+
+def check_rejected_fraction(read: int | None, rejected: int | None, limit: float, *, source: str) -> None:
+    """Raise :class:`PreflightError` when more than ``limit`` of the rows read are rejected
+    (``--fail-on-rejected``; an operator-side health check, see docs/methods.md)."""
+    if read is None or rejected is None:
+        raise PreflightError(f"{source}: --fail-on-rejected needs row counts, which this runner "
+                             "does not report")
+    if read and rejected / read > limit:
+        raise PreflightError(f"{source}: {rejected} of {read} rows ({rejected / read:.1%}) would be "
+                             f"rejected, more than --fail-on-rejected {limit:g}; nothing was "
+                             "released and no budget spent")
+
+
+def count_rejections(build: Callable[[Any], Any], options: Any) -> tuple[int | None, int | None]:
+    """(rows read, rows rejected) of a read-and-encode-only pipeline wired by ``build(p)``: the
+    ``--fail-on-rejected`` pre-pass. Nothing is measured or written; no budget is spent."""
+    import apache_beam as beam
+
+    from beamsynth.pipelines.synthesize import counter_value
+
+    p = beam.Pipeline(options=options)
+    build(p)
+    result = p.run()
+    result.wait_until_finish()
+    rej = [counter_value(result, n) for n in ("rows_rejected_unparseable", "rows_rejected_domain")]
+    return counter_value(result, "rows_read"), None if None in rej else sum(rej)  # type: ignore[arg-type]
+
+
+# -- command-line options and advice ----------------------------------------------------------------------
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"FRACTION ({text!r}) must be a number in [0, 1]") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"FRACTION ({text!r}) must be in [0, 1]")
+    return value
+
+
+def add_check_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--allow-empty``, ``--warn-rejected``, ``--fail-on-rejected`` (shared by the commands)."""
+    g = parser.add_argument_group("input checks (docs/methods.md)")
+    g.add_argument("--allow-empty", action="store_true",
+                   help="release even when the input has no data record (default: an empty or "
+                        "header-only input is an error, exit status 2)")
+    g.add_argument("--warn-rejected", type=_fraction, default=DEFAULT_WARN_REJECTED, metavar="FRACTION",
+                   help="warn on the console (never in released files) with the top reasons when "
+                        f"more than FRACTION of the rows are rejected (default {DEFAULT_WARN_REJECTED:g})")
+    g.add_argument("--fail-on-rejected", type=_fraction, default=None, metavar="FRACTION",
+                   help="operator health check: first count the rows the schema rejects (one extra "
+                        "read, nothing released) and exit with status 2 if more than FRACTION are; "
+                        "makes whether a release happens depend on the data (docs/methods.md)")
+
+
+def allowed_columns(schema: Schema) -> list[str] | None:
+    """The only columns an input may have (schema ``extra_columns: reject``), else None."""
+    if schema.extra_columns != "reject":
+        return None
+    return list(schema.names) + ([schema.privacy_id] if schema.privacy_id else [])
+
+
+CORRELATED_METHODS = ("privbayes", "sbhg", "plausible")
+CORRELATED_MIN_N_EPSILON = 20_000
+"""Below this n·ε the correlated methods lost to independent marginals (docs/methods.md)."""
+
+
+def method_advice(*, method: str, epsilon: float, rows: int | None) -> str | None:
+    """Which method fits n (``--rows`` or the released DP row count: public) and ε, when the
+    chosen correlated method is outside its regime; None otherwise (docs/methods.md)."""
+    if method not in CORRELATED_METHODS or rows is None or not epsilon > 0:
+        return None
+    if rows * epsilon >= CORRELATED_MIN_N_EPSILON:
+        return None
+    return (f"--method {method} with about {rows} rows at ε={epsilon:g} (n·ε ≈ {rows * epsilon:.0f} < "
+            f"{CORRELATED_MIN_N_EPSILON}): correlated methods need more data or budget; "
+            "--method independent usually gives better marginals here (docs/methods.md, "
+            "'Choosing a method')")
+
+
+def cli_checks(command: str, args: argparse.Namespace, options: Any, *, required: Sequence[Required],
+               reject_extra: Sequence[str] | None = None,
+               read: Callable[[Any], Any] | None = None) -> PreflightReport:
+    """A command's pre-flight: :func:`check_inputs` on ``args.input`` (warnings to stderr), then,
+    with ``--fail-on-rejected``, the counting pre-pass over the pipeline ``read(p)`` wires."""
+    report = check_inputs(args.input, required=required, reject_extra=reject_extra,
+                          allow_empty=args.allow_empty)
+    for w in report.warnings:
+        print(f"beamsynth {command}: warning: {w}", file=sys.stderr)
+    if args.fail_on_rejected is not None and read is not None:
+        check_rejected_fraction(*count_rejections(read, options), args.fail_on_rejected, source=args.input)
+    return report
+
+
+def cli_report(command: str, args: argparse.Namespace, op: Mapping[str, Any], rejected_file: str) -> None:
+    """The ``--warn-rejected`` warning on stderr after a run (private console only)."""
+    warning = rejection_report(op, rejected_file, warn=args.warn_rejected)
+    if warning:
+        print(f"beamsynth {command}: {warning}", file=sys.stderr)
