@@ -17,7 +17,7 @@ import apache_beam as beam
 from beamsynth.pipelines.methods import Method, register
 from beamsynth.schemas.schema import EncodedBatch, Schema
 from beamsynth.transforms.budget import ApproxDP, BudgetExceededError, PureDP
-from beamsynth.transforms.measure import combine_globally, window_labels
+from beamsynth.transforms.measure import combine_globally
 from beamsynth.transforms.noise import RandomSource
 from beamsynth.transforms.plausible import (
     DEFAULT_MAX_RECORDS,
@@ -25,9 +25,9 @@ from beamsynth.transforms.plausible import (
     REJECT_NOISY_THRESHOLD,
     DPPlausibleBayesNet,
     GenerateCandidates,
+    OrderReleased,
     PlausibleDeniabilityFilter,
     SplitForPlausible,
-    _batch_label,
     _CountRowsFn,
     candidate_bound,
     candidate_release_cost,
@@ -52,12 +52,17 @@ NON_DP_WARNING = ("NOT DIFFERENTIALLY PRIVATE: the released records passed Priva
 
 
 class _DecodeFn(beam.DoFn):
+    """``(label, EncodedBatch)`` from :class:`OrderReleased` → a table carrying that label."""
+
     def __init__(self, schema: Schema, seed: int | None) -> None:
         self._schema, self._seed = schema, seed
 
-    def process(self, batch: EncodedBatch, window=beam.DoFn.WindowParam):
-        rs = RandomSource(seed=self._seed).child("plausible.decode", _batch_label(batch), *window_labels(window))
-        yield codes_to_table(self._schema, batch.codes, rs)
+    def process(self, element: tuple[str, EncodedBatch]):
+        from beamsynth.schemas.tables import label_part
+
+        label, batch = element  # the label holds the window and the shard
+        rs = RandomSource(seed=self._seed).child("plausible.decode", label)
+        yield label_part(codes_to_table(self._schema, batch.codes, rs), label)
 
 
 class PlausibleSynthesis(beam.PTransform):
@@ -67,7 +72,10 @@ class PlausibleSynthesis(beam.PTransform):
     of candidates). Output: ``{"tables": PCollection[pyarrow.Table], "released":
     PCollection[EncodedBatch], "rejected": PCollection[RejectedCandidates], "model": ...}``.
     The ``rejected`` candidates were generated from private seeds and failed the test: count them,
-    **never write them**. Privacy: see :mod:`beamsynth.transforms.plausible`.
+    **never write them**. The tables come out in :class:`OrderReleased` order (``order_shards``
+    public shards by value, each sorted then permuted with the run's randomness), so the written
+    file's row order does not depend on the input order. Privacy: see
+    :mod:`beamsynth.transforms.plausible`.
     """
 
     def __init__(self, *, schema: Schema, rows, budget: PureDP, k: int, gamma: float,
@@ -75,9 +83,11 @@ class PlausibleSynthesis(beam.PTransform):
                  max_plausible: int | None = None, max_check_plausible: int | None = None,
                  max_parents: int = 3, max_cost: int = 1000, alpha: float = 1.0,
                  max_records: int = DEFAULT_MAX_RECORDS, max_contributions: int = 1,
-                 fast_path: bool = True, seed: int | None = None, label: str | None = None) -> None:
+                 fast_path: bool = True, seed: int | None = None, order_shards: int = 16,
+                 label: str | None = None) -> None:
         super().__init__(label)
         self._schema, self._rows, self._seed = schema, rows, seed
+        self._order_shards = order_shards
         self._split = SplitForPlausible(fractions=fractions, seed=seed)
         self._model = DPPlausibleBayesNet(
             shape=schema.shape, budget=budget, omega=omega, max_parents=max_parents, max_cost=max_cost,
@@ -99,8 +109,12 @@ class PlausibleSynthesis(beam.PTransform):
         tested = cands | "PrivacyTest" >> PlausibleDeniabilityFilter(
             records=parts["seeds"], model=model, **self._test_args)
         # released: EncodedBatch; rejected: RejectedCandidates (never written)
-        tables = tested["released"] | "Decode" >> beam.ParDo(_DecodeFn(self._schema, self._seed))
-        # pyarrow.Table
+        ordered = tested["released"] | "Order" >> OrderReleased(
+            shape=self._schema.shape, shards=self._order_shards, seed=self._seed)
+        # (label, EncodedBatch): a function of the released multiset and the run's randomness,
+        # never of the input order or its partitioning (candidates come out per seed)
+        tables = ordered | "Decode" >> beam.ParDo(_DecodeFn(self._schema, self._seed))
+        # pyarrow.Table labelled (window, shard): the parts' order in a single-file write
         return {"tables": tables, "released": tested["released"], "rejected": tested["rejected"],
                 "model": model}
 

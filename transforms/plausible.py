@@ -74,6 +74,7 @@ __all__ = [
     "CandidateBatch",
     "DPPlausibleBayesNet",
     "GenerateCandidates",
+    "OrderReleased",
     "PlausibleBayesNet",
     "PlausibleDeniabilityFilter",
     "PlausibleModel",
@@ -92,11 +93,14 @@ __all__ = [
     "param_tables",
     "structure_specs",
     "noisy_entropies",
+    "ordered_release",
     "candidate_bound",
     "candidate_release_cost",
     "plausible_interval",
     "poisson_counts",
     "privacy_test",
+    "release_order",
+    "release_shards",
     "split_assignments",
     "symmetrical_uncertainty",
     "theorem1_guarantee",
@@ -1329,3 +1333,106 @@ class PlausibleDeniabilityFilter(beam.PTransform):
             _FastTestFn(k=self._k, epsilon0=self._eps0, max_plausible=self._maxp, max_check=self._maxc,
                         seed=self._seed), beam.pvalue.AsSingleton(n_seeds)).with_outputs("rejected", main="released")
         return {"released": out.released, "rejected": out.rejected}
+
+
+# =============================================================================================
+# Beam: a release order that carries nothing of the input order
+# =============================================================================================
+def release_shards(codes: np.ndarray, shape: Sequence[int], shards: int) -> np.ndarray:
+    """Shard of each released row from its values alone (rows with equal values share a shard)."""
+    codes = np.asarray(codes)
+    if codes.shape[0] == 0:
+        return np.zeros(0, dtype=np.int64)
+    return _shard_of(group_keys(codes, range(len(shape)), shape), shards)
+
+
+def release_order(codes: np.ndarray, rs: RandomSource) -> np.ndarray:
+    """The rows of ``codes`` in an order that depends on their multiset and ``rs`` alone.
+
+    The rows are sorted (lexicographically, column 0 first), then permuted by the ranks of
+    ``rs.uniform(n)`` (a uniformly random permutation, reproduced exactly from the same labels on
+    a re-execution). So however the rows arrived — in input order, per seed, per batch or per
+    worker — the result is the same, and the order adds nothing to what the multiset says.
+    Post-processing of released rows: no budget.
+    """
+    codes = np.asarray(codes)
+    if codes.shape[0] <= 1:
+        return codes.copy()
+    canonical = codes[np.lexsort(codes.T[::-1])]
+    return canonical[np.argsort(rs.uniform(canonical.shape[0]), kind="stable")]
+
+
+def ordered_release(codes: np.ndarray, *, shape: Sequence[int], shards: int, seed: int | None,
+                    labels: Sequence[Any] = ("global",)) -> list[tuple[str, np.ndarray]]:
+    """Beam-free reference of :class:`OrderReleased` for one window: ``(label, rows)`` per
+    non-empty shard, in label order (the order of the single output file)."""
+    from beamsynth.transforms.synthesis import shard_label
+
+    codes = np.asarray(codes)
+    sh = release_shards(codes, shape, shards)
+    out = []
+    for s in np.unique(sh).tolist():
+        rs = RandomSource(seed=seed).child("plausible.order", s, *labels)
+        out.append((shard_label(s, labels), release_order(codes[sh == s], rs)))
+    return sorted(out, key=lambda item: item[0])
+
+
+class _KeyReleasedFn(beam.DoFn):
+    """Released rows → ``(shard, rows)`` per shard present in the batch (shard from the values)."""
+
+    def __init__(self, shape: Sequence[int], shards: int) -> None:
+        self._shape, self._shards = tuple(shape), shards
+
+    def process(self, batch: EncodedBatch):
+        sh = release_shards(batch.codes, self._shape, self._shards)
+        for s in np.unique(sh).tolist():
+            yield s, batch.codes[sh == s]
+
+
+class _OrderShardFn(beam.DoFn):
+    """Every released row of one shard → ``(label, EncodedBatch)`` in :func:`release_order`."""
+
+    def __init__(self, seed: int | None) -> None:
+        self._seed = seed
+
+    def process(self, kv, window=beam.DoFn.WindowParam):
+        from beamsynth.transforms.synthesis import shard_label
+
+        shard, parts = kv
+        codes = np.concatenate(list(parts), axis=0)
+        labels = window_labels(window)
+        rs = RandomSource(seed=self._seed).child("plausible.order", shard, *labels)
+        yield shard_label(shard, labels), EncodedBatch(release_order(codes, rs))
+
+
+class OrderReleased(beam.PTransform):
+    """Released records in an order that depends on neither the input order nor its partitioning.
+
+    The privacy test emits candidates per seed, contiguously and in the order of the seed batch,
+    so a file written in that order would mirror the private input order (with ``ω < m`` the
+    copied attributes appear in input order). This step re-partitions the released rows by a hash
+    of their **values** into ``shards`` public shards, and orders each shard by
+    :func:`release_order` (sorted, then a permutation drawn from ``RandomSource`` labelled with the
+    shard and the window). The output is then a function of the released multiset and the run's
+    randomness only; its label (:func:`~beamsynth.transforms.synthesis.shard_label`: window,
+    shard) orders the parts of a single-file write. Post-processing: no budget.
+
+    Input: ``PCollection[EncodedBatch]`` (released rows). Output:
+    ``PCollection[tuple[str, EncodedBatch]]``, one element per non-empty shard and window.
+    """
+
+    def __init__(self, *, shape: Sequence[int], shards: int = 16, seed: int | None = None,
+                 label: str | None = None) -> None:
+        super().__init__(label)
+        if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
+            raise ValueError(f"shards ({shards!r}) must be an int >= 1")
+        self._shape, self._shards, self._seed = tuple(int(s) for s in shape), shards, seed
+
+    def expand(self, released):
+        return (released
+                | "KeyByValues" >> beam.ParDo(_KeyReleasedFn(self._shape, self._shards))
+                # (shard, codes[r, m]): rows with equal values share a shard
+                | "GroupShards" >> beam.GroupByKey()
+                # (shard, [codes, ...]): every released row of the shard and window
+                | "Order" >> beam.ParDo(_OrderShardFn(self._seed)))
+        # (label, EncodedBatch): sorted, then permuted with the (shard, window) stream

@@ -215,3 +215,20 @@ def test_generic_path_with_another_model_matches_the_beam_free_count():
 
 def _eq(got, expected):
     assert got == [expected]
+
+
+def test_order_released_output_does_not_depend_on_batching_or_arrival_order():
+    from beamsynth.transforms.plausible import OrderReleased, ordered_release
+
+    codes = _data(900, seed=6)
+    expected = [(label, rows.tolist()) for label, rows in
+                ordered_release(codes, shape=SHAPE, shards=5, seed=2)]
+    perm = RandomSource(seed=1).uniform(len(codes)).argsort()
+    with BeamTestPipeline(options=OPTIONS) as p:
+        for name, batches in (("InOrder", _batches(codes, 300)), ("Permuted", _batches(codes[perm], 70))):
+            got = (p | f"Create{name}" >> beam.Create(batches)
+                   | f"Order{name}" >> OrderReleased(shape=SHAPE, shards=5, seed=2)
+                   | f"AsLists{name}" >> beam.Map(lambda kv: (kv[0], kv[1].codes.tolist()))
+                   | f"All{name}" >> beam.combiners.ToList()
+                   | f"Sort{name}" >> beam.Map(sorted))
+            assert_that(got, lambda g: _eq(g, expected), label=f"Check{name}")
