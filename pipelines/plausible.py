@@ -297,12 +297,39 @@ class PlausibleMethod(Method):
                                                                    * math.exp((self.max_contributions - 1) * target))
                 k = t + max(1, math.ceil(-math.log(slack) / e0)) if slack < 1 else t + 1
                 alt = self._cost(rows, tail, k=k, epsilon0=e0 * (1 - 1e-9), t=t)
-                if alt["epsilon"] <= eps_avail and alt["delta"] <= delta_avail:
+                k_max = self._feasible_k(rows)
+                if k > k_max:  # no data set of about --rows records has k plausible seeds
+                    msg += self._cheapest_feasible(rows, tail, k_max, slack)
+                elif alt["epsilon"] <= eps_avail and alt["delta"] <= delta_avail:
                     msg += (f"; the requested rows would fit with k={k}, t={t}, γ={self.gamma:g}, "
                             f"ε0={e0 * (1 - 1e-9):.4g} (per-candidate ε₁ ≤ {target:.3g})")
         else:
             msg += "; Privacy Test 2 has δ₁ > 0, so pass --delta"
         raise BudgetExceededError(msg)
+
+    def _feasible_k(self, rows: int) -> int:
+        """The largest k a data set of about ``rows`` records can meet: its seed split holds
+        about ``rows · seeds share`` records (public: from ``--rows``, not from the data)."""
+        return max(2, int(rows * self.fractions[0] / sum(self.fractions)))
+
+    def _cheapest_feasible(self, rows: int, tail: float, k_max: int, slack: float) -> str:
+        """The smallest total ε releasing ``rows`` candidates with a feasible k ≤ ``k_max``
+        (t and ε0 chosen for it), as the end of the refusal message."""
+        best = None
+        for t in sorted({max(1, min(k_max - 1, round(k_max * f))) for f in
+                         [i / 200 for i in range(1, 200)]} | {1, k_max - 1}):
+            e0 = -math.log(min(slack, 0.5)) / (k_max - t)  # δ₁ = exp(-ε0 (k - t)) ≤ slack
+            eps1 = e0 + math.log1p(self.gamma / t)
+            if best is None or eps1 < best[0]:
+                best = (eps1, t, e0)
+        _, t, e0 = best  # type: ignore[misc]
+        cost = self._cost(rows, tail, k=k_max, epsilon0=e0, t=t)
+        total = cost["epsilon"] / (1 - self.model_fraction)
+        return (f"; no feasible k gets there: k can be at most about {k_max} (the seed share of a "
+                f"data set of about --rows {rows} records), and with k={k_max}, t={t}, "
+                f"γ={self.gamma:g}, ε0={e0:.4g} the requested rows need a total ε ≥ {total:.4g}; "
+                "release fewer rows (--rows), or use --method independent/privbayes, whose cost "
+                "does not grow with the rows released")
 
     @classmethod
     def add_arguments(cls, parser: argparse._ActionsContainer) -> None:

@@ -295,3 +295,18 @@ def test_allow_empty_releases_from_header_only(tmp_path, out, capsys):
 ])
 def test_method_advice_rule(method, eps, rows, advised):
     assert (preflight.method_advice(method=method, epsilon=eps, rows=rows) is not None) == advised
+
+
+def test_plausible_suggestion_is_feasible(tmp_path, out, capsys):
+    inp = _csv(tmp_path / "a.csv", LINES[:21])
+    assert main(["synthesize", str(inp), "--schema", "adult", "--epsilon", "1", "--delta", "1e-6",
+                 "--method", "plausible", "--rows", "6000", "--output", str(out)]) == 2
+    msg = _error(capsys)
+    # it used to suggest k=379944 plausible seeds, more records than a 6,000-row data set has
+    assert "would fit with k=" not in msg
+    assert msg.endswith(
+        "; no feasible k gets there: k can be at most about 3000 (the seed share of a data set of about "
+        "--rows 6000 records), and with k=3000, t=885, γ=4, ε0=0.01073 the requested rows need a total "
+        "ε ≥ 108.5; release fewer rows (--rows), or use --method independent/privbayes, whose cost does "
+        "not grow with the rows released")
+    _nothing_written(out)
