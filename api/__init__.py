@@ -32,6 +32,7 @@ from beamsynth.transforms.budget import ApproxDP, BudgetExceededError, PureDP
 from beamsynth.transforms.cathist import ReleasedHistogram
 from beamsynth.transforms.inputs import DEAD_LETTER_TYPE
 from beamsynth.transforms.measure import NoisyMarginal
+from beamsynth.transforms.outputs import arrow_schema
 from beamsynth.transforms.private import MakePrivate, PrivacyJob, PrivacyUnit, PrivateCollection
 from beamsynth.transforms.private_ops import Count, Histogram, Marginals, PrefixTree
 from beamsynth.transforms.synthesis import NoisyCount, SynthesisModel
@@ -65,5 +66,6 @@ __all__ = [
     "SynthesisModel",
     "TextKey",
     "WriteManifest",
+    "arrow_schema",
     "load_schema",
 ]

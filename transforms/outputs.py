@@ -35,6 +35,7 @@ __all__ = [
     "COUNT_FIELD",
     "COUNT_TYPE",
     "TREE_TYPE",
+    "arrow_schema",
     "column_field",
     "count_row",
     "histogram_rows",
@@ -60,6 +61,13 @@ def column_field(column: Column) -> tuple[str, Any]:
     """``(field name, Python type)`` of a column in output rows."""
     py = _PY[column.type]
     return avro_field_name(column.name), (Optional[py] if column.nullable else py)  # noqa: UP045
+
+
+def arrow_schema(schema: Schema) -> pa.Schema:
+    """pyarrow schema of synthetic records as dicts (``r._asdict()``), for ``WriteToParquet``."""
+    types = {str: pa.string(), int: pa.int64(), float: pa.float64()}
+    return pa.schema([pa.field(avro_field_name(c.name), types[_PY[c.type]], nullable=c.nullable)
+                      for c in schema.columns])
 
 
 def record_type(schema: Schema) -> RowTypeConstraint:

@@ -189,7 +189,7 @@ def test_every_mechanism_on_rows_with_a_bounded_privacy_unit():
         private = rows | job.private(SCHEMA, keys={"name": NAME})
         assert_that(private.dead_letters, equal_to([]), label="NoDeadLetters")
         counts = private | bs.Count(epsilon=1.0)
-        assert_that(counts | beam.Map(lambda r: r._fields), equal_to([("noisy_count",)]))
+        assert_that(counts | beam.Map(lambda r: tuple(r._asdict())), equal_to([("noisy_count",)]))
         margs = private | bs.Marginals(marginals=[("sex",)], epsilon=1.0)
         assert_that(margs["sex"] | beam.Map(lambda r: r.sex), equal_to(["F", "M"]), label="Sex")
         _ = p | bs.WriteManifest(job=job, path="/dev/null") | beam.Map(
@@ -220,6 +220,6 @@ def test_every_mechanism_on_rows_and_a_dataframe_with_the_correlated_synthesizer
                         ("pd", bs.PlausibleDeniability(epsilon=1.0, delta=1e-6, rows=30)),
                         ("synth", bs.Synthesize(method="independent", epsilon=0.5))]:
             synth = private | t
-            assert_that(synth | f"Fields[{name}]" >> beam.Map(lambda r: tuple(r._fields)),
+            assert_that(synth | f"Fields[{name}]" >> beam.Map(lambda r: tuple(r._asdict())),
                         lambda got: all(f == ("sex", "age_band", "city") for f in got)
                         or pytest.fail(str(got[:3])), label=f"Schema[{name}]")
