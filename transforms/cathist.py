@@ -69,6 +69,7 @@ import pyarrow as pa
 from beamsynth.schemas.domains import Domain
 from beamsynth.schemas.schema import Column, EncodedBatch
 from beamsynth.transforms.budget import ApproxDP
+from beamsynth.transforms.conventions import display_items, element_types
 from beamsynth.transforms.measure import combine_globally, window_labels
 from beamsynth.transforms.noise import (
     RandomSource,
@@ -413,6 +414,7 @@ class _ReleaseFn(beam.DoFn):
         yield release_histogram(cells, counts, plan=self._plan, domain=self._domain, rs=rs)
 
 
+@element_types(input=EncodedBatch, output=ReleasedHistogram)
 class DPCategoricalHistogram(beam.PTransform):
     """ε-DP histogram of one column over a declared (possibly 10^10-cell) domain: CatHist.
 
@@ -469,8 +471,10 @@ class DPCategoricalHistogram(beam.PTransform):
 
     def display_data(self) -> dict[str, Any]:
         p = self._plan
-        return {"epsilon": p.epsilon, "tolerance": p.tolerance, "tau": p.tau,
-                "domain_size": str(p.domain_size), "noise": "discrete Laplace"}
+        return display_items(mechanism="CatHist (thresholded discrete Laplace histogram)",
+                             epsilon=p.epsilon, delta=0.0, tolerance=p.tolerance, tau=p.tau,
+                             domain_size=p.domain_size, noise="discrete Laplace",
+                             noise_scale=p.scale)
 
     def expand(self, batches):
         # batches: EncodedBatch (codes[rows, columns])
@@ -493,6 +497,7 @@ class _SampleColumnFn(beam.DoFn):
                                              type=pa.string())})
 
 
+@element_types(input=ReleasedHistogram, output=pa.Table)
 class SampleCategoricalColumn(beam.PTransform):
     """Post-processing: a synthetic column of ``rows`` values sampled from a released histogram.
 
@@ -507,6 +512,11 @@ class SampleCategoricalColumn(beam.PTransform):
             raise TypeError(f"domain must be a Domain, got {type(domain).__name__}")
         self._fn = _SampleColumnFn(domain=domain, rows=_check_count("rows", rows, 0),
                                    name=str(name), seed=seed)
+
+    def display_data(self) -> dict[str, Any]:
+        """What is sampled (post-processing: no budget)."""
+        return display_items(mechanism="sampling from a released histogram (post-processing, no "
+                             "budget)", rows=self._fn._rows, domain_size=self._fn._domain.size)
 
     def expand(self, released):
         # released: ReleasedHistogram per window

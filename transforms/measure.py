@@ -27,6 +27,7 @@ from apache_beam.transforms.window import GlobalWindow
 
 from beamsynth.schemas.schema import EncodedBatch
 from beamsynth.transforms.budget import ApproxDP, PureDP
+from beamsynth.transforms.conventions import display_items, element_types
 from beamsynth.transforms.noise import RandomSource, discrete_laplace, discrete_laplace_scale
 from beamsynth.transforms.windows import CombineDeclaredWindows, check_release_windowing
 
@@ -232,6 +233,7 @@ def combine_globally(pcoll: beam.PCollection, fn: beam.CombineFn, label: str) ->
     return pcoll | label >> CombineDeclaredWindows(fn, declared)
 
 
+@element_types(input=EncodedBatch, output=tuple[NoisyMarginal, ...])
 class DPMarginals(beam.PTransform):
     """ε-DP marginal tables of :class:`EncodedBatch` records, measured in one pass.
 
@@ -280,6 +282,17 @@ class DPMarginals(beam.PTransform):
         self._k = max_contributions
         self._seed = seed
         self._stream = stream
+
+    def display_data(self) -> dict[str, Any]:
+        """Mechanism, total ε, δ, noise scales and declared cells (never data values)."""
+        shape = self._fn._shape
+        cells = [math.prod(shape[c] for c in spec) for spec in self._specs]
+        scales = [discrete_laplace_scale(sensitivity=self._k, epsilon=b.epsilon) for b in self._budgets]
+        return display_items(
+            mechanism="marginal tables (discrete Laplace)", epsilon=sum(b.epsilon for b in self._budgets),
+            delta=0.0, marginals=len(self._specs), sensitivity=self._k,
+            noise_scale=max(scales) if len(set(scales)) == 1 else f"{min(scales):g} to {max(scales):g}",
+            declared_cells=sum(cells))
 
     def expand(self, batches):
         # batches: EncodedBatch (columnar rows of cell codes)

@@ -52,6 +52,7 @@ import numpy as np
 
 from beamsynth.schemas.schema import EncodedBatch
 from beamsynth.transforms.budget import ApproxDP
+from beamsynth.transforms.conventions import display_items, element_types
 from beamsynth.transforms.measure import (
     MarginalCountsCombineFn,
     combine_globally,
@@ -814,6 +815,8 @@ def _make_split_key(_: Any, seed: int | None) -> bytes:
     return RandomSource(seed=seed).child("plausible.split-key").secret_key()
 
 
+@element_types(input=EncodedBatch, outputs={"seeds": EncodedBatch, "structure": EncodedBatch,
+                                            "params": EncodedBatch})
 class SplitForPlausible(beam.PTransform):
     """Random disjoint split of records into seeds / structure / parameters (Section 3.5).
 
@@ -833,6 +836,13 @@ class SplitForPlausible(beam.PTransform):
         if len(fr) != 3 or any(not (f > 0) for f in fr):
             raise ValueError(f"fractions ({fractions!r}) must be three numbers > 0 (seeds, structure, params)")
         self._fractions, self._seed = fr, seed
+
+    def display_data(self) -> dict[str, Any]:
+        """The public split fractions (no budget: the split is disjoint, parts compose in parallel)."""
+        seeds, structure, params = self._fractions
+        return display_items(mechanism="random disjoint split (seeds / structure / parameters)",
+                             seeds_fraction=seeds, structure_fraction=structure,
+                             params_fraction=params)
 
     def expand(self, batches):
         # batches: EncodedBatch
@@ -943,6 +953,8 @@ class _BuildModelFn(beam.DoFn):
                                 noise_scale=self._scale, alpha=self._alpha, omega=self._omega, key=key)
 
 
+@element_types(inputs={"structure": EncodedBatch, "params": EncodedBatch},
+               output=PlausibleBayesNet)
 class DPPlausibleBayesNet(beam.PTransform):
     """ε-DP Bayesian network of Section 3 from disjoint structure and parameter splits.
 
@@ -1004,9 +1016,13 @@ class DPPlausibleBayesNet(beam.PTransform):
 
     def display_data(self) -> dict[str, Any]:
         """ε, noise laws and sizes (never data values)."""
-        return {"epsilon": self._eps, "delta": 0.0, "omega": self._omega, "columns": len(self._shape),
-                "structure_noise": "Laplace on n·H", "parameter_noise": "discrete Laplace",
-                "parameter_scale": self.param_scale, "max_cost": self._max_cost}
+        return display_items(
+            mechanism="plausible-deniability Bayesian network (Laplace entropies, discrete Laplace "
+                      "tables)",
+            epsilon=self._eps, delta=0.0, omega=self._omega, columns=len(self._shape),
+            structure_noise="Laplace on n·H", entropy_scale=self.entropy_scale,
+            parameter_noise="discrete Laplace", parameter_scale=self.param_scale,
+            max_cost=self._max_cost, declared_cells=sum(self._shape))
 
     @property
     def param_scale(self) -> float:
@@ -1065,6 +1081,7 @@ class _GenerateFn(beam.DoFn):
             yield CandidateBatch(y, logp, f"{label}:{start}")
 
 
+@element_types(input=EncodedBatch, output=CandidateBatch)
 class GenerateCandidates(beam.PTransform):
     """Mechanism 1's generation step, Poissonized and columnar.
 
@@ -1082,6 +1099,11 @@ class GenerateCandidates(beam.PTransform):
         super().__init__(label)
         self._model, self._rows, self._n_seeds = model, rows, n_seeds
         self._seed, self._max_batch = seed, int(max_batch)
+
+    def display_data(self) -> dict[str, Any]:
+        """Batch size only: the candidates' privacy comes from the test that follows."""
+        return display_items(mechanism="candidate generation (Mechanism 1, Poissonized)",
+                             max_batch=self._max_batch)
 
     def expand(self, seeds):
         return seeds | "Generate" >> beam.ParDo(
@@ -1256,6 +1278,8 @@ def fast_plausible_counts(matching: np.ndarray, *, n_seeds: int, max_check: int 
     return kp
 
 
+@element_types(input=CandidateBatch, outputs={"released": EncodedBatch,
+                                             "rejected": RejectedCandidates})
 class PlausibleDeniabilityFilter(beam.PTransform):
     """Privacy Test 1 or 2 over candidate batches; outputs ``released`` and ``rejected``.
 
@@ -1300,10 +1324,11 @@ class PlausibleDeniabilityFilter(beam.PTransform):
 
     def display_data(self) -> dict[str, Any]:
         """Test parameters (never data values)."""
-        return {"k": self._k, "gamma": self._gamma,
-                "test": "deterministic (Test 1)" if self._eps0 is None else f"randomized, epsilon0={self._eps0}",
-                "path": "fast" if self._fast else "generic",
-                "max_plausible": str(self._maxp), "max_check_plausible": str(self._maxc)}
+        return display_items(
+            mechanism="plausible-deniability privacy test", k=self._k, gamma=self._gamma,
+            test="deterministic (Test 1)" if self._eps0 is None else f"randomized, epsilon0={self._eps0}",
+            epsilon0=self._eps0, path="fast" if self._fast else "generic",
+            max_plausible=self._maxp, max_check_plausible=self._maxc)
 
     def expand(self, candidates):
         model = beam.pvalue.AsSingleton(self._model)

@@ -66,6 +66,7 @@ import pyarrow as pa
 from beamsynth.schemas.keys import KeyCodec, prefix_bytes
 from beamsynth.schemas.schema import EncodedBatch
 from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, PureDP
+from beamsynth.transforms.conventions import display_items, element_types
 from beamsynth.transforms.measure import combine_globally, window_labels
 from beamsynth.transforms.noise import RandomSource, discrete_laplace
 
@@ -592,6 +593,7 @@ class _RootStepFn(_LevelStepFn):
         yield from self._advance(counts, root_state(self._codec.symbol_dtype), window)
 
 
+@element_types(input=EncodedBatch, output=LevelRelease)
 class _PrefixLevels(beam.PTransform):
     """Shared level-by-level wiring; subclasses set the method and its accounting."""
 
@@ -622,9 +624,11 @@ class _PrefixLevels(beam.PTransform):
         return f"{type(self).__name__}(ε={self._acct.epsilon:g})"
 
     def display_data(self) -> dict[str, Any]:
-        return {"method": self.method, "epsilon": self._acct.epsilon, "delta": 0.0,
-                "noise": "discrete Laplace", "scale": self._acct.scale, "key": self._codec.kind,
-                "fanout": self._codec.fanout, "levels": self._levels}
+        return display_items(
+            mechanism=f"DP prefix tree ({self.method}; discrete Laplace per level)",
+            method=self.method, epsilon=self._acct.epsilon, delta=0.0, noise="discrete Laplace",
+            scale=self._acct.scale, key=self._codec.kind, fanout=self._codec.fanout,
+            levels=self._levels, discount=self._rule)
 
     def expand(self, batches):
         # batches: EncodedBatch (codes (n, depth) of symbols), contribution-bounded
@@ -776,6 +780,7 @@ def restore_discount(releases: Sequence[LevelRelease], discount: int) -> list[Le
     return out
 
 
+@element_types(input=LevelRelease, output=pa.Table)
 class DecodeLeaves(beam.PTransform):
     """``LevelRelease`` → ``pyarrow.Table`` of synthetic keys (post-processing only).
 
@@ -792,6 +797,12 @@ class DecodeLeaves(beam.PTransform):
             raise ValueError(f"restore_discount ({restore_discount!r}) must be None or an int >= 0")
         self._codec, self._seed, self._complete = codec, seed, complete_only
         self._restore = restore_discount
+
+    def display_data(self) -> dict[str, Any]:
+        """How released leaves are decoded (post-processing: no budget)."""
+        return display_items(mechanism="decoding released leaves (post-processing, no budget)",
+                             key=self._codec.kind, fanout=self._codec.fanout,
+                             complete_only=self._complete, restore_discount=self._restore)
 
     def expand(self, releases):
         if self._restore:

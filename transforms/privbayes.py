@@ -72,10 +72,12 @@ from typing import Any
 
 import apache_beam as beam
 import numpy as np
+import pyarrow as pa
 
-from beamsynth.schemas.schema import Schema
+from beamsynth.schemas.schema import EncodedBatch, Schema
 from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, PureDP
 from beamsynth.transforms.consistency import norm_sub
+from beamsynth.transforms.conventions import display_items, element_types
 from beamsynth.transforms.measure import (
     MarginalCountsCombineFn,
     NoisyMarginal,
@@ -848,6 +850,7 @@ def ordered_columns(schema: Schema) -> list[bool]:
     return [isinstance(c.domain, (IntegerDomain, FloatDomain, DatetimeDomain)) for c in schema.columns]
 
 
+@element_types(input=EncodedBatch, output=SynthesisModel)
 class DPPrivBayes(beam.PTransform):
     """PrivBayes measurement + fit: ``PCollection[EncodedBatch]`` → one :class:`PrivBayesModel`
     per window.
@@ -887,6 +890,7 @@ class DPPrivBayes(beam.PTransform):
             raise ValueError(f"sampling ({sampling!r}) must be one of {SAMPLING_MODES}")
         self._sampling = sampling
         self._schema = schema
+        self._epsilon = budget.epsilon
         self.plan = plan_privbayes(schema.shape, budget, degree=degree,
                                    structure_fraction=structure_fraction,
                                    max_contributions=max_contributions,
@@ -899,6 +903,20 @@ class DPPrivBayes(beam.PTransform):
         self._families = candidate_families(len(schema.shape), self.plan.degree, shape=schema.shape,
                                             max_family_cells=self.plan.max_family_cells)
         self._seed, self._shrink = seed, float(shrink)
+
+    def display_data(self) -> dict[str, Any]:
+        """Mechanism, ε split, δ, degree and declared sizes (never data values)."""
+        plan = self.plan
+        return display_items(
+            mechanism="PrivBayes (permute-and-flip structure, discrete Laplace tables"
+                      + (", refinement" if plan.refine is not None else "") + ")",
+            epsilon=self._epsilon, delta=0.0, degree=plan.degree,
+            structure_epsilon=0.0 if plan.structure_budget is None else plan.structure_budget.epsilon,
+            marginal_epsilon=plan.marginal_budget.epsilon,
+            refine_pairs=0 if plan.refine is None else plan.refine.pairs,
+            table_noise_scale=plan.table_scale(plan.max_tables), columns=plan.n_columns,
+            sensitivity=plan.max_contributions, max_family_cells=plan.max_family_cells,
+            declared_cells=sum(self._schema.shape))
 
     def expand(self, batches):
         shape, names, shrink, sampling = (self._schema.shape, self._schema.names, self._shrink,
@@ -915,6 +933,7 @@ class DPPrivBayes(beam.PTransform):
         # PrivBayesModel, or RefinedModel when refining
 
 
+@element_types(input=EncodedBatch, output=pa.Table)
 class PrivBayesSynthesizer(beam.PTransform):
     """End to end from Python: ``batches | PrivBayesSynthesizer(...)`` → ``PCollection[pa.Table]``.
 
@@ -946,6 +965,17 @@ class PrivBayesSynthesizer(beam.PTransform):
                                   accountant=accountant, **privbayes)
         self._schema, self._rows, self._seed, self._shard_rows = schema, rows, seed, shard_rows
         self._k = privbayes.get("max_contributions", 1)
+
+    def display_data(self) -> dict[str, Any]:
+        """The model's display data plus the row count's (never data values)."""
+        items = self._model.display_data()
+        count_eps = 0.0 if self._count_budget is None else self._count_budget.epsilon
+        items.update(display_items(
+            mechanism=f"{items['mechanism'].value} + sampling",
+            epsilon=items["epsilon"].value + count_eps, count_epsilon=count_eps,
+            rows="DP count (discrete Laplace)" if self._rows is None else self._rows,
+            shard_rows=self._shard_rows))
+        return items
 
     def expand(self, batches):
         models = batches | "PrivBayes" >> self._model

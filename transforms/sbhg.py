@@ -43,6 +43,7 @@ import numpy as np
 
 from beamsynth.schemas.schema import EncodedBatch
 from beamsynth.transforms.budget import ApproxDP
+from beamsynth.transforms.conventions import display_items, element_types
 from beamsynth.transforms.measure import MarginalCountsCombineFn, combine_globally, window_labels
 from beamsynth.transforms.noise import (
     RandomSource,
@@ -371,6 +372,7 @@ class _FitFn(beam.DoFn):
         yield SBHGModel(released, **self._gibbs)
 
 
+@element_types(input=EncodedBatch, output=SynthesisModel)
 class DPHashedConditionals(beam.PTransform):
     """SBHG's measurement + fit: ``PCollection[EncodedBatch]`` → one :class:`SBHGModel` per window.
 
@@ -443,9 +445,14 @@ class DPHashedConditionals(beam.PTransform):
                 f"δ={self.per_feature.delta * len(self._shape):g}, R={self._r})")
 
     def display_data(self) -> dict[str, Any]:
-        return {"noise": "discrete Laplace (SBA)", "sba_scale": self.scale,
-                "sba_threshold": self.threshold, "top_r": self._r,
-                "em_epsilon_each": self._eps_each or 0.0, "columns": len(self._shape)}
+        p = len(self._shape)
+        return display_items(
+            mechanism="SBHG: exponential mechanism (hash features) + SBA (discrete Laplace, threshold)",
+            epsilon=self.per_feature.epsilon * p + (self._eps_each or 0.0) * p * self._r,
+            delta=self.per_feature.delta * p, noise="discrete Laplace (SBA)",
+            sba_scale=self.scale, sba_threshold=self.threshold, top_r=self._r,
+            em_epsilon_each=self._eps_each or 0.0, columns=p,
+            declared_cells=sum(self._shape))
 
     def details(self) -> dict[str, Any]:
         """Mechanism parameters (for the accountant and manifest)."""

@@ -21,6 +21,7 @@ from beamsynth.schemas.schema import EncodedBatch, Schema
 from beamsynth.schemas.tables import arrow_schema_for, label_part
 from beamsynth.transforms.budget import ApproxDP, PureDP
 from beamsynth.transforms.cathist import ColumnCells, DPCategoricalHistogram
+from beamsynth.transforms.conventions import display_items, element_types
 from beamsynth.transforms.measure import DPMarginals, NoisyMarginal, combine_globally, window_labels
 from beamsynth.transforms.noise import (
     RandomSource,
@@ -84,6 +85,7 @@ class _NoiseCountFn(beam.DoFn):
         yield NoisyCount(int(count) + int(discrete_laplace(rs, scale, 1)[0]), scale, self._budget)
 
 
+@element_types(input=EncodedBatch, output=NoisyCount)
 class DPCount(beam.PTransform):
     """ε-DP number of records: exact count + discrete Laplace of scale ``k/ε``.
 
@@ -99,6 +101,13 @@ class DPCount(beam.PTransform):
         if isinstance(max_contributions, bool) or not isinstance(max_contributions, int) or max_contributions < 1:
             raise ValueError(f"max_contributions ({max_contributions!r}) must be an int >= 1")
         self._budget, self._k, self._seed = budget, max_contributions, seed
+
+    def display_data(self) -> dict[str, Any]:
+        """Mechanism, ε, δ, sensitivity and noise scale (never data values)."""
+        return display_items(
+            mechanism="DP count (discrete Laplace)", epsilon=self._budget.epsilon, delta=0.0,
+            sensitivity=self._k,
+            noise_scale=discrete_laplace_scale(sensitivity=self._k, epsilon=self._budget.epsilon))
 
     def expand(self, batches):
         counts = combine_globally(batches, _CountRowsFn(), "CountRows")
@@ -187,6 +196,7 @@ class IndependentModel(SynthesisModel):
         return {"model": "independent marginals", "columns": len(self._shape)}
 
 
+@element_types(input=EncodedBatch, output=SynthesisModel)
 class DPIndependentMarginals(beam.PTransform):
     """The ``independent`` mechanism's measurement: ε-DP 1-way marginals of every column.
 
@@ -205,6 +215,7 @@ class DPIndependentMarginals(beam.PTransform):
             raise TypeError(f"schema must be a Schema, got {type(schema).__name__}")
         per_column = budget.split({c.name: 1.0 for c in schema.columns})
         self._schema = schema
+        self._epsilon, self._k = budget.epsilon, max_contributions
         closed = [j for j, c in enumerate(schema.columns) if not c.is_open]
         self._measure = None if not closed else DPMarginals(
             specs=[(j,) for j in closed],
@@ -221,6 +232,16 @@ class DPIndependentMarginals(beam.PTransform):
                 label=f"CatHist[{c.name}]")
             for j, c in enumerate(schema.columns) if c.is_open
         }
+
+    def display_data(self) -> dict[str, Any]:
+        """Mechanism, ε, δ, per-column noise scale and declared cells (never data values)."""
+        m = len(self._schema.columns)
+        return display_items(
+            mechanism="independent 1-way marginals (discrete Laplace; CatHist for open columns)",
+            epsilon=self._epsilon, delta=0.0, columns=m, open_columns=len(self._open),
+            epsilon_per_column=self._epsilon / m, sensitivity=self._k,
+            noise_scale=discrete_laplace_scale(sensitivity=self._k, epsilon=self._epsilon / m),
+            declared_cells=sum(c.domain.size for c in self._schema.columns))
 
     def expand(self, batches):
         shape = self._schema.shape
@@ -314,6 +335,7 @@ def shard_label(shard_id: int, labels: Sequence[Any]) -> str:
     return "/".join([*parts, f"{shard_id:012d}"])
 
 
+@element_types(input=tuple[SynthesisModel, int], output=pa.Table)
 class SampleSynthetic(beam.PTransform):
     """Sample synthetic rows from a model in parallel shards (post-processing, no budget).
 
@@ -338,6 +360,13 @@ class SampleSynthetic(beam.PTransform):
             raise TypeError(f"side_input ({side_input!r}) must be a bool")
         self._schema, self._seed, self._shard_rows = schema, seed, shard_rows
         self._side_input = side_input
+
+    def display_data(self) -> dict[str, Any]:
+        """What is sampled and how it is sharded (post-processing: no budget)."""
+        return display_items(
+            mechanism="sampling from a released model (post-processing, no budget)",
+            columns=len(self._schema.columns), shard_rows=self._shard_rows,
+            model_as_side_input=self._side_input)
 
     def expand(self, model_and_rows):
         shard_rows = self._shard_rows

@@ -19,12 +19,14 @@ window is DP per window (see the streaming notes in the README).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import apache_beam as beam
 import numpy as np
 import pandas as pd
 
 from beamsynth.schemas.schema import EncodedBatch
+from beamsynth.transforms.conventions import display_items, element_types
 from beamsynth.transforms.measure import window_labels
 from beamsynth.transforms.noise import RandomSource
 
@@ -104,6 +106,7 @@ class _BoundShardFn(beam.DoFn):
             yield EncodedBatch(codes[start : start + _OUT_ROWS], pids[start : start + _OUT_ROWS])
 
 
+@element_types(input=EncodedBatch, output=EncodedBatch)
 class BoundContributions(beam.PTransform):
     """Keep at most ``max_contributions`` records per privacy id (uniformly at random).
 
@@ -124,6 +127,11 @@ class BoundContributions(beam.PTransform):
         if not isinstance(num_shards, int) or num_shards < 1:
             raise ValueError(f"num_shards ({num_shards!r}) must be an int >= 1")
         self._k, self._seed, self._shards = max_contributions, seed, num_shards
+
+    def display_data(self) -> dict[str, Any]:
+        """The bound and its sharding (no budget: bounding makes the sensitivity k)."""
+        return display_items(mechanism="contribution bounding (uniform sample per privacy id)",
+                             max_contributions=self._k, shards=self._shards)
 
     def expand(self, batches):
         return (

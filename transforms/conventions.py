@@ -1,0 +1,245 @@
+"""Beam conventions shared by beamsynth's PTransforms: element types and display data.
+
+**Element types.** :func:`element_types` is a class decorator for a composite PTransform:
+
+* it declares Beam's type hints (``with_input_types`` / ``with_output_types``), so a PCollection
+  our transforms produce carries its element type and the next transform checks it;
+* a PCollection whose element type is known and does not match fails **when the pipeline is
+  built**, with a message naming the transform, the expected and the actual element type, and
+  the public API for dicts / ``beam.Row`` s (:data:`API_HINT`), instead of Beam's generic
+  "Input type hint violation";
+* a PCollection of unknown element type (``Any``: e.g. ``beam.Map(json.loads)``) cannot be
+  judged when the pipeline is built, so the transform's first step checks each element and fails
+  the run at the first element of the wrong type with the same message (it used to fail deep in a
+  DoFn with ``'dict' object has no attribute 'codes'``). That step costs one ``isinstance`` per
+  element; inputs of a known, matching type get no extra step;
+* named outputs (a dict of PCollections, e.g. ``{"batches": ..., "rejected": ...}``) get their
+  declared element types.
+
+**Display data.** :func:`display_items` builds ``DisplayDataItem`` s for ``display_data()``:
+mechanism, ε, δ, noise scale, domain sizes and other public parameters, never data values or
+the run secret. Integers beyond 64 bits (declared domains of 10^30 cells) are shown as text.
+
+Beam-free helpers (:func:`describe_type`, :func:`conforms`) do the arithmetic; the decorator only
+wires them into Beam.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import apache_beam as beam
+import numpy as np
+from apache_beam import typehints as beam_typehints
+from apache_beam.transforms.display import DisplayDataItem
+from apache_beam.transforms.window import TimestampedValue
+from apache_beam.typehints import native_type_compatibility, typehints
+from apache_beam.utils.windowed_value import WindowedValue
+
+__all__ = [
+    "API_HINT",
+    "ElementTypeError",
+    "conforms",
+    "describe_type",
+    "display_items",
+    "element_type_error",
+    "element_types",
+]
+
+# Where a user with dicts / beam.Rows / Arrow batches should go (the public API, api/__init__.py).
+API_HINT = ("to apply beamsynth to dicts, beam.Rows, Arrow batches or a DataFrame, encode them "
+            "first with the public API: records | bs.PrivacyJob(...).private(schema) or "
+            "bs.MakePrivate(...) (import beamsynth as bs)")
+
+_INT64_MAX = 2**63 - 1
+
+
+class ElementTypeError(TypeError):
+    """A PCollection whose elements are not what a beamsynth transform takes."""
+
+
+def describe_type(hint: Any) -> str:
+    """A short, readable name of a type or Beam type hint (``dict``, ``Dict[str, int]``)."""
+    if isinstance(hint, type):
+        return hint.__name__
+    text = str(hint)
+    # Beam prints classes inside composite hints as "<class 'module.Name'>"
+    while "<class '" in text:
+        start = text.index("<class '")
+        end = text.index("'>", start)
+        text = text[:start] + text[start + 8:end].rsplit(".", 1)[-1] + text[end + 2:]
+    return text
+
+
+def element_type_error(transform: str, expected: Any, got: str, *, where: str = "") -> ElementTypeError:
+    """The error for a PCollection of the wrong element type (same text at build and run time)."""
+    at = f" (input {where!r})" if where else ""
+    return ElementTypeError(f"{transform} takes {describe_type(expected)} elements{at}; got {got} "
+                            f"— {API_HINT}")
+
+
+def _beam_type(hint: Any) -> Any:
+    return native_type_compatibility.convert_to_beam_type(hint)
+
+
+def _unknown(element_type: Any) -> bool:
+    # Create([TimestampedValue(x, t)]) is typed TimestampedValue, but its elements arrive as x
+    return (element_type is None or element_type == typehints.Any
+            or element_type in (TimestampedValue, WindowedValue))
+
+
+def conforms(value: Any, hint: Any) -> bool:
+    """Whether one element matches a declared element type (classes, ``Tuple[...]``, ``Any``;
+    numpy integers count as ``int``)."""
+    hint = _beam_type(hint)
+    if hint == typehints.Any:
+        return True
+    if hint is int:
+        return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+    if isinstance(hint, type):
+        return isinstance(value, hint)
+    if isinstance(hint, typehints.TupleHint.TupleConstraint):
+        return (isinstance(value, tuple) and len(value) == len(hint.tuple_types)
+                and all(conforms(v, h) for v, h in zip(value, hint.tuple_types)))
+    if isinstance(hint, typehints.TupleHint.TupleSequenceConstraint):
+        return isinstance(value, tuple) and all(conforms(v, hint.inner_type) for v in value)
+    if isinstance(hint, typehints.UnionHint.UnionConstraint):
+        return any(conforms(value, h) for h in hint.union_types)
+    try:
+        typehints.check_constraint(hint, value)
+    except (beam_typehints.TypeCheckError, typehints.CompositeTypeHintError,
+            typehints.SimpleTypeHintError, TypeError):
+        return False
+    return True
+
+
+class _CheckElementsFn(beam.DoFn):
+    """Pass elements through; raise :class:`ElementTypeError` at the first one of a wrong type."""
+
+    def __init__(self, transform: str, expected: Any, where: str) -> None:
+        self._transform, self._expected, self._where = transform, expected, where
+
+    def process(self, element: Any):
+        if not conforms(element, self._expected):
+            raise element_type_error(self._transform, self._expected, type(element).__name__,
+                                     where=self._where)
+        yield element
+
+
+def _inputs_of(pvalueish: Any, inputs: Mapping[str, Any] | Any) -> list[tuple[str, Any, Any]]:
+    """``(name, PCollection, expected type)`` of every declared input found in ``pvalueish``."""
+    if isinstance(inputs, Mapping):
+        out = []
+        for key, hint in inputs.items():
+            if isinstance(pvalueish, Mapping) and isinstance(pvalueish.get(key), beam.PCollection):
+                out.append((str(key), pvalueish[key], hint))
+            elif isinstance(pvalueish, (tuple, list)) and isinstance(key, int) and key < len(pvalueish):
+                if isinstance(pvalueish[key], beam.PCollection):
+                    out.append((str(key), pvalueish[key], hint))
+        return out
+    return [("", pvalueish, inputs)] if isinstance(pvalueish, beam.PCollection) else []
+
+
+def _replace_input(pvalueish: Any, name: str, pcoll: beam.PCollection) -> Any:
+    if name == "":
+        return pcoll
+    if isinstance(pvalueish, Mapping):
+        return {**pvalueish, name: pcoll}
+    items = list(pvalueish)
+    items[int(name)] = pcoll
+    return type(pvalueish)(items) if isinstance(pvalueish, tuple) else items
+
+
+def _set_output_types(transform: str, result: Any, outputs: Mapping[str, Any]) -> None:
+    for key, hint in outputs.items():
+        value = result.get(key) if isinstance(result, Mapping) else None
+        pcolls = value if isinstance(value, (list, tuple)) else [value]
+        for pcoll in pcolls:
+            if not isinstance(pcoll, beam.PCollection):
+                continue
+            if _unknown(pcoll.element_type):
+                pcoll.element_type = _beam_type(hint)
+            elif not typehints.is_consistent_with(pcoll.element_type, _beam_type(hint)):
+                raise ElementTypeError(f"{transform} output {key!r} has element type "
+                                       f"{describe_type(pcoll.element_type)}, declared "
+                                       f"{describe_type(hint)} (a bug in {transform})")
+
+
+def element_types(input: Any = None, output: Any = None, *,
+                  inputs: Mapping[Any, Any] | None = None,
+                  outputs: Mapping[str, Any] | None = None) -> Callable[[type], type]:
+    """Class decorator declaring a composite PTransform's element types (see the module doc).
+
+    Args:
+      input: element type of a single input PCollection (None: the input is a pipeline root or
+        not checked).
+      output: element type of a single output PCollection (Beam's ``with_output_types``).
+      inputs: for dict or tuple inputs, name or position → element type.
+      outputs: for dict outputs, name → element type (a list of PCollections under one name gets
+        the type on each).
+    """
+    if input is not None and inputs is not None:
+        raise ValueError("give input (one PCollection) or inputs (named), not both")
+    if output is not None and outputs is not None:
+        raise ValueError("give output (one PCollection) or outputs (named), not both")
+    declared_inputs = inputs if inputs is not None else input
+
+    def decorate(cls: type) -> type:
+        if input is not None:
+            cls = beam.typehints.with_input_types(input)(cls)
+        if output is not None:
+            cls = beam.typehints.with_output_types(output)(cls)
+        original_expand = cls.expand
+
+        def type_check_inputs(self: beam.PTransform, pvalueish: Any) -> None:
+            if declared_inputs is None:
+                return
+            name = type(self).__name__
+            for where, pcoll, hint in _inputs_of(pvalueish, declared_inputs):
+                actual = pcoll.element_type
+                if not _unknown(actual) and not typehints.is_consistent_with(actual, _beam_type(hint)):
+                    raise element_type_error(name, hint, describe_type(actual), where=where)
+
+        @functools.wraps(original_expand)
+        def expand(self: beam.PTransform, pvalueish: Any) -> Any:
+            name = type(self).__name__
+            if declared_inputs is not None:
+                for where, pcoll, hint in _inputs_of(pvalueish, declared_inputs):
+                    if _unknown(pcoll.element_type):  # judge each element at run time
+                        step = "CheckElements" + (f"[{where}]" if where else "")
+                        checked = pcoll | step >> beam.ParDo(_CheckElementsFn(name, hint, where))
+                        checked.element_type = _beam_type(hint)
+                        pvalueish = _replace_input(pvalueish, where, checked)
+            result = original_expand(self, pvalueish)
+            if outputs is not None:
+                _set_output_types(name, result, outputs)
+            return result
+
+        cls.type_check_inputs = type_check_inputs
+        cls.expand = expand
+        cls.declared_element_types = {"input": declared_inputs, "output": output if outputs is None
+                                      else dict(outputs)}
+        return cls
+
+    return decorate
+
+
+def display_items(**values: Any) -> dict[str, DisplayDataItem]:
+    """``display_data()`` items from public parameters: labels from the keys; ``None`` → ``"none"``;
+    integers beyond 64 bits and other non-scalars → text."""
+    out = {}
+    for key, value in values.items():
+        if value is None:
+            value = "none"
+        elif isinstance(value, bool) or isinstance(value, str):
+            pass
+        elif isinstance(value, (int, np.integer)):
+            value = int(value) if abs(int(value)) <= _INT64_MAX else str(int(value))
+        elif isinstance(value, (float, np.floating)):
+            value = float(value)
+        else:
+            value = str(value)
+        out[key] = DisplayDataItem(value, label=key.replace("_", " "))
+    return out
