@@ -6,16 +6,18 @@ A manifest has two parts:
   with its mechanism and noise, the seeded flag, versions, output rows (the output's own size).
 * ``operational``: **exact** counts of rows read, used and rejected. They are not DP: keep them
   with the data owner and do not publish them with the release.
+
+:func:`write_json_atomic` (from :mod:`beamsynth.pipelines.filesystem`) writes through Beam's
+``FileSystems``: a manifest next to ``gs://bucket/out.csv`` lands in the bucket.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-import json
-import os
 import platform
-import tempfile
 from typing import Any
+
+from beamsynth.pipelines.filesystem import write_json_atomic
 
 __all__ = ["SEEDED_NOTE", "build_manifest", "manifest_path", "write_json_atomic", "versions"]
 
@@ -80,21 +82,3 @@ def build_manifest(
             **{k: v for k, v in counts.items() if k != "rows_out"},
         },
     }
-
-
-def write_json_atomic(path: str, data: Any) -> None:
-    """Write JSON to ``path`` atomically (temp file in the same folder, fsync, rename)."""
-    folder = os.path.dirname(os.path.abspath(path)) or "."
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=2, ensure_ascii=False, default=str)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

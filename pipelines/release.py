@@ -33,7 +33,6 @@ import datetime as _dt
 import glob
 import json
 import os
-import shutil
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -42,8 +41,11 @@ from typing import Any
 
 import apache_beam as beam
 import yaml
+from apache_beam.io.filesystem import BeamIOError
+from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from beamsynth.pipelines import filesystem as fs
 from beamsynth.pipelines.io import METRICS_NAMESPACE, WriteTables, arrow_schema_for, rejected_path
 from beamsynth.pipelines.ledger import (
     RELEASE_MARKER,
@@ -63,7 +65,7 @@ from beamsynth.pipelines.synthesize import (
     counter_value,
     plan_synthesis,
 )
-from beamsynth.runners.presets import is_dask
+from beamsynth.runners.presets import is_beam_dask
 from beamsynth.schemas.schema import Schema, avro_field_name, load_schema
 from beamsynth.transforms.budget import BudgetExceededError
 
@@ -281,6 +283,8 @@ def _unit(data: Any, path: str, base: tuple[str | None, int]) -> tuple[str | Non
 
 
 def _resolve(base: Path, p: str) -> str:
+    if not fs.is_local(p):  # gs://, s3://, hdfs://, ...: a Beam file system path, kept as is
+        return p
     return str(p) if os.path.isabs(p) else str((base / p).resolve())
 
 
@@ -508,7 +512,12 @@ def load_release_config(source: str | os.PathLike[str] | Mapping[str, Any], *,
                 "the release would not be private; a seed is allowed only with 'demo: true' "
                 "(tests and demos, marked 'seeded: not for release')")
     lg = _keys(d["ledger"], _LEDGER_KEYS, "ledger", required=("path", "policies"))
-    ledger_path = _resolve(base, _string(lg["path"], "ledger.path"))
+    ledger_path = _string(lg["path"], "ledger.path")
+    if not fs.is_local(ledger_path):
+        raise ReleaseConfigError("ledger.path", f"({ledger_path!r}) must be a local file: the ledger "
+                                 "is a SQLite database, which needs a local disk (release folders "
+                                 "may be on gs://, s3://, hdfs://)")
+    ledger_path = _resolve(base, ledger_path)
     pol = lg["policies"]
     if not isinstance(pol, Mapping) or not pol:
         raise ReleaseConfigError("ledger.policies", f"must map each data source to a policy, got {pol!r}")
@@ -650,23 +659,17 @@ def _run_histogram_table(cfg: ReleaseConfig, t: TableSpec, tmp: str, options: Pi
     from beamsynth.pipelines.histogram_cli import run_histogram
     from beamsynth.pipelines.manifest import manifest_path
 
-    out = os.path.join(tmp, "public", f"{t.name}.{t.formats[0]}")
+    out = fs.join(tmp, "public", f"{t.name}.{t.formats[0]}")
     manifest = run_histogram(_histogram_config(cfg, t, out), options)
-    os.makedirs(os.path.join(tmp, "private"), exist_ok=True)
-    os.remove(manifest_path(out))  # rewritten below, in private/
-    rejected = os.path.join(tmp, "private", f"{t.name}.rejected.jsonl")
-    if os.path.exists(rejected_path(out)):
-        os.replace(rejected_path(out), rejected)
-    else:
-        Path(rejected).touch()
-    for leftover in glob.glob(os.path.join(tmp, "public", "beam-temp-*")):
-        shutil.rmtree(leftover, ignore_errors=True)
+    fs.delete_quietly([manifest_path(out)])  # rewritten below, in private/
+    _move_rejected(rejected_path(out), fs.join(tmp, "private", f"{t.name}.rejected.jsonl"))
+    _remove_sink_temp(tmp)
     manifest["release"]["outputs"] = {t.formats[0]: f"public/{t.name}.{t.formats[0]}",
                                       "rejected": f"private/{t.name}.rejected.jsonl"}
     manifest["release"]["details"].update(table=t.name, source=t.source, kind="histogram",
                                           columns=[t.column])
     manifest["operational"]["inputs"] = list(t.inputs)
-    write_json_atomic(os.path.join(tmp, "private", f"{t.name}.manifest.json"), manifest)
+    write_json_atomic(fs.join(tmp, "private", f"{t.name}.manifest.json"), manifest)
     op = manifest["operational"]
     progress(f"table {t.name}: read {op.get('rows_read')} rows, released "
              f"{manifest['release'].get('rows_out')} categories of {t.column}")
@@ -684,15 +687,15 @@ def _run_table(plan: SynthesisPlan, t: TableSpec, tmp: str, options: PipelineOpt
     start = time.time()
     p = beam.Pipeline(options=options)
     built = build_synthesis(p, plan)
-    if is_dask(options):  # Beam's DaskRunner runs only the last applied sink (docs/runners.md)
+    if is_beam_dask(options):  # Beam's own DaskRunner runs only the last sink (docs/runners.md)
         return _finish_table(plan, t, tmp, p.run(), start, progress)
     if not progress.quiet:
         _ = built["batches"] | "Progress" >> beam.ParDo(RowProgressFn(t.name))
     for fmt in t.formats[1:]:
         built["tables"] | f"Write_{fmt}" >> WriteTables(
-            os.path.join(tmp, "public", f"{t.name}.{fmt}"), column_names=plan.schema.names,
+            fs.join(tmp, "public", f"{t.name}.{fmt}"), column_names=plan.schema.names,
             avro_schema=plan.schema.avro_schema(), arrow_schema=arrow_schema_for(plan.schema))
-    model_path = os.path.join(tmp, "public", f"{t.name}.model.json")
+    model_path = fs.join(tmp, "public", f"{t.name}.model.json")
     if built.get("models") is not None:  # methods releasing records directly have no model
         (built["models"]
          | "Describe" >> beam.Map(lambda m: json.dumps(m.describe(), default=str))
@@ -710,16 +713,10 @@ def _finish_table(plan: SynthesisPlan, t: TableSpec, tmp: str, result: Any, star
               "rows_rejected": None if rej_parse is None or rej_dom is None else rej_parse + rej_dom,
               "rows_out": counter_value(result, "rows_synthesized"),
               "seconds": round(time.time() - start, 3)}
-    for leftover in glob.glob(os.path.join(tmp, "public", "beam-temp-*")):
-        shutil.rmtree(leftover, ignore_errors=True)  # some runners leave sink temp folders
-    os.makedirs(os.path.join(tmp, "private"), exist_ok=True)
-    rejected = os.path.join(tmp, "private", f"{t.name}.rejected.jsonl")
-    if os.path.exists(rejected_path(cfg.output)):
-        os.replace(rejected_path(cfg.output), rejected)
-    else:  # some runners skip empty outputs
-        Path(rejected).touch()
+    _remove_sink_temp(tmp)  # some runners leave sink temp folders
+    _move_rejected(rejected_path(cfg.output), fs.join(tmp, "private", f"{t.name}.rejected.jsonl"))
     outputs = {fmt: f"public/{t.name}.{fmt}" for fmt in t.formats}
-    if os.path.exists(os.path.join(tmp, "public", f"{t.name}.model.json")):
+    if fs.exists(fs.join(tmp, "public", f"{t.name}.model.json")):
         outputs["model"] = f"public/{t.name}.model.json"
     manifest = build_manifest(
         command="release", method=plan.method.name, inputs=list(t.inputs),
@@ -733,10 +730,42 @@ def _finish_table(plan: SynthesisPlan, t: TableSpec, tmp: str, result: Any, star
         details={"method": plan.method.details(), "rows_requested": cfg.rows, "table": t.name,
                  "source": t.source, "columns": plan.schema.names},
     )
-    write_json_atomic(os.path.join(tmp, "private", f"{t.name}.manifest.json"), manifest)
+    write_json_atomic(fs.join(tmp, "private", f"{t.name}.manifest.json"), manifest)
     progress(f"table {t.name}: read {counts['rows_read']} rows, rejected {counts['rows_rejected']}"
              f", wrote {counts['rows_out']} synthetic rows ({counts['seconds']:.1f}s)")
     return manifest
+
+
+def _move_rejected(source: str, destination: str) -> None:
+    """Move a table's dead letters into ``private/`` (an empty file if a runner wrote none)."""
+    if not fs.exists(source):
+        fs.write_bytes_atomic(destination, b"")
+        return
+    if fs.is_local(destination):
+        os.makedirs(os.path.dirname(destination), exist_ok=True)
+    FileSystems.rename([source], [destination])
+
+
+def _remove_sink_temp(tmp: str) -> None:
+    """Delete the ``beam-temp-*`` folders Beam's file sinks may leave in ``public/``."""
+    public = fs.join(tmp, "public")
+    pattern = fs.join(public, "beam-temp-*")
+    fs.delete_quietly(glob.glob(pattern) if fs.is_local(public) else _matches(pattern + "/**"))
+
+
+def _matches(pattern: str) -> list[str]:
+    try:
+        return [m.path for m in FileSystems.match([pattern])[0].metadata_list]
+    except BeamIOError:
+        return []
+
+
+def _release_temp_folder(folder: str, release_id: str) -> str:
+    """Where a release is assembled before it is published as ``folder`` (any Beam path)."""
+    if fs.is_local(folder):
+        return temp_folder(folder, release_id)
+    parent, base = fs.split(folder.rstrip("/"))
+    return fs.join(parent, f".{base}.tmp-{release_id}")
 
 
 def _fsync_dir(folder: str) -> None:
@@ -777,7 +806,7 @@ def run_release(
     progress = progress or Progress(quiet=True)
     options = pipeline_options or PipelineOptions([])
     plan = plan_release(cfg)
-    if is_dask(options):
+    if is_beam_dask(options):
         for t in cfg.tables:
             if len(t.formats) > 1:
                 raise ReleaseConfigError(f"{t.where}.formats", f"({list(t.formats)}) on the "
@@ -793,13 +822,16 @@ def run_release(
                                            "committed release for it; move it away or choose "
                                            "another folder")
     progress(f"reserved ε={eps:g} in ledger {cfg.ledger_path} (release {release_id}, pending)")
-    parent = os.path.dirname(cfg.folder)
-    os.makedirs(parent, exist_ok=True)
-    for stale in glob.glob(os.path.join(parent, f".{os.path.basename(cfg.folder)}.tmp-*")):
-        shutil.rmtree(stale, ignore_errors=True)  # left by a killed run of this night
-    tmp = temp_folder(cfg.folder, release_id)
+    parent, base = fs.split(cfg.folder.rstrip("/"))
+    if fs.is_local(parent):
+        os.makedirs(parent, exist_ok=True)
+    stale = fs.join(parent, f".{base}.tmp-*")
+    # left by a killed run of this night (object stores: the files under them)
+    fs.delete_quietly(glob.glob(stale) if fs.is_local(stale) else _matches(stale + "/**"))
+    tmp = _release_temp_folder(cfg.folder, release_id)
     try:
-        os.makedirs(os.path.join(tmp, "public"))
+        if fs.is_local(tmp):
+            os.makedirs(os.path.join(tmp, "public"))
         manifests = {}
         for t in cfg.tables:
             if t.kind == "histogram":
@@ -809,7 +841,7 @@ def run_release(
             progress(f"table {t.name}: reading {', '.join(t.inputs)} and synthesizing ({t.method})")
             p = plan.plans[t.name]
             p = dataclasses.replace(p, config=dataclasses.replace(
-                p.config, output=os.path.join(tmp, "public", f"{t.name}.{t.formats[0]}")))
+                p.config, output=fs.join(tmp, "public", f"{t.name}.{t.formats[0]}")))
             manifests[t.name] = _run_table(p, t, tmp, options, progress)
         release = _release_document(cfg, release_id, manifests)
         if cfg.public_report or cfg.private_report:
@@ -817,20 +849,23 @@ def run_release(
             from beamsynth.pipelines.report import write_release_reports
 
             write_release_reports(cfg, tmp, release, manifests)
-        write_json_atomic(os.path.join(tmp, RELEASE_MARKER), release)
-        _fsync_tree(tmp)
+        write_json_atomic(fs.join(tmp, RELEASE_MARKER), release)
+        if fs.is_local(tmp):
+            _fsync_tree(tmp)
     except BaseException as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
+        fs.delete_quietly([tmp])
         with contextlib.suppress(LedgerError):  # already aborted by `ledger reconcile --force`
             ledger.abort(release_id, f"failed before publishing: {type(exc).__name__}: {exc}"[:500])
         raise
-    if os.path.exists(cfg.folder):  # created by something else while we ran: do not replace it
-        shutil.rmtree(tmp, ignore_errors=True)
+    if fs.folder_exists(cfg.folder):  # created by something else while we ran: do not replace it
+        fs.delete_quietly([tmp])
         with contextlib.suppress(LedgerError):
             ledger.abort(release_id, "release folder appeared while the release ran")
         raise ReleaseConfigError("folder", f"{cfg.folder!r} appeared while the release ran")
-    os.rename(tmp, cfg.folder)  # publish: atomic on one file system
-    _fsync_dir(parent)
+    # publish: one atomic rename on a local disk; elsewhere file by file, release.json last
+    fs.move_folder(tmp, cfg.folder, marker=RELEASE_MARKER)
+    if fs.is_local(parent):
+        _fsync_dir(parent)
     ledger.commit(release_id)
     progress(f"published {cfg.folder} and committed release {release_id}")
     return release

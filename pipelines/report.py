@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from beamsynth.pipelines.filesystem import exists, is_local, join, read_text, write_text_atomic
+from beamsynth.pipelines.ledger import lifetime_text
 from beamsynth.pipelines.quality import encode_frame, marginal_table, ml_efficacy, quality_report
 from beamsynth.schemas.schema import Column, Schema, avro_field_name
 from beamsynth.transforms.measure import count_marginals
@@ -118,17 +120,30 @@ def read_table(path: str, *, max_rows: int | None = None) -> pd.DataFrame:
     from beamsynth.pipelines.io import detect_format
 
     fmt = detect_format(path)
+    if not is_local(path):  # any Beam file system: a (decompressed) stream
+        from apache_beam.io.filesystems import FileSystems
+
+        with FileSystems.open(path) as fh:
+            return _read_frame(fmt, fh if fmt in ("csv", "jsonl") else io.BytesIO(fh.read()),
+                               max_rows)
+    return _read_frame(fmt, path, max_rows)
+
+
+def _read_frame(fmt: str, source: Any, max_rows: int | None) -> pd.DataFrame:
     if fmt == "csv":
-        return pd.read_csv(path, dtype=str, keep_default_na=False, nrows=max_rows)
+        return pd.read_csv(source, dtype=str, keep_default_na=False, nrows=max_rows)
     if fmt == "jsonl":
-        return pd.read_json(path, lines=True, dtype=False, nrows=max_rows)
+        return pd.read_json(source, lines=True, dtype=False, nrows=max_rows)
     if fmt == "parquet":
-        frame = pd.read_parquet(path)
+        frame = pd.read_parquet(source)
     else:
         import fastavro
 
-        with open(path, "rb") as fh:
-            frame = pd.DataFrame.from_records(list(fastavro.reader(fh)))
+        if isinstance(source, str):
+            with open(source, "rb") as fh:
+                frame = pd.DataFrame.from_records(list(fastavro.reader(fh)))
+        else:
+            frame = pd.DataFrame.from_records(list(fastavro.reader(source)))
     return frame if max_rows is None else frame.iloc[:max_rows]
 
 
@@ -446,7 +461,9 @@ def public_report_html(release: Mapping[str, Any], synthetic: Mapping[str, pd.Da
                                                 f"δ={release['budget']['delta']:g}"],
                      ["spent", f"ε={release['spent']['epsilon']:g}, δ={release['spent']['delta']:g}"],
                      ["ledger policies", "; ".join(f"{k}: {v}" for k, v in
-                                                   release.get("ledger", {}).get("policies", {}).items())]],
+                                                   release.get("ledger", {}).get("policies", {}).items())],
+                     ["lifetime total (incl. this release)",
+                      lifetime_text(release.get("ledger", {}).get("sources", {}))]],
                     ["", ""]),
     ]
     for name, tab in release.get("tables", {}).items():
@@ -491,16 +508,16 @@ def write_release_reports(cfg: Any, folder: str, release: Mapping[str, Any],
     histograms = {}
     synth_tables = [t for t in cfg.tables if getattr(t, "kind", "synthesize") == "synthesize"]
     for t in cfg.tables:
-        out = os.path.join(folder, "public", f"{t.name}.{t.formats[0]}")
+        out = join(folder, "public", f"{t.name}.{t.formats[0]}")
         if t not in synth_tables:
             histograms[t.name] = read_table(out)
             continue
         synth[t.name] = read_table(out, max_rows=cfg.max_plot_rows)
         schemas[t.name] = t.schema.select(manifests[t.name]["release"]["details"]["columns"])
-    models = {t.name: _read_model(os.path.join(folder, "public", f"{t.name}.model.json"))
+    models = {t.name: _read_model(join(folder, "public", f"{t.name}.model.json"))
               for t in synth_tables}
     if cfg.public_report:
-        path = os.path.join(folder, "public", "report.html")
+        path = join(folder, "public", "report.html")
         _write_text(path, public_report_html(release, synth, schemas, models, histograms))
         written["public"] = path
     if cfg.private_report and synth_tables:
@@ -513,7 +530,7 @@ def write_release_reports(cfg: Any, folder: str, release: Mapping[str, Any],
             parts.append((t.name, private_report_html(schemas[t.name], real, synth[t.name],
                                                       title=f"{cfg.name} / {t.name}: quality report",
                                                       target=target, model_description=model)))
-        path = os.path.join(folder, "private", "report.html")
+        path = join(folder, "private", "report.html")
         body = parts[0][1] if len(parts) == 1 else _join_pages(parts)
         _write_text(path, body)
         written["private"] = path
@@ -523,7 +540,19 @@ def write_release_reports(cfg: Any, folder: str, release: Mapping[str, Any],
 def _expand(patterns: Sequence[str]) -> list[str]:
     import glob
 
-    return [p for pat in patterns for p in sorted(glob.glob(pat))]
+    from apache_beam.io.filesystem import BeamIOError
+    from apache_beam.io.filesystems import FileSystems
+
+    out: list[str] = []
+    for pat in patterns:
+        if is_local(pat):
+            out += sorted(glob.glob(pat))
+            continue
+        try:
+            out += sorted(m.path for m in FileSystems.match([pat])[0].metadata_list)
+        except BeamIOError:
+            pass
+    return out
 
 
 def _join_pages(parts: Sequence[tuple[str, str]]) -> str:
@@ -534,19 +563,16 @@ def _join_pages(parts: Sequence[tuple[str, str]]) -> str:
 
 def _read_model(path: str) -> dict[str, Any] | None:
     try:
-        with open(path, encoding="utf-8") as fh:
-            line = fh.readline()
+        if not exists(path):
+            return None
+        line = read_text(path).split("\n", 1)[0]
         return json.loads(line) if line.strip() else None
     except (OSError, ValueError):
         return None
 
 
 def _write_text(path: str, text: str) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
+    write_text_atomic(path, text)  # Beam FileSystems: local, gs://, s3://, hdfs://
 
 
 def build_report(*, real: str, synthetic: str, schema: Schema, output: str,

@@ -8,11 +8,17 @@ A preset is a named bundle of Beam pipeline options plus the options a user must
   which never switches to Beam's Prism runner (nor tries to download it).
 * ``--runner direct-multi``: the DirectRunner in ``multi_processing`` mode, 2 workers by default
   (``--direct_num_workers`` overrides).
-* ``--runner dask``: Beam's DaskRunner on a dask.distributed cluster. Without
-  ``--dask_client_address`` the runner starts a ``LocalCluster``; see ``docs/runners.md`` for
-  what the DaskRunner of apache-beam 2.77 gets wrong and how beamsynth works around it.
-* ``--runner flink`` / ``--runner spark``: the portable runner against a running Flink or Spark
-  job server (``--job_endpoint`` required, e.g. ``localhost:8099``).
+* ``--runner dask`` (or ``--runner DaskRunner``): :class:`beamsynth.runners.dask_runner.DaskRunner`,
+  Beam's DaskRunner with its translation gaps closed (every sink runs, multi-output ParDos,
+  ``finish_bundle`` output, side inputs computed once, metrics, windows), on a dask.distributed
+  cluster. Without ``--dask_client_address`` the runner starts a ``LocalCluster``; see
+  ``docs/runners.md``. Beam's own runner stays reachable by its dotted path.
+* ``--runner flink``: Beam's ``FlinkRunner`` (``--flink_master host:port`` required,
+  ``--flink_version`` one of :func:`flink_versions`, read from Beam's
+  ``FlinkRunnerOptions.PUBLISHED_FLINK_VERSIONS``); ``--runner spark``: Beam's ``SparkRunner``
+  (``--spark_master_url`` required, ``--spark_version`` one of :func:`spark_versions`). Given
+  ``--job_endpoint`` instead of the master, either becomes its ``-portable`` preset: the
+  portable runner against a running job server (image :func:`job_server_image`).
 * ``--runner dataflow``: Google Cloud Dataflow (``--project``, ``--region``,
   ``--temp_location`` required).
 
@@ -24,6 +30,7 @@ User-given options always win over a preset's defaults.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,16 +40,25 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 from beamsynth.runners.local import LOCAL_DIRECT_RUNNER
 
 __all__ = [
+    "BEAM_DASK_RUNNER",
     "DASK_RUNNER",
+    "flink_versions",
+    "job_server_image",
+    "spark_versions",
+    "versions_markdown",
+    "VERSIONS_BEGIN",
+    "VERSIONS_END",
     "PRESETS",
     "Preset",
     "PresetError",
+    "is_beam_dask",
     "is_dask",
     "options_for",
     "preset_names",
 ]
 
-DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
+DASK_RUNNER = "beamsynth.runners.dask_runner.DaskRunner"  # Beam's DaskRunner, gaps closed
+BEAM_DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"  # Beam's own (gaps: docs)
 DEFAULT_PRESET = "direct"  # without --runner (LocalDirectRunner: the DirectRunner minus Prism)
 
 
@@ -104,19 +120,99 @@ PRESETS: dict[str, Preset] = {
                {"direct_running_mode": "multi_processing", "direct_num_workers": 2},
                description="DirectRunner with worker processes (2 by default)", tested_here=True),
         Preset("dask", DASK_RUNNER, {},
-               description="Beam's DaskRunner on dask.distributed (LocalCluster unless "
-                           "--dask_client_address is given)", tested_here=True),
-        Preset("flink", "PortableRunner", {"environment_type": "LOOPBACK"},
+               description="Beam's DaskRunner with its gaps closed "
+                           "(beamsynth.runners.dask_runner) on dask.distributed (LocalCluster "
+                           "unless --dask_client_address is given)", tested_here=True),
+        Preset("flink", "FlinkRunner", {},
+               required=("flink_master",),
+               description="Beam's FlinkRunner against a Flink cluster (--flink_master host:port; "
+                           "--flink_version one of Beam's published versions); with "
+                           "--job_endpoint instead: the flink-portable preset"),
+        Preset("flink-portable", "PortableRunner", {"environment_type": "LOOPBACK"},
                required=("job_endpoint",),
-               description="portable runner against a Flink job server (--job_endpoint host:port)"),
-        Preset("spark", "PortableRunner", {"environment_type": "LOOPBACK"},
+               description="portable runner against a running Flink job server "
+                           "(--job_endpoint host:port)"),
+        Preset("spark", "SparkRunner", {},
+               required=("spark_master_url",),
+               description="Beam's SparkRunner against a Spark master (--spark_master_url "
+                           "spark://host:port or local[N]); with --job_endpoint instead: the "
+                           "spark-portable preset"),
+        Preset("spark-portable", "PortableRunner", {"environment_type": "LOOPBACK"},
                required=("job_endpoint",),
-               description="portable runner against a Spark job server (--job_endpoint host:port)"),
+               description="portable runner against a running Spark job server "
+                           "(--job_endpoint host:port)"),
         Preset("dataflow", "DataflowRunner", {},
                required=("project", "region", "temp_location"),
                description="Google Cloud Dataflow (needs apache-beam[gcp] and credentials)"),
     )
 }
+
+# Presets a --job_endpoint (without the master option) turns into their portable form.
+_PORTABLE_FORMS = {"flink": ("flink_master", "flink-portable"),
+                   "spark": ("spark_master_url", "spark-portable")}
+_FLINK_MASTER = re.compile(r"^(\[local\]|\[auto\]|(https?://)?[A-Za-z0-9_.\-]+:\d{1,5})$")
+_SPARK_MASTER = re.compile(r"^(local(\[(\d+|\*)\])?|spark://[A-Za-z0-9_.\-]+:\d{1,5}"
+                           r"(,[A-Za-z0-9_.\-]+:\d{1,5})*|yarn|k8s://\S+)$")
+
+
+def _choices(options_cls: type, dest: str) -> list[str]:
+    """The ``choices`` Beam declares for an option of ``options_cls`` (read from its parser)."""
+    from apache_beam.options.pipeline_options import _BeamArgumentParser
+
+    parser = _BeamArgumentParser(allow_abbrev=False)
+    options_cls._add_argparse_args(parser)
+    for action in parser._actions:
+        if action.dest == dest:
+            return [str(c) for c in action.choices or ()]
+    raise LookupError(f"{options_cls.__name__} has no option {dest!r} in this apache-beam")
+
+
+def flink_versions() -> list[str]:
+    """Flink versions this apache-beam publishes a runner and job server for (Beam's own list,
+    ``FlinkRunnerOptions.PUBLISHED_FLINK_VERSIONS``; the last is Beam's default)."""
+    from apache_beam.options.pipeline_options import FlinkRunnerOptions
+
+    return [str(v) for v in FlinkRunnerOptions.PUBLISHED_FLINK_VERSIONS]
+
+
+def spark_versions() -> list[str]:
+    """Spark major versions this apache-beam accepts for ``--spark_version`` (its choices)."""
+    from apache_beam.options.pipeline_options import SparkRunnerOptions
+
+    return _choices(SparkRunnerOptions, "spark_version")
+
+
+def job_server_image(engine: str, version: str) -> str:
+    """Docker image of Beam's job server for ``engine`` (``flink``/``spark``) ``version``, tagged
+    with the installed apache-beam version, e.g. ``apache/beam_flink2.2_job_server:2.77.0``."""
+    import apache_beam
+
+    allowed = {"flink": flink_versions, "spark": spark_versions}
+    if engine not in allowed:
+        raise ValueError(f"engine ({engine!r}) must be one of {sorted(allowed)}")
+    if version not in allowed[engine]():
+        raise ValueError(f"{engine} version ({version!r}) must be one of {allowed[engine]()} "
+                         f"(apache-beam {apache_beam.__version__})")
+    return f"apache/beam_{engine}{version}_job_server:{apache_beam.__version__}"
+
+
+VERSIONS_BEGIN = "<!-- begin: versions generated from apache_beam by runners/presets.py -->"
+VERSIONS_END = "<!-- end: versions -->"
+
+
+def versions_markdown() -> str:
+    """The Flink/Spark version table of ``docs/runners.md``, generated from the installed Beam."""
+    import apache_beam
+
+    flink = flink_versions()
+    lines = [f"apache-beam {apache_beam.__version__}: `--flink_version` "
+             + ", ".join(f"`{v}`" for v in flink) + f" (default `{flink[-1]}`); `--spark_version` "
+             + ", ".join(f"`{v}`" for v in spark_versions()) + ".", "",
+             "| engine | version | job server image |", "| --- | --- | --- |"]
+    lines += [f"| Flink | {v} | `{job_server_image('flink', v)}` |" for v in flink]
+    lines += [f"| Spark | {v} | `{job_server_image('spark', v)}` |" for v in spark_versions()]
+    return "\n".join(lines)
+
 
 # Options whose value must parse as an int >= 1.
 _POSITIVE_INTS = ("direct_num_workers", "num_workers", "max_num_workers", "dask_npartitions")
@@ -185,6 +281,18 @@ def _check_values(argv: Sequence[str]) -> None:
     if "direct_running_mode" in opts and mode not in ("in_memory", "multi_threading", "multi_processing"):
         raise PresetError(f"--direct_running_mode ({mode!r}) must be one of "
                           "in_memory, multi_threading, multi_processing")
+    for name, allowed in (("flink_version", flink_versions), ("spark_version", spark_versions)):
+        if name in opts and opts[name] not in allowed():
+            raise PresetError(f"--{name} ({opts[name]!r}) is not published for this apache-beam; "
+                              f"supported: {', '.join(allowed())}")
+    master = opts.get("flink_master")
+    if "flink_master" in opts and (master is None or not _FLINK_MASTER.match(master)):
+        raise PresetError(f"--flink_master ({master!r}) must be host:port, http(s)://host:port, "
+                          "[local] or [auto]")
+    master = opts.get("spark_master_url")
+    if "spark_master_url" in opts and (master is None or not _SPARK_MASTER.match(master)):
+        raise PresetError(f"--spark_master_url ({master!r}) must be spark://host:port, local, "
+                          "local[N], local[*], yarn or k8s://...")
     temp = opts.get("temp_location")
     if temp is not None and opts.get("runner") == "DataflowRunner" and not temp.startswith("gs://"):
         raise PresetError(f"--temp_location ({temp!r}) must be a gs:// path for Dataflow")
@@ -204,6 +312,14 @@ def expand_args(beam_args: Sequence[str]) -> list[str]:
         out = list(beam_args)
         _check_values(out)
         return out
+    if runner in _PORTABLE_FORMS:
+        master, portable = _PORTABLE_FORMS[runner]
+        given = _option_names(rest)
+        if "job_endpoint" in given and master in given:
+            raise PresetError(f"runner preset {runner!r}: give --{master} (Beam's {runner} runner) "
+                              "or --job_endpoint (a running job server), not both")
+        if "job_endpoint" in given:
+            runner = portable
     preset = PRESETS[runner]
     preset.validate(rest)
     out = preset.args(rest) + rest
@@ -233,3 +349,32 @@ def is_dask(options: PipelineOptions | None) -> bool:
         return False
     name = runner if isinstance(runner, str) else type(runner).__name__
     return name.split(".")[-1] == "DaskRunner"
+
+
+def is_beam_dask(options: PipelineOptions | None) -> bool:
+    """Whether ``options`` select Beam's own DaskRunner, whose gaps (docs/runners.md) mean only
+    the last-applied sink runs: callers then join their sinks into one last step."""
+    if not is_dask(options):
+        return False
+    runner = options.view_as(StandardOptions).runner  # type: ignore[union-attr]
+    if isinstance(runner, str):
+        return runner in (BEAM_DASK_RUNNER, "DaskRunner")
+    from apache_beam.runners.dask.dask_runner import DaskRunner as BeamDaskRunner
+
+    return isinstance(runner, BeamDaskRunner)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m beamsynth.runners.presets --versions``: print the docs' version block."""
+    import sys
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args != ["--versions"]:
+        print("usage: python -m beamsynth.runners.presets --versions", file=sys.stderr)
+        return 2
+    print(f"{VERSIONS_BEGIN}\n{versions_markdown()}\n{VERSIONS_END}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -23,7 +23,6 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.util import BeamAssertException, assert_that
 
-from beamsynth.pipelines import manifest as manifest_mod
 from beamsynth.pipelines import synthesize as synth_mod
 from beamsynth.pipelines.io import ReadRecords
 from beamsynth.pipelines.manifest import manifest_path, write_json_atomic
@@ -185,11 +184,21 @@ def test_interrupted_manifest_write_keeps_the_old_file(tmp_path, monkeypatch):
     path = str(tmp_path / "out.manifest.json")
     write_json_atomic(path, {"version": "old"})
 
-    def broken_dump(data, fh, **kw):
-        fh.write('{"version": "new", "trunc')
-        raise KeyboardInterrupt("interrupted mid-write")
+    from beamsynth.pipelines import filesystem as filesystem_mod
 
-    monkeypatch.setattr(manifest_mod.json, "dump", broken_dump)
+    real_create = filesystem_mod._create
+
+    def broken_create(tmp):  # the temporary file gets half the bytes, then the write is interrupted
+        fh = real_create(tmp)
+        real_write = fh.write
+
+        def write(data):
+            real_write(data[: len(data) // 2])
+            raise KeyboardInterrupt("interrupted mid-write")
+        fh.write = write
+        return fh
+
+    monkeypatch.setattr(filesystem_mod, "_create", broken_create)
     with pytest.raises(KeyboardInterrupt):
         write_json_atomic(path, {"version": "new"})
     monkeypatch.undo()
@@ -201,7 +210,8 @@ def test_interrupted_manifest_write_keeps_the_old_file(tmp_path, monkeypatch):
 def test_failed_rename_keeps_the_old_file(tmp_path, monkeypatch):
     path = str(tmp_path / "m.json")
     write_json_atomic(path, {"v": 1})
-    monkeypatch.setattr(manifest_mod.os, "replace", lambda *a: (_ for _ in ()).throw(OSError("disk gone")))
+    # the write renames through Beam's FileSystems (LocalFileSystem.rename → os.rename)
+    monkeypatch.setattr(os, "rename", lambda *a: (_ for _ in ()).throw(OSError("disk gone")))
     with pytest.raises(OSError, match="disk gone"):
         write_json_atomic(path, {"v": 2})
     monkeypatch.undo()

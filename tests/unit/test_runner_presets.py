@@ -9,10 +9,16 @@ from beamsynth.runners.local import LOCAL_DIRECT_RUNNER
 from beamsynth.runners.presets import (
     DASK_RUNNER,
     PRESETS,
+    VERSIONS_BEGIN,
+    VERSIONS_END,
     PresetError,
     expand_args,
+    flink_versions,
     is_dask,
+    job_server_image,
     options_for,
+    spark_versions,
+    versions_markdown,
 )
 
 
@@ -90,8 +96,23 @@ def test_dask_preset_and_plain_daskrunner_name_select_the_dotted_class():
         (["--runner=dataflow"],
          "runner preset 'dataflow' needs --project, --region, --temp_location "
          "(missing: ['project', 'region', 'temp_location'])"),
-        (["--runner=flink"], "runner preset 'flink' needs --job_endpoint (missing: ['job_endpoint'])"),
-        (["--runner=spark"], "runner preset 'spark' needs --job_endpoint (missing: ['job_endpoint'])"),
+        (["--runner=flink"], "runner preset 'flink' needs --flink_master (missing: ['flink_master'])"),
+        (["--runner=spark"],
+         "runner preset 'spark' needs --spark_master_url (missing: ['spark_master_url'])"),
+        (["--runner=flink", "--flink_master=h:8081", "--flink_version=1.18"],
+         "--flink_version ('1.18') is not published for this apache-beam; supported: "
+         "1.19, 1.20, 2.0, 2.1, 2.2"),
+        (["--runner=FlinkRunner", "--flink_version", "9.9"], "--flink_version ('9.9') is not published"),
+        (["--runner=spark", "--spark_master_url=local[2]", "--spark_version=2"],
+         "--spark_version ('2') is not published for this apache-beam; supported: 3"),
+        (["--runner=flink", "--flink_master=http//h"],
+         "--flink_master ('http//h') must be host:port, http(s)://host:port, [local] or [auto]"),
+        (["--runner=spark", "--spark_master_url=h:7077"],
+         "--spark_master_url ('h:7077') must be spark://host:port, local, local[N], local[*]"),
+        (["--runner=flink", "--flink_master=h:8081", "--job_endpoint=h:8099"],
+         "runner preset 'flink': give --flink_master (Beam's flink runner) or --job_endpoint"),
+        (["--runner=spark-portable"],
+         "runner preset 'spark-portable' needs --job_endpoint (missing: ['job_endpoint'])"),
         (["--runner=direct-multi", "--direct_num_workers=0"], "--direct_num_workers ('0') must be an int >= 1"),
         (["--runner=direct-multi", "--direct_num_workers=two"], "--direct_num_workers ('two') must be an int >= 1"),
         (["--runner=direct", "--direct_running_mode=fast"],
@@ -107,12 +128,68 @@ def test_invalid_options_raise_with_the_value(argv, message):
     assert message in str(err.value)
 
 
-def test_portable_presets_expand_to_the_portable_runner():
-    argv = expand_args(["--runner", "flink", "--job_endpoint", "localhost:8099"])
+@pytest.mark.parametrize("runner", ["flink", "spark", "flink-portable", "spark-portable"])
+def test_a_job_endpoint_selects_the_portable_runner(runner):
+    argv = expand_args(["--runner", runner, "--job_endpoint", "localhost:8099"])
     assert argv[0] == "--runner=PortableRunner"
     opts = PipelineOptions(argv).get_all_options()
     assert opts["job_endpoint"] == "localhost:8099"
     assert opts["environment_type"] == "LOOPBACK"
+
+
+def test_native_flink_and_spark_presets_build_beams_runners():
+    """Beam's FlinkRunner/SparkRunner with their options (built, not run: no job server here)."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import FlinkRunnerOptions, SparkRunnerOptions
+    from apache_beam.runners.portability.flink_runner import FlinkRunner
+    from apache_beam.runners.portability.spark_runner import SparkRunner
+
+    opts = options_for(["--runner", "flink", "--flink_master", "flink-host:8081",
+                        "--flink_version", "1.20", "--parallelism", "4"])
+    assert _std(opts).runner == "FlinkRunner"
+    flink = opts.view_as(FlinkRunnerOptions)
+    assert (flink.flink_master, flink.flink_version, flink.parallelism) == ("flink-host:8081", "1.20", 4)
+    assert isinstance(beam.Pipeline(options=opts).runner, FlinkRunner)
+    default = options_for(["--runner=flink", "--flink_master=[local]"]).view_as(FlinkRunnerOptions)
+    assert default.flink_version == flink_versions()[-1]  # Beam's default, not ours
+    opts = options_for(["--runner=spark", "--spark_master_url=spark://spark-host:7077"])
+    assert opts.view_as(SparkRunnerOptions).spark_master_url == "spark://spark-host:7077"
+    assert isinstance(beam.Pipeline(options=opts).runner, SparkRunner)
+    for url in ("local", "local[4]", "local[*]", "spark://a:7077,b:7077"):
+        options_for(["--runner=spark", f"--spark_master_url={url}"])
+
+
+def test_versions_come_from_beam():
+    from apache_beam.options.pipeline_options import FlinkRunnerOptions
+
+    assert flink_versions() == FlinkRunnerOptions.PUBLISHED_FLINK_VERSIONS
+    assert "1.18" not in flink_versions()
+    assert spark_versions() == ["3"]
+    version = flink_versions()[0]
+    assert job_server_image("flink", version) == (
+        f"apache/beam_flink{version}_job_server:{apache_beam_version()}")
+    with pytest.raises(ValueError, match=r"flink version \('1.18'\) must be one of"):
+        job_server_image("flink", "1.18")
+
+
+def test_runners_doc_lists_the_versions_of_the_installed_beam():
+    """docs/runners.md holds versions_markdown() between its markers (regenerate it with
+    ``python -m beamsynth.runners.presets --versions``) and names no unpublished image."""
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "runners.md").read_text(encoding="utf-8")
+    block = doc.split(VERSIONS_BEGIN, 1)[1].split(VERSIONS_END, 1)[0].strip()
+    assert block == versions_markdown()
+    for engine, version in re.findall(r"apache/beam_(flink|spark)([0-9.]+)_job_server", doc):
+        allowed = flink_versions() if engine == "flink" else spark_versions()
+        assert version in allowed, f"docs/runners.md names {engine} {version}"
+
+
+def apache_beam_version() -> str:
+    import apache_beam
+
+    return apache_beam.__version__
 
 
 def test_dataflow_preset_accepts_a_complete_option_set():

@@ -1,0 +1,360 @@
+"""``DaskRunner``: Beam's DaskRunner (apache-beam 2.77) with its translation gaps closed.
+
+Beam's DaskRunner turns every primitive step into a ``dask.bag`` operation but (see
+``docs/runners.md`` and :mod:`beamsynth.runners.probes`, one probe per gap):
+
+1. computes only the **last-applied** step's bag, so a sink applied earlier (an output file next
+   to a dead-letter file, a progress step applied after the sinks) silently never runs;
+2. sends **every** output of a multi-output ParDo to every consumer;
+3. drops what a DoFn emits from ``finish_bundle`` (results are collected before it is called);
+4. recomputes a side input's whole upstream inside each consuming task (``list(bag)`` in a task),
+   which made a side input fed by a ``GroupByKey`` of the main input silently wrong;
+5. has no metrics (``metrics()`` raises), so the manifest's counts were ``null``;
+6. ignores windows (``WindowInto`` and ``GroupAlsoByWindow`` are no-ops).
+
+This runner keeps Beam's graph overrides (``Create``, ``GroupByKey``, ``Flatten``, ``Reshuffle``)
+and its ``DaskOptions``, and translates the graph itself:
+
+* bags are kept **per output PCollection**; a ParDo's partition function returns
+  ``(tag, value)`` pairs and each output is a filter on its tag (2);
+* the bundle's outputs are collected **after** ``finish_bundle`` (3);
+* a side input is one ``dask.delayed`` list of its bag, an argument of the consuming tasks, so
+  dask computes it **once** inside the same graph (4);
+* each bundle runs under a Beam ``MetricsContainer``; its cumulative updates travel as one more
+  tagged element and are merged in the launcher (:meth:`DaskRunnerResult.metrics`), so Beam
+  counters work (5). A task dask re-runs after a lost worker replaces its result, so counts are
+  exact;
+* the run computes **every leaf** bag (steps nobody consumes: sinks, progress steps) plus the
+  metrics in one graph, reduced to sizes on the workers so no element travels to the launcher (1).
+  dask computes a task shared by several leaves once.
+
+Windows: every ``ParDo`` subclass runs as a ParDo (Beam's runner skipped ``WindowInto`` and
+``GroupAlsoByWindow``, so ``GroupByKey`` grouped across windows); values keep their windows in
+the bags, so a windowed ``GroupByKey`` / combine gives one result per window (probe
+``FixedWindows``). Elements of a ``Create`` get Beam's minimum timestamp.
+
+A ``Create`` is split into up to 64 partitions (Beam's default packed 128 elements into one
+partition, so a few input files were all read by one task); ``--dask_npartitions`` /
+``--dask_partition_size`` win. All five probes of :mod:`beamsynth.runners.probes` are correct
+on this runner (``tests/pipeline/test_runners.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import apache_beam as beam
+from apache_beam import pvalue
+from apache_beam.metrics.execution import MetricsContainer
+from apache_beam.metrics.metric import MetricResults
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.pipeline import AppliedPTransform, PipelineVisitor
+from apache_beam.runners.common import Receiver
+from apache_beam.runners.direct.direct_metrics import DirectMetrics
+from apache_beam.runners.runner import PipelineResult, PipelineRunner, PipelineState
+from apache_beam.transforms.window import GlobalWindow, TimestampedValue, WindowFn
+from apache_beam.utils.timestamp import MIN_TIMESTAMP
+from apache_beam.utils.windowed_value import WindowedValue
+
+__all__ = ["BEAMSYNTH_DASK_RUNNER", "DaskRunner", "DaskRunnerResult"]
+
+BEAMSYNTH_DASK_RUNNER = "beamsynth.runners.dask_runner.DaskRunner"
+_METRICS = "__beamsynth_metrics__"  # tag of a bundle's metric updates (Beam tags are user names)
+_MAX_CREATE_PARTITIONS = 64
+
+
+def _windowed(item: Any, window_fn: WindowFn | None) -> WindowedValue:
+    """A bag element as a ``WindowedValue`` (global window unless it carries its own)."""
+    if isinstance(item, WindowedValue):
+        return item
+    if isinstance(item, TimestampedValue) and window_fn is not None:
+        ctx = WindowFn.AssignContext(item.timestamp, item.value)
+        return WindowedValue(item.value, item.timestamp, tuple(window_fn.assign(ctx)))
+    return WindowedValue(item, MIN_TIMESTAMP, (GlobalWindow(),))
+
+
+def _value(item: Any) -> Any:
+    return item.value if isinstance(item, WindowedValue) else item
+
+
+class _Collector(dict):
+    """Receivers of every output tag of one bundle, appending ``(tag, WindowedValue)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.values: list[tuple[str | None, WindowedValue]] = []
+
+    def __missing__(self, tag: str | None) -> Any:
+        receiver = self[tag] = _TagReceiver(tag, self.values)
+        return receiver
+
+
+class _TagReceiver(Receiver):
+    def __init__(self, tag: str | None, values: list) -> None:
+        self._tag, self._values = tag, values
+
+    def receive(self, windowed_value: WindowedValue) -> None:
+        self._values.append((self._tag, windowed_value))
+
+
+@dataclass
+class _SideSpec:
+    view: type
+    options: dict
+    window_fn: Any
+
+
+@dataclass
+class _ParDoSpec:
+    """What a task needs to run one bundle of a ParDo (pickled once per task by dask)."""
+
+    fn: beam.DoFn
+    label: str
+    args: list
+    kwargs: dict
+    window_fn: Any
+    sides: list[_SideSpec]
+
+
+def _run_bundle(items: Iterable[Any], spec: _ParDoSpec, *side_values: list) -> list[tuple[Any, Any]]:
+    """One dask partition = one bundle: setup, start, process every item, finish, teardown.
+
+    Returns ``(tag, WindowedValue)`` for every output (``finish_bundle``'s included) and one
+    ``(_METRICS, MetricUpdates)`` with the bundle's Beam metrics.
+    """
+    from apache_beam.runners.common import DoFnContext, DoFnInvoker, DoFnSignature, _OutputHandler
+    from apache_beam.runners.worker import statesampler
+    from apache_beam.transforms.sideinputs import SideInputMap
+    from apache_beam.utils import counters
+
+    collector = _Collector()
+    handler = _OutputHandler(window_fn=spec.window_fn, main_receivers=collector[None],
+                             tagged_receivers=collector, per_element_output_counter=None,
+                             output_batch_converter=None, process_yields_batches=False,
+                             process_batch_yields_elements=False)
+    sides = [SideInputMap(s.view, s.options, [_windowed(v, s.window_fn) for v in values])
+             for s, values in zip(spec.sides, side_values)]
+    invoker = DoFnInvoker.create_invoker(
+        DoFnSignature(spec.fn), handler, context=DoFnContext(spec.label, state=None),
+        side_inputs=sides, input_args=spec.args, input_kwargs=spec.kwargs,
+        user_state_context=None, bundle_finalizer_param=beam.DoFn.BundleFinalizerParam())
+    container = MetricsContainer(spec.label)
+    sampler = statesampler.StateSampler("", counters.CounterFactory())
+    previous = statesampler.get_current_tracker()
+    statesampler.set_current_tracker(sampler)
+    try:
+        with sampler.scoped_state(spec.label, "process", metrics_container=container):
+            invoker.invoke_setup()
+            invoker.invoke_start_bundle()
+            for item in items:
+                invoker.invoke_process(_windowed(item, spec.window_fn))
+            invoker.invoke_finish_bundle()  # before collecting: its outputs count too
+            invoker.invoke_teardown()
+    finally:
+        statesampler.set_current_tracker(previous)
+    return [*collector.values, (_METRICS, container.get_cumulative())]
+
+
+def _has_tag(tag: Any) -> Any:
+    def keep(pair: tuple[Any, Any]) -> bool:
+        return pair[0] == tag
+    return keep
+
+
+def _second(pair: tuple[Any, Any]) -> Any:
+    return pair[1]
+
+
+def _concat(*parts: Sequence[Any]) -> list[Any]:
+    return [x for part in parts for x in part]
+
+
+def _size(partition: Iterable[Any]) -> list[int]:
+    """A leaf partition reduced to its size: nothing but a number goes to the launcher."""
+    n = 0
+    for _ in partition:
+        n += 1
+    return [n]
+
+
+def _group_key(item: Any) -> Any:
+    return _value(item)[0]
+
+
+def _group_value(kv: tuple[Any, list[Any]]) -> tuple[Any, list[Any]]:
+    """``(key, [ (key, WindowedValue) ...])`` → ``(key, [WindowedValue ...])`` for the
+    GroupAlsoByWindow step that follows (``ReifyWindows`` put each value in its window)."""
+    key, items = kv
+    return key, [_value(item)[1] for item in items]
+
+
+class _BagVisitor(PipelineVisitor):
+    """Beam graph → dask bags, one per output PCollection (see the module docstring)."""
+
+    def __init__(self, bag_kwargs: dict[str, Any]) -> None:
+        self._bag_kwargs = bag_kwargs
+        self.bags: dict[pvalue.PCollection, Any] = {}
+        self.metric_bags: list[Any] = []
+        self.consumed: set[pvalue.PCollection] = set()
+
+    def visit_transform(self, node: AppliedPTransform) -> None:
+        from apache_beam.runners.dask.overrides import _Create, _Flatten, _GroupByKeyOnly
+
+        inputs = [i for i in node.inputs if not isinstance(i, pvalue.PBegin)]
+        self.consumed.update(inputs)
+        self.consumed.update(si.pvalue for si in node.side_inputs)
+        outputs = list(node.outputs.items())
+        kind = type(node.transform)
+        if kind is _Create:
+            self._set(outputs, self._create(node.transform.values))
+        elif isinstance(node.transform, beam.ParDo):  # WindowInto, GroupAlsoByWindow too
+            self._pardo(node, inputs, outputs)
+        elif kind is _GroupByKeyOnly:
+            grouped = self.bags[inputs[0]].groupby(_group_key).map(_group_value)
+            self._set(outputs, grouped)
+        elif kind is _Flatten:
+            import dask.bag as db
+
+            bags = [self.bags[i] for i in inputs]
+            self._set(outputs, db.concat(bags) if bags else self._create([]))
+        elif inputs:  # Beam's DaskRunner treats every other primitive as the identity
+            self._set(outputs, self.bags[inputs[0]])
+        else:
+            self._set(outputs, self._create([]))
+
+    def _set(self, outputs: list[tuple[Any, pvalue.PCollection]], bag: Any) -> None:
+        for _, pcoll in outputs:
+            self.bags[pcoll] = bag
+
+    def _create(self, values: Sequence[Any]) -> Any:
+        import dask.bag as db
+
+        items = list(values)
+        npartitions = self._bag_kwargs.get("npartitions")
+        partition_size = self._bag_kwargs.get("partition_size")
+        if npartitions and partition_size:
+            raise ValueError(f"give --dask_npartitions ({npartitions}) or --dask_partition_size "
+                             f"({partition_size}), not both")
+        if not npartitions and not partition_size:
+            npartitions = max(1, min(len(items), _MAX_CREATE_PARTITIONS))
+        if partition_size:
+            npartitions = max(1, math.ceil(len(items) / partition_size))
+        return db.from_sequence(items, npartitions=npartitions)
+
+    def _pardo(self, node: AppliedPTransform, inputs: list[pvalue.PCollection],
+               outputs: list[tuple[Any, pvalue.PCollection]]) -> None:
+        import dask
+
+        transform = node.transform
+        args, kwargs = transform.args, transform.kwargs  # side inputs as ArgumentPlaceholders
+        main = next(iter(node.main_inputs.values()))
+        window_fn = main.windowing.windowfn if hasattr(main, "windowing") else None
+        sides, side_values = [], []
+        for si in node.side_inputs:
+            sides.append(_SideSpec(type(si), si._view_options(), si._window_mapping_fn))
+            side_bag = self.bags[si.pvalue]
+            side_values.append(dask.delayed(_concat)(*side_bag.to_delayed()))
+        spec = _ParDoSpec(transform.fn, transform.label, list(args), kwargs, window_fn, sides)
+        raw = self.bags[inputs[0]].map_partitions(_run_bundle, spec, *side_values)
+        # (tag, WindowedValue) per output element, (_METRICS, MetricUpdates) per bundle
+        main_tag = getattr(transform, "_main_tag", None) or None
+        self.metric_bags.append(raw.filter(_has_tag(_METRICS)).map(_second))
+        for tag, pcoll in outputs:
+            want = None if tag is None or tag == main_tag else tag  # main output: untagged
+            self.bags[pcoll] = raw.filter(_has_tag(want)).map(_second)
+
+    def leaves(self) -> list[Any]:
+        """Bags of PCollections no step consumes (sinks, progress steps, ...)."""
+        seen, out = set(), []
+        for pcoll, bag in self.bags.items():
+            if pcoll not in self.consumed and id(bag) not in seen:
+                seen.add(id(bag))
+                out.append(bag)
+        return out
+
+
+@dataclass
+class DaskRunnerResult(PipelineResult):
+    """A running pipeline: one future for the whole graph, Beam metrics when it is done.
+
+    The run's ``distributed.Client`` (made by the runner) is closed when the run ends, and with
+    it a ``LocalCluster`` it started; a cluster given by ``--dask_client_address`` stays up.
+    """
+
+    client: Any
+    future: Any
+
+    def __post_init__(self) -> None:
+        super().__init__(PipelineState.RUNNING)
+        self._metrics: DirectMetrics | None = None
+
+    def wait_until_finish(self, duration: int | None = None) -> str:
+        """Wait (``duration`` in ms, None: forever); raises what a task raised."""
+        if self._state in (PipelineState.DONE, PipelineState.FAILED, PipelineState.CANCELLED):
+            return self._state
+        try:
+            results = self.future.result(timeout=None if duration is None else duration / 1000)
+        except TimeoutError:
+            return self._state  # still running
+        except BaseException:
+            self._state = PipelineState.FAILED
+            self.client.close()
+            raise
+        self.client.close()  # the runner's own client (and the LocalCluster it started)
+        metrics = DirectMetrics()
+        for item in results:
+            if not isinstance(item, int):  # leaf sizes are ints, metric updates are not
+                metrics.commit_logical(None, item)
+        self._metrics = metrics
+        self._state = PipelineState.DONE
+        return self._state
+
+    def cancel(self) -> str:
+        """Cancel the graph's computation."""
+        self._state = PipelineState.CANCELLING
+        self.client.cancel([self.future])
+        self._state = PipelineState.CANCELLED
+        return self._state
+
+    def metrics(self) -> MetricResults:
+        """Beam metrics of every step (after :meth:`wait_until_finish`)."""
+        if self._metrics is None:
+            raise RuntimeError("metrics are known when the pipeline has finished: call "
+                               "wait_until_finish() first")
+        return self._metrics
+
+
+class DaskRunner(PipelineRunner):
+    """Runs a pipeline on a dask.distributed client with Beam's gaps closed (module docstring).
+
+    Options are Beam's ``DaskOptions`` (``--dask_client_address``, ``--dask_npartitions``, ...).
+    Without an address a ``LocalCluster`` is started by ``distributed.Client()``.
+    """
+
+    def run_pipeline(self, pipeline: beam.Pipeline, options: PipelineOptions) -> DaskRunnerResult:
+        try:
+            import dask
+            import dask.bag as db
+            import distributed
+        except ImportError as exc:  # pragma: no cover - depends on the install
+            raise ImportError("the dask runner needs dask[distributed]: pip install "
+                              "'beamsynth[dask]'") from exc
+        from apache_beam.runners.dask.dask_runner import DaskOptions
+        from apache_beam.runners.dask.overrides import dask_overrides
+
+        dask_options = options.view_as(DaskOptions).get_all_options(drop_default=True,
+                                                                    current_only=True)
+        bag_kwargs = DaskOptions._extract_bag_kwargs(dask_options)
+        client = distributed.Client(**dask_options)
+        pipeline.replace_all(dask_overrides())
+        visitor = _BagVisitor(bag_kwargs)
+        pipeline.visit(visitor)
+        sizes = [leaf.map_partitions(_size) for leaf in visitor.leaves()]
+        everything = db.concat(sizes + visitor.metric_bags) if sizes or visitor.metric_bags \
+            else db.from_sequence([], npartitions=1)
+        (graph,) = dask.optimize(everything)
+        return DaskRunnerResult(client, client.compute(graph))
+
