@@ -64,6 +64,7 @@ __all__ = [
     "add_check_arguments",
     "allowed_columns",
     "check_inputs",
+    "check_table_inputs",
     "cli_checks",
     "cli_report",
     "check_noise_scales",
@@ -362,6 +363,19 @@ def check_inputs(pattern: str | Sequence[str], *, required: Sequence[Required] =
     return report
 
 
+def check_table_inputs(tables: Iterable[Any]) -> None:
+    """Pre-flight of every table of a release config (``TableSpec``: ``inputs``, ``schema``,
+    ``privacy_id``, ``kind``, ``column``, ``where``), before the ledger is touched."""
+    for t in tables:
+        pid = [Required(t.privacy_id, f"{t.where}.privacy_id")] if t.privacy_id else []
+        if t.kind == "histogram":
+            required = [Required(t.column, f"{t.where}.column")] + pid
+        else:
+            required = [Required(n, f"declared in schema {t.schema.name!r}") for n in t.schema.names] + [
+                r for r in pid if r.name not in t.schema.names]
+        check_inputs(list(t.inputs), required=required)
+
+
 # -- noise scales ---------------------------------------------------------------------------------------
 def _scales(details: Any, prefix: str = "") -> Iterable[tuple[str, float]]:
     if isinstance(details, Mapping):
@@ -519,21 +533,27 @@ def allowed_columns(schema: Schema) -> list[str] | None:
 
 
 CORRELATED_METHODS = ("privbayes", "sbhg", "plausible")
-CORRELATED_MIN_N_EPSILON = 20_000
-"""Below this n·ε the correlated methods lost to independent marginals (docs/methods.md)."""
+CORRELATED_MIN_N_EPSILON = 400
+"""Per synthesized column: below ``n·ε / columns`` of this the correlated methods lost to (or
+tied with) independent marginals on Adult subsamples (docs/methods.md, 'Choosing a method')."""
 
 
-def method_advice(*, method: str, epsilon: float, rows: int | None) -> str | None:
-    """Which method fits n (``--rows`` or the released DP row count: public) and ε, when the
-    chosen correlated method is outside its regime; None otherwise (docs/methods.md)."""
-    if method not in CORRELATED_METHODS or rows is None or not epsilon > 0:
+def method_advice(*, method: str, epsilon: float, rows: int | None, columns: int) -> str | None:
+    """Which method fits n (``--rows`` or the released DP row count: public), ε and the number of
+    synthesized columns, when the chosen correlated method is outside its regime; else None.
+
+    Each of the ``columns`` tables a method measures gets about ε/columns, so its signal-to-noise
+    grows with ``n·ε / columns``; the threshold is :data:`CORRELATED_MIN_N_EPSILON`.
+    """
+    if method not in CORRELATED_METHODS or rows is None or not epsilon > 0 or columns < 1:
         return None
-    if rows * epsilon >= CORRELATED_MIN_N_EPSILON:
+    need = CORRELATED_MIN_N_EPSILON * columns
+    if rows * epsilon >= need:
         return None
-    return (f"--method {method} with about {rows} rows at ε={epsilon:g} (n·ε ≈ {rows * epsilon:.0f} < "
-            f"{CORRELATED_MIN_N_EPSILON}): correlated methods need more data or budget; "
-            "--method independent usually gives better marginals here (docs/methods.md, "
-            "'Choosing a method')")
+    return (f"--method {method} with about {rows} rows at ε={epsilon:g} over {columns} columns "
+            f"(n·ε ≈ {rows * epsilon:.0f} < {need} = {CORRELATED_MIN_N_EPSILON} per column): correlated "
+            "methods need more data or budget; --method independent usually gives better marginals "
+            "here (docs/methods.md, 'Choosing a method')")
 
 
 def cli_checks(command: str, args: argparse.Namespace, options: Any, *, required: Sequence[Required],

@@ -57,6 +57,7 @@ from beamsynth.pipelines.ledger import (
 )
 from beamsynth.pipelines.manifest import SEEDED_NOTE, build_manifest, write_json_atomic
 from beamsynth.pipelines.methods import get_method
+from beamsynth.pipelines.preflight import check_table_inputs
 from beamsynth.pipelines.progress import Progress, RowProgressFn
 from beamsynth.pipelines.synthesize import (
     SynthesisConfig,
@@ -821,6 +822,11 @@ def run_release(
         raise ReleaseConfigError("folder", f"{cfg.folder!r} already exists and this ledger has no "
                                            "committed release for it; move it away or choose "
                                            "another folder")
+    try:  # whole-file problems (header, gzip, empty input): nothing spent, exit 2
+        check_table_inputs(cfg.tables)
+    except ValueError as exc:
+        ledger.abort(release_id, f"input check failed: {exc}"[:500])
+        raise
     progress(f"reserved ε={eps:g} in ledger {cfg.ledger_path} (release {release_id}, pending)")
     parent, base = fs.split(cfg.folder.rstrip("/"))
     if fs.is_local(parent):

@@ -87,7 +87,8 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     pid_schema = schema if args.privacy_id is None else dataclasses.replace(schema, privacy_id=args.privacy_id)
     # options, spends and noise scales are refused before any input file is opened
     check_noise_scales(plan_synthesis(cfg).accountant.spends)
-    advice = method_advice(method=args.method, epsilon=args.epsilon, rows=args.rows)
+    advice = method_advice(method=args.method, epsilon=args.epsilon, rows=args.rows,
+                           columns=len(schema.columns))
     if advice:
         print(f"beamsynth synthesize: note: {advice}", file=sys.stderr)
     if not quiet:
@@ -102,7 +103,8 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     op, rel = manifest["operational"], manifest["release"]
     cli_report("synthesize", args, op, rejected_path(args.output))
     if args.rows is None and not advice:
-        advice = method_advice(method=args.method, epsilon=args.epsilon, rows=rel.get("rows_out"))
+        advice = method_advice(method=args.method, epsilon=args.epsilon, rows=rel.get("rows_out"),
+                               columns=len(schema.columns))
         if advice:  # from the released DP row count
             print(f"beamsynth synthesize: note: {advice}", file=sys.stderr)
     if not quiet:

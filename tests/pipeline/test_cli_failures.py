@@ -247,8 +247,8 @@ def test_rejection_warning_counts_and_advice(half_bad, out, capsys):
     assert _synth(half_bad, out, "--privacy-id", "person", "--max-contributions", "2", "--rows", "30",
                   "--method", "privbayes", "--fail-on-rejected", "0.3") == 0
     err = capsys.readouterr().err
-    assert ("beamsynth synthesize: note: --method privbayes with about 30 rows at ε=1 (n·ε ≈ 30 < "
-            f"{preflight.CORRELATED_MIN_N_EPSILON}): correlated methods need more data or budget; "
+    assert ("beamsynth synthesize: note: --method privbayes with about 30 rows at ε=1 over 15 columns "
+            "(n·ε ≈ 30 < 6000 = 400 per column): correlated methods need more data or budget; "
             "--method independent usually gives better marginals here (docs/methods.md, 'Choosing a "
             "method')") in err
     assert ("beamsynth synthesize: warning: 10 of 40 rows (25.0%) were rejected (more than "
@@ -289,12 +289,14 @@ def test_allow_empty_releases_from_header_only(tmp_path, out, capsys):
     assert out.exists() and Path(f"{out}.manifest.json").exists()
 
 
-@pytest.mark.parametrize("method, eps, rows, advised", [
-    ("independent", 1.0, 100, False), ("privbayes", 1.0, 1000, True), ("sbhg", 0.5, 30_000, True),
-    ("privbayes", 1.0, 30_000, False), ("plausible", 2.0, 20_000, False), ("privbayes", 1.0, None, False),
+@pytest.mark.parametrize("method, eps, rows, columns, advised", [
+    ("independent", 1.0, 100, 15, False), ("privbayes", 1.0, 3000, 15, True),
+    ("privbayes", 1.0, 6000, 15, False), ("sbhg", 0.5, 6107, 15, True), ("privbayes", 1.0, 6107, 25, True),
+    ("plausible", 2.0, 3000, 15, False), ("privbayes", 1.0, None, 15, False),
 ])
-def test_method_advice_rule(method, eps, rows, advised):
-    assert (preflight.method_advice(method=method, epsilon=eps, rows=rows) is not None) == advised
+def test_method_advice_rule(method, eps, rows, columns, advised):
+    got = preflight.method_advice(method=method, epsilon=eps, rows=rows, columns=columns)
+    assert (got is not None) == advised
 
 
 def test_plausible_suggestion_is_feasible(tmp_path, out, capsys):
@@ -310,3 +312,27 @@ def test_plausible_suggestion_is_feasible(tmp_path, out, capsys):
         "ε ≥ 108.5; release fewer rows (--rows), or use --method independent/privbayes, whose cost does "
         "not grow with the rows released")
     _nothing_written(out)
+
+
+def test_release_refuses_bad_input_and_spends_nothing(tmp_path, capsys):
+    import sqlite3
+
+    inp = _csv(tmp_path / "noage.csv", [line.split(",", 1)[1] for line in LINES[:21]])
+    cfg = tmp_path / "night.yaml"
+    cfg.write_text(f"""
+name: nightly
+folder: {tmp_path}/releases/night-{{date}}
+budget: {{epsilon: 1.0}}
+ledger: {{path: {tmp_path}/ledger.sqlite, policies: {{adult: {{epsilon: 5.0}}}}}}
+seed: 7
+demo: true
+tables:
+  - {{name: adult, source: adult, input: {inp}, schema: adult, method: independent, epsilon: 1.0}}
+reports: {{private: false, public: false}}
+""", encoding="utf-8")
+    assert main(["release", str(cfg), "--date", "2026-01-01"]) == 2
+    assert _error(capsys).startswith(f"beamsynth release: error: {inp}: header has no column 'age' "
+                                     "(declared in schema 'adult'); header columns (15): ")
+    assert not (tmp_path / "releases").exists()
+    with sqlite3.connect(tmp_path / "ledger.sqlite") as con:  # the reservation was released
+        assert [r[0] for r in con.execute("SELECT state FROM releases")] == ["aborted"]
