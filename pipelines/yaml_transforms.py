@@ -2,34 +2,75 @@
 
 Beam YAML hands a step's ``config`` to the transform's constructor as keyword arguments and feeds
 it a schema'd ``PCollection`` of ``beam.Row``. Beam field names must be identifiers, so columns
-such as ``education-num`` travel as their Avro-safe names (``education_num``) both ways. :class:`Synthesize` turns such rows into a DP
-synthetic ``PCollection[beam.Row]`` with one nullable string/int/float field per declared column,
-so ``WriteToAvro``/``WriteToParquet``/``WriteToCsv`` can follow it. The budget is spent when the
-step is constructed (when Beam YAML builds the pipeline, before any data is read).
+such as ``education-num`` travel as their Avro-safe names (``education_num``) both ways.
+:class:`Synthesize` turns such rows into a DP synthetic ``PCollection[beam.Row]`` with one
+nullable string/int/float field per declared column, so ``WriteToAvro``/``WriteToParquet``/
+``WriteToCsv`` can follow it. The budget is spent when the step is constructed and checked
+against the pipeline's job budget when it is applied (both before any data is read).
 
-Rows that do not fit the declared schema go to the dead-letter output named by Beam YAML's
-``error_handling: {output: NAME}`` (rows ``{source, row, reason, raw}``) and are counted in the
-``beamsynth`` metrics; without ``error_handling`` they are counted and dropped.
+Privacy rules of the step (docs/releases.md, "Beam YAML"):
+
+* **Each row is judged against the declared schema alone** (:func:`rows_to_block`): a missing
+  nullable field is a null, a missing required field rejects that row, an undeclared field is
+  ignored or rejects that row (the schema's ``extra_columns``). No row decides how another parses.
+* **Bad rows never fail the run.** They go to the dead-letter output named by Beam YAML's
+  ``error_handling: {output: NAME}`` (rows ``{source, row, reason, raw}``: private, keep them with
+  the data owner); without ``error_handling`` they are dropped and counted (Beam counters
+  ``beamsynth/rows_rejected_*`` and the manifest's ``operational`` part). Nothing the step raises
+  or logs while reading rows carries a value of a row.
+* **Windows**: the global window (one release), or the step's ``windows: {start, end, size}``
+  (:class:`~beamsynth.transforms.windows.DeclaredWindows`: one release per declared window, data
+  or not). Any other windowing of the input is refused when the pipeline is built.
+* **Steps compose.** All ``BeamsynthSynthesize`` steps of one pipeline spend from one job ledger
+  (:func:`job_accountant`); with more than one step the pipeline must declare its total with
+  ``job_budget: {epsilon: E, delta: D}`` (same value on every step), and steps that overspend it
+  fail when the pipeline is built.
+* **Seeded output is marked**: ``seed`` logs a warning when the step is built, counts every
+  synthetic row in the ``beamsynth/seeded_rows_not_for_release`` counter and sets the manifest's
+  ``randomness`` to "seeded: not for release".
+* ``manifest: PATH`` writes a manifest (budget, spends, seed note, exact counts) when the run
+  ends; with declared windows one per window (window start inserted before the extension).
 
 This module deliberately has no ``from __future__ import annotations``: Beam YAML reads the
 constructor's annotations to build the step's config schema.
 """
 
 import json
+import logging
+import math
+import weakref
 from typing import Any, Optional
 
 import apache_beam as beam
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+from apache_beam.transforms.window import IntervalWindow
 from apache_beam.typehints.row_type import RowTypeConstraint
 
-from beamsynth.pipelines.io import METRICS_NAMESPACE, EncodeBlocks, RawBlock, arrow_schema_for
+from beamsynth.pipelines.io import (
+    METRICS_NAMESPACE,
+    RawBlock,
+    Rejected,
+    arrow_schema_for,
+    encode_block,
+)
+from beamsynth.pipelines.manifest import SEEDED_NOTE, build_manifest, write_json_atomic
+from beamsynth.pipelines.stream import EMPTY_WINDOW_METHODS, empty_batch, window_output_path
 from beamsynth.pipelines.synthesize import SynthesisConfig, plan_synthesis, synthesize_batches
-from beamsynth.schemas.schema import Schema, avro_field_name, load_schema
+from beamsynth.schemas.schema import EncodedBatch, Schema, avro_field_name, load_schema
+from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, as_budget
+from beamsynth.transforms.measure import combine_globally
 from beamsynth.transforms.units import BoundContributions
+from beamsynth.transforms.windows import DeclaredWindows, check_release_windowing
 
-__all__ = ["Synthesize", "rows_to_block", "row_type_for"]
+__all__ = ["STEP", "Synthesize", "job_accountant", "rows_to_block", "row_type_for"]
+
+STEP = "BeamsynthSynthesize"
+_LOG = logging.getLogger(__name__)
+_SOURCE = "beam-yaml"
+_RAW_LIMIT = 500
+
 
 def row_type_for(schema: Schema) -> RowTypeConstraint:
     """The Beam row type of synthetic output: nullable int/float/str per declared column."""
@@ -40,30 +81,147 @@ def row_type_for(schema: Schema) -> RowTypeConstraint:
     return RowTypeConstraint.from_fields(fields)
 
 
-def rows_to_block(rows: list[Any], *, source: str, first_row: int) -> RawBlock:
-    """A list of ``beam.Row`` (or dicts) → a :class:`RawBlock` of raw string/None values."""
-    dicts = [r if isinstance(r, dict) else r._asdict() for r in rows]
-    names = list(dicts[0]) if dicts else []
-    cols = {}
-    for n in names:
-        vals = []
-        for d in dicts:
-            v = d.get(n)
-            if v is None or (isinstance(v, float) and np.isnan(v)):
-                vals.append(None)
-            else:
-                vals.append(str(v))
-        cols[n] = pd.Series(vals, dtype=object)
-    return RawBlock(source=source, columns=cols,
-                    rows=np.arange(first_row, first_row + len(dicts), dtype=np.int64), lines=None,
-                    raw_rows=[json.dumps(d, default=str) for d in dicts])
+# -- rows → raw block, each row judged alone ------------------------------------------------------
+def _raw_value(v: Any) -> Optional[str]:  # noqa: UP045
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return None
+    return str(v)
 
 
-def _to_block(rows: list[Any]) -> RawBlock:
-    """A batch of Beam YAML rows → RawBlock (they carry no file position: numbered per batch)."""
-    block = rows_to_block(list(rows), source="beam-yaml", first_row=1)
-    beam.metrics.Metrics.counter(METRICS_NAMESPACE, "rows_read").inc(len(block))
-    return block
+def _raw_text(d: Any) -> str:
+    """The row as JSON text for the (private) dead-letter output; never raises."""
+    try:
+        text = json.dumps({str(k): _raw_value(v) for k, v in d.items()}, ensure_ascii=False)
+    except Exception:  # a value whose str() fails: keep the field names only
+        text = json.dumps({str(k): "<unprintable>" for k in d}, ensure_ascii=False)
+    return text[:_RAW_LIMIT]
+
+
+def _as_dict(row: Any) -> Optional[dict]:  # noqa: UP045
+    if isinstance(row, dict):
+        return row
+    as_dict = getattr(row, "_asdict", None)
+    return dict(as_dict()) if callable(as_dict) else None
+
+
+def _judge_row(schema: Schema, d: dict) -> tuple[Optional[dict], Optional[str]]:  # noqa: UP045
+    """(declared column → raw value, None) or (None, reason). Names only in reasons, never values."""
+    out: dict[str, Any] = {}
+    used: set[Any] = set()
+    columns = [(c.name, c.nullable) for c in schema.columns]
+    if schema.privacy_id is not None:
+        columns.append((schema.privacy_id, False))
+    for name, nullable in columns:
+        keys = [k for k in dict.fromkeys((name, avro_field_name(name))) if k in d]
+        if len(keys) > 1:
+            return None, f"field {name!r} given twice (as {keys[0]!r} and {keys[1]!r})"
+        if not keys:
+            if not nullable:
+                return None, f"required field {name!r} is missing"
+            out[name] = None
+            continue
+        used.add(keys[0])
+        out[name] = _raw_value(d[keys[0]])
+    if schema.extra_columns == "reject":
+        extra = [str(k) for k in d if k not in used]
+        if extra:
+            return None, f"undeclared field(s) {extra} and the schema says extra_columns: reject"
+    return out, None
+
+
+def rows_to_block(rows: list[Any], *, schema: Schema, source: str,
+                  first_row: int) -> tuple[RawBlock, list[Rejected]]:
+    """``beam.Row``s (or dicts) → a :class:`RawBlock` of the declared columns + dead letters.
+
+    Each row is judged against ``schema`` alone (stability: adding or removing one row never
+    changes how another parses): declared columns are looked up by name or Avro-safe name; a
+    missing nullable column is null, a missing required column (or privacy id) rejects the row,
+    undeclared fields are ignored or reject the row per ``schema.extra_columns``. Row numbers
+    count from ``first_row`` in the order given.
+    """
+    names = list(schema.names) + ([schema.privacy_id] if schema.privacy_id else [])
+    kept: list[dict] = []
+    positions: list[int] = []
+    raw_rows: list[str] = []
+    rejected: list[Rejected] = []
+    for i, row in enumerate(rows):
+        d = _as_dict(row)
+        if d is None:
+            rejected.append(Rejected(source, first_row + i,
+                                     f"element is a {type(row).__name__}, not a row", raw=""))
+            continue
+        values, reason = _judge_row(schema, d)
+        if values is None:
+            rejected.append(Rejected(source, first_row + i, reason, raw=_raw_text(d)))
+            continue
+        kept.append(values)
+        positions.append(first_row + i)
+        raw_rows.append(_raw_text(d))
+    cols = {n: pd.Series([v[n] for v in kept], dtype=object) for n in names}
+    block = RawBlock(source=source, columns=cols, rows=np.asarray(positions, dtype=np.int64),
+                     lines=None, raw_rows=raw_rows)
+    return block, rejected
+
+
+def encode_rows(schema: Schema, rows: list[Any], *, source: str = _SOURCE,
+                first_row: int = 1) -> tuple[Any, list[Rejected]]:
+    """Rows → (``EncodedBatch`` of good rows, dead letters); never raises on a row's content.
+
+    Should the encoder raise on a block (a bug), each row is encoded alone and a row that still
+    raises is dead-lettered with the exception's type only (its text might carry the value).
+    """
+    block, rejected = rows_to_block(rows, schema=schema, source=source, first_row=first_row)
+    try:
+        batch, bad = encode_block(schema, block)
+        return batch, rejected + bad
+    except Exception:  # noqa: BLE001 (never let one row fail the run)
+        pass
+    batches = []
+    for i in range(len(block)):
+        one = RawBlock(source=source, columns={n: s.iloc[i:i + 1].reset_index(drop=True)
+                                               for n, s in block.columns.items()},
+                       rows=block.rows[i:i + 1], lines=None, raw_rows=block.raw_rows[i:i + 1])
+        try:
+            b, bad = encode_block(schema, one)
+        except Exception as exc:  # noqa: BLE001
+            rejected.append(Rejected(source, int(block.rows[i]),
+                                     f"row could not be encoded ({type(exc).__name__})",
+                                     raw=block.raw_rows[i]))
+            continue
+        rejected.extend(bad)
+        if len(b):
+            batches.append(b)
+    return _concat(schema, batches), rejected
+
+
+def _concat(schema: Schema, batches: list[Any]) -> Any:
+    if not batches:
+        return empty_batch(schema)
+    pids = None if batches[0].pids is None else np.concatenate([b.pids for b in batches])
+    return EncodedBatch(np.concatenate([b.codes for b in batches]), pids)
+
+
+class _EncodeRowsFn(beam.DoFn):
+    """list of rows → ``EncodedBatch`` (main) and ``Rejected`` (tag ``rejected``), counted."""
+
+    def __init__(self, schema: Schema) -> None:
+        self._schema = schema
+
+    def setup(self) -> None:
+        counter = beam.metrics.Metrics.counter
+        self._read = counter(METRICS_NAMESPACE, "rows_read")
+        self._used = counter(METRICS_NAMESPACE, "rows_encoded")
+        self._rejected = counter(METRICS_NAMESPACE, "rows_rejected_schema")
+
+    def process(self, rows: list[Any]):
+        batch, rejected = encode_rows(self._schema, list(rows))
+        self._read.inc(len(rows))
+        self._used.inc(len(batch))
+        self._rejected.inc(len(rejected))
+        for r in rejected:
+            yield beam.pvalue.TaggedOutput("rejected", r)
+        if len(batch):
+            yield batch
 
 
 def _table_rows(table, names: list[str]):
@@ -72,10 +230,116 @@ def _table_rows(table, names: list[str]):
         yield beam.Row(**{f: rec[n] for f, n in zip(fields, names)})
 
 
-def _fail_on_rejected(r: Any) -> None:
-    raise ValueError(
-        f"BeamsynthSynthesize: input row {r.row} rejected: {r.reason}; configure "
-        "'error_handling: {output: NAME}' on the step to route bad rows to a dead-letter output")
+class _CountSeededFn(beam.DoFn):
+    """Pass-through of synthetic tables counting rows in ``seeded_rows_not_for_release``."""
+
+    def process(self, table):
+        beam.metrics.Metrics.counter(METRICS_NAMESPACE, "seeded_rows_not_for_release").inc(table.num_rows)
+        yield table
+
+
+# -- the job ledger: every step of one pipeline composes ----------------------------------------
+class _JobLedger:
+    """The steps of one pipeline and their declared total (see :func:`job_accountant`)."""
+
+    def __init__(self) -> None:
+        self.total: Optional[ApproxDP] = None  # noqa: UP045
+        self.declared_by = ""
+        self.steps: list[tuple[str, PrivacyAccountant]] = []
+        self.accountant: Optional[PrivacyAccountant] = None  # noqa: UP045
+
+    def add(self, step: str, spent: PrivacyAccountant, declared: Optional[ApproxDP]) -> None:  # noqa: UP045
+        if declared is not None:
+            if self.total is not None and declared != self.total:
+                raise ValueError(
+                    f"{STEP} {step!r}: job_budget {declared} differs from the job budget "
+                    f"{self.total} declared by step {self.declared_by!r}; declare the same total "
+                    "on every step of the pipeline")
+            if self.total is None:
+                self.total, self.declared_by = declared, step
+        self.steps.append((step, spent))
+        if self.total is None:
+            if len(self.steps) > 1:
+                raise ValueError(
+                    f"{STEP} steps {[s for s, _ in self.steps]} run in one pipeline, so their "
+                    "releases compose: declare the pipeline's total budget on each of them with "
+                    "job_budget: {epsilon: E, delta: D}")
+            return
+        acct = PrivacyAccountant(total=self.total)
+        for name, steps in self.steps:
+            for s in steps.spends:
+                acct.spend(f"{name}/{s.step}", s.budget, mechanism=s.mechanism, details=s.details)
+        self.accountant = acct
+
+
+_LEDGERS: "weakref.WeakKeyDictionary[beam.Pipeline, _JobLedger]" = weakref.WeakKeyDictionary()
+
+
+def job_accountant(pipeline: beam.Pipeline) -> Optional[PrivacyAccountant]:  # noqa: UP045
+    """The accountant of every ``BeamsynthSynthesize`` step applied to ``pipeline`` so far, when
+    a job budget was declared (``None`` otherwise). Spends are named ``<step label>/<spend>``."""
+    ledger = _LEDGERS.get(pipeline)
+    return None if ledger is None else ledger.accountant
+
+
+def _budget_from_config(value: Any, name: str) -> Optional[ApproxDP]:  # noqa: UP045
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) - {"epsilon", "delta"} or "epsilon" not in value:
+        raise ValueError(f"{name} ({value!r}) must be {{epsilon: E}} or {{epsilon: E, delta: D}}")
+    return as_budget(value["epsilon"], value.get("delta", 0.0))
+
+
+def _windows_from_config(value: Any) -> Optional[DeclaredWindows]:  # noqa: UP045
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) != {"start", "end", "size"}:
+        raise ValueError(f"windows ({value!r}) must be {{start: S, end: E, size: SECONDS}} "
+                         "(epoch seconds; end may be null for an unbounded stream)")
+    return DeclaredWindows(start=value["start"], end=value["end"], size=value["size"])
+
+
+# -- manifest -------------------------------------------------------------------------------------
+class _SumCountsFn(beam.CombineFn):
+    """Sums ``(name, n)`` pairs into a dict (operational counts of one window)."""
+
+    def create_accumulator(self) -> dict:
+        return {}
+
+    def add_input(self, acc: dict, item: tuple[str, int]) -> dict:
+        acc[item[0]] = acc.get(item[0], 0) + int(item[1])
+        return acc
+
+    def merge_accumulators(self, accs) -> dict:
+        out: dict = {}
+        for a in accs:
+            for k, v in a.items():
+                out[k] = out.get(k, 0) + v
+        return out
+
+    def extract_output(self, acc: dict) -> dict:
+        return {k: int(acc.get(k, 0)) for k in ("rows_read", "rows_used", "rows_rejected", "rows_out")}
+
+
+class _WriteManifestFn(beam.DoFn):
+    """Writes the step's manifest (one per declared window). The budget is the job ledger's as
+    submitted with the pipeline (every step of it), else the step's own accountant."""
+
+    def __init__(self, *, path: str, info: dict, ledger: "_JobLedger",
+                 step: PrivacyAccountant) -> None:
+        self._path, self._info, self._ledger, self._step = path, info, ledger, step
+
+    def process(self, counts: dict, window=beam.DoFn.WindowParam):
+        info = dict(self._info, accountant=(self._ledger.accountant or self._step).to_dict())
+        path = self._path
+        details = dict(info.pop("details"))
+        if isinstance(window, IntervalWindow):  # a declared window
+            path = window_output_path(path, window)
+            details["window"] = {"start": int(window.start.micros) // 1_000_000,
+                                 "end": int(window.end.micros) // 1_000_000}
+        manifest = build_manifest(outputs={"manifest": path}, counts=counts, details=details, **info)
+        write_json_atomic(path, manifest)
+        yield path
 
 
 class Synthesize(beam.PTransform):
@@ -85,64 +349,149 @@ class Synthesize(beam.PTransform):
     of this step, > 0), ``delta`` (default 0), ``method`` (a registered method, default
     ``independent``), ``rows`` (rows to synthesize; default a DP count spending
     ``count_fraction`` of ε), ``privacy_id`` / ``max_contributions`` (privacy unit), ``seed``
-    (tests only: output marked not for release), ``options`` (method options), ``batch_rows``.
-    The privacy guarantee is the method's (see its docstring), for add/remove of one privacy unit.
+    (tests only: output marked "seeded: not for release"), ``options`` (method options),
+    ``batch_rows``, ``error_handling: {output: NAME}`` (dead-letter output), ``job_budget:
+    {epsilon, delta}`` (the pipeline's total, shared by its steps), ``windows: {start, end,
+    size}`` (declared windows), ``manifest`` (path of a manifest written at the end).
+    The privacy guarantee is the method's (see its docstring), for add/remove of one privacy unit,
+    per declared window with ``windows``; the steps of one pipeline compose (basic composition).
     """
 
+    #: whether a seeded step is marked (build-time warning, row counter); the manifest's
+    #: ``randomness`` says "seeded: not for release" regardless. Only audits turn it off.
+    mark_seeded = True
+
     def __init__(self, *, schema: str, epsilon: float, delta: float = 0.0,
-                 method: str = "independent", rows: int | None = None,
-                 count_fraction: float = 0.05, privacy_id: str | None = None,
-                 max_contributions: int = 1, seed: int | None = None,
-                 options: dict | None = None, batch_rows: int = 20_000,
-                 error_handling: dict | None = None) -> None:
+                 method: str = "independent", rows: Optional[int] = None,  # noqa: UP045
+                 count_fraction: float = 0.05, privacy_id: Optional[str] = None,  # noqa: UP045
+                 max_contributions: int = 1, seed: Optional[int] = None,  # noqa: UP045
+                 options: Optional[dict] = None, batch_rows: int = 20_000,  # noqa: UP045
+                 error_handling: Optional[dict] = None,  # noqa: UP045
+                 job_budget: Optional[dict] = None,  # noqa: UP045
+                 windows: Optional[dict] = None,  # noqa: UP045
+                 manifest: Optional[str] = None) -> None:  # noqa: UP045
         super().__init__()
         if isinstance(batch_rows, bool) or not isinstance(batch_rows, int) or batch_rows < 1:
             raise ValueError(f"batch_rows ({batch_rows!r}) must be an int >= 1")
         if error_handling is not None and not (isinstance(error_handling, dict)
                                                and isinstance(error_handling.get("output"), str)):
             raise ValueError(f"error_handling ({error_handling!r}) must be {{output: NAME}}")
-        cfg = SynthesisConfig(input="beam-yaml", schema=load_schema(schema), output="beam-yaml",
+        if manifest is not None and not (isinstance(manifest, str) and manifest):
+            raise ValueError(f"manifest ({manifest!r}) must be a path")
+        self._job_budget = _budget_from_config(job_budget, "job_budget")
+        self._windows = _windows_from_config(windows)
+        if self._windows is not None and method not in EMPTY_WINDOW_METHODS:
+            raise ValueError(f"method {method!r} cannot release an empty window; with windows the "
+                             f"step supports {list(EMPTY_WINDOW_METHODS)}")
+        cfg = SynthesisConfig(input=_SOURCE, schema=load_schema(schema), output=_SOURCE,
                               epsilon=epsilon, delta=delta, method=method, rows=rows,
                               privacy_id=privacy_id, max_contributions=max_contributions,
                               seed=seed, count_fraction=count_fraction,
                               options=dict(options or {}))
-        self._plan = plan_synthesis(cfg)  # spends the budget now, before any data is read
+        self._plan = plan_synthesis(cfg)  # spends the step's budget now, before any data is read
+        if self._job_budget is not None and not PrivacyAccountant(total=self._job_budget).can_spend(
+                self._plan.accountant.total):
+            raise ValueError(f"{STEP}: epsilon/delta ({self._plan.accountant.total}) exceed the "
+                             f"declared job_budget ({self._job_budget})")
         self._batch_rows = batch_rows
         self._errors = None if error_handling is None else error_handling["output"]
+        self._manifest = manifest
+        if seed is not None and self.mark_seeded:
+            _LOG.warning("%s: seed=%d: %s (fixed randomness is for tests and demos; the output is "
+                         "marked in the manifest and counted in beamsynth/"
+                         "seeded_rows_not_for_release)", STEP, seed, SEEDED_NOTE)
+        if self._errors is None:
+            _LOG.warning("%s: no error_handling output: rows that do not fit the schema are "
+                         "dropped and counted (beamsynth/rows_rejected_schema), never raised or "
+                         "logged", STEP)
 
     @property
-    def accountant(self):
-        """The step's privacy accountant (every spend, for manifests)."""
+    def accountant(self) -> PrivacyAccountant:
+        """The step's own privacy accountant (its spends; see :func:`job_accountant`)."""
         return self._plan.accountant
 
+    @property
+    def randomness(self) -> str:
+        """``"seeded: not for release"`` with a seed, else secure."""
+        return SEEDED_NOTE if self._plan.config.seed is not None else "secure (OS entropy)"
+
+    def _check_windows(self, pcoll) -> None:
+        if self._windows is not None:
+            return
+        try:
+            check_release_windowing(pcoll, f"{STEP} {self.label!r}")
+        except ValueError as exc:
+            raise ValueError(f"{exc}; in Beam YAML give the step windows: {{start: S, end: E, "
+                             "size: SECONDS}} instead of windowing its input") from None
+
+    def _register(self, pipeline: beam.Pipeline) -> "_JobLedger":
+        ledger = _LEDGERS.setdefault(pipeline, _JobLedger())
+        ledger.add(self.label, self._plan.accountant, self._job_budget)
+        return ledger
+
     def expand(self, pcoll):
+        self._check_windows(pcoll)
+        ledger = self._register(pcoll.pipeline)  # raises when the pipeline's steps overspend
         plan, cfg, schema = self._plan, self._plan.config, self._plan.schema
+        if self._windows is not None:
+            pcoll = pcoll | "DeclaredWindows" >> beam.WindowInto(self._windows)
+            # beam.Row in its declared window (outside: dropped and counted by each measurement)
         enc = (
             pcoll
             | "Batch" >> beam.BatchElements(min_batch_size=1, max_batch_size=self._batch_rows)
             # list[beam.Row]
-            | "ToBlocks" >> beam.Map(_to_block)
-            # RawBlock
-            | "Encode" >> EncodeBlocks(schema)
+            | "Encode" >> beam.ParDo(_EncodeRowsFn(schema)).with_outputs("rejected", main="batches")
         )
         batches = enc["batches"]
-        # EncodedBatch
+        # EncodedBatch of rows that fit the schema; rejected: Rejected (private)
         if schema.privacy_id is not None:
             batches = batches | "BoundContributions" >> BoundContributions(
                 max_contributions=cfg.max_contributions, seed=cfg.seed)
             # EncodedBatch, <= k rows per privacy id
-        tables, _models, _rows = synthesize_batches(batches, plan)
+        tables, _models, _rows = synthesize_batches(batches, plan, side_input=self._windows is None)
         # pyarrow.Table
+        if cfg.seed is not None and self.mark_seeded:
+            tables = tables | "CountSeeded" >> beam.ParDo(_CountSeededFn())
+            # pyarrow.Table (rows counted as not for release)
         out = tables | "ToRows" >> beam.FlatMap(_table_rows, schema.names).with_output_types(
             row_type_for(schema))
         # beam.Row per synthetic record
+        if self._manifest is not None:
+            self._write_manifest(enc, batches, tables, ledger)
         if self._errors is None:
-            # Beam YAML's convention: without error_handling a bad row fails the step, loudly,
-            # instead of being dropped (rows are never lost silently)
-            _ = enc["rejected"] | "FailOnBadRow" >> beam.Map(_fail_on_rejected)
-            return out
+            return out  # rejected rows: counted (metrics, manifest) and dropped
         rejected = enc["rejected"] | "RejectedRows" >> beam.Map(
             lambda r: beam.Row(source=r.source, row=r.row, reason=r.reason, raw=r.raw)
         ).with_output_types(RowTypeConstraint.from_fields(
             [("source", str), ("row", Optional[int]), ("reason", str), ("raw", str)]))  # noqa: UP045
         return {"output": out, self._errors: rejected}
+
+    def _write_manifest(self, enc, batches, tables, ledger: "_JobLedger") -> None:
+        plan, cfg = self._plan, self._plan.config
+        counts = (
+            (enc["batches"] | "ReadCounts" >> beam.Map(lambda b: ("rows_read", len(b))),
+             enc["rejected"] | "RejectedCounts" >> beam.Map(lambda _r: ("rows_rejected", 1)),
+             enc["rejected"] | "RejectedRead" >> beam.Map(lambda _r: ("rows_read", 1)),
+             batches | "UsedCounts" >> beam.Map(lambda b: ("rows_used", len(b))),
+             tables | "OutCounts" >> beam.Map(lambda t: ("rows_out", t.num_rows)))
+            | "AllCounts" >> beam.Flatten()
+        )
+        # (name, rows) pairs
+        info = {
+            "command": f"beam-yaml {STEP}", "method": plan.method.name, "inputs": [_SOURCE],
+            "schema_name": plan.schema.name, "schema_fingerprint": plan.schema.fingerprint(),
+            "seed": cfg.seed,
+            "privacy_unit": {"privacy_id": plan.schema.privacy_id,
+                             "max_contributions": cfg.max_contributions,
+                             "per": "window" if self._windows is not None else "run",
+                             "neighbouring": "add/remove one privacy unit"},
+            "details": {"step": self.label, "step_budget": plan.accountant.to_dict(),
+                        "method": plan.method.details(),
+                        "declared_windows": None if self._windows is None else self._windows.describe(),
+                        "dead_letters": "error_handling output" if self._errors else
+                                        "dropped and counted (no error_handling output)"},
+        }
+        _ = (combine_globally(counts, _SumCountsFn(), "SumCounts")
+             # dict of exact counts, once per release window (operational, not DP)
+             | "WriteManifest" >> beam.ParDo(_WriteManifestFn(path=self._manifest, info=info,
+                                                              ledger=ledger, step=plan.accountant)))

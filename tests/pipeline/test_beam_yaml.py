@@ -93,16 +93,162 @@ def test_synthesize_step_in_a_test_pipeline() -> None:
                     equal_to([True]), label="one dead letter")
 
 
-def test_bad_row_without_error_handling_fails_the_step_loudly() -> None:
-    import csv
+# -- tiny schema: fast tests of the step's privacy rules ----------------------------------------
+TINY = """
+name: tiny
+extra_columns: {extra}
+columns:
+  - name: color
+    type: categorical
+    nullable: true
+    domain: {{kind: categorical, values: [red, green, blue]}}
+  - name: age
+    type: integer
+    domain: {{kind: integer, low: 0, high: 99, edges: [0, 50, 100]}}
+"""
 
+
+def _tiny(tmp_path: Path, extra: str = "ignore") -> str:
+    path = tmp_path / f"tiny-{extra}.yaml"
+    path.write_text(TINY.format(extra=extra), encoding="utf-8")
+    return str(path)
+
+
+def test_each_row_is_judged_against_the_schema_alone(tmp_path: Path) -> None:
+    """No row decides how another parses (the first row's keys used to be the column set): a
+    missing nullable field is null, a missing required field or an undeclared field (under
+    extra_columns: reject) rejects that row only; used(D + r) − used(D) ∈ {∅, {r}}."""
+    from beamsynth.pipelines.yaml_transforms import encode_rows
+
+    schema = load_schema(_tiny(tmp_path, "reject"))
+    rows = [{"age": "30"}, {"color": "red", "age": "40"}, {"color": "red"},
+            {"color": "blue", "age": "10", "zzz": "1"}, {"color": "green", "age": None}]
+    batch, bad = encode_rows(schema, rows)
+    assert batch.codes.tolist() == [[3, 0], [0, 0]]  # color null → cell 3; age 30/40 → bin 0
+    assert [(r.row, r.reason) for r in bad] == [
+        (3, "required field 'age' is missing"),
+        (4, "undeclared field(s) ['zzz'] and the schema says extra_columns: reject"),
+        (5, "column 'age': null in a non-nullable column")]
+    base = [{"color": "red", "age": "40"}, {"age": "70"}, {"color": "blue", "age": "5"}]
+    extra_r = [{"age": "1"}, {"color": "red"}, {"color": "red", "age": "2", "x": "y"}, {},
+               {"age": "3", "color": "purple"}, "not a row", {"age": "1", "age_": "2"}]
+    for extra in ("ignore", "reject"):
+        schema = load_schema(_tiny(tmp_path, extra))
+        before, _ = encode_rows(schema, base)
+        for r in extra_r:
+            for pos in (0, len(base)):  # the extra row first (it used to fix the columns) or last
+                rows = base[:pos] + [r] + base[pos:]
+                after, _ = encode_rows(schema, rows)
+                kept = [c for i, c in enumerate(after.codes.tolist())]
+                assert len(after) - len(before) in (0, 1), (extra, r)
+                others = kept[1:] if (len(after) > len(before) and pos == 0) else kept[:len(before)]
+                assert others == before.codes.tolist(), (extra, r, pos)
+
+
+def _metric(result, name: str) -> int:
+    from apache_beam.metrics.metric import MetricsFilter
+
+    found = result.metrics().query(MetricsFilter().with_namespace("beamsynth").with_name(name))
+    return sum(c.committed for c in found["counters"])
+
+
+def test_bad_row_without_error_handling_is_counted_not_fatal_and_seed_is_marked(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Without error_handling an out-of-domain row used to fail the whole run with its value in
+    the exception text. Now the run succeeds, the row is dropped and counted (metric, manifest's
+    operational part), and no log or manifest text carries the value. A seeded step is marked:
+    a warning when built, the manifest's randomness, a counter of its rows."""
     import apache_beam as beam
-    from apache_beam.testing.test_pipeline import TestPipeline
 
-    with open(ADULT, encoding="utf-8", newline="") as fh:
-        record = next(csv.DictReader(fh))
-    bad = beam.Row(**{avro_field_name(k): v for k, v in dict(record, sex="Robot").items()})
-    with pytest.raises(Exception, match="rejected: column 'sex'.*configure 'error_handling"):
-        with TestPipeline() as p:
-            _ = (p | beam.Create([bad])
-                 | Synthesize(schema="adult", epsilon=1.0, rows=5, seed=5))
+    from beamsynth.pipelines.manifest import SEEDED_NOTE
+
+    secret = "purple-SECRET-4711"
+    rows = [beam.Row(color="red", age=str(20 + i)) for i in range(12)]
+    rows.append(beam.Row(color=secret, age="33"))
+    manifest = tmp_path / "step.manifest.json"
+    with caplog.at_level("INFO"):
+        p = beam.Pipeline()
+        _ = (p | beam.Create(rows)
+             | Synthesize(schema=_tiny(tmp_path), epsilon=1.0, rows=7, seed=3, manifest=str(manifest)))
+        result = p.run()
+        result.wait_until_finish()
+    assert _metric(result, "rows_rejected_schema") == 1
+    assert _metric(result, "rows_encoded") == 12
+    assert _metric(result, "seeded_rows_not_for_release") == 7
+    assert not any(secret in rec.getMessage() for rec in caplog.records)
+    assert any(SEEDED_NOTE in rec.getMessage() for rec in caplog.records)
+    text = manifest.read_text(encoding="utf-8")
+    assert secret not in text
+    m = json.loads(text)
+    assert m["release"]["randomness"] == SEEDED_NOTE and m["release"]["seed"] == 3
+    assert m["release"]["rows_out"] == 7
+    assert {k: m["operational"][k] for k in ("rows_read", "rows_used", "rows_rejected")} == {
+        "rows_read": 13, "rows_used": 12, "rows_rejected": 1}
+    assert m["release"]["budget"]["spent"]["epsilon"] == pytest.approx(1.0)
+
+
+def test_windowed_input_is_refused_when_the_pipeline_is_built(tmp_path: Path) -> None:
+    import apache_beam as beam
+    from apache_beam.transforms import window
+
+    p = beam.Pipeline()
+    rows = (p | beam.Create([beam.Row(color="red", age="3")])
+            | beam.WindowInto(window.FixedWindows(60)))
+    with pytest.raises(ValueError) as err:
+        _ = rows | Synthesize(schema=_tiny(tmp_path), epsilon=1.0, rows=5)
+    assert "BeamsynthSynthesize 'Synthesize': input is windowed with FixedWindows(size=60s)" in str(err.value)
+    assert "give the step windows: {start: S, end: E, size: SECONDS}" in str(err.value)
+    with pytest.raises(ValueError, match=r"method 'sbhg' cannot release an empty window"):
+        Synthesize(schema=_tiny(tmp_path), epsilon=1.0, delta=1e-6, rows=5, method="sbhg",
+                   windows={"start": 0, "end": 180, "size": 60})
+    with pytest.raises(ValueError, match=r"windows \({'start': 0}\) must be"):
+        Synthesize(schema=_tiny(tmp_path), epsilon=1.0, rows=5, windows={"start": 0})
+
+
+def _two_steps(tmp_path: Path, eps: tuple[float, float], job: str) -> str:
+    provider = resources.files("beamsynth.pipelines") / "beamsynth_provider.yaml"
+    steps = "".join(f"""
+    - type: BeamsynthSynthesize
+      name: Synth{i}
+      input: Rows
+      config: {{schema: "{_tiny(tmp_path)}", epsilon: {e}, rows: 5{job}}}""" for i, e in enumerate(eps))
+    return f"""
+providers:
+  - include: "{provider}"
+pipeline:
+  transforms:
+    - type: Create
+      name: Rows
+      config:
+        elements: [{{color: red, age: "3"}}]{steps}
+"""
+
+
+def _build_yaml(spec: str):
+    import apache_beam as beam
+    from apache_beam.yaml.yaml_transform import expand_pipeline
+
+    p = beam.Pipeline()
+    expand_pipeline(p, spec)
+    return p
+
+
+def test_steps_of_one_yaml_pipeline_share_the_job_budget(tmp_path: Path) -> None:
+    """Each step used to have its own accountant, so two steps of 0.6 ran under a 1.0 claim.
+    Now they spend from one job ledger: overspending fails when the pipeline is built."""
+    from beamsynth.pipelines.yaml_transforms import job_accountant
+    from beamsynth.transforms.budget import BudgetExceededError
+
+    job = ", job_budget: {epsilon: 1.0}"
+    with pytest.raises(ValueError) as err:
+        _build_yaml(_two_steps(tmp_path, (0.6, 0.6), job))
+    assert isinstance(err.value.__cause__, BudgetExceededError)
+    assert str(err.value).endswith(
+        "step 'Synth1/independent.marginals' asks for ε=0.6 but only (ε=0.4, δ=0) of the total "
+        "ε=1 remains (already spent: Synth0/independent.marginals ε=0.6)")
+    with pytest.raises(ValueError, match=r"steps \['Synth0', 'Synth1'\] run in one pipeline"):
+        _build_yaml(_two_steps(tmp_path, (0.5, 0.5), ""))
+    p = _build_yaml(_two_steps(tmp_path, (0.4, 0.6), job))
+    acct = job_accountant(p)
+    assert acct.spent_epsilon == pytest.approx(1.0)
+    assert {s.step.split("/")[0] for s in acct.spends} == {"Synth0", "Synth1"}
