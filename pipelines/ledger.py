@@ -26,7 +26,18 @@ Concurrency between processes is handled by SQLite (``BEGIN IMMEDIATE`` and a bu
 reservations are serialized, so two releases cannot both take the last ε.
 
 Composition across releases is basic sequential composition of (ε, δ) on the same source, a
-safe upper bound whether or not the nightly data overlap.
+safe upper bound whether or not the nightly data overlap. A lifetime policy bounds the sum over
+every release. A rolling policy (``window_days``) renews the budget; that bounds a privacy unit's
+ε only if its data leaves the input before the window has passed, so the ledger accepts a window
+only together with the config's declaration ``data_retention_days`` (≤ ``window_days``: a record
+stays in the nightly input at most that many days). The lifetime total is always reported next to
+the window (``ledger show``, ``release.json``).
+
+Every spend records its privacy unit (``record``, or a privacy-id column with the bound on
+contributions). ε charged per record and ε charged per person do not add up to one guarantee, so a
+source is charged under one unit only: a release charging another unit is refused (declare another
+source for it), and a ledger holding several units on one source (written before this rule) shows
+them apart and adds nothing across them.
 """
 
 from __future__ import annotations
@@ -45,6 +56,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "format_budget",
     "temp_folder",
     "LedgerBudgetExceededError",
     "LedgerError",
@@ -53,12 +65,17 @@ __all__ = [
     "PrivacyLedger",
     "RELEASE_MARKER",
     "format_ledger",
+    "format_source",
+    "lifetime_text",
+    "unit_label",
 ]
 
 RELEASE_MARKER = "release.json"
 """File inside a published release folder that names its ``release_id``."""
 
 _TOLERANCE = 1e-9
+_ZERO = 1e-12  # |ε| below this prints as 0 (a residue of float sums, never a real budget)
+RECORD = "record"
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sources (
     source TEXT PRIMARY KEY,
@@ -92,6 +109,11 @@ CREATE TABLE IF NOT EXISTS spends (
 );
 CREATE INDEX IF NOT EXISTS spends_source ON spends (source);
 """
+# columns added after the first ledgers were written (added by ALTER TABLE when missing)
+_MIGRATIONS = {
+    "sources": (("data_retention_days", "REAL"),),
+    "spends": (("privacy_id", "TEXT"), ("max_contributions", "INTEGER")),
+}
 
 
 class LedgerError(ValueError):
@@ -110,13 +132,42 @@ def _iso(t: _dt.datetime) -> str:
     return t.isoformat(timespec="microseconds")
 
 
+def format_budget(value: float) -> str:
+    """An ε or δ for people: 6 significant digits, and ``|value| < 1e-12`` (float residue) as 0."""
+    v = float(value)
+    return "0" if abs(v) < _ZERO else f"{v:.6g}"
+
+
+def _left(limit: float, spent: float) -> float:
+    """What a policy has left: never negative, and a float residue of the sums is exactly 0."""
+    v = limit - spent
+    return 0.0 if v <= max(_ZERO * 1e-3, _TOLERANCE * limit) else v
+
+
+def _number_or_none(value: Any, name: str) -> None:
+    if value is None:
+        return
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not (math.isfinite(value) and value > 0)):
+        raise ValueError(f"policy {name} ({value!r}) must be a number > 0")
+
+
 @dataclass(frozen=True)
 class LedgerPolicy:
-    """Budget policy of one data source: at most (ε, δ) in total, or per ``window_days`` days."""
+    """Budget policy of one data source: at most (ε, δ) in total, or per ``window_days`` days.
+
+    A window renews the budget, which bounds a privacy unit's ε only when its data has left the
+    input by the time the window has passed: ``window_days`` needs the declaration
+    ``data_retention_days`` (≤ ``window_days``), the most days one record stays in the nightly
+    input. Then every release that can read a record falls within one window, so the record's
+    total is at most the window's (ε, δ). A unit contributing new records for longer is charged
+    again in later windows: its cumulative ε is the lifetime total, always reported.
+    """
 
     epsilon: float
     delta: float = 0.0
     window_days: float | None = None
+    data_retention_days: float | None = None
 
     def __post_init__(self) -> None:
         for name, v in (("epsilon", self.epsilon), ("delta", self.delta)):
@@ -126,21 +177,83 @@ class LedgerPolicy:
             raise ValueError(f"policy epsilon ({self.epsilon!r}) must be a finite number > 0")
         if not (0 <= self.delta < 1):
             raise ValueError(f"policy delta ({self.delta!r}) must be in [0, 1)")
-        if self.window_days is not None and (
-            isinstance(self.window_days, bool) or not isinstance(self.window_days, (int, float))
-            or not (math.isfinite(self.window_days) and self.window_days > 0)
-        ):
-            raise ValueError(f"policy window_days ({self.window_days!r}) must be a number > 0")
+        _number_or_none(self.window_days, "window_days")
+        _number_or_none(self.data_retention_days, "data_retention_days")
+        w, r = self.window_days, self.data_retention_days
+        if w is not None and r is None:
+            raise ValueError(
+                f"policy window_days ({w!r}) renews the budget every {w:g} days, which bounds a "
+                "privacy unit's ε only if its data has left the nightly input by then; declare "
+                f"data_retention_days (at most {w:g}: the most days one record stays in the input), "
+                "or drop window_days for a lifetime budget")
+        if r is not None and w is None:
+            raise ValueError(f"policy data_retention_days ({r!r}) only applies to a rolling "
+                             "window: it needs window_days")
+        if r is not None and w is not None and r > w:
+            raise ValueError(
+                f"policy data_retention_days ({r!r}) must be <= window_days ({w!r}): a record still "
+                "in the input after its window has passed would be charged again from a renewed "
+                "budget")
+
+    @property
+    def renews(self) -> bool:
+        """Whether the budget renews (a rolling window, declared sound by the data retention)."""
+        return self.window_days is not None
 
     def describe(self) -> str:
-        """Human form, e.g. ``lifetime ε=5`` or ``ε=2, δ=1e-06 per 30 days``."""
-        amount = f"ε={self.epsilon:g}" + (f", δ={self.delta:g}" if self.delta else "")
-        return f"lifetime {amount}" if self.window_days is None else f"{amount} per {self.window_days:g} days"
+        """Human form, e.g. ``lifetime ε=5`` or ``ε=2, δ=1e-06 per 30 days (...)``."""
+        amount = f"ε={format_budget(self.epsilon)}" + (
+            f", δ={format_budget(self.delta)}" if self.delta else "")
+        if self.window_days is None:
+            return f"lifetime {amount}"
+        keeps = ("no data retention declared" if self.data_retention_days is None else
+                 f"input keeps a record at most {self.data_retention_days:g} days")
+        return f"{amount} per {self.window_days:g} days ({keeps})"
+
+    def guarantee(self) -> str:
+        """What the policy guarantees a privacy unit, for manifests and ``ledger show``."""
+        amount = f"ε={format_budget(self.epsilon)}" + (
+            f", δ={format_budget(self.delta)}" if self.delta else "")
+        if self.window_days is None:
+            return (f"every release on this source composes sequentially against a lifetime "
+                    f"budget: a privacy unit's total over all releases is at most {amount}")
+        return (f"the budget renews every {self.window_days:g} days because the release config "
+                f"declares that a record stays in the nightly input at most "
+                f"{self.data_retention_days:g} days (data_retention_days ≤ window_days): every "
+                f"release that can read a record falls within one window, so a record's total is "
+                f"at most {amount}. A privacy unit that contributes new records for longer is "
+                "charged again in later windows; its cumulative ε is the lifetime total reported "
+                "with it, which this policy does not bound")
+
+
+def _stored_policy(row: sqlite3.Row) -> LedgerPolicy:
+    """The policy stored for a source. A window stored without a retention declaration (ledgers
+    written before it was required) does not renew: it is read as a lifetime budget."""
+    window = row["window_days"]
+    retention = row["data_retention_days"] if "data_retention_days" in row.keys() else None
+    if window is not None and retention is None:
+        return LedgerPolicy(row["epsilon"], row["delta"])
+    return LedgerPolicy(row["epsilon"], row["delta"], window, retention)
+
+
+def unit_label(privacy_id: str | None, max_contributions: int = 1) -> str:
+    """The ledger form of a privacy unit: ``record`` or ``COLUMN×k``."""
+    return RECORD if privacy_id is None else f"{privacy_id}×{max_contributions}"
+
+
+def _unit_name(privacy_id: str | None) -> str:
+    return RECORD if privacy_id is None else f"privacy id {privacy_id!r}"
 
 
 @dataclass(frozen=True)
 class LedgerSpend:
-    """One spend a release reserves against a source."""
+    """One spend a release reserves against a source, with its privacy unit.
+
+    ``privacy_unit`` is the label (``record`` or ``COLUMN×k``, :func:`unit_label`); a unit other than
+    ``record`` also needs ``privacy_id`` (the column) and ``max_contributions`` (k). Spends add up
+    only within one unit: the unit is ``record`` or the privacy-id column (k may differ between
+    releases: each is ε-DP for adding or removing one person).
+    """
 
     source: str
     privacy_unit: str
@@ -148,6 +261,25 @@ class LedgerSpend:
     epsilon: float
     delta: float
     mechanism: str
+    privacy_id: str | None = None
+    max_contributions: int = 1
+
+    def __post_init__(self) -> None:
+        k = self.max_contributions
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"max_contributions ({k!r}) must be an int >= 1")
+        if self.privacy_unit == RECORD and (self.privacy_id is not None or k != 1):
+            raise ValueError(f"privacy_unit 'record' takes no privacy_id ({self.privacy_id!r}) "
+                             f"and max_contributions 1 (got {k!r})")
+        if self.privacy_unit != RECORD and self.privacy_unit != unit_label(self.privacy_id, k):
+            raise ValueError(
+                f"privacy_unit ({self.privacy_unit!r}) must be 'record' or "
+                f"'COLUMN×k' matching privacy_id ({self.privacy_id!r}) and max_contributions ({k!r})")
+
+    @property
+    def unit(self) -> str:
+        """What spends add up within: ``record``, or ``privacy id 'COLUMN'``."""
+        return _unit_name(self.privacy_id)
 
 
 def temp_folder(folder: str, release_id: str) -> str:
@@ -176,6 +308,12 @@ class PrivacyLedger:
             con.executescript("BEGIN IMMEDIATE;" + _SCHEMA + "COMMIT;")
         finally:
             con.close()
+        with self._transaction() as con:
+            for table, columns in _MIGRATIONS.items():
+                have = {r["name"] for r in con.execute(f"PRAGMA table_info({table})")}
+                for name, kind in columns:
+                    if name not in have:
+                        con.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
 
     # -- plumbing ---------------------------------------------------------------------------------
     def _connect(self) -> sqlite3.Connection:
@@ -209,17 +347,21 @@ class PrivacyLedger:
             row = con.execute("SELECT * FROM sources WHERE source = ?", (source,)).fetchone()
         finally:
             con.close()
-        return None if row is None else LedgerPolicy(row["epsilon"], row["delta"], row["window_days"])
+        return None if row is None else _stored_policy(row)
 
     @staticmethod
-    def _ensure_policy(con: sqlite3.Connection, source: str, policy: LedgerPolicy) -> None:
+    def _ensure_policy(con: sqlite3.Connection, source: str, policy: LedgerPolicy, *,
+                       insert: bool = True) -> None:
         row = con.execute("SELECT * FROM sources WHERE source = ?", (source,)).fetchone()
         if row is None:
-            con.execute(
-                "INSERT INTO sources (source, epsilon, delta, window_days, created) VALUES (?,?,?,?,?)",
-                (source, policy.epsilon, policy.delta, policy.window_days, _iso(_now())))
+            if insert:
+                con.execute(
+                    "INSERT INTO sources (source, epsilon, delta, window_days, data_retention_days, "
+                    "created) VALUES (?,?,?,?,?,?)",
+                    (source, policy.epsilon, policy.delta, policy.window_days,
+                     policy.data_retention_days, _iso(_now())))
             return
-        stored = LedgerPolicy(row["epsilon"], row["delta"], row["window_days"])
+        stored = _stored_policy(row)
         if stored != policy:
             raise LedgerError(
                 f"source {source!r} has the policy {stored.describe()} in the ledger, but the "
@@ -292,15 +434,98 @@ class PrivacyLedger:
 
     # -- spending ---------------------------------------------------------------------------------
     @staticmethod
-    def _spent(con: sqlite3.Connection, source: str, policy: LedgerPolicy) -> tuple[float, float]:
-        sql = ("SELECT s.epsilon, s.delta FROM spends s JOIN releases r USING (release_id) "
-               "WHERE s.source = ? AND r.state IN ('pending', 'committed')")
-        params: list[Any] = [source]
+    def _spend_rows(con: sqlite3.Connection, source: str) -> list[dict[str, Any]]:
+        """Every spend of pending or committed releases on ``source``, with its unit."""
+        rows = con.execute(
+            "SELECT s.*, r.created AS created FROM spends s JOIN releases r USING (release_id) "
+            "WHERE s.source = ? AND r.state IN ('pending', 'committed') ORDER BY s.id",
+            (source,)).fetchall()
+        out = []
+        for r in rows:
+            d = dict(r)
+            if d.get("privacy_id") is None and d["privacy_unit"] != RECORD:  # written before the column
+                d["privacy_id"] = d["privacy_unit"].rsplit("×", 1)[0]
+            d["unit"] = _unit_name(d.get("privacy_id"))
+            out.append(d)
+        return out
+
+    @staticmethod
+    def _counted(rows: Sequence[Mapping[str, Any]], policy: LedgerPolicy) -> tuple[float, float]:
+        """(ε, δ) the policy counts: the rolling window when it renews, else everything."""
         if policy.window_days is not None:
-            sql += " AND r.created >= ?"
-            params.append(_iso(_now() - _dt.timedelta(days=policy.window_days)))
-        rows = con.execute(sql, params).fetchall()
-        return math.fsum(r[0] for r in rows), math.fsum(r[1] for r in rows)
+            since = _iso(_now() - _dt.timedelta(days=policy.window_days))
+            rows = [r for r in rows if r["created"] >= since]
+        return math.fsum(r["epsilon"] for r in rows), math.fsum(r["delta"] for r in rows)
+
+    def _check(self, con: sqlite3.Connection, run_key: str, spends: Sequence[LedgerSpend],
+               policies: Mapping[str, LedgerPolicy], *, insert_policies: bool) -> None:
+        """Every check of a reservation (night not released, one unit per source, budget)."""
+        for row in con.execute(
+            "SELECT * FROM releases WHERE run_key = ? AND state IN ('pending', 'committed')",
+            (run_key,),
+        ).fetchall():
+            if row["state"] == "committed":
+                raise LedgerError(
+                    f"release {run_key!r} was already published ({row['folder']}, release "
+                    f"{row['release_id']} committed {row['updated']}); it runs exactly once")
+            raise LedgerError(
+                f"release {run_key!r} is running (pid {row['pid']} on {row['host']}, release "
+                f"{row['release_id']}); if that process is gone, run `beamsynth ledger "
+                "reconcile --force`")
+        for source in sorted({s.source for s in spends}):
+            policy = policies[source]
+            self._ensure_policy(con, source, policy, insert=insert_policies)
+            rows = self._spend_rows(con, source)
+            have = sorted({r["unit"] for r in rows})
+            want = sorted({s.unit for s in spends if s.source == source})
+            if len(set(have) | set(want)) > 1:
+                raise LedgerError(
+                    f"source {source!r}: this release charges per {' and per '.join(want)}"
+                    + (f" but the ledger charged it per {' and per '.join(have)}" if have else "")
+                    + "; ε spent under different privacy units do not add up to one guarantee, "
+                    "so a source is charged under one unit: declare another source (with its own "
+                    "policy) for the other unit. Refused before reading any data")
+            eps, delta = self._counted(rows, policy)
+            want_e = math.fsum(s.epsilon for s in spends if s.source == source)
+            want_d = math.fsum(s.delta for s in spends if s.source == source)
+            if (eps + want_e > policy.epsilon * (1 + _TOLERANCE) + _TOLERANCE * 1e-3
+                    or delta + want_d > policy.delta * (1 + _TOLERANCE) + 1e-300):
+                raise LedgerBudgetExceededError(
+                    f"source {source!r}: this release needs ε={format_budget(want_e)}"
+                    + (f", δ={format_budget(want_d)}" if want_d else "")
+                    + f" but the ledger has already spent ε={format_budget(eps)}"
+                    + (f", δ={format_budget(delta)}" if delta else "")
+                    + f" of its {policy.describe()} "
+                    f"(ε={format_budget(_left(policy.epsilon, eps))} left); "
+                    "refused before reading any data")
+
+    def check(self, *, run_key: str, spends: Sequence[LedgerSpend],
+              policies: Mapping[str, LedgerPolicy]) -> None:
+        """Raise what :meth:`reserve` would raise for these spends now, reserving nothing.
+
+        Used by ``release --check`` and before a release opens its inputs: a night already
+        published or running, a unit clash or an overspend is reported without writing to the
+        ledger (stale reservations are decided as :meth:`reserve` would, then rolled back).
+        """
+        self._validate_spends(spends, policies)
+        con = self._connect()
+        try:
+            con.execute("BEGIN IMMEDIATE")
+            try:
+                self._reconcile(con)
+                self._check(con, run_key, spends, policies, insert_policies=False)
+            finally:
+                con.execute("ROLLBACK")
+        finally:
+            con.close()
+
+    @staticmethod
+    def _validate_spends(spends: Sequence[LedgerSpend], policies: Mapping[str, LedgerPolicy]) -> None:
+        if not spends:
+            raise ValueError("a release must reserve at least one spend")
+        for s in spends:
+            if s.source not in policies:
+                raise LedgerError(f"no budget policy for source {s.source!r}")
 
     def reserve(
         self,
@@ -313,46 +538,17 @@ class PrivacyLedger:
     ) -> str:
         """Reserve ``spends`` as a ``pending`` release; returns its ``release_id``.
 
-        Raises :class:`LedgerError` if ``run_key`` is already committed or running, and
+        Raises :class:`LedgerError` if ``run_key`` is already committed or running, or if a
+        source would be charged under two privacy units, and
         :class:`LedgerBudgetExceededError` if a source's policy would be exceeded. Nothing is
         written when it raises.
         """
-        if not spends:
-            raise ValueError("a release must reserve at least one spend")
-        for s in spends:
-            if s.source not in policies:
-                raise LedgerError(f"no budget policy for source {s.source!r}")
+        self._validate_spends(spends, policies)
         folder = os.path.abspath(folder)
         rid = uuid.uuid4().hex
         with self._transaction() as con:
             self._reconcile(con)
-            for row in con.execute(
-                "SELECT * FROM releases WHERE run_key = ? AND state IN ('pending', 'committed')",
-                (run_key,),
-            ).fetchall():
-                if row["state"] == "committed":
-                    raise LedgerError(
-                        f"release {run_key!r} was already published ({row['folder']}, release "
-                        f"{row['release_id']} committed {row['updated']}); it runs exactly once")
-                raise LedgerError(
-                    f"release {run_key!r} is running (pid {row['pid']} on {row['host']}, release "
-                    f"{row['release_id']}); if that process is gone, run `beamsynth ledger "
-                    "reconcile --force`")
-            for source in sorted({s.source for s in spends}):
-                policy = policies[source]
-                self._ensure_policy(con, source, policy)
-                eps, delta = self._spent(con, source, policy)
-                want_e = math.fsum(s.epsilon for s in spends if s.source == source)
-                want_d = math.fsum(s.delta for s in spends if s.source == source)
-                if (eps + want_e > policy.epsilon * (1 + _TOLERANCE) + _TOLERANCE * 1e-3
-                        or delta + want_d > policy.delta * (1 + _TOLERANCE) + 1e-300):
-                    raise LedgerBudgetExceededError(
-                        f"source {source!r}: this release needs ε={want_e:g}"
-                        + (f", δ={want_d:g}" if want_d else "")
-                        + f" but the ledger has already spent ε={eps:g}"
-                        + (f", δ={delta:g}" if delta else "")
-                        + f" of its {policy.describe()} (ε={max(0.0, policy.epsilon - eps):g} left); "
-                        "refused before reading any data")
+            self._check(con, run_key, spends, policies, insert_policies=True)
             now = _iso(_now())
             con.execute(
                 "INSERT INTO releases (release_id, run_key, name, folder, state, created, updated, "
@@ -360,9 +556,9 @@ class PrivacyLedger:
                 (rid, run_key, name, folder, now, now, socket.gethostname(), os.getpid()))
             con.executemany(
                 "INSERT INTO spends (release_id, source, privacy_unit, step, epsilon, delta, "
-                "mechanism) VALUES (?,?,?,?,?,?,?)",
+                "mechanism, privacy_id, max_contributions) VALUES (?,?,?,?,?,?,?,?,?)",
                 [(rid, s.source, s.privacy_unit, s.step, float(s.epsilon), float(s.delta),
-                  s.mechanism) for s in spends])
+                  s.mechanism, s.privacy_id, s.max_contributions) for s in spends])
         return rid
 
     def abort(self, release_id: str, reason: str) -> None:
@@ -406,44 +602,117 @@ class PrivacyLedger:
         return rels
 
     def summary(self) -> list[dict[str, Any]]:
-        """Per source: policy and (ε, δ) spent by pending and committed releases."""
+        """Per source: policy, what it counts (``epsilon_spent``/``delta_spent``: the window when it
+        renews), what is left, and the lifetime total per privacy unit (pending and committed).
+
+        ``lifetime`` is the total over every release when the source has one privacy unit, and
+        ``None`` when a ledger written before the one-unit rule holds several (never added up).
+        """
         con = self._connect()
         try:
             out = []
             for row in con.execute("SELECT * FROM sources ORDER BY source").fetchall():
-                policy = LedgerPolicy(row["epsilon"], row["delta"], row["window_days"])
-                eps, delta = self._spent(con, row["source"], policy)
+                policy = _stored_policy(row)
+                rows = self._spend_rows(con, row["source"])
+                eps, delta = self._counted(rows, policy)
+                units = []
+                for unit in sorted({r["unit"] for r in rows}):
+                    mine = [r for r in rows if r["unit"] == unit]
+                    units.append({
+                        "unit": unit, "privacy_id": mine[0].get("privacy_id"),
+                        "max_contributions": sorted({r["max_contributions"] or 1 for r in mine}),
+                        "releases": len({r["release_id"] for r in mine}),
+                        "epsilon": math.fsum(r["epsilon"] for r in mine),
+                        "delta": math.fsum(r["delta"] for r in mine)})
+                lifetime = ({"epsilon": units[0]["epsilon"], "delta": units[0]["delta"],
+                             "releases": units[0]["releases"]} if len(units) == 1 else
+                            {"epsilon": 0.0, "delta": 0.0, "releases": 0} if not units else None)
                 out.append({"source": row["source"], "policy": policy.describe(),
                             "epsilon_limit": policy.epsilon, "delta_limit": policy.delta,
                             "window_days": policy.window_days,
-                            "epsilon_spent": eps, "delta_spent": delta})
+                            "data_retention_days": policy.data_retention_days,
+                            "renews": policy.renews,
+                            "epsilon_spent": eps, "delta_spent": delta,
+                            "epsilon_left": _left(policy.epsilon, eps),
+                            "delta_left": _left(policy.delta, delta),
+                            "lifetime": lifetime, "units": units,
+                            "guarantee": policy.guarantee()})
         finally:
             con.close()
         return out
 
 
+def _amount(eps: float, delta: float) -> str:
+    return f"ε={format_budget(eps)}" + (f", δ={format_budget(delta)}" if delta else "")
+
+
+def format_source(s: Mapping[str, Any]) -> list[str]:
+    """Lines of ``ledger show`` for one :meth:`PrivacyLedger.summary` entry."""
+    units = s["units"]
+    head = f"  {s['source']}"
+    if units:
+        head += " [" + ", ".join(u["unit"] + ("" if u["privacy_id"] is None else
+                                              " ≤" + "/".join(map(str, u["max_contributions"]))
+                                              + " records each") for u in units) + "]"
+    left = f"(ε={format_budget(s['epsilon_left'])} left)"
+    if s["lifetime"] is None:
+        lines = [head + f": spends under {len(units)} different privacy units, NOT added up "
+                        "(ε per record and ε per person are different guarantees); new releases "
+                        "on this source are refused until it is charged under one unit"]
+        lines += [f"      {u['unit']}: lifetime total {_amount(u['epsilon'], u['delta'])} over "
+                  f"{u['releases']} release(s)" for u in units]
+        return lines
+    life = s["lifetime"]
+    total = (f"lifetime total {_amount(life['epsilon'], life['delta'])} over "
+             f"{life['releases']} release(s)")
+    if not s["renews"]:
+        return [head + f": spent {_amount(s['epsilon_spent'], s['delta_spent'])} of "
+                       f"{s['policy']} {left}; {total}"]
+    return [head + f": spent {_amount(s['epsilon_spent'], s['delta_spent'])} in the last "
+                   f"{s['window_days']:g} days of {s['policy']} {left}; {total} — the budget "
+                   "renews only because the config declares that old nights' data has left the "
+                   "input; a person who keeps contributing accumulates the lifetime total"]
+
+
+def lifetime_text(sources: Mapping[str, Mapping[str, Any]]) -> str:
+    """One line of lifetime totals from ``release.json``'s ``ledger.sources`` (for reports)."""
+    parts = []
+    for source, b in sources.items():
+        life = b.get("lifetime_total")
+        if life is None:
+            parts.append(f"{source}: several privacy units, not added up")
+            continue
+        parts.append(f"{source}: {_amount(life['epsilon'], life['delta'])} over {life['releases']} "
+                     f"release(s)" + (" (the budget renews; this total does not)" if b.get("renews")
+                                      else ""))
+    return "; ".join(parts)
+
+
 def format_ledger(ledger: PrivacyLedger) -> str:
-    """A plain-text view of the ledger for ``beamsynth ledger show``."""
+    """A plain-text view of the ledger for ``beamsynth ledger show`` (budgets to 6 digits)."""
     lines = [f"ledger {ledger.path}", "", "sources:"]
     summary = ledger.summary()
     if not summary:
         lines.append("  (none)")
     for s in summary:
-        left = max(0.0, s["epsilon_limit"] - s["epsilon_spent"])
-        lines.append(f"  {s['source']}: spent ε={s['epsilon_spent']:g}"
-                     + (f", δ={s['delta_spent']:g}" if s["delta_spent"] else "")
-                     + f" of {s['policy']} (ε={left:g} left)")
+        lines += format_source(s)
     lines += ["", "releases:"]
     rels = ledger.releases()
     if not rels:
         lines.append("  (none)")
     for r in rels:
-        eps = math.fsum(s["epsilon"] for s in r["spends"])
-        delta = math.fsum(s["delta"] for s in r["spends"])
-        lines.append(f"  {r['created'][:19]}  {r['state']:<9}  {r['run_key']}  ε={eps:g}"
-                     + (f" δ={delta:g}" if delta else "") + f"  {r['folder']}"
+        units = {_unit_name(s.get("privacy_id") if s.get("privacy_id") is not None or
+                            s["privacy_unit"] == RECORD else s["privacy_unit"].rsplit("×", 1)[0])
+                 for s in r["spends"]}
+        total = (_amount(math.fsum(s["epsilon"] for s in r["spends"]),
+                         math.fsum(s["delta"] for s in r["spends"])).replace(", ", " ")
+                 if len(units) <= 1 else "(several privacy units, not added up)")
+        lines.append(f"  {r['created'][:19]}  {r['state']:<9}  {r['run_key']}  {total}"
+                     f"  {r['folder']}"
                      + (f"  ({r['note']})" if r["note"] and r["state"] != "committed" else ""))
         for s in r["spends"]:
-            lines.append(f"      {s['source']} [{s['privacy_unit']}] {s['step']}: ε={s['epsilon']:g}"
-                         + (f" δ={s['delta']:g}" if s["delta"] else "") + f" ({s['mechanism']})")
+            lines.append(f"      {s['source']} [{s['privacy_unit']}] {s['step']}: "
+                         f"ε={format_budget(s['epsilon'])}"
+                         + (f" δ={format_budget(s['delta'])}" if s["delta"] else "")
+                         + f" ({s['mechanism']})")
     return "\n".join(lines)

@@ -80,6 +80,7 @@ __all__ = [
     "TableSpec",
     "load_release_config",
     "plan_release",
+    "public_night",
     "run_release",
 ]
 
@@ -96,7 +97,7 @@ _KIND_KEYS = {"synthesize": {"method", "rows", "count_fraction", "options", "col
               "histogram": {"column", "tolerance"}}
 _UNIT_KEYS = {"privacy_id", "max_contributions"}
 _LEDGER_KEYS = {"path", "policies"}
-_POLICY_KEYS = {"epsilon", "delta", "window_days"}
+_POLICY_KEYS = {"epsilon", "delta", "window_days", "data_retention_days"}
 _REPORT_KEYS = {"private", "public", "target", "max_plot_rows"}
 _BUDGET_KEYS = {"epsilon", "delta"}
 
@@ -131,7 +132,12 @@ RELEASE_CONFIG_SCHEMA: dict[str, Any] = {
                     "type": "object", "additionalProperties": False, "required": ["epsilon"],
                     "properties": {"epsilon": {"type": "number", "exclusiveMinimum": 0},
                                    "delta": {"type": "number", "minimum": 0},
-                                   "window_days": {"type": "number", "exclusiveMinimum": 0}}}},
+                                   "window_days": {"type": "number", "exclusiveMinimum": 0},
+                                   "data_retention_days": {
+                                       "type": "number", "exclusiveMinimum": 0,
+                                       "description": "declaration required by window_days: the "
+                                                      "most days one record stays in the nightly "
+                                                      "input (<= window_days)"}}}},
             }},
         "reports": {"type": "object", "additionalProperties": False,
                     "properties": {"private": {"type": "boolean"}, "public": {"type": "boolean"},
@@ -526,12 +532,21 @@ def load_release_config(source: str | os.PathLike[str] | Mapping[str, Any], *,
     for src, p in pol.items():
         where = f"ledger.policies.{src}"
         pd_ = _keys(p, _POLICY_KEYS, where, required=("epsilon",))
-        window = pd_.get("window_days")
-        policies[str(src)] = LedgerPolicy(
-            epsilon=_number(pd_["epsilon"], f"{where}.epsilon", low=0),
-            delta=_number(pd_.get("delta", 0.0), f"{where}.delta", low=0, high=1, low_open=False,
-                          high_open=True),
-            window_days=None if window is None else _number(window, f"{where}.window_days", low=0))
+        window, retention = pd_.get("window_days"), pd_.get("data_retention_days")
+        try:
+            policies[str(src)] = LedgerPolicy(
+                epsilon=_number(pd_["epsilon"], f"{where}.epsilon", low=0),
+                delta=_number(pd_.get("delta", 0.0), f"{where}.delta", low=0, high=1,
+                              low_open=False, high_open=True),
+                window_days=None if window is None else _number(window, f"{where}.window_days", low=0),
+                data_retention_days=None if retention is None else _number(
+                    retention, f"{where}.data_retention_days", low=0))
+        except ValueError as exc:
+            if isinstance(exc, ReleaseConfigError):
+                raise
+            key = "data_retention_days" if retention is not None and window is not None else (
+                "window_days" if window is not None else "data_retention_days")
+            raise ReleaseConfigError(f"{where}.{key}", str(exc)) from None
     rep = _keys(d.get("reports") or {}, _REPORT_KEYS, "reports")
     for key in ("private", "public"):
         if not isinstance(rep.get(key, True), bool):
@@ -625,7 +640,9 @@ def plan_release(cfg: ReleaseConfig, *, output_root: str | None = None) -> Relea
         for s in plan.accountant.spends:
             spends.append(LedgerSpend(source=t.source, privacy_unit=t.privacy_unit,
                                       step=f"{t.name}.{s.step}", epsilon=s.budget.epsilon,
-                                      delta=s.budget.delta, mechanism=s.mechanism))
+                                      delta=s.budget.delta, mechanism=s.mechanism,
+                                      privacy_id=t.privacy_id,
+                                      max_contributions=t.max_contributions))
     return ReleasePlan(cfg, plans, spends)
 
 
@@ -652,7 +669,8 @@ def _plan_histogram(cfg: ReleaseConfig, t: TableSpec) -> LedgerSpend:
         raise ReleaseConfigError(t.where, str(exc)) from None
     return LedgerSpend(source=t.source, privacy_unit=t.privacy_unit,
                        step=f"{t.name}.cathist.{t.column}", epsilon=t.epsilon, delta=0.0,
-                       mechanism="CatHist: discrete Laplace on every declared bin, keep ≥ τ")
+                       mechanism="CatHist: discrete Laplace on every declared bin, keep ≥ τ",
+                       privacy_id=t.privacy_id, max_contributions=t.max_contributions)
 
 
 def _run_histogram_table(cfg: ReleaseConfig, t: TableSpec, tmp: str, options: PipelineOptions,
@@ -678,8 +696,14 @@ def _run_histogram_table(cfg: ReleaseConfig, t: TableSpec, tmp: str, options: Pi
 
 
 def run_key(cfg: ReleaseConfig) -> str:
-    """The identity of one night's release: its name and its resolved folder."""
+    """The identity of one night's release in the (private) ledger: name and resolved folder."""
     return f"{cfg.name}@{cfg.folder}"
+
+
+def public_night(cfg: ReleaseConfig) -> str:
+    """The night's identity as published in ``release.json``: the name and the folder's own name
+    (no path: public files say nothing about the operator's machine)."""
+    return f"{cfg.name}@{os.path.basename(cfg.folder.rstrip('/'))}"
 
 
 # -- running ---------------------------------------------------------------------------------------
@@ -814,6 +838,9 @@ def run_release(
                                          "DaskRunner a release writes one format per table")
     eps = sum(s.epsilon for s in plan.spends)
     progress(f"release {cfg.name}: validated {len(cfg.tables)} table(s), plan spends ε={eps:g}")
+    if os.path.exists(cfg.ledger_path):  # exactly once, one unit per source, budget: checked
+        PrivacyLedger(cfg.ledger_path).check(  # before any input file is opened
+            run_key=run_key(cfg), spends=plan.spends, policies=cfg.policies)
     ledger = PrivacyLedger(cfg.ledger_path)
     release_id = ledger.reserve(run_key=run_key(cfg), name=cfg.name, folder=cfg.folder,
                                 spends=plan.spends, policies=cfg.policies)
@@ -828,6 +855,8 @@ def run_release(
         ledger.abort(release_id, f"input check failed: {exc}"[:500])
         raise
     progress(f"reserved ε={eps:g} in ledger {cfg.ledger_path} (release {release_id}, pending)")
+    sources = {t.source for t in cfg.tables}
+    budgets = [s for s in ledger.summary() if s["source"] in sources]  # incl. this reservation
     parent, base = fs.split(cfg.folder.rstrip("/"))
     if fs.is_local(parent):
         os.makedirs(parent, exist_ok=True)
@@ -849,7 +878,7 @@ def run_release(
             p = dataclasses.replace(p, config=dataclasses.replace(
                 p.config, output=fs.join(tmp, "public", f"{t.name}.{t.formats[0]}")))
             manifests[t.name] = _run_table(p, t, tmp, options, progress)
-        release = _release_document(cfg, release_id, manifests)
+        release = _release_document(cfg, release_id, manifests, budgets)
         if cfg.public_report or cfg.private_report:
             progress("writing reports")
             from beamsynth.pipelines.report import write_release_reports
@@ -877,9 +906,27 @@ def run_release(
     return release
 
 
-def _release_document(cfg: ReleaseConfig, release_id: str,
-                      manifests: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
-    """``release.json``: the public parts of the manifests plus the ledger entry."""
+def _public_budget(s: Mapping[str, Any]) -> dict[str, Any]:
+    """A source's ledger state after this release, for ``release.json`` (public budget facts)."""
+    unit = s["units"][0] if len(s["units"]) == 1 else None
+    return {
+        "policy": s["policy"], "guarantee": s["guarantee"], "renews": s["renews"],
+        "window_days": s["window_days"], "data_retention_days": s["data_retention_days"],
+        "privacy_unit": None if unit is None else {
+            "unit": unit["unit"], "privacy_id": unit["privacy_id"],
+            "max_contributions": unit["max_contributions"]},
+        "counted_by_policy": {"epsilon": s["epsilon_spent"], "delta": s["delta_spent"]},
+        "left": {"epsilon": s["epsilon_left"], "delta": s["delta_left"]},
+        "lifetime_total": s["lifetime"],
+        "note": "totals include this release; the lifetime total covers every release on the "
+                "source (sequential composition), whatever the policy renews",
+    }
+
+
+def _release_document(cfg: ReleaseConfig, release_id: str, manifests: Mapping[str, dict[str, Any]],
+                      budgets: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """``release.json``: the public parts of the manifests plus the ledger entry (no paths of
+    the operator's machine: the ledger file's name and the release folder's name only)."""
     doc: dict[str, Any] = {
         "beamsynth_release": 1,
         "release_id": release_id,
@@ -889,8 +936,9 @@ def _release_document(cfg: ReleaseConfig, release_id: str,
         "budget": {"epsilon": cfg.epsilon, "delta": cfg.delta},
         "spent": {"epsilon": sum(m["release"]["budget"]["spent"]["epsilon"] for m in manifests.values()),
                   "delta": sum(m["release"]["budget"]["spent"]["delta"] for m in manifests.values())},
-        "ledger": {"path": os.path.basename(cfg.ledger_path), "run_key": run_key(cfg),
-                   "policies": {s: p.describe() for s, p in cfg.policies.items()}},
+        "ledger": {"path": os.path.basename(cfg.ledger_path), "night": public_night(cfg),
+                   "policies": {s: p.describe() for s, p in cfg.policies.items()},
+                   "sources": {s["source"]: _public_budget(s) for s in budgets or []}},
         "tables": {name: {"source": next(t.source for t in cfg.tables if t.name == name),
                           **m["release"]} for name, m in manifests.items()},
         "metrics_namespace": METRICS_NAMESPACE,

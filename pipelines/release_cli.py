@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from beamsynth.pipelines.ledger import PrivacyLedger, format_ledger
+from beamsynth.pipelines.ledger import LedgerError, PrivacyLedger, format_budget, format_ledger
 from beamsynth.pipelines.release import (
     RELEASE_CONFIG_SCHEMA,
     Progress,
@@ -68,20 +68,37 @@ def _run_release(args: argparse.Namespace, beam_args: list[str]) -> int:
     progress = Progress(quiet=getattr(args, "quiet", False))
     cfg = load_release_config(args.config, date=args.date)
     if args.check:
-        from beamsynth.pipelines.release import plan_release
-
-        plan = plan_release(cfg)
-        for s in plan.spends:
-            print(f"{s.source} [{s.privacy_unit}] {s.step}: ε={s.epsilon:g} δ={s.delta:g} "
-                  f"({s.mechanism})")
-        print(f"ok: {cfg.name} → {cfg.folder}")
-        return 0
+        return _check_release(cfg)
     from beamsynth.pipelines.synthesize_cli import pipeline_options
 
     release = run_release(cfg, pipeline_options(beam_args), progress=progress)
     if not progress.quiet:
         print(f"released {release['name']} (ε={release['spent']['epsilon']:g}) → {cfg.folder}",
               file=sys.stderr)
+    return 0
+
+
+def _check_release(cfg) -> int:
+    """Plan the spends and ask the ledger whether it would take them now (reserving nothing).
+
+    A night already published or running, a privacy-unit clash or an overspend raises
+    :class:`~beamsynth.pipelines.ledger.LedgerError` (the CLI prints it and exits 2).
+    """
+    import os
+
+    from beamsynth.pipelines.release import plan_release, run_key
+
+    plan = plan_release(cfg)
+    for s in plan.spends:
+        print(f"{s.source} [{s.privacy_unit}] {s.step}: ε={format_budget(s.epsilon)} "
+              f"δ={format_budget(s.delta)} ({s.mechanism})")
+    if os.path.exists(cfg.ledger_path):  # a missing ledger is created by the first release
+        try:
+            PrivacyLedger(cfg.ledger_path).check(run_key=run_key(cfg), spends=plan.spends,
+                                                 policies=cfg.policies)
+        except LedgerError as exc:
+            raise LedgerError(f"--check: {cfg.name} → {cfg.folder} cannot run: {exc}") from None
+    print(f"ok: {cfg.name} → {cfg.folder} (not published yet; the ledger has room)")
     return 0
 
 

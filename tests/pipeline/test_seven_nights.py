@@ -1,9 +1,9 @@
 """Seven nightly releases of a growing dataset against a lifetime budget that allows five.
 
-Night three is SIGKILLed after its ledger reservation (its input is a FIFO nobody writes, so the
-process is provably stuck reading data, before anything is published); the ledger then lets
-night three be rerun exactly once. Nights six and seven must be refused before reading data:
-their input is also a FIFO, so a release that tried to read would hang until the timeout.
+Night three is SIGKILLed after its ledger reservation (its table step blocks forever, so the
+process is provably stuck before anything is published); the ledger then lets night three be
+rerun exactly once. Nights six and seven must be refused before reading data: their input is a
+FIFO nobody writes, so a release that tried to open it would hang until the timeout.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from beamsynth.pipelines.cli import main
 from beamsynth.pipelines.ledger import LedgerBudgetExceededError, LedgerError, PrivacyLedger
 from beamsynth.pipelines.release import load_release_config, run_release
 
@@ -90,6 +91,15 @@ def _cli(root: Path, night: int, data: Path) -> list[str]:
             str(_config(root, night, data)), "--date", _date(night)]
 
 
+def _stuck_cli(root: Path, night: int, data: Path) -> list[str]:
+    """The release CLI with its table step blocked: it reserves, then never publishes."""
+    args = _cli(root, night, data)[3:]
+    code = ("import sys, time; import beamsynth.pipelines.release as r; "
+            "r._run_table = lambda *a, **k: time.sleep(3600); "
+            f"from beamsynth.pipelines.cli import main; sys.exit(main({args!r}))")
+    return [sys.executable, "-c", code]
+
+
 def _states(ledger: Path) -> list[tuple[str, str]]:
     with sqlite3.connect(ledger) as con:
         return con.execute("SELECT run_key, state FROM releases ORDER BY created").fetchall()
@@ -97,7 +107,7 @@ def _states(ledger: Path) -> list[tuple[str, str]]:
 
 @pytest.mark.skipif(not ADULT.exists(), reason="examples/data/adult/adult.csv is not in this checkout")
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs POSIX FIFOs")
-def test_seven_nights(tmp_path: Path) -> None:
+def test_seven_nights(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     ledger_path = tmp_path / "ledger.sqlite"
     folder = lambda n: tmp_path / "releases" / f"night-{_date(n)}"  # noqa: E731
 
@@ -106,9 +116,9 @@ def test_seven_nights(tmp_path: Path) -> None:
         assert release["spent"]["epsilon"] == pytest.approx(1.0)
         assert (folder(night) / "public" / "adult.csv").exists()
 
-    # Night 3: a subprocess reserves, then blocks reading a FIFO; kill it for real.
-    proc = subprocess.Popen(_cli(tmp_path, 3, _fifo(tmp_path, 3)), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
+    # Night 3: a subprocess reserves, then blocks before publishing; kill it for real.
+    proc = subprocess.Popen(_stuck_cli(tmp_path, 3, _night_input(tmp_path, 3)),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 120
     while time.time() < deadline:
         if any(state == "pending" for _, state in _states(ledger_path)):
@@ -118,7 +128,7 @@ def test_seven_nights(tmp_path: Path) -> None:
     else:
         proc.kill()
         pytest.fail("night 3 never reserved its spend")
-    time.sleep(0.5)  # let it get stuck in the read
+    time.sleep(0.5)  # let it get stuck
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGKILL
@@ -127,6 +137,7 @@ def test_seven_nights(tmp_path: Path) -> None:
     shown = subprocess.run([sys.executable, "-m", "beamsynth.pipelines.cli", "ledger", "show",
                             str(ledger_path)], capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0 and "spent ε=3 of lifetime ε=5 (ε=2 left)" in shown.stdout
+    assert "lifetime total ε=3 over 3 release(s)" in shown.stdout  # the pending night counts
     assert shown.stdout.count("pending") == 1
 
     # Rerun night 3: the dead reservation is released (nothing was published) and replaced.
@@ -138,9 +149,19 @@ def test_seven_nights(tmp_path: Path) -> None:
         _run(tmp_path, 3, _night_input(tmp_path, 3))
 
     for night in (4, 5):
-        _run(tmp_path, night, _night_input(tmp_path, night))
+        release = _run(tmp_path, night, _night_input(tmp_path, night))
     summary = PrivacyLedger(ledger_path).summary()
     assert summary[0]["epsilon_spent"] == pytest.approx(5.0)
+    adult = release["ledger"]["sources"]["adult"]  # release.json of night 5
+    assert adult["lifetime_total"] == {"epsilon": pytest.approx(5.0), "delta": 0.0, "releases": 5}
+    assert adult["renews"] is False and adult["privacy_unit"]["unit"] == "record"
+    assert release["ledger"]["night"] == "nightly@night-2026-01-05"  # no path of this machine
+
+    # --check of a night already published: says so and exits 2 (it used to print "ok")
+    assert main(["release", str(_config(tmp_path, 4, _night_input(tmp_path, 4))), "--date", _date(4),
+                 "--check"]) == 2
+    err = capsys.readouterr().err
+    assert "--check: nightly" in err and "was already published" in err and "ok:" not in err
 
     # Night 6 in-process, night 7 through the CLI: refused before reading (FIFO inputs).
     fifo6 = _fifo(tmp_path, 6)

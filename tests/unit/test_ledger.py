@@ -19,8 +19,10 @@ from beamsynth.pipelines.ledger import (
     LedgerPolicy,
     LedgerSpend,
     PrivacyLedger,
+    format_budget,
     format_ledger,
     temp_folder,
+    unit_label,
 )
 
 POLICY = {"src": LedgerPolicy(epsilon=3.0)}
@@ -125,18 +127,149 @@ def test_a_folder_of_another_release_does_not_commit_a_reservation(tmp_path: Pat
     assert ledger.reconcile() == [(rid, "aborted")]
 
 
-def test_rolling_window_frees_old_spends(tmp_path: Path) -> None:
+def _backdate(ledger: PrivacyLedger, days: float) -> None:
+    """Move every release ``days`` into the past (a night of long ago)."""
+    import datetime as dt
+
+    with sqlite3.connect(ledger.path) as con:
+        for rid, created in con.execute("SELECT release_id, created FROM releases").fetchall():
+            when = dt.datetime.fromisoformat(created) - dt.timedelta(days=days)
+            con.execute("UPDATE releases SET created = ? WHERE release_id = ?",
+                        (when.isoformat(timespec="microseconds"), rid))
+
+
+def test_rolling_window_frees_old_spends_and_shows_the_lifetime_total(tmp_path: Path) -> None:
     ledger = PrivacyLedger(tmp_path / "l.sqlite")
-    pol = {"src": LedgerPolicy(epsilon=1.0, window_days=30)}
+    pol = {"src": LedgerPolicy(epsilon=1.0, window_days=30, data_retention_days=7)}
     rid = ledger.reserve(run_key="old", name="n", folder=str(tmp_path / "o"), spends=_spend(1.0),
                          policies=pol)
     ledger.commit(rid)
     with pytest.raises(LedgerBudgetExceededError, match="per 30 days"):
         ledger.reserve(run_key="new", name="n", folder=str(tmp_path / "n"), spends=_spend(1.0),
                        policies=pol)
-    with sqlite3.connect(ledger.path) as con:
-        con.execute("UPDATE releases SET created = '2000-01-01T00:00:00.000000+00:00'")
+    _backdate(ledger, 31)
     ledger.reserve(run_key="new", name="n", folder=str(tmp_path / "n"), spends=_spend(1.0), policies=pol)
+    (s,) = ledger.summary()
+    assert s["epsilon_spent"] == pytest.approx(1.0) and s["epsilon_left"] == 0
+    assert s["lifetime"] == {"epsilon": pytest.approx(2.0), "delta": 0.0, "releases": 2}
+    text = format_ledger(ledger)
+    assert "spent ε=1 in the last 30 days of ε=1 per 30 days (input keeps a record at most 7 days)" in text
+    assert "lifetime total ε=2 over 2 release(s)" in text and "renews only because" in text
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"window_days": 30}, r"window_days \(30\) renews .* declare data_retention_days \(at most 30"),
+     ({"window_days": 30, "data_retention_days": 31},
+      r"data_retention_days \(31\) must be <= window_days \(30\)"),
+     ({"data_retention_days": 3}, r"data_retention_days \(3\) only applies to a rolling window"),
+     ({"window_days": 30, "data_retention_days": 0}, r"data_retention_days \(0\) must be a number > 0")],
+)
+def test_renewal_needs_a_data_retention_declaration(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        LedgerPolicy(epsilon=1.0, **kwargs)
+
+
+def test_a_stored_window_without_declaration_no_longer_renews(tmp_path: Path) -> None:
+    """A ledger written before the declaration existed: its window is read as a lifetime budget."""
+    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    with sqlite3.connect(ledger.path) as con:
+        con.execute("INSERT INTO sources (source, epsilon, delta, window_days, created) "
+                    "VALUES ('src', 1.0, 0.0, 30, '2000-01-01T00:00:00+00:00')")
+    assert ledger.policy("src") == LedgerPolicy(epsilon=1.0)
+    rid = ledger.reserve(run_key="a", name="n", folder=str(tmp_path / "a"), spends=_spend(1.0),
+                         policies={"src": LedgerPolicy(epsilon=1.0)})
+    ledger.commit(rid)
+    _backdate(ledger, 365)
+    with pytest.raises(LedgerBudgetExceededError, match="of its lifetime ε=1"):
+        ledger.reserve(run_key="b", name="n", folder=str(tmp_path / "b"), spends=_spend(0.5),
+                       policies={"src": LedgerPolicy(epsilon=1.0)})
+
+
+def _unit_spend(eps: float, pid: str | None, k: int = 1) -> list[LedgerSpend]:
+    return [LedgerSpend(source="src", privacy_unit=unit_label(pid, k), step="t.m", epsilon=eps,
+                        delta=0.0, mechanism="m", privacy_id=pid, max_contributions=k)]
+
+
+def test_a_source_is_charged_under_one_privacy_unit(tmp_path: Path) -> None:
+    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    pol = {"src": LedgerPolicy(epsilon=10.0)}
+    ledger.commit(ledger.reserve(run_key="a", name="n", folder=str(tmp_path / "a"),
+                                 spends=_unit_spend(1.0, "pid", 3), policies=pol))
+    # another bound on contributions of the same person: each release is ε-DP per person, they add
+    ledger.commit(ledger.reserve(run_key="b", name="n", folder=str(tmp_path / "b"),
+                                 spends=_unit_spend(1.0, "pid", 5), policies=pol))
+    for pid in (None, "household"):
+        with pytest.raises(LedgerError, match=r"different privacy units do not add up"):
+            ledger.reserve(run_key="c", name="n", folder=str(tmp_path / "c"),
+                           spends=_unit_spend(1.0, pid), policies=pol)
+    with pytest.raises(LedgerError, match=r"per privacy id 'pid' and per record"):  # one release
+        ledger.reserve(run_key="c", name="n", folder=str(tmp_path / "c"),
+                       spends=_unit_spend(1.0, "pid") + _unit_spend(1.0, None), policies=pol)
+    (s,) = ledger.summary()
+    assert [u["unit"] for u in s["units"]] == ["privacy id 'pid'"]
+    assert s["units"][0]["max_contributions"] == [3, 5] and s["lifetime"]["epsilon"] == 2.0
+    assert "src [privacy id 'pid' ≤3/5 records each]: spent ε=2 of lifetime ε=10" in format_ledger(ledger)
+
+
+def test_a_ledger_mixing_units_adds_nothing_across_them(tmp_path: Path) -> None:
+    """Spends written before the one-unit rule (legacy rows): shown per unit, never summed."""
+    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    pol = {"src": LedgerPolicy(epsilon=10.0)}
+    ledger.commit(ledger.reserve(run_key="a", name="n", folder=str(tmp_path / "a"),
+                                 spends=_unit_spend(1.0, None), policies=pol))
+    with sqlite3.connect(ledger.path) as con:  # a legacy row: unit label only, no privacy_id
+        rid = con.execute("SELECT release_id FROM releases").fetchone()[0]
+        con.execute("INSERT INTO spends (release_id, source, privacy_unit, step, epsilon, delta, "
+                    "mechanism) VALUES (?, 'src', 'pid×2', 't.x', 2.0, 0.0, 'm')", (rid,))
+    (s,) = ledger.summary()
+    assert s["lifetime"] is None and [u["epsilon"] for u in s["units"]] == [2.0, 1.0]
+    text = format_ledger(ledger)
+    assert "NOT added up" in text and "record: lifetime total ε=1" in text
+    assert "privacy id 'pid': lifetime total ε=2" in text and "(several privacy units" in text
+    with pytest.raises(LedgerError, match="different privacy units"):
+        ledger.reserve(run_key="b", name="n", folder=str(tmp_path / "b"),
+                       spends=_unit_spend(0.1, None), policies=pol)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"privacy_unit": "record", "privacy_id": "pid"}, "privacy_unit 'record' takes no privacy_id"),
+    ({"privacy_unit": "pid×3"}, r"must be 'record' or 'COLUMN×k' matching privacy_id \(None\)"),
+    ({"privacy_unit": "pid×3", "privacy_id": "pid", "max_contributions": 2}, "matching privacy_id"),
+    ({"privacy_unit": "record", "max_contributions": 0}, r"max_contributions \(0\) must be an int"),
+])
+def test_spend_unit_validation(kwargs: dict, message: str) -> None:
+    base = {"source": "s", "step": "x", "epsilon": 1.0, "delta": 0.0, "mechanism": "m"}
+    with pytest.raises(ValueError, match=message):
+        LedgerSpend(**base, **kwargs)
+
+
+def test_budgets_print_rounded(tmp_path: Path) -> None:
+    assert [format_budget(x) for x in (4.440892098500626e-16, -1e-13, 0.1 + 0.2, 2.0, 1e-6)] == \
+        ["0", "0", "0.3", "2", "1e-06"]
+    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    pol = {"src": LedgerPolicy(epsilon=0.3)}
+    for i, eps in enumerate((0.1, 0.2)):
+        ledger.commit(ledger.reserve(run_key=f"r{i}", name="n", folder=str(tmp_path / f"r{i}"),
+                                     spends=_spend(eps), policies=pol))
+    assert ledger.summary()[0]["epsilon_left"] == 0.0
+    text = format_ledger(ledger)
+    assert "spent ε=0.3 of lifetime ε=0.3 (ε=0 left)" in text and "e-1" not in text
+
+
+def test_check_reports_a_published_night_and_reserves_nothing(tmp_path: Path) -> None:
+    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    ledger.check(run_key="a", spends=_spend(1.0), policies=POLICY)  # room, nothing written
+    assert ledger.releases() == [] and ledger.summary() == []
+    rid = _reserve(ledger, "a", tmp_path / "a")
+    with pytest.raises(LedgerError, match="is running"):
+        ledger.check(run_key="a", spends=_spend(1.0), policies=POLICY)
+    ledger.commit(rid)
+    with pytest.raises(LedgerError, match="already published"):
+        ledger.check(run_key="a", spends=_spend(1.0), policies=POLICY)
+    with pytest.raises(LedgerBudgetExceededError, match="needs ε=2.5"):
+        ledger.check(run_key="b", spends=_spend(2.5), policies=POLICY)
+    assert len(ledger.releases()) == 1
 
 
 def test_policy_cannot_be_changed_by_a_release(tmp_path: Path) -> None:
