@@ -208,35 +208,39 @@ def _csv_facts(path: str) -> FileFacts:
     if b"\x00" in data[:4096]:
         raise PreflightError(f"{path}: the file holds NUL bytes: is it a binary file (Parquet, "
                              "Avro, a spreadsheet) with a .csv name?")
-    end = _header_end(data)
+    start, end = _header_line(data)
     if end is None:
         if not whole:
             raise PreflightError(f"{path}: no line break in the first {_HEAD_BYTES >> 20} MiB: is "
                                  "it a CSV file?")
         end = len(data)
-    head = data[:end]
+    head = data[start:end]
     try:
         text = head.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise PreflightError(
             f"{path}: the header line is not valid UTF-8 (byte 0x{head[exc.start]:02x} at offset "
-            f"{exc.start}); beamsynth reads UTF-8 — convert the file (e.g. iconv -f latin1 -t utf-8)"
+            f"{start + exc.start}); beamsynth reads UTF-8 — convert the file (e.g. iconv -f latin1 "
+            "-t utf-8)"
         ) from None
-    fields = next(csv.reader(io.StringIO(text, newline="")), [])
+    fields = next(csv.reader([text]), [])
     rest = data[end:]
     has_records = True if rest.strip() else (False if whole else None)
     return FileFacts(path, "csv", [f.strip() for f in fields], has_records)
 
 
-def _header_end(data: bytes) -> int | None:
-    """Offset just after the header record's line ending (quoted line breaks stay inside)."""
-    quoted = False
-    for i, b in enumerate(data):
-        if b == 0x22:
-            quoted = not quoted
-        elif b in (0x0A, 0x0D) and not quoted:
-            return i + 2 if data[i:i + 2] == b"\r\n" else i + 1
-    return None
+_LINE_BREAK = re.compile(rb"\r\n|\r|\n")
+
+
+def _header_line(data: bytes) -> tuple[int, int | None]:
+    """(start, end) of the header: the first line that is not blank, as the reader takes it
+    (one physical line; blank lines before it are skipped). ``end`` is None without a line break."""
+    pos = 0
+    for m in _LINE_BREAK.finditer(data):
+        if m.start() > pos:
+            return pos, m.start()
+        pos = m.end()
+    return pos, None
 
 
 def _jsonl_facts(path: str) -> FileFacts:

@@ -210,6 +210,28 @@ def test_tiny_epsilon_refused_when_built(tmp_path, out, capsys, monkeypatch):
     _nothing_written(out)
 
 
+def test_tiny_epsilon_histogram_and_prefixes(tmp_path, out, capsys):
+    inp = _csv(tmp_path / "names.csv", ["name,pid", "smith,1", "jones,2"])
+    assert main(["histogram", str(inp), "--column", "name", "--domain", "list:smith,jones",
+                 "--tolerance", "0.1", "--epsilon", "1e-20", "--output", str(out)]) == 2
+    assert _error(capsys) == ("beamsynth histogram: error: step 'cathist.name': ε=1e-20 gives noise "
+                              "scale=1e+20, which the exact samplers cannot draw (exp(-1/scale) rounds "
+                              "to 1); raise --epsilon")
+    assert main(["prefixes", str(inp), "--column", "name", "--epsilon", "1e-20", "--output", str(out)]) == 2
+    assert _error(capsys).startswith("beamsynth prefixes: error: step 'prefixes/improved': ε=1e-20 gives "
+                                     "noise scale=2e+20, which the exact samplers cannot draw")
+    _nothing_written(out)
+
+
+def test_header_is_the_first_non_blank_line(tmp_path):
+    inp = _csv(tmp_path / "a.csv", ["", "", "name,pid", "", "smith,1"])
+    facts = preflight.check_inputs(str(inp)).files[0]
+    assert facts.columns == ["name", "pid"] and facts.has_records is True
+    _csv(inp, ["", "name,pid", "", "  "])
+    with pytest.raises(preflight.PreflightError, match="no data records"):
+        preflight.check_inputs(str(inp))
+
+
 def test_noise_scale_check_passes_ordinary_scales():
     preflight.check_noise_scales([{"step": "s", "epsilon": 1e-9, "details": {"scale": 1e9,
                                                                             "nested": {"scale_x": 2.0}}}])
