@@ -23,8 +23,8 @@ Privacy rules of the step (docs/releases.md, "Beam YAML"):
   or not). Any other windowing of the input is refused when the pipeline is built.
 * **Steps compose.** All ``BeamsynthSynthesize`` steps of one pipeline spend from one job ledger
   (:func:`job_accountant`); with more than one step the pipeline must declare its total with
-  ``job_budget: {epsilon: E, delta: D}`` (same value on every step), and steps that overspend it
-  fail when the pipeline is built.
+  ``job_budget: {epsilon: E, delta: D}`` (on one step at least, the same value wherever given),
+  and steps that overspend it fail when the pipeline is built.
 * **Seeded output is marked**: ``seed`` logs a warning when the step is built, counts every
   synthetic row in the ``beamsynth/seeded_rows_not_for_release`` counter and sets the manifest's
   ``randomness`` to "seeded: not for release".

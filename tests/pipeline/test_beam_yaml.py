@@ -66,6 +66,10 @@ def test_example_yaml_pipeline_reads_csv_synthesizes_and_writes_avro(tmp_path: P
     rejected = [json.loads(line) for f in glob.glob(f"{out}.rejected*")
                 for line in Path(f).read_text(encoding="utf-8").splitlines()]
     assert len(rejected) == 1 and "not-an-age" in rejected[0]["raw"]
+    manifest = json.loads(Path(f"{out}.manifest.json").read_text(encoding="utf-8"))
+    assert manifest["operational"]["rows_rejected"] == 1 and manifest["operational"]["rows_used"] == 400
+    assert manifest["release"]["budget"]["total"]["epsilon"] == 1.0
+    assert manifest["release"]["rows_out"] == len(records)
 
 
 @pytest.mark.skipif(not ADULT.exists(), reason="examples/data/adult/adult.csv is not in this checkout")
