@@ -150,7 +150,10 @@ def rows_to_block(rows: list[Any], *, schema: Schema, source: str,
             rejected.append(Rejected(source, first_row + i,
                                      f"element is a {type(row).__name__}, not a row", raw=""))
             continue
-        values, reason = _judge_row(schema, d)
+        try:
+            values, reason = _judge_row(schema, d)
+        except Exception as exc:  # noqa: BLE001 (a value whose str() fails: that row only)
+            values, reason = None, f"a field could not be read ({type(exc).__name__})"
         if values is None:
             rejected.append(Rejected(source, first_row + i, reason, raw=_raw_text(d)))
             continue

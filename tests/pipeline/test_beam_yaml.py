@@ -149,6 +149,39 @@ def test_each_row_is_judged_against_the_schema_alone(tmp_path: Path) -> None:
                 assert others == before.codes.tolist(), (extra, r, pos)
 
 
+_KEYS = ("color", "age", "x", "age_")
+_VALUES = ("red", "blue", "purple", "3", "150", "", None, 7, 2.5, float("nan"), "a\x00b", "ü")
+
+
+@pytest.mark.parametrize("extra", ["ignore", "reject"])
+def test_adding_one_row_changes_the_used_rows_by_at_most_that_row(tmp_path: Path, extra: str) -> None:
+    """Property (derandomized hypothesis, 300 cases per mode): for rows D with any key sets and
+    values and one more row r at any position, used(D + r) is used(D), or used(D) with r's own
+    encoding inserted."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from beamsynth.pipelines.yaml_transforms import encode_rows
+
+    schema = load_schema(_tiny(tmp_path, extra))
+    row = st.dictionaries(st.sampled_from(_KEYS), st.sampled_from(_VALUES), max_size=4)
+
+    @settings(max_examples=300, deadline=None, derandomize=True)
+    @given(rows=st.lists(row, max_size=8), extra_row=row, where=st.integers(0, 8))
+    def check(rows, extra_row, where):
+        pos = min(where, len(rows))
+        before = encode_rows(schema, rows)[0].codes.tolist()
+        after = encode_rows(schema, rows[:pos] + [extra_row] + rows[pos:])[0].codes.tolist()
+        alone = encode_rows(schema, [extra_row])[0].codes.tolist()
+        if len(after) == len(before):
+            assert after == before and alone == []
+        else:
+            i = len(encode_rows(schema, rows[:pos])[0])
+            assert after[:i] + after[i + 1:] == before and [after[i]] == alone
+
+    check()
+
+
 def _metric(result, name: str) -> int:
     from apache_beam.metrics.metric import MetricsFilter
 
