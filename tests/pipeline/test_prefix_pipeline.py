@@ -101,7 +101,8 @@ def test_cli_text_end_to_end(tmp_path):
     man = json.loads((tmp_path / "out.csv.manifest.json").read_text())
     assert man["release"]["details"]["restore_discount"] is True
     op, rel = man["operational"], man["release"]
-    assert op["rows_read"] == 53 and op["rows_used"] == 51 and op["rows_rejected"] == 2
+    assert op["rows_read"] == 53 and op["rows_used"] == 35 and op["rows_rejected"] == 2  # used: after
+    assert op["rows_dropped_by_bound"] == 16  # the bound of 5 per user (51 encoded rows, 7 users)
     assert rel["budget"]["spent"]["epsilon"] == 8.0
     assert rel["details"]["accounting"]["max_contributions"] == 5
     synth = (tmp_path / "out.csv").read_text().splitlines()
