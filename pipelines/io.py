@@ -6,19 +6,30 @@ Reading is split in two steps so that other transforms can reuse the raw form:
 
 * :func:`iter_raw_blocks` / :class:`ReadRawBlocks`: a file → :class:`RawBlock` elements (up to
   ``block_rows`` rows of raw column values as pandas object Series) plus :class:`Rejected` rows
-  that could not even be split into fields (ragged CSV lines, invalid JSON, unreadable files).
+  that could not even be split into fields (ragged or malformed CSV lines, invalid JSON, bytes
+  that are not UTF-8, corrupt Avro blocks and Parquet row groups, unreadable files).
 * :class:`EncodeBlocks`: RawBlock → :class:`~beamsynth.schemas.schema.EncodedBatch` (cell codes
   for the declared schema) and, on the ``rejected`` output, every row with a value outside the
-  declared domain, an unparseable value or a null where none is allowed, each with its reason.
+  declared domain, an unparseable value, a null where none is allowed or (JSONL) keys the
+  schema does not allow, each with its reason.
+
+Stability (privacy rule 6; docs/schema-format.md, "Reading rules"): every record is read and
+judged alone, so adding or removing one record changes the used records by at most that
+record. A CSV record is one physical line by default (``max_record_lines=1``: an unbalanced
+quote rejects its own line, never the lines after it); the header (the first non-blank line) is
+public structure and only it is a header. A JSONL record's keys are checked against the schema,
+never against other records. A corrupt Avro block or Parquet row group is one dead letter and
+reading goes on (after the next sync marker / with the next row group).
 
 Nothing is dropped silently: rows read = rows encoded + rows rejected, and every rejected row
-names its file, its row number (1-based, header excluded), its line where known, and the reason.
+names its file, its row number (1-based, header excluded), its line where known (or its Avro
+byte range / Parquet row group as ``block``), and the reason.
 
 Parallel reading: :class:`ReadRecords` cuts uncompressed CSV/JSONL files larger than
 ``split_bytes`` into byte ranges (:func:`plan_parts`) read and encoded by different workers;
 records are aligned to line starts, a part's dead letters are renumbered file-wide
-(:class:`NumberRejected`), and the result equals a sequential read (a CSV quoted field with a
-line break across a split point is detected and raises instead).
+(:class:`NumberRejected`), and the result equals a sequential read byte for byte (records never
+span lines there; a CSV file read with ``max_record_lines > 1`` is not split).
 """
 
 from __future__ import annotations
@@ -45,9 +56,16 @@ from beamsynth.pipelines.formats import csv_escape as _csv_escape
 from beamsynth.pipelines.formats import table_to_jsonl as _table_to_jsonl
 from beamsynth.schemas.schema import EncodedBatch, Schema, SchemaError, avro_field_name
 from beamsynth.schemas.tables import arrow_schema_for
+from beamsynth.transforms.conventions import display_items, element_types
 
 __all__ = [
     "DEFAULT_SPLIT_BYTES",
+    "MAX_RECORD_LINES_LIMIT",
+    "AvroHeader",
+    "check_max_record_lines",
+    "iter_avro_blocks",
+    "iter_parquet_row_groups",
+    "read_avro_header",
     "FORMATS",
     "EncodeBlocks",
     "FilePart",
@@ -103,15 +121,17 @@ class Rejected:
     raw: str = ""
     line: int | None = None
     part: int = 0  # the file part whose reader found it (row/line counted from the part's start)
+    block: str | None = None  # Avro byte range / Parquet row group of a rejected block
 
     def to_json(self) -> str:
         """One JSON line (valid UTF-8: lone surrogates from undecodable bytes or JSON ``\\ud800``
-        escapes become ``\\udXXX`` escapes instead of failing the dead-letter write)."""
-        text = json.dumps(
-            {"source": self.source, "row": self.row, "line": self.line, "reason": self.reason,
-             "raw": self.raw[:_RAW_LIMIT]},
-            ensure_ascii=False,
-        )
+        escapes become ``\\udXXX`` escapes instead of failing the dead-letter write); the key
+        ``block`` only for a rejected Avro block or Parquet row group."""
+        obj = {"source": self.source, "row": self.row, "line": self.line, "reason": self.reason,
+               "raw": self.raw[:_RAW_LIMIT]}
+        if self.block is not None:
+            obj["block"] = self.block
+        text = json.dumps(obj, ensure_ascii=False)
         return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
@@ -122,6 +142,11 @@ class RawBlock:
     ``rows`` holds the 1-based row number of each row in its file (header excluded) and ``lines``
     the line number where known (CSV/JSONL); in a block of file part ``part > 0`` (see
     :class:`FilePart`) both count from the start of the part.
+
+    JSONL blocks have no header: ``key_sets`` lists the distinct key sets of their records and
+    ``row_keys`` the index of each row's key set, so that each record is judged against the
+    schema alone (a key it lacks is a null or a missing value, a key it adds concerns only it).
+    Other formats (``key_sets=None``) have one header for the whole file: public structure.
     """
 
     source: str
@@ -131,6 +156,8 @@ class RawBlock:
     header_error: str | None = None
     raw_rows: list[str] = field(default_factory=list)
     part: int = 0
+    key_sets: list[tuple[str, ...]] | None = None
+    row_keys: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.rows.size)
@@ -141,6 +168,11 @@ _BOM = b"\xef\xbb\xbf"
 # one line with its ending, universal newlines (\r\n, \r, \n) as io.TextIOWrapper(newline="")
 _LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+")
 _SURROGATE = re.compile("[\udc80-\udcff]")
+# characters other than \r and \n that str.splitlines() also breaks on: a chunk without them (and
+# without quotes or undecodable bytes) takes the fast path of the CSV reader
+_SLOW_CHUNK = re.compile('["\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029\udc80-\udcff]')
+_LINE_ENDS = "\r\n"
+MAX_RECORD_LINES_LIMIT = 1_000  # largest allowed max_record_lines
 
 
 def _open_binary(path: str) -> Any:
@@ -154,29 +186,44 @@ class _LineSource:
     """Decoded lines of bytes ``[start, stop)`` of a file (``stop=None``: to the end).
 
     Lines split on universal newlines with their endings kept, decoded as UTF-8 with
-    ``surrogateescape`` (undecodable bytes stay visible in the dead-letter output), a byte-order
-    mark dropped at offset 0: the same lines as ``io.TextIOWrapper(encoding="utf-8-sig",
-    errors="surrogateescape", newline="")``. ``dirty`` becomes True when a line from a chunk
-    holding undecodable bytes is handed out (the consumer resets it); ``exhausted`` when the
-    range has no more lines; ``pulled`` counts the lines handed out.
+    ``surrogateescape`` (undecodable bytes become lone surrogates ``\\udc80``-``\\udcff``, so a
+    reader can reject exactly the lines that hold them), a byte-order mark dropped at offset 0:
+    the same lines as ``io.TextIOWrapper(encoding="utf-8-sig", errors="surrogateescape",
+    newline="")``. Line endings are ASCII and never inside a UTF-8 sequence, so how one line
+    decodes never depends on another. :meth:`texts` hands out whole decoded chunks (each ends
+    at a line end); iterating hands out lines. ``pulled`` counts the lines handed out.
     """
 
     def __init__(self, fh: Any, start: int = 0, stop: int | None = None, *,
                  chunk: int = _CHUNK_BYTES) -> None:
         self._fh, self._start, self._stop, self._chunk = fh, start, stop, chunk
         self.bom = False
-        self.dirty = False
-        self.exhausted = False
         self.pulled = 0
-        self._it = self._lines()
+        self._gen = self._chunks()
+        self._pending: list[str] = []  # lines of the current chunk not handed out yet (reversed)
 
-    def __iter__(self) -> _LineSource:
-        return self
+    def __iter__(self) -> Iterator[str]:
+        while True:
+            if not self._pending:
+                text = next(self._texts(), None)
+                if text is None:
+                    return
+                self._pending = _LINE.findall(text)[::-1]
+                continue
+            self.pulled += 1
+            yield self._pending.pop()
 
-    def __next__(self) -> str:
-        line = next(self._it)
-        self.pulled += 1
-        return line
+    def texts(self) -> Iterator[str]:
+        """Decoded chunks, each a run of whole lines (the last one may lack its ending), starting
+        where line iteration stopped; the consumer adds the lines it takes to ``pulled``."""
+        if self._pending:
+            rest, self._pending = "".join(reversed(self._pending)), []
+            yield rest
+        yield from self._texts()
+
+    def _texts(self) -> Iterator[str]:
+        for chunk in self._gen:
+            yield chunk.decode("utf-8", "surrogateescape")
 
     def _chunks(self) -> Iterator[bytes]:
         if self._start:
@@ -204,18 +251,6 @@ class _LineSource:
             if cut:
                 yield buf[:cut]
             carry = buf[cut:]
-
-    def _lines(self) -> Iterator[str]:
-        for chunk in self._chunks():
-            text = chunk.decode("utf-8", "surrogateescape")
-            lines = _LINE.findall(text)
-            if _SURROGATE.search(text) is None:
-                yield from lines
-            else:
-                for line in lines:
-                    self.dirty = True
-                    yield line
-        self.exhausted = True
 
 
 def _clean(text: str) -> str:
@@ -279,24 +314,220 @@ def _next_line_start(fh: Any, pos: int, floor: int) -> int:
         off += len(data)
 
 
+# -- CSV: one record per line by default -----------------------------------------------------------
+# RFC 4180 fields: quoted (quotes doubled inside, may hold line breaks) or unquoted (no quote,
+# comma or line break). Used to classify lines when a record may span lines (max_record_lines > 1).
+_QUOTED = r'"[^"]*(?:""[^"]*)*"'
+_STRICT_RECORD = re.compile(rf'(?:{_QUOTED}|[^",\r\n]*)(?:,(?:{_QUOTED}|[^",\r\n]*))*')
+
+
+def _csv_line_fields(body: str) -> list[str] | str:
+    """Fields of one physical line (its ending removed), or the reason it is malformed.
+
+    A line without quotes is split on commas. A line with quotes is read by Python's ``csv``
+    module in strict mode, alone: a quoted field left open at the end of the line (an unbalanced
+    quote) or text after a closing quote makes the line malformed; it is never continued on the
+    next line, so one bad line affects only itself. A quote inside an unquoted field is kept as
+    text (``5'11"``), as ``csv`` does.
+    """
+    if '"' not in body:
+        return body.split(",")
+    try:
+        return next(csv.reader((body,), strict=True))
+    except csv.Error as exc:
+        if "unexpected end of data" in str(exc):
+            return "malformed CSV line: a quoted field is not closed on its line (unbalanced quote)"
+        return f"malformed CSV line: {exc}"
+
+
+_STRICT_FIELD = re.compile(r'"([^"]*(?:""[^"]*)*)"|([^",\r\n]*)')
+
+
+def _strict(text: str) -> bool:
+    return _STRICT_RECORD.fullmatch(text) is not None
+
+
+def _strict_fields(text: str) -> list[str]:
+    """Fields of a record that :func:`_strict` accepts (quoted fields unquoted, ``""`` → ``"``)."""
+    fields, pos = [], 0
+    while True:
+        m = _STRICT_FIELD.match(text, pos)
+        quoted, plain = m.group(1), m.group(2)
+        fields.append(plain if quoted is None else quoted.replace('""', '"'))
+        pos = m.end() + 1  # past the comma
+        if pos > len(text):
+            return fields
+
+
+def _line_role(body: str) -> str:
+    """Role of a line when records may span lines (RFC 4180, decided from the line alone).
+
+    ``complete``: a whole record; ``opener``: opens a quoted field it does not close, and cannot
+    close one (a line that could do both is never an opener); ``closer``: closes a quoted field
+    open at its start, then ends the record; ``inner``: stays inside a quoted field (possibly
+    closing it and opening another); ``bad``: none of these (or undecodable bytes).
+    """
+    if _SURROGATE.search(body) is not None:
+        return "bad"
+    if _strict(body):
+        return "complete"
+    closer = _strict('"' + body)
+    if closer:
+        return "closer"
+    if _strict(body + '"'):
+        return "opener"
+    if _strict('"' + body + '"'):
+        return "inner"
+    return "bad"
+
+
+def _continues(body: str) -> str:
+    """How a line reads inside an open quoted field: ``closer``, ``inner`` or ``bad``."""
+    if _SURROGATE.search(body) is not None:
+        return "bad"
+    if _strict('"' + body):
+        return "closer"
+    if _strict('"' + body + '"'):
+        return "inner"
+    return "bad"
+
+
+@dataclass
+class _CsvItem:
+    """One CSV record (or malformed record) found by a line reader: its first line number, its
+    fields (or the reason it is malformed) and its raw text."""
+
+    line: int
+    fields: list[str] | None
+    reason: str = ""
+    raw: str = ""
+
+
+def _iter_csv_records(src: _LineSource, line_no: int, max_lines: int) -> Iterator[_CsvItem | int]:
+    """Records of the lines of ``src`` after the header (``line_no`` lines already consumed).
+
+    Yields :class:`_CsvItem` per record, or an ``int`` (a line number) per blank line. With
+    ``max_lines == 1`` every non-blank line is one record. With ``max_lines = L > 1`` a record may
+    span up to ``L`` lines: an *opener* line (see :func:`_line_role`) followed by *inner* lines and
+    a *closer* within ``L`` lines is one record; otherwise the opener alone is malformed and
+    reading resumes at the next line. See docs/schema-format.md for why one added line then
+    changes at most ``L - 1`` records (``L = 1``: only itself).
+    """
+    if max_lines == 1:
+        yield from _iter_csv_single(src, line_no)
+        return
+    window: list[str] = []
+    it = iter(src)
+    exhausted = False
+
+    def fill(n: int) -> None:
+        nonlocal exhausted
+        while len(window) < n and not exhausted:
+            try:
+                window.append(next(it))
+            except StopIteration:
+                exhausted = True
+
+    while True:
+        fill(1)
+        if not window:
+            return
+        line = window[0]
+        body = line.rstrip(_LINE_ENDS)
+        if not body:
+            window.pop(0)
+            line_no += 1
+            yield line_no
+            continue
+        role = _line_role(body)
+        take = 1
+        item: _CsvItem
+        if role == "complete":
+            item = _CsvItem(line_no + 1, _strict_fields(body))
+        elif role == "opener":
+            fill(max_lines)
+            take = 0
+            for j in range(1, len(window)):
+                cont = _continues(window[j].rstrip(_LINE_ENDS))
+                if cont == "closer":
+                    take = j + 1
+                    break
+                if cont == "bad":
+                    break
+            if take:
+                text = "".join(window[:take]).rstrip(_LINE_ENDS)
+                item = _CsvItem(line_no + 1, _strict_fields(text))
+            else:
+                take = 1
+                item = _CsvItem(line_no + 1, None,
+                                f"malformed CSV line: a quoted field is not closed within "
+                                f"{max_lines} lines (max_record_lines)", body)
+        elif role == "bad" and _SURROGATE.search(body) is not None:
+            item = _CsvItem(line_no + 1, None, "invalid UTF-8: the line holds undecodable bytes", body)
+        else:
+            item = _CsvItem(line_no + 1, None,
+                            f"malformed CSV line (RFC 4180, {role} line outside a record)"
+                            if role == "closer" else "malformed CSV line (RFC 4180)", body)
+        del window[:take]
+        line_no += take
+        yield item
+
+
+def _iter_csv_single(src: _LineSource, line_no: int) -> Iterator[_CsvItem | int]:
+    """:func:`_iter_csv_records` with one line per record; chunks without quotes, undecodable
+    bytes or unusual line breaks are split in bulk (``str.splitlines``, ``str.split``)."""
+    for text in src.texts():
+        if _SLOW_CHUNK.search(text) is None:
+            bodies = text.splitlines()
+            src.pulled += len(bodies)
+            for body in bodies:
+                line_no += 1
+                yield _CsvItem(line_no, body.split(",")) if body else line_no
+            continue
+        for line in _LINE.findall(text):
+            src.pulled += 1
+            line_no += 1
+            body = line.rstrip(_LINE_ENDS)
+            if not body:
+                yield line_no
+            elif _SURROGATE.search(body) is not None:
+                yield _CsvItem(line_no, None, "invalid UTF-8: the line holds undecodable bytes", body)
+            else:
+                fields = _csv_line_fields(body)
+                yield _CsvItem(line_no, fields) if isinstance(fields, list) else _CsvItem(
+                    line_no, None, fields, body)
+
+
+def _read_csv_header(src: _LineSource) -> tuple[list[str] | None, str | None, int, int]:
+    """(header fields, error, lines consumed, bytes consumed after a BOM) of a CSV line source.
+
+    The header is the first non-blank line (blank lines before it are skipped), read as one
+    line: it is public structure, decided before any record. ``(None, None, ...)``: no header
+    (an empty or blank file).
+    """
+    used = lines = 0
+    for line in src:
+        lines += 1
+        used += len(line.encode("utf-8", "surrogateescape"))
+        body = line.rstrip(_LINE_ENDS)
+        if not body:
+            continue
+        fields = _csv_line_fields(body)
+        if isinstance(fields, str):
+            return None, f"unreadable CSV header: {fields}", lines, used
+        return [_clean(h).strip() for h in fields], None, lines, used
+    return None, None, lines, used
+
+
 def _csv_header(path: str) -> tuple[list[str] | None, int]:
     """(header fields, byte offset where the records begin) of a CSV file; ``(None, 0)`` when
     the file is empty or its header unreadable (the reader of part 0 reports that)."""
     with _open_binary(path) as fh:
         src = _LineSource(fh, chunk=1 << 16)
-        seen: list[str] = []
-
-        def pulled() -> Iterator[str]:
-            for line in src:
-                seen.append(line)
-                yield line
-
-        try:
-            header = next(csv.reader(pulled()))
-        except (StopIteration, csv.Error):
+        header, _, _, size = _read_csv_header(src)
+        if header is None:
             return None, 0
-        size = sum(len(x.encode("utf-8", "surrogateescape")) for x in seen)
-        return [_clean(h).strip() for h in header], size + (len(_BOM) if src.bom else 0)
+        return header, size + (len(_BOM) if src.bom else 0)
 
 
 def _part_bounds(path: str, part: FilePart, floor: int) -> tuple[int, int | None]:
@@ -316,7 +547,7 @@ class _PartState:
 
 
 def _iter_csv(path: str, block_rows: int, part: FilePart | None = None,
-              state: _PartState | None = None) -> Iterator[RawBlock | Rejected]:
+              state: _PartState | None = None, max_lines: int = 1) -> Iterator[RawBlock | Rejected]:
     idx = 0 if part is None else part.index
     fh_range: tuple[int, int | None] = (0, None)
     header = None
@@ -330,55 +561,36 @@ def _iter_csv(path: str, block_rows: int, part: FilePart | None = None,
         header = known if idx > 0 else None
     with _open_binary(path) as fh:
         src = _LineSource(fh, *fh_range)
-        reader = csv.reader(src)
+        line_no = 0
         if header is None:
-            try:
-                first = next(reader)
-            except StopIteration:
+            header, error, line_no, _ = _read_csv_header(src)
+            if error is not None:
+                yield Rejected(path, None, error, line=line_no)
                 return
-            except csv.Error as exc:
-                yield Rejected(path, None, f"unreadable CSV header: {exc}", line=1)
+            if header is None:
                 return
-            header = [_clean(h).strip() for h in first]
-        last = part is None or part.stop is None
+        width = len(header)
         rows: list[list[Any]] = []
         nums: list[int] = []
         lines: list[int] = []
         row_no = 0
         try:
-            while True:
-                src.dirty = False
-                try:
-                    rec = next(reader)
-                except StopIteration:
-                    break
-                except csv.Error as exc:
-                    row_no += 1
-                    yield Rejected(path, row_no, f"malformed CSV line: {exc}", line=reader.line_num,
-                                   part=idx)
-                    continue
-                if src.exhausted and not last:
-                    raise ValueError(
-                        f"cannot split {path!r} at byte {fh_range[1]}: a quoted CSV field with a line "
-                        "break spans that point, so the parallel readers of this file would not see "
-                        "the records a sequential read sees; read it unsplit (--split-bytes 0, or "
-                        "split_bytes=0 in SynthesisConfig/ReadRecords/ReadRawBlocks) or compress "
-                        "it (.csv.gz is read by one reader)")
-                if not rec:  # blank line: not a record
+            for item in _iter_csv_records(src, line_no, max_lines):
+                if isinstance(item, int):  # a blank line: not a record
                     continue
                 row_no += 1
-                if src.dirty:
-                    rec = [_clean(v) for v in rec]
-                if len(rec) != len(header):
-                    yield Rejected(
-                        path, row_no,
-                        f"row has {len(rec)} fields but the header has {len(header)}",
-                        raw=",".join(rec), line=reader.line_num, part=idx,
-                    )
+                rec = item.fields
+                if rec is None:
+                    yield Rejected(path, row_no, item.reason, raw=_clean(item.raw), line=item.line,
+                                   part=idx)
+                    continue
+                if len(rec) != width:
+                    yield Rejected(path, row_no, f"row has {len(rec)} fields but the header has {width}",
+                                   raw=_clean(",".join(rec)), line=item.line, part=idx)
                     continue
                 rows.append(rec)
                 nums.append(row_no)
-                lines.append(reader.line_num)
+                lines.append(item.line)
                 if len(rows) >= block_rows:
                     yield _block(path, header, rows, nums, lines, idx)
                     rows, nums, lines = [], [], []
@@ -389,9 +601,12 @@ def _iter_csv(path: str, block_rows: int, part: FilePart | None = None,
                 state.records, state.lines = row_no, src.pulled
 
 
+# -- JSONL: every line is one record, judged alone --------------------------------------------------
 def _iter_jsonl(path: str, block_rows: int, part: FilePart | None = None,
                 state: _PartState | None = None) -> Iterator[RawBlock | Rejected]:
-    keys: list[str] = []
+    """Records of a JSON-lines file. Each record keeps its own key set (``RawBlock.key_sets``):
+    which keys it lacks or adds is judged against the schema for that record alone
+    (:func:`encode_block`), never against the other records of its block or file."""
     rows: list[dict[str, Any]] = []
     nums: list[int] = []
     lines: list[int] = []
@@ -399,8 +614,12 @@ def _iter_jsonl(path: str, block_rows: int, part: FilePart | None = None,
     idx = 0 if part is None else part.index
 
     def flush() -> RawBlock:
+        sets: dict[tuple[str, ...], int] = {}
+        which = np.fromiter((sets.setdefault(tuple(r), len(sets)) for r in rows), np.int32, len(rows))
+        keys = list(dict.fromkeys(k for ks in sets for k in ks))
         cols = {k: pd.Series([r.get(k) for r in rows], dtype=object) for k in keys}
-        return RawBlock(path, cols, np.asarray(nums, np.int64), np.asarray(lines, np.int64), part=idx)
+        return RawBlock(path, cols, np.asarray(nums, np.int64), np.asarray(lines, np.int64), part=idx,
+                        key_sets=list(sets), row_keys=which)
 
     fh_range: tuple[int, int | None] = (0, None)
     if part is not None and not (idx == 0 and part.stop is None):
@@ -416,6 +635,10 @@ def _iter_jsonl(path: str, block_rows: int, part: FilePart | None = None,
                 if not line.strip():
                     continue
                 row_no += 1
+                if _SURROGATE.search(line) is not None:
+                    yield Rejected(path, row_no, "invalid UTF-8: the line holds undecodable bytes",
+                                   raw=_clean(line), line=line_no, part=idx)
+                    continue
                 try:
                     obj = json.loads(line)
                 except (json.JSONDecodeError, UnicodeError, RecursionError) as exc:
@@ -427,9 +650,6 @@ def _iter_jsonl(path: str, block_rows: int, part: FilePart | None = None,
                                    f"a JSON line must hold an object, got {type(obj).__name__}",
                                    raw=_clean(line), line=line_no, part=idx)
                     continue
-                for k in obj:
-                    if k not in keys:
-                        keys.append(k)
                 rows.append(obj)
                 nums.append(row_no)
                 lines.append(line_no)
@@ -443,38 +663,231 @@ def _iter_jsonl(path: str, block_rows: int, part: FilePart | None = None,
         yield flush()
 
 
-def _iter_avro(path: str, block_rows: int) -> Iterator[RawBlock | Rejected]:
+# -- Avro: blocks between sync markers; a corrupt block is one dead letter --------------------------
+_AVRO_MAGIC = b"Obj\x01"
+_SYNC = 16
+
+
+@dataclass(frozen=True)
+class AvroHeader:
+    """An Avro container file's header: its bytes (magic, metadata, sync marker), the writer
+    schema's field names, the sync marker and the offset of the first data block."""
+
+    raw: bytes
+    fields: list[str]
+    sync: bytes
+    data_start: int
+
+
+class _ByteReader:
+    """Forward reads of a seekable binary stream with a refillable buffer (tracks the offset)."""
+
+    def __init__(self, fh: Any, offset: int = 0, chunk: int = 1 << 20) -> None:
+        self._fh, self._chunk = fh, chunk
+        fh.seek(offset)
+        self.offset = offset  # file offset of self._buf[self._pos]
+        self._buf, self._pos = b"", 0
+
+    def _fill(self, n: int) -> bool:
+        while len(self._buf) - self._pos < n:
+            data = self._fh.read(max(self._chunk, n))
+            if not data:
+                return False
+            self._buf = self._buf[self._pos:] + data
+            self._pos = 0
+        return True
+
+    def at_end(self) -> bool:
+        """True when no byte is left."""
+        return not self._fill(1)
+
+    def read(self, n: int) -> bytes:
+        """Exactly ``n`` bytes, or fewer at the end of the file."""
+        self._fill(n)
+        out = self._buf[self._pos:self._pos + n]
+        self._pos += len(out)
+        self.offset += len(out)
+        return out
+
+    def long(self) -> int:
+        """An Avro zig-zag varint; ``ValueError`` when malformed or cut off."""
+        shift = acc = 0
+        for _ in range(10):
+            b = self.read(1)
+            if not b:
+                raise ValueError("the file ends inside a block header")
+            acc |= (b[0] & 0x7F) << shift
+            if not b[0] & 0x80:
+                return (acc >> 1) ^ -(acc & 1)
+            shift += 7
+        raise ValueError("a block header holds a varint longer than 10 bytes")
+
+    def seek_past(self, marker: bytes) -> bool:
+        """Move just past the next occurrence of ``marker``; False (at EOF) when there is none."""
+        while True:
+            i = self._buf.find(marker, self._pos)
+            if i >= 0:
+                self.offset += i + len(marker) - self._pos
+                self._pos = i + len(marker)
+                return True
+            keep = max(self._pos, len(self._buf) - len(marker) + 1)
+            self.offset += keep - self._pos
+            self._buf, self._pos = self._buf[keep:], 0
+            data = self._fh.read(self._chunk)
+            if not data:
+                self.offset += len(self._buf)
+                self._buf = b""
+                return False
+            self._buf += data
+
+
+def _zigzag(n: int) -> bytes:
+    n = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while True:
+        if n & ~0x7F:
+            out.append((n & 0x7F) | 0x80)
+            n >>= 7
+        else:
+            out.append(n)
+            return bytes(out)
+
+
+def read_avro_header(fh: Any) -> AvroHeader:
+    """The header of an Avro container file at the start of ``fh`` (``ValueError`` if invalid)."""
     import fastavro
 
+    fh.seek(0)
+    src = _ByteReader(fh)
+    if src.read(4) != _AVRO_MAGIC:
+        raise ValueError("not an Avro container file (bad magic bytes)")
+    meta: dict[str, bytes] = {}
+    while True:
+        count = src.long()
+        if count == 0:
+            break
+        if count < 0:
+            count = -count
+            src.long()  # the byte size of the map block
+        for _ in range(count):
+            key = src.read(src.long()).decode("utf-8")
+            meta[key] = src.read(src.long())
+    sync = src.read(_SYNC)
+    if len(sync) != _SYNC:
+        raise ValueError("the file ends inside its header")
+    schema = fastavro.parse_schema(json.loads(meta["avro.schema"]))
+    end = src.offset
+    fh.seek(0)
+    raw = fh.read(end)
+    return AvroHeader(raw, [f["name"] for f in schema.get("fields", [])], sync, end)
+
+
+def _decode_avro_block(header: AvroHeader, count: int, payload: bytes) -> list[dict[str, Any]]:
+    """The records of one block (decompressed by its codec), checked against its count."""
+    from io import BytesIO
+
+    import fastavro
+
+    container = header.raw + _zigzag(count) + _zigzag(len(payload)) + payload + header.sync
+    records = list(fastavro.reader(BytesIO(container)))
+    if len(records) != count:
+        raise ValueError(f"the block declares {count} records but holds {len(records)}")
+    return records
+
+
+@dataclass
+class _AvroBlock:
+    """One data block of an Avro file: byte range, its records or the reason it is unreadable."""
+
+    start: int
+    stop: int
+    records: list[dict[str, Any]] | None
+    error: str = ""
+
+
+def iter_avro_blocks(fh: Any, header: AvroHeader, start: int | None = None,
+                     stop: int | None = None) -> Iterator[_AvroBlock]:
+    """Data blocks of an Avro file that begin in bytes ``[start, stop)`` (default: all).
+
+    ``start`` inside the data is moved just past the next sync marker, so disjoint byte ranges
+    read every block exactly once. A block whose framing (count, size, sync marker) or content
+    does not decode is reported with its byte range and the reader resumes after the next sync
+    marker: one corrupt block never hides the blocks after it.
+    """
+    src = _ByteReader(fh, header.data_start)
+    if start is not None and start > header.data_start:
+        src = _ByteReader(fh, start - _SYNC)
+        if not src.seek_past(header.sync):
+            return
+    while stop is None or src.offset < stop:
+        begin = src.offset
+        if src.at_end():
+            return
+        try:
+            count, size = src.long(), src.long()
+            if count < 0 or size < 0:
+                raise ValueError(f"negative block count or size ({count}, {size})")
+            payload = src.read(size)
+            if len(payload) != size:
+                raise ValueError("the file ends inside a block")
+            if src.read(_SYNC) != header.sync:
+                raise ValueError("the block does not end with the file's sync marker")
+            records = _decode_avro_block(header, count, payload)
+        except Exception as exc:  # fastavro and codecs raise many types for corrupt data
+            src = _ByteReader(fh, begin + 1)
+            src.seek_past(header.sync)
+            yield _AvroBlock(begin, src.offset, None, f"{type(exc).__name__}: {exc}")
+            continue
+        yield _AvroBlock(begin, src.offset, records)
+
+
+def _iter_avro(path: str, block_rows: int) -> Iterator[RawBlock | Rejected]:
     with FileSystems.open(path, compression_type="uncompressed") as fh:
         try:
-            reader = fastavro.reader(fh)
-        except Exception as exc:  # fastavro raises several types for a bad header
+            header = read_avro_header(fh)
+        except Exception as exc:  # a bad header: bad magic, metadata, schema
             yield Rejected(path, None, f"unreadable Avro file: {exc}")
             return
-        names = [f["name"] for f in reader.writer_schema.get("fields", [])]
+        names = header.fields
         rows: list[dict[str, Any]] = []
         nums: list[int] = []
         row_no = 0
-        it = iter(reader)
-        while True:
-            try:
-                rec = next(it)
-            except StopIteration:
-                break
-            except Exception as exc:  # a corrupt block ends what can be read
-                yield Rejected(path, row_no + 1, f"corrupt Avro data after row {row_no}: {exc}")
-                break
-            row_no += 1
-            rows.append(rec)
-            nums.append(row_no)
-            if len(rows) >= block_rows:
-                yield RawBlock(path, {k: pd.Series([r.get(k) for r in rows], dtype=object) for k in names},
-                               np.asarray(nums, np.int64))
-                rows, nums = [], []
+        for blk in iter_avro_blocks(fh, header):
+            if blk.records is None:
+                yield Rejected(path, None, f"corrupt Avro block at bytes {blk.start}-{blk.stop} (after "
+                               f"row {row_no}; skipped to the next sync marker): {blk.error}",
+                               block=f"bytes {blk.start}-{blk.stop}")
+                continue
+            for rec in blk.records:
+                row_no += 1
+                rows.append(rec)
+                nums.append(row_no)
+                if len(rows) >= block_rows:
+                    yield RawBlock(path, {k: pd.Series([r.get(k) for r in rows], dtype=object)
+                                          for k in names}, np.asarray(nums, np.int64))
+                    rows, nums = [], []
         if rows:
             yield RawBlock(path, {k: pd.Series([r.get(k) for r in rows], dtype=object) for k in names},
                            np.asarray(nums, np.int64))
+
+
+# -- Parquet: row groups; a corrupt row group is one dead letter ------------------------------------
+def iter_parquet_row_groups(pf: Any, groups: Iterable[int] | None = None) -> Iterator[tuple[int, int, Any]]:
+    """``(group, first row (0-based), pyarrow.Table or the exception)`` per row group of a
+    ``pyarrow.parquet.ParquetFile`` (``groups``: which ones, default all). A group is read whole
+    before any of its rows is used, so a corrupt page rejects its group and nothing else."""
+    meta = pf.metadata
+    starts = np.concatenate([[0], np.cumsum([meta.row_group(g).num_rows
+                                             for g in range(meta.num_row_groups)])]).astype(np.int64)
+    for g in range(meta.num_row_groups) if groups is None else groups:
+        try:
+            table: Any = pf.read_row_group(g)
+            if table.num_rows != meta.row_group(g).num_rows:
+                raise ValueError(f"row group holds {table.num_rows} rows, its metadata says "
+                                 f"{meta.row_group(g).num_rows}")
+        except Exception as exc:  # pyarrow raises several types for corrupt pages
+            table = exc
+        yield g, int(starts[g]), table
 
 
 def _iter_parquet(path: str, block_rows: int) -> Iterator[RawBlock | Rejected]:
@@ -482,49 +895,75 @@ def _iter_parquet(path: str, block_rows: int) -> Iterator[RawBlock | Rejected]:
 
     with FileSystems.open(path, compression_type="uncompressed") as fh:
         try:
-            pf = pq.ParquetFile(pa.BufferReader(fh.read()))
+            pf = pq.ParquetFile(pa.BufferReader(fh.read()), page_checksum_verification=True)
         except (pa.ArrowInvalid, OSError) as exc:
             yield Rejected(path, None, f"unreadable Parquet file: {exc}")
             return
-        row_no = 0
-        for batch in pf.iter_batches(batch_size=block_rows):
-            n = batch.num_rows
-            cols = {
-                name: pd.Series(batch.column(i).to_pylist(), dtype=object)
-                for i, name in enumerate(batch.schema.names)
-            }
-            yield RawBlock(path, cols, np.arange(row_no + 1, row_no + n + 1, dtype=np.int64))
-            row_no += n
+        for g, first, table in iter_parquet_row_groups(pf):
+            n = pf.metadata.row_group(g).num_rows
+            if isinstance(table, Exception):
+                where = f"row group {g}, rows {first + 1}-{first + n}"
+                yield Rejected(path, first + 1 if n else None,
+                               f"corrupt Parquet {where}: {type(table).__name__}: {table}",
+                               block=where)
+                continue
+            for off in range(0, table.num_rows, block_rows):
+                part = table.slice(off, block_rows)
+                cols = {name: pd.Series(part.column(i).to_pylist(), dtype=object)
+                        for i, name in enumerate(part.schema.names)}
+                yield RawBlock(path, cols, np.arange(first + off + 1, first + off + part.num_rows + 1,
+                                                     dtype=np.int64))
+
+
+def check_max_record_lines(value: Any) -> int:
+    """``max_record_lines`` validated: an int in ``[1, MAX_RECORD_LINES_LIMIT]``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_RECORD_LINES_LIMIT:
+        raise ValueError(f"max_record_lines ({value!r}) must be an int in [1, {MAX_RECORD_LINES_LIMIT}] "
+                         "(physical lines one CSV record may span; 1: no line breaks inside fields)")
+    return value
 
 
 def iter_raw_blocks(path: str, *, block_rows: int = DEFAULT_BLOCK_ROWS, part: FilePart | None = None,
-                    counts: _PartState | None = None) -> Iterator[RawBlock | Rejected]:
+                    counts: _PartState | None = None,
+                    max_record_lines: int = 1) -> Iterator[RawBlock | Rejected]:
     """Raw blocks and unsplittable rows of one file, or of one :class:`FilePart` of a CSV/JSONL
-    file (Beam-free). ``counts`` (if given) receives the part's records and lines when done."""
+    file (Beam-free). ``counts`` (if given) receives the part's records and lines when done.
+
+    ``max_record_lines``: physical lines one CSV record may span (a quoted field holding line
+    breaks); 1 (default) reads every line as one record, which makes the used records exactly
+    stable (docs/schema-format.md, "Reading rules"). Files read in parts need 1.
+    """
     fmt = detect_format(path)
-    if part is not None and (part.index > 0 or part.stop is not None) and not _splittable(path):
-        raise ValueError(f"{path!r} cannot be read in parts ({fmt}{', gzip' if path.lower().endswith('.gz') else ''})")
+    max_lines = check_max_record_lines(max_record_lines)
+    if part is not None and (part.index > 0 or part.stop is not None) and not _splittable(path, max_lines):
+        raise ValueError(f"{path!r} cannot be read in parts ({fmt}{', gzip' if path.lower().endswith('.gz') else ''}"
+                         f"{', max_record_lines > 1' if max_lines > 1 else ''})")
     try:
-        if fmt in ("csv", "jsonl"):
-            yield from (_iter_csv if fmt == "csv" else _iter_jsonl)(path, block_rows, part, counts)
+        if fmt == "csv":
+            yield from _iter_csv(path, block_rows, part, counts, max_lines)
+        elif fmt == "jsonl":
+            yield from _iter_jsonl(path, block_rows, part, counts)
         else:
             yield from (_iter_avro if fmt == "avro" else _iter_parquet)(path, block_rows)
     except (OSError, UnicodeError, EOFError) as exc:
         yield Rejected(path, None, f"cannot read {fmt} file: {exc}", part=0 if part is None else part.index)
 
 
-def _splittable(path: str) -> bool:
-    return detect_format(path) in ("csv", "jsonl") and not path.lower().endswith(".gz")
+def _splittable(path: str, max_record_lines: int = 1) -> bool:
+    fmt = detect_format(path)
+    return (fmt == "jsonl" or (fmt == "csv" and max_record_lines == 1)) and not path.lower().endswith(".gz")
 
 
-def plan_parts(paths_sizes: Sequence[tuple[str, int | None]], split_bytes: int) -> list[FilePart]:
+def plan_parts(paths_sizes: Sequence[tuple[str, int | None]], split_bytes: int, *,
+               max_record_lines: int = 1) -> list[FilePart]:
     """File parts for parallel reading: uncompressed CSV/JSONL files larger than ``split_bytes``
     are cut into ``ceil(size / split_bytes)`` equal byte ranges (records are then aligned to line
-    starts by the readers); other files (and ``split_bytes=0``) are one part each. Sizes are file
-    metadata, known before any record is read; the plan is the same on every runner."""
+    starts by the readers); other files (and ``split_bytes=0``) are one part each, and so is a
+    CSV file when records may span lines (``max_record_lines > 1``). Sizes are file metadata,
+    known before any record is read; the plan is the same on every runner."""
     parts = []
     for path, size in paths_sizes:
-        if not split_bytes or size is None or size <= split_bytes or not _splittable(path):
+        if not split_bytes or size is None or size <= split_bytes or not _splittable(path, max_record_lines):
             parts.append(FilePart(path, 0, 0, None))
             continue
         n = -(-size // split_bytes)
@@ -537,8 +976,9 @@ class _ReadFileFn(beam.DoFn):
     """``FilePart`` → ``RawBlock`` (main), ``Rejected`` (tag ``rejected``), one ``PartCount``
     (tag ``parts``; only for files read in several parts)."""
 
-    def __init__(self, block_rows: int, tagged: bool = True) -> None:
+    def __init__(self, block_rows: int, max_record_lines: int = 1, tagged: bool = True) -> None:
         self._block_rows = block_rows
+        self._max_lines = max_record_lines
         self._tagged = tagged
         self._read = Metrics.counter(METRICS_NAMESPACE, "rows_read")
         self._rejected = Metrics.counter(METRICS_NAMESPACE, "rows_rejected_unparseable")
@@ -549,7 +989,8 @@ class _ReadFileFn(beam.DoFn):
         whole = part.index == 0 and part.stop is None
         counts = _PartState()
         for item in iter_raw_blocks(part.path, block_rows=self._block_rows,
-                                    part=None if whole else part, counts=counts):
+                                    part=None if whole else part, counts=counts,
+                                    max_record_lines=self._max_lines):
             if isinstance(item, Rejected):
                 self._read.inc()
                 self._rejected.inc()
@@ -651,6 +1092,7 @@ def _later_part(r: Rejected) -> bool:
     return r.part != 0
 
 
+@element_types(inputs={0: Rejected, 1: PartCount}, output=Rejected)
 class NumberRejected(beam.PTransform):
     """``(rejected, part counts)`` → dead letters with file-wide row and line numbers.
 
@@ -659,6 +1101,10 @@ class NumberRejected(beam.PTransform):
     those of later parts are grouped by file with the part counts (a ``GroupByKey``, safe on every
     runner), so they are held until every part of their file has been read.
     """
+
+    def display_data(self) -> dict[str, Any]:
+        """What the step does (no parameters, no data values)."""
+        return display_items(step="number dead letters file-wide from the part counts")
 
     def expand(self, pcolls):
         rejected, parts = pcolls
@@ -677,6 +1123,7 @@ class NumberRejected(beam.PTransform):
         return (first, later) | "Join" >> beam.Flatten()
 
 
+@element_types(outputs={"blocks": RawBlock, "rejected": Rejected, "parts": PartCount})
 class ReadRawBlocks(beam.PTransform):
     """Files (a path or glob) → ``RawBlock`` (main) and ``Rejected`` (tag ``rejected``).
 
@@ -688,12 +1135,15 @@ class ReadRawBlocks(beam.PTransform):
     (:class:`PartCount` per part) for :class:`NumberRejected`; until numbered, blocks and dead
     letters of a part ``> 0`` count rows and lines from the part's start.
 
-    A CSV file whose quoted field holds a line break across a split point cannot be split at that
-    point: its reader raises ``ValueError`` (nothing is released) asking for ``split_bytes=0``.
+    ``max_record_lines`` (default 1): physical lines one CSV record may span. With 1 a quoted
+    field never continues on the next line (an unbalanced quote rejects its own line only), so
+    split reads equal one reader byte for byte; CSV files with ``max_record_lines > 1`` are read
+    by one reader each. See docs/schema-format.md, "Reading rules".
     """
 
     def __init__(self, pattern: str | Sequence[str], *, block_rows: int = DEFAULT_BLOCK_ROWS,
-                 single_output: bool = False, split_bytes: int = 0, label: str | None = None) -> None:
+                 single_output: bool = False, split_bytes: int = 0, max_record_lines: int = 1,
+                 label: str | None = None) -> None:
         super().__init__(label)
         self._single_output = _check_flag("single_output", single_output)
         patterns = [pattern] if isinstance(pattern, str) else list(pattern)
@@ -707,7 +1157,8 @@ class ReadRawBlocks(beam.PTransform):
             raise ValueError(f"split_bytes ({split_bytes!r}) must be an int >= 0 (0: one reader per file)")
         self._block_rows = block_rows
         self._split = split_bytes
-        self._parts = plan_parts(found, split_bytes)
+        self._max_lines = check_max_record_lines(max_record_lines)
+        self._parts = plan_parts(found, split_bytes, max_record_lines=self._max_lines)
 
     @property
     def paths(self) -> list[str]:
@@ -719,12 +1170,18 @@ class ReadRawBlocks(beam.PTransform):
         """The file parts read in parallel."""
         return list(self._parts)
 
+    def display_data(self) -> dict[str, Any]:
+        """Files and parts read (names and sizes are not private; no data values)."""
+        return display_items(step="read files into raw blocks (dead letters tagged 'rejected')",
+                             files=len(self._paths), parts=len(self._parts),
+                             block_rows=self._block_rows, split_bytes=self._split)
+
     def expand(self, pbegin):
         if not self._split:
             paths = pbegin | "Files" >> beam.Create(self._paths)
             # str path
             blocks, rejected = _apply_with_dead_letters(
-                paths, _ReadFileFn, (self._block_rows,), main="blocks",
+                paths, _ReadFileFn, (self._block_rows, self._max_lines), main="blocks",
                 single_output=self._single_output, label="ReadFiles")
             # blocks: RawBlock, rejected: Rejected
             blocks = blocks | "Redistribute" >> beam.Reshuffle()
@@ -732,7 +1189,7 @@ class ReadRawBlocks(beam.PTransform):
         parts = pbegin | "Parts" >> beam.Create(self._parts)
         # FilePart, spread over the workers by Create's reshuffle
         blocks, rejected, counts = _apply_with_dead_letters(
-            parts, _ReadFileFn, (self._block_rows,), main="blocks",
+            parts, _ReadFileFn, (self._block_rows, self._max_lines), main="blocks",
             single_output=self._single_output, label="ReadParts", parts=True)
         # blocks: RawBlock, rejected: Rejected, counts: PartCount (row/line numbers part-local)
         return {"blocks": blocks, "rejected": rejected, "parts": counts}
@@ -754,28 +1211,73 @@ def _align_columns(schema: Schema, columns: dict[str, pd.Series]) -> dict[str, p
     return out
 
 
-def encode_block(schema: Schema, block: RawBlock) -> tuple[EncodedBatch, list[Rejected]]:
-    """Encode one raw block; every row that cannot be encoded becomes a :class:`Rejected`."""
+def _record_key_checks(schema: Schema, block: RawBlock) -> tuple[dict[int, str], dict[str, pd.Series]]:
+    """Per-record checks of a JSONL block: ``({row: reason}, declared columns)``.
+
+    Each key set is checked against the schema alone: a declared nullable key it lacks is a
+    null, a lacking non-nullable key (or privacy id) or, under ``extra_columns: reject``, an
+    undeclared key rejects the records with that key set; an Avro-safe alias
+    (``education_num``) stands for its declared name in the records that lack the name.
+    """
+    wanted = schema.names + ([schema.privacy_id] if schema.privacy_id else [])
+    nullable = {c.name for c in schema.columns if c.nullable}
     n = len(block)
-    block.columns = _align_columns(schema, block.columns)
-    try:
-        schema.check_header(list(block.columns))
-    except SchemaError as exc:
-        rejected = [
-            Rejected(block.source, int(block.rows[i]), f"file header: {exc}", raw=_row_text(block, i),
-                     line=None if block.lines is None else int(block.lines[i]), part=block.part)
-            for i in range(n)
-        ]
-        return EncodedBatch(np.zeros((0, len(schema.columns)), np.int32),
-                            None if schema.privacy_id is None else np.zeros(0, dtype=object)), rejected
-    cols = dict(block.columns)
-    batch, bad = schema.encode_columns(cols, n)
-    rejected = [
-        Rejected(block.source, int(block.rows[i]), reason, raw=_row_text(block, i),
-                 line=None if block.lines is None else int(block.lines[i]), part=block.part)
-        for i, reason in bad
-    ]
-    return batch, rejected
+    absent = pd.Series([None] * n, dtype=object)
+    cols = {name: block.columns.get(name, absent) for name in wanted}
+    which = block.row_keys if block.row_keys is not None else np.zeros(n, np.int32)
+    reasons: dict[int, str] = {}
+    for k, keys in enumerate(block.key_sets or [()]):
+        rows = np.flatnonzero(which == k)
+        have = list(keys)
+        for name in wanted:
+            alias = avro_field_name(name)
+            if name not in keys and alias != name and alias in keys:
+                have[have.index(alias)] = name
+                values = cols[name].copy() if cols[name] is not absent else absent.copy()
+                values.iloc[rows] = block.columns[alias].iloc[rows].to_numpy()
+                cols[name] = values
+        try:
+            schema.check_header(have + [c for c in wanted if c in nullable and c not in have])
+        except SchemaError as exc:
+            text = str(exc).replace("input header lacks", "record lacks").replace("; header is", "; its keys are")
+            for i in rows:
+                reasons[int(i)] = f"record keys: {text}"
+    return reasons, cols
+
+
+def _no_rows(schema: Schema) -> EncodedBatch:
+    return EncodedBatch(np.zeros((0, len(schema.columns)), np.int32),
+                        None if schema.privacy_id is None else np.zeros(0, dtype=object))
+
+
+def encode_block(schema: Schema, block: RawBlock) -> tuple[EncodedBatch, list[Rejected]]:
+    """Encode one raw block; every row that cannot be encoded becomes a :class:`Rejected`.
+
+    A file header (CSV, Avro, Parquet) is public structure checked once for the block; JSONL
+    records are checked one by one (:func:`_record_key_checks`)."""
+    n = len(block)
+
+    def dead(i: int, reason: str) -> Rejected:
+        return Rejected(block.source, int(block.rows[i]), reason, raw=_row_text(block, i),
+                        line=None if block.lines is None else int(block.lines[i]), part=block.part)
+
+    if block.key_sets is None:
+        block.columns = _align_columns(schema, block.columns)
+        try:
+            schema.check_header(list(block.columns))
+        except SchemaError as exc:
+            return _no_rows(schema), [dead(i, f"file header: {exc}") for i in range(n)]
+        batch, bad = schema.encode_columns(dict(block.columns), n)
+        return batch, [dead(i, reason) for i, reason in bad]
+    key_bad, cols = _record_key_checks(schema, block)
+    keep = np.ones(n, dtype=bool)
+    keep[list(key_bad)] = False
+    idx = np.flatnonzero(keep)
+    if idx.size < n:
+        cols = {k: v.iloc[idx].reset_index(drop=True) for k, v in cols.items()}
+    batch, bad = schema.encode_columns(cols, int(idx.size)) if idx.size else (_no_rows(schema), [])
+    reasons = {**key_bad, **{int(idx[i]): reason for i, reason in bad}}
+    return batch, [dead(i, reasons[i]) for i in sorted(reasons)]
 
 
 class _EncodeFn(beam.DoFn):
@@ -795,6 +1297,7 @@ class _EncodeFn(beam.DoFn):
             yield batch
 
 
+@element_types(input=RawBlock, outputs={"batches": EncodedBatch, "rejected": Rejected})
 class EncodeBlocks(beam.PTransform):
     """``RawBlock`` → ``EncodedBatch`` (main) and ``Rejected`` (tag ``rejected``) for a schema."""
 
@@ -806,6 +1309,13 @@ class EncodeBlocks(beam.PTransform):
         self._schema = schema
         self._single_output = _check_flag("single_output", single_output)
 
+    def display_data(self) -> dict[str, Any]:
+        """The declared schema's size (no data values)."""
+        return display_items(step="encode raw blocks to declared cells (dead letters tagged "
+                                  "'rejected')", schema=self._schema.name,
+                             columns=len(self._schema.columns),
+                             declared_cells=sum(c.domain.size for c in self._schema.columns))
+
     def expand(self, blocks):
         batches, rejected = _apply_with_dead_letters(
             blocks, _EncodeFn, (self._schema,), main="batches",
@@ -813,6 +1323,7 @@ class EncodeBlocks(beam.PTransform):
         return {"batches": batches, "rejected": rejected}
 
 
+@element_types(outputs={"batches": EncodedBatch, "rejected": Rejected, "parts": PartCount})
 class ReadRecords(beam.PTransform):
     """Files → encoded batches and one merged dead-letter output.
 
@@ -831,15 +1342,19 @@ class ReadRecords(beam.PTransform):
     parts ``> 0`` count from their part's start, and ``parts`` the ``PartCount`` output (``None``
     when nothing is split), for ``write_rejected(rejected, out, part_counts=parts)``, which
     renumbers while it merges.
+
+    Every record is judged alone (docs/schema-format.md, "Reading rules"): adding or removing
+    one record changes the used records by at most that record. ``max_record_lines`` is
+    :class:`ReadRawBlocks`'.
     """
 
     def __init__(self, pattern: str | Sequence[str], schema: Schema, *,
                  block_rows: int = DEFAULT_BLOCK_ROWS, single_output: bool = False,
                  split_bytes: int = DEFAULT_SPLIT_BYTES, number_rejected: bool = True,
-                 label: str | None = None) -> None:
+                 max_record_lines: int = 1, label: str | None = None) -> None:
         super().__init__(label)
         self._read = ReadRawBlocks(pattern, block_rows=block_rows, single_output=single_output,
-                                   split_bytes=split_bytes)
+                                   split_bytes=split_bytes, max_record_lines=max_record_lines)
         self._schema = schema
         self._single_output = single_output
         self._split = split_bytes
@@ -849,6 +1364,12 @@ class ReadRecords(beam.PTransform):
     def paths(self) -> list[str]:
         """The input files."""
         return self._read.paths
+
+    def display_data(self) -> dict[str, Any]:
+        """Files, schema and split size (no data values)."""
+        return display_items(step="read and encode records (dead letters tagged 'rejected')",
+                             files=len(self._read.paths), schema=self._schema.name,
+                             columns=len(self._schema.columns), split_bytes=self._split)
 
     def expand(self, pbegin):
         raw = pbegin | "ReadRaw" >> self._read
@@ -866,6 +1387,7 @@ class ReadRecords(beam.PTransform):
 
 
 # -- writing --------------------------------------------------------------------------------------
+@element_types(input=pa.Table, output=str)
 class WriteTables(beam.PTransform):
     """Write ``PCollection[pyarrow.Table]`` to one file (format from the extension).
 
@@ -900,6 +1422,11 @@ class WriteTables(beam.PTransform):
 
     def _template(self) -> str:
         return "" if self._shards == 1 else "-SSSSS-of-NNNNN"
+
+    def display_data(self) -> dict[str, Any]:
+        """Output path, format and sharding (no data values)."""
+        return display_items(step="write tables", path=self._path, format=self._fmt,
+                             columns=len(self._names), num_shards=self._shards)
 
     def expand(self, tables):
         if self._shards == 1:

@@ -1,5 +1,5 @@
 """`beamsynth synthesize --split-bytes`: a file read in parts gives the same release and dead
-letters as one reader, and a quoted line break across a split point fails with a usable hint."""
+letters as one reader, also when quoted fields hold line breaks (dead letters, line by line)."""
 
 import json
 from pathlib import Path
@@ -45,15 +45,25 @@ def test_split_read_same_release_and_dead_letters(dirty_csv, tmp_path):
     assert m["rows_read"] == 2000 and m["rows_used"] + m["rows_rejected"] == 2000
 
 
-def test_quoted_line_break_across_split_point_names_the_option(tmp_path, capsys):
+def test_quoted_line_breaks_are_dead_letters_and_split_reads_agree(tmp_path):
+    """A quoted field holding a line break is not one record (max_record_lines = 1): each of its
+    lines is used or rejected on its own, so a split point inside it changes nothing and the run
+    is released (it used to fail the whole run: whether a release happens depended on one record)."""
     df = pd.read_csv(ADULT, dtype=str, keep_default_na=False).drop(columns=["split"]).head(400)
     df["occupation"] = df["occupation"].where(df.index % 3 != 0, "Sales\nmore")  # quoted line breaks
     src = tmp_path / "quoted.csv"
     df.to_csv(src, index=False, lineterminator="\n")
-    assert _synth(src, tmp_path / "o.csv", src.stat().st_size // 5) != 0
-    assert "--split-bytes 0" in capsys.readouterr().err
-    assert not (tmp_path / "o.csv").exists()  # nothing released
-    assert _synth(src, tmp_path / "ok.csv", 0) == 0  # one reader: every line break stays in its field
+    split, whole = tmp_path / "split.csv", tmp_path / "whole.csv"
+    assert _synth(src, split, src.stat().st_size // 5) == 0
+    assert _synth(src, whole, 0) == 0
+    assert split.read_bytes() == whole.read_bytes()
+    dead = Path(rejected_path(str(split))).read_bytes()
+    assert dead == Path(rejected_path(str(whole))).read_bytes()
+    reasons = [json.loads(x)["reason"] for x in dead.decode().splitlines()]
+    assert len(reasons) == 2 * 134  # each broken record: its first line and its continuation
+    assert sum("unbalanced quote" in r for r in reasons) == 134
+    m = json.loads(Path(f"{split}.manifest.json").read_text())["operational"]
+    assert (m["rows_read"], m["rows_used"], m["rows_rejected"]) == (534, 266, 268)
 
 
 def test_negative_split_bytes_is_refused(dirty_csv, tmp_path, capsys):

@@ -58,12 +58,12 @@ def _synthesize(options: PipelineOptions, folder: Path, split_bytes: int, monkey
     lines = out.read_text(encoding="utf-8").splitlines()
     op = manifest["operational"]
     return {"header": lines[0], "rows": sorted(lines[1:]), "rejected": _dead(Path(f"{out}.rejected.jsonl")),
-            "counts": (op["rows_read"], op["rows_used"], op["rows_rejected"])}
+            "counts": (op["rows_read"], op["rows_used"] + op["rows_dropped_by_bound"], op["rows_rejected"])}
 
 
 def test_split_synthesize_equals_one_reader_on_one_and_two_processes(tmp_path, monkeypatch):
     whole = _synthesize(PipelineOptions(IN_PROCESS), tmp_path / "whole", 0, monkeypatch)
-    read, used, rejected = whole["counts"]
+    read, used, rejected = whole["counts"]  # used: encoded rows, before the contribution bound
     assert read == 6000 and rejected == 3 + 9 and used == read - rejected
     lines = {r[1] for r in whole["rejected"]}
     assert {901, 3102, 5557} <= lines  # sequential line numbers (header = line 1, blank line 2001)

@@ -48,7 +48,7 @@ def test_csv_invalid_utf8_is_rejected_not_crashing(tmp_path):
     p = tmp_path / "bad.csv"
     p.write_bytes(b"a,n\nx,1\n\xff\xfe,2\n")
     used, rej = _run(p)
-    assert used == 1 and len(rej) == 1 and "outside the declared" in rej[0].reason
+    assert used == 1 and len(rej) == 1 and "invalid UTF-8" in rej[0].reason and rej[0].line == 3
     json.loads(rej[0].to_json())
 
 
