@@ -217,6 +217,9 @@ class LedgerPolicy:
         if self.window_days is None:
             return (f"every release on this source composes sequentially against a lifetime "
                     f"budget: a privacy unit's total over all releases is at most {amount}")
+        if self.data_retention_days is None:  # only reachable by bypassing the validation
+            return (f"{amount} per {self.window_days:g} days WITHOUT a data retention declaration: "
+                    "no bound on a privacy unit's cumulative ε")
         return (f"the budget renews every {self.window_days:g} days because the release config "
                 f"declares that a record stays in the nightly input at most "
                 f"{self.data_retention_days:g} days (data_retention_days ≤ window_days): every "

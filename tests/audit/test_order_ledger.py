@@ -15,11 +15,25 @@ through the real ``run_synthesis`` pipeline with a fixed seed. Two checks:
 The model-sampling methods (``independent``, ``privbayes``, ``sbhg``) draw from a released model in
 (window, shard) order: permuting the input gives a byte-identical file under a fixed seed.
 
-Ledger: see the second half of this file.
+Ledger windows (second half, no Beam): five nightly releases of ε=1 on the same people under a
+1-day window. Without the declaration ``data_retention_days`` the policy is refused; with it the
+budget renews and ``ledger show`` still prints the lifetime total ε=5. The broken variant (a
+window needing no declaration, ``ledger show`` printing the window only — the behaviour before
+the fix) renews silently and shows at most ε=1: the audit reports both. Public outputs of a real
+release (``release.json``, ``public/``) are scanned for the operator's paths, host and user name;
+the broken ``release.json`` that carried ``name@/absolute/folder`` is caught.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import getpass
+import importlib.util
+import json
+import os
+import re
+import socket
+import sqlite3
 from pathlib import Path
 
 import apache_beam as beam
@@ -28,7 +42,17 @@ import pandas as pd
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
+import beamsynth.pipelines.ledger as ledger_mod
 import beamsynth.pipelines.plausible as plausible_pipeline
+import beamsynth.pipelines.release as release_mod
+from beamsynth.pipelines.ledger import (
+    LedgerBudgetExceededError,
+    LedgerPolicy,
+    LedgerSpend,
+    PrivacyLedger,
+    format_ledger,
+)
+from beamsynth.pipelines.release import ReleaseConfigError, load_release_config, run_release
 from beamsynth.pipelines.synthesize import SynthesisConfig, run_synthesis
 from beamsynth.schemas.schema import load_schema
 from beamsynth.transforms.noise import RandomSource
@@ -40,12 +64,13 @@ OPTIONS = PipelineOptions(["--runner=DirectRunner", "--direct_num_workers=1"])
 LEVELS = 40  # values of the latent z (every column has this domain)
 PER_LEVEL = 40  # records per z value
 SEED = 11
-ORDER_SCHEMA = load_schema({
+ORDER_SCHEMA_SPEC = {
     "name": "order-audit",
     "columns": [{"name": c, "type": "categorical",
                  "domain": {"kind": "categorical", "values": [f"v{i:02d}" for i in range(LEVELS)]}}
                 for c in ("a", "b", "c")],
-})
+}
+ORDER_SCHEMA = load_schema(ORDER_SCHEMA_SPEC)
 PLAUSIBLE = {"k": 10, "gamma": 4.0, "epsilon0": 5.0, "omega": 1, "plausible_t": 1}
 
 
@@ -149,3 +174,136 @@ def test_model_sampling_methods_write_the_same_file_for_any_input_order(tmp_path
                                       block_rows=200), OPTIONS)
         files.append(out.read_bytes())
     assert files[0] == files[1] and files[0].count(b"\n") == 301
+
+
+# =============================================================================================
+# Ledger windows: cumulative ε visible, renewal only with the declaration; no machine metadata
+# =============================================================================================
+def _nights(ledger: PrivacyLedger, policy: LedgerPolicy, nights: int, tmp: Path) -> list[str]:
+    """One ε=1 release per night on the same people (the input keeps every old record), a day
+    apart (the ledger's clock moved back a day after each night); returns what was refused."""
+    refused = []
+    for n in range(nights):
+        try:
+            rid = ledger.reserve(run_key=f"night{n}", name="n", folder=str(tmp / f"n{n}"),
+                                 spends=[LedgerSpend(source="src", privacy_unit="record", step="t.m",
+                                                     epsilon=1.0, delta=0.0, mechanism="m")],
+                                 policies={"src": policy})
+            ledger.commit(rid)
+        except LedgerBudgetExceededError:
+            refused.append(f"night{n}")
+        with sqlite3.connect(ledger.path) as con:
+            for r, created in con.execute("SELECT release_id, created FROM releases").fetchall():
+                when = dt.datetime.fromisoformat(created) - dt.timedelta(days=1)
+                con.execute("UPDATE releases SET created = ? WHERE release_id = ?",
+                            (when.isoformat(timespec="microseconds"), r))
+    return refused
+
+
+def _ledger_problems(tmp: Path) -> list[str]:
+    """What the audit finds wrong with the ledger, run as an operator would misuse it: a window of
+    1 day (ε=1) over nightly data that never leaves the input, 5 nights of ε=1."""
+    problems = []
+    try:
+        policy = LedgerPolicy(epsilon=1.0, window_days=1)  # no retention declared
+    except ValueError as exc:
+        assert "data_retention_days" in str(exc)
+    else:
+        ledger = PrivacyLedger(tmp / "undeclared.sqlite")
+        if not _nights(ledger, policy, 5, tmp):
+            problems.append("the budget renewed without a declaration that old data left the input")
+    # declared (the operator says each record stays one night): renewal is allowed, and what the
+    # same people would accumulate if the declaration were wrong must still be visible
+    ledger = PrivacyLedger(tmp / "declared.sqlite")
+    assert _nights(ledger, LedgerPolicy(epsilon=1.0, window_days=1, data_retention_days=1), 5, tmp) == []
+    shown = format_ledger(ledger)
+    largest = max(float(x) for x in re.findall(r"ε=([0-9.e+-]+)", shown))
+    if largest < 5.0:
+        problems.append(f"ledger show hides the cumulative ε=5 (largest shown: {largest:g})")
+    return problems
+
+
+def test_ledger_renews_only_when_declared_and_shows_the_lifetime_total(tmp_path):
+    assert _ledger_problems(tmp_path) == []
+
+
+def test_audit_catches_a_silent_rolling_window(tmp_path, monkeypatch):
+    """The broken variant: a window needs no declaration and `ledger show` prints the window only."""
+    monkeypatch.setattr(LedgerPolicy, "__post_init__", lambda self: None)
+    monkeypatch.setattr(ledger_mod, "_stored_policy", lambda row: LedgerPolicy(
+        row["epsilon"], row["delta"], row["window_days"], row["data_retention_days"]))
+    monkeypatch.setattr(ledger_mod, "format_source", lambda s: [
+        f"  {s['source']}: spent ε={s['epsilon_spent']:g} of {s['policy']} "
+        f"(ε={s['epsilon_left']:g} left)"])
+    assert _ledger_problems(tmp_path) == [
+        "the budget renewed without a declaration that old data left the input",
+        "ledger show hides the cumulative ε=5 (largest shown: 1)"]
+
+
+def test_a_window_without_declaration_is_refused_when_the_config_is_loaded(tmp_path):
+    src = _write(tmp_path / "in.csv", _records()[:10])
+    config = {"name": "n", "folder": str(tmp_path / "out-{date}"), "budget": {"epsilon": 1.0},
+              "ledger": {"path": str(tmp_path / "l.sqlite"),
+                         "policies": {"src": {"epsilon": 1.0, "window_days": 30}}},
+              "tables": [{"name": "t", "input": str(src), "schema": ORDER_SCHEMA_SPEC, "epsilon": 1.0}],
+              "reports": {"private": False, "public": False}}
+    with pytest.raises(ReleaseConfigError, match=r"ledger\.policies\.src\.window_days: .*declare "
+                                                 r"data_retention_days"):
+        load_release_config(config)
+    config["ledger"]["policies"]["src"]["data_retention_days"] = 7
+    assert load_release_config(config).policies["src"].renews
+
+
+# -- public outputs of a release carry nothing of the operator's machine ------------------------
+def _machine_strings(*paths: Path) -> set[str]:
+    found = {socket.gethostname(), str(Path.home()), os.getcwd()}
+    found |= {str(p.resolve()) for p in paths} | {str(p) for p in paths}
+    user = getpass.getuser()
+    if len(user) >= 5:  # short names (root) are ordinary words in a report
+        found.add(user)
+    return {s for s in found if len(s) > 1 and s != "/"}
+
+
+def _leaks(public: dict[str, bytes], secrets: set[str]) -> list[str]:
+    """``file: string`` for each machine string found as a whole token (images left out: a short
+    host name is a substring of any long base64 text)."""
+    found = []
+    for name, data in public.items():
+        text = re.sub(rb"data:image/[a-z]+;base64,[A-Za-z0-9+/=]+", b"", data)
+        found += [f"{name}: {s!r}" for s in secrets
+                  if re.search(rb"(?<![A-Za-z0-9_.-])" + re.escape(s.encode("utf-8"))
+                               + rb"(?![A-Za-z0-9_-])", text)]
+    return sorted(found)
+
+
+ADULT = Path(__file__).resolve().parents[2] / "examples" / "data" / "adult" / "adult.csv"
+
+
+@pytest.mark.skipif(not ADULT.exists(), reason="examples/data/adult/adult.csv is not in this checkout")
+@pytest.mark.skipif(not all(importlib.util.find_spec(m) for m in ("matplotlib", "sklearn")),
+                    reason="the public report needs matplotlib and scikit-learn")
+def test_public_outputs_of_a_release_name_no_path_host_or_user(tmp_path, monkeypatch):
+    data = tmp_path / "in" / "adult.csv"
+    data.parent.mkdir()
+    data.write_text("".join(ADULT.read_text(encoding="utf-8").splitlines(keepends=True)[:301]),
+                    encoding="utf-8")
+    cfg_path = tmp_path / "cfg" / "release.yaml"
+    cfg_path.parent.mkdir()
+    cfg_path.write_text(
+        f"name: audit\nfolder: {tmp_path}/rel/audit-{{date}}\nbudget: {{epsilon: 1.0}}\n"
+        f"ledger: {{path: {tmp_path}/ledger/l.sqlite, policies: {{adult: {{epsilon: 5}}}}}}\n"
+        f"tables:\n  - {{name: adult, input: {data}, schema: adult, epsilon: 1.0, formats: [csv, jsonl]}}\n"
+        "reports: {private: false, public: true, target: income}\n", encoding="utf-8")
+    cfg = load_release_config(cfg_path, date="2026-04-01")
+    release = run_release(cfg, OPTIONS)
+    folder = Path(cfg.folder)
+    public = {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*")
+              if p.is_file() and not p.relative_to(folder).as_posix().startswith("private/")}
+    assert {"release.json", "public/adult.csv", "public/adult.jsonl", "public/report.html"} <= set(public)
+    secrets = _machine_strings(tmp_path, data, cfg_path, Path(cfg.ledger_path), folder)
+    assert _leaks(public, secrets) == []
+    assert release["ledger"]["night"] == "audit@audit-2026-04-01"
+    # the broken variant: release.json naming the night by its run key (name@absolute folder)
+    monkeypatch.setattr(release_mod, "public_night", release_mod.run_key)
+    doc = json.dumps(release_mod._release_document(cfg, "x", {}, [])).encode("utf-8")
+    assert f"release.json: {str(folder)!r}" in _leaks({"release.json": doc}, secrets)
