@@ -51,6 +51,7 @@ from typing import Any
 
 from apache_beam.io.filesystems import FileSystems
 
+from beamsynth.pipelines.io import detect_format
 from beamsynth.schemas.schema import Schema, avro_field_name
 
 __all__ = [
@@ -64,11 +65,11 @@ __all__ = [
     "add_check_arguments",
     "allowed_columns",
     "check_inputs",
+    "check_noise_scales",
+    "check_rejected_fraction",
     "check_table_inputs",
     "cli_checks",
     "cli_report",
-    "check_noise_scales",
-    "check_rejected_fraction",
     "count_line",
     "count_rejections",
     "method_advice",
@@ -133,12 +134,6 @@ def schema_requirements(schema: Schema, *, privacy_id: str | None = None,
 
 
 # -- input files ----------------------------------------------------------------------------------------
-def _format(path: str) -> str:
-    from beamsynth.pipelines.io import detect_format
-
-    return detect_format(path)
-
-
 def _expand(pattern: str | Sequence[str]) -> list[str]:
     patterns = [pattern] if isinstance(pattern, str) else list(pattern)
     paths: list[str] = []
@@ -350,7 +345,7 @@ def check_inputs(pattern: str | Sequence[str], *, required: Sequence[Required] =
     ``extra_columns: reject``). ``allow_empty``: release from an input with no record at all."""
     report = PreflightReport()
     for path in _expand(pattern):
-        fmt = _format(path)
+        fmt = detect_format(path)
         if path.lower().endswith(".gz"):
             _check_gzip(path)
         facts = _FACTS[fmt](path)
@@ -371,12 +366,12 @@ def check_table_inputs(tables: Iterable[Any]) -> None:
     """Pre-flight of every table of a release config (``TableSpec``: ``inputs``, ``schema``,
     ``privacy_id``, ``kind``, ``column``, ``where``), before the ledger is touched."""
     for t in tables:
-        pid = [Required(t.privacy_id, f"{t.where}.privacy_id")] if t.privacy_id else []
         if t.kind == "histogram":
-            required = [Required(t.column, f"{t.where}.column")] + pid
+            required = [Required(t.column, f"{t.where}.column")] + (
+                [Required(t.privacy_id, f"{t.where}.privacy_id")] if t.privacy_id else [])
         else:
-            required = [Required(n, f"declared in schema {t.schema.name!r}") for n in t.schema.names] + [
-                r for r in pid if r.name not in t.schema.names]
+            required = schema_requirements(t.schema, privacy_id=t.privacy_id,
+                                           privacy_id_flag=f"{t.where}.privacy_id")
         check_inputs(list(t.inputs), required=required)
 
 

@@ -89,7 +89,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     check_noise_scales(plan_synthesis(cfg).accountant.spends)
     advice = method_advice(method=args.method, epsilon=args.epsilon, rows=args.rows,
                            columns=len(schema.columns))
-    if advice:
+    if advice and not quiet:
         print(f"beamsynth synthesize: note: {advice}", file=sys.stderr)
     if not quiet:
         print(f"beamsynth synthesize: {args.method} on {args.input} (ε={args.epsilon:g}"
@@ -105,7 +105,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     if args.rows is None and not advice:
         advice = method_advice(method=args.method, epsilon=args.epsilon, rows=rel.get("rows_out"),
                                columns=len(schema.columns))
-        if advice:  # from the released DP row count
+        if advice and not quiet:  # from the released DP row count
             print(f"beamsynth synthesize: note: {advice}", file=sys.stderr)
     if not quiet:
         print(f"  {count_line(op)} → wrote {rel['rows_out']} synthetic rows to {args.output}",
