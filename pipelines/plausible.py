@@ -115,7 +115,9 @@ class PlausibleSynthesis(beam.PTransform):
         # never of the input order or its partitioning (candidates come out per seed)
         tables = ordered | "Decode" >> beam.ParDo(_DecodeFn(self._schema, self._seed))
         # pyarrow.Table labelled (window, shard): the parts' order in a single-file write
-        return {"tables": tables, "released": tested["released"], "rejected": tested["rejected"],
+        released = ordered | "ReleasedBatches" >> beam.Map(lambda kv: kv[1])
+        # EncodedBatch in release order (what the tables hold), never the per-seed emission
+        return {"tables": tables, "released": released, "rejected": tested["rejected"],
                 "model": model}
 
 
