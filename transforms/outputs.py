@@ -63,11 +63,28 @@ def column_field(column: Column) -> tuple[str, Any]:
     return avro_field_name(column.name), (Optional[py] if column.nullable else py)  # noqa: UP045
 
 
-def arrow_schema(schema: Schema) -> pa.Schema:
-    """pyarrow schema of synthetic records as dicts (``r._asdict()``), for ``WriteToParquet``."""
-    types = {str: pa.string(), int: pa.int64(), float: pa.float64()}
-    return pa.schema([pa.field(avro_field_name(c.name), types[_PY[c.type]], nullable=c.nullable)
-                      for c in schema.columns])
+_ARROW = {str: pa.string(), int: pa.int64(), float: pa.float64(), bool: pa.bool_()}
+
+
+def arrow_schema(rows: Schema | beam.PCollection | RowTypeConstraint) -> pa.Schema:
+    """pyarrow schema of output rows as dicts (``r._asdict()``), for ``WriteToParquet``.
+
+    Takes a declared :class:`Schema` (synthetic records) or any beamsynth output PCollection (or
+    its row type): marginals, histograms, counts, prefix keys and trees.
+    """
+    if isinstance(rows, Schema):
+        rows = record_type(rows)
+    if isinstance(rows, beam.PCollection):
+        rows = rows.element_type
+    if not isinstance(rows, RowTypeConstraint):
+        raise TypeError(f"arrow_schema takes a Schema or a PCollection of beamsynth rows, got "
+                        f"{type(rows).__name__} ({rows!r})")
+    fields = []
+    for name, hint in rows._fields:
+        args = [a for a in getattr(hint, "__args__", ()) if a is not type(None)]
+        py, nullable = (args[0], True) if args else (hint, False)
+        fields.append(pa.field(name, _ARROW[py], nullable=nullable))
+    return pa.schema(fields)
 
 
 def record_type(schema: Schema) -> RowTypeConstraint:

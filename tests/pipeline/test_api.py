@@ -153,9 +153,12 @@ def test_every_mechanism_on_dicts_written_with_standard_sinks(tmp_path):
         out = _apply_all(private)
         _check_structure(out)
         out["independent"] | "AsDicts" >> beam.Map(lambda r: r._asdict()) | beam.io.WriteToParquet(
-            str(tmp_path / "synthetic"), pa.schema([("sex", pa.string()), ("age_band", pa.int64()),
-                                                     ("city", pa.string())]),
+            str(tmp_path / "synthetic"), bs.arrow_schema(SCHEMA),
             shard_name_template="", file_name_suffix=".parquet")
+        out["marginals"]["age-band"] | "MDicts" >> beam.Map(lambda r: r._asdict()) | \
+            "MParquet" >> beam.io.WriteToParquet(
+                str(tmp_path / "age"), bs.arrow_schema(out["marginals"]["age-band"]),
+                shard_name_template="", file_name_suffix=".parquet")
         out["marginals"]["sex,city"] | "Csv" >> beam.io.WriteToCsv(str(tmp_path / "sex_city"))
         out["histogram"] | "Json" >> beam.Map(lambda r: json.dumps(r._asdict())) | "Text" >> \
             beam.io.WriteToText(str(tmp_path / "city"), shard_name_template="")
@@ -164,6 +167,10 @@ def test_every_mechanism_on_dicts_written_with_standard_sinks(tmp_path):
     assert len(bad) == 1 and "position=4" in bad[0] and "value 'X' is outside" in bad[0]
     table = pq.read_table(tmp_path / "synthetic.parquet")
     assert table.num_rows == 20 and table.column_names == ["sex", "age_band", "city"]
+    assert table.schema.field("city").nullable and not table.schema.field("sex").nullable
+    ages = pq.read_table(tmp_path / "age.parquet")
+    assert ages.column("age_band").to_pylist() == [0, 1, 2, 3]
+    assert ages.schema.field("noisy_count").type == pa.int64()
     (csv_file,) = glob.glob(str(tmp_path / "sex_city*"))
     rows = list(csv.DictReader(open(csv_file)))
     assert len(rows) == 8 and set(rows[0]) == {"sex", "city", "noisy_count"}

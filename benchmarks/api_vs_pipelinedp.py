@@ -1,0 +1,162 @@
+"""DP histograms of every Adult column from the same PCollection of dicts: beamsynth's public API
+vs PipelineDP, both reading the same JSONL file on the same in-process DirectRunner.
+
+Both pipelines start with ``ReadFromText(adult.jsonl) | Map(json.loads)`` (one dict per record,
+``--load`` copies of the 48,842 Adult rows, each with a ``row`` number used as PipelineDP's
+privacy id) and release a DP count for every declared cell of every column of the bundled
+schema (public partitions), one record per privacy unit, ε split equally over the columns:
+
+* beamsynth: ``dicts | job.private(schema) | bs.Marginals(marginals=[(c,) for c in columns])``;
+* PipelineDP 0.3.1 (its own virtualenv, never a project dependency, run as a subprocess):
+  ``DPEngine.aggregate(COUNT, public_partitions=cells)`` per column, with the partition read
+  from the dict by the declared domain's ``encode`` (what the schema declares; values outside go
+  to no partition).
+
+Times are whole pipeline runs (construction + run), wall and process CPU; the ratio is PipelineDP
+/ beamsynth measured in this run. Setup of the peer (apache-beam at the project's version)::
+
+    python -m venv /tmp/peer-pdp-h5
+    /tmp/peer-pdp-h5/bin/pip install pipeline-dp==0.3.1 apache-beam==<the project's version>
+    nice -n 10 python benchmarks/api_vs_pipelinedp.py --peer-python /tmp/peer-pdp-h5/bin/python
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ADULT = ROOT / "examples" / "data" / "adult" / "adult.csv"
+RUNNER = ["--runner=beamsynth.runners.local.LocalDirectRunner"]
+
+
+def make_jsonl(load: int, folder: str) -> str:
+    """``load`` copies of Adult as JSON lines, each with a ``row`` number."""
+    import pandas as pd
+
+    df = pd.read_csv(ADULT, dtype=str, keep_default_na=False)
+    df = pd.concat([df] * load, ignore_index=True)
+    df.insert(0, "row", range(len(df)))
+    path = os.path.join(folder, "adult.jsonl")
+    df.to_json(path, orient="records", lines=True)
+    return path
+
+
+def column_specs() -> list[dict]:
+    """The declared Adult cells in a form the peer venv can use without beamsynth: a label →
+    cell map for categorical columns, (low, high, bin edges) for integer columns."""
+    import beamsynth as bs
+
+    specs = []
+    for c in bs.load_schema("adult").columns:
+        d = c.domain
+        if c.type == "integer":
+            edges = getattr(d, "_edges", None)
+            specs.append({"name": c.name, "cells": c.cells, "low": d.low, "high": d.high,
+                          "edges": None if edges is None else [int(e) for e in edges]})
+        else:
+            specs.append({"name": c.name, "cells": c.cells,
+                          "map": {str(d.decode(i)): i for i in range(d.size)}})
+    return specs
+
+
+def _encoder(spec: dict):
+    """Value → cell (None outside the declared domain), per element as PipelineDP reads it."""
+    import bisect
+
+    if "map" in spec:
+        table = spec["map"]
+        return lambda v: table.get(str(v).strip())
+    low, high, edges = spec["low"], spec["high"], spec["edges"]
+
+    def encode(v):
+        try:
+            x = int(v)
+        except (TypeError, ValueError):
+            return None
+        if not low <= x <= high:
+            return None
+        return x - low if edges is None else bisect.bisect_right(edges, x) - 1
+    return encode
+
+
+def run_beamsynth(path: str, epsilon: float) -> tuple[float, float]:
+    """(wall, CPU) seconds of the public-API pipeline."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    import beamsynth as bs
+
+    schema = bs.load_schema("adult")
+    t, c = time.perf_counter(), time.process_time()
+    job = bs.PrivacyJob(epsilon=epsilon)
+    with beam.Pipeline(options=PipelineOptions(RUNNER)) as p:
+        dicts = p | beam.io.ReadFromText(path) | beam.Map(json.loads)
+        private = dicts | job.private(schema)
+        private.dead_letters | "Bad" >> beam.combiners.Count.Globally()
+        tables = private | bs.Marginals(marginals=[(c,) for c in schema.names], epsilon=epsilon)
+        _ = [pc | f"N{i}" >> beam.combiners.Count.Globally() for i, pc in enumerate(tables.values())]
+    return time.perf_counter() - t, time.process_time() - c
+
+
+def run_pipelinedp(path: str, specs_path: str, epsilon: float) -> tuple[float, float]:
+    """(Runs inside the peer venv.) (wall, CPU) seconds of the PipelineDP pipeline."""
+    import apache_beam as beam
+    import pipeline_dp
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    with open(specs_path, encoding="utf-8") as fh:
+        columns = [(s["name"], _encoder(s), s["cells"]) for s in json.load(fh)]
+    t, c = time.perf_counter(), time.process_time()
+    with beam.Pipeline(options=PipelineOptions(["--direct_running_mode=in_memory"])) as p:
+        dicts = p | beam.io.ReadFromText(path) | beam.Map(json.loads)
+        accountant = pipeline_dp.NaiveBudgetAccountant(total_epsilon=epsilon, total_delta=1e-10)
+        engine = pipeline_dp.DPEngine(accountant, pipeline_dp.BeamBackend())
+        params = pipeline_dp.AggregateParams(
+            noise_kind=pipeline_dp.NoiseKind.LAPLACE, metrics=[pipeline_dp.Metrics.COUNT],
+            max_partitions_contributed=1, max_contributions_per_partition=1)
+        for j, (name, encode, cells) in enumerate(columns):
+            extractors = pipeline_dp.DataExtractors(
+                privacy_id_extractor=lambda r: r["row"],
+                partition_extractor=lambda r, name=name, encode=encode: encode(r[name]),
+                value_extractor=lambda r: 0)
+            _ = (engine.aggregate(dicts, params, extractors, public_partitions=list(range(cells)))
+                 | f"Count{j}" >> beam.combiners.Count.Globally())
+        accountant.compute_budgets()
+    return time.perf_counter() - t, time.process_time() - c
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--load", type=int, default=1, help="copies of the 48,842 Adult rows")
+    ap.add_argument("--epsilon", type=float, default=1.0)
+    ap.add_argument("--peer-python", default="/tmp/peer-pdp-h5/bin/python")
+    ap.add_argument("--peer", nargs=2, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.peer:  # inside the PipelineDP virtualenv
+        wall, cpu = run_pipelinedp(args.peer[0], args.peer[1], args.epsilon)
+        print(json.dumps({"seconds": wall, "cpu_seconds": cpu}))
+        return
+    with tempfile.TemporaryDirectory() as folder:
+        path = make_jsonl(args.load, folder)
+        specs = os.path.join(folder, "columns.json")
+        with open(specs, "w", encoding="utf-8") as fh:
+            json.dump(column_specs(), fh)
+        ours = run_beamsynth(path, args.epsilon)
+        res = subprocess.run([args.peer_python, __file__, "--epsilon", str(args.epsilon),
+                              "--peer", path, specs], capture_output=True, text=True, check=True)
+        peer = json.loads(res.stdout.strip().splitlines()[-1])
+    rows = 48_842 * args.load
+    print(f"rows={rows} load1={os.getloadavg()[0]:.2f} (same JSONL file, same dicts)")
+    print(f"beamsynth public API : wall {ours[0]:8.2f} s, CPU {ours[1]:8.2f} s")
+    print(f"PipelineDP 0.3.1     : wall {peer['seconds']:8.2f} s, CPU {peer['cpu_seconds']:8.2f} s")
+    print(f"speed-up = {peer['seconds'] / ours[0]:.1f}x wall, {peer['cpu_seconds'] / ours[1]:.1f}x CPU")
+
+
+if __name__ == "__main__":
+    main()
