@@ -85,6 +85,7 @@ _HEAD_BYTES = 1 << 20  # the header line must end within the first MiB
 _GZIP_CHUNK = 1 << 20
 _DELIMITERS = {";": "';'", "\t": "tab", "|": "'|'", ":": "':'"}
 _VALUE = re.compile(r"value (?:'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|\S+)")
+_POSITION = re.compile(r"(line|column|char|bytes|row) \d+(-\d+)?")
 
 
 class PreflightError(ValueError):
@@ -422,7 +423,8 @@ def count_line(op: Mapping[str, Any]) -> str:
 
 
 def _normalize(reason: str) -> str:
-    return _VALUE.sub("value …", reason)
+    """A reason without its value or position, so rows with the same problem group together."""
+    return _POSITION.sub(r"\1 …", _VALUE.sub("value …", reason))
 
 
 def summarize_rejected(path: str, *, limit: int = 200_000, examples: int = 3

@@ -358,3 +358,17 @@ reports: {{private: false, public: false}}
     assert not (tmp_path / "releases").exists()
     with sqlite3.connect(tmp_path / "ledger.sqlite") as con:  # the reservation was released
         assert [r[0] for r in con.execute("SELECT state FROM releases")] == ["aborted"]
+
+
+def test_rejection_report_groups_reasons_without_values(tmp_path):
+    dead = tmp_path / "out.csv.rejected.jsonl"
+    recs = ([{"source": "in.jsonl", "row": i, "line": i, "reason": f"invalid JSON: Expecting value: line 1 "
+              f"column {i} (char {i - 1})"} for i in range(1, 8)]
+            + [{"source": "in.jsonl", "row": 9, "line": None, "reason": "column 'a': value 'x' is outside"}])
+    dead.write_text("".join(json.dumps(r) + "\n" for r in recs), encoding="utf-8")
+    report = preflight.rejection_report({"rows_read": 10, "rows_rejected": 8}, str(dead), top=2)
+    assert report.splitlines()[1:] == [
+        "  7 × invalid JSON: Expecting value: line … column … (char …)  (e.g. in.jsonl:line 1; in.jsonl:line 2; "
+        "in.jsonl:line 3)",
+        "  1 × column 'a': value … is outside  (e.g. in.jsonl:row 9)",
+        f"  all dead letters: {dead}"]
