@@ -60,6 +60,7 @@ from beamsynth.pipelines.stream import EMPTY_WINDOW_METHODS, empty_batch, window
 from beamsynth.pipelines.synthesize import SynthesisConfig, plan_synthesis, synthesize_batches
 from beamsynth.schemas.schema import EncodedBatch, Schema, avro_field_name, load_schema
 from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, as_budget
+from beamsynth.transforms.conventions import display_items
 from beamsynth.transforms.measure import combine_globally
 from beamsynth.transforms.units import BoundContributions
 from beamsynth.transforms.windows import DeclaredWindows, check_release_windowing
@@ -422,7 +423,7 @@ class Synthesize(beam.PTransform):
         if self._windows is not None:
             return
         try:
-            check_release_windowing(pcoll, f"{STEP} {self.label!r}")
+            check_release_windowing(pcoll, f"{STEP} {self.label!r}", qualify=False)
         except ValueError as exc:
             raise ValueError(f"{exc}; in Beam YAML give the step windows: {{start: S, end: E, "
                              "size: SECONDS}} instead of windowing its input") from None
@@ -431,6 +432,17 @@ class Synthesize(beam.PTransform):
         ledger = _LEDGERS.setdefault(pipeline, _JobLedger())
         ledger.add(self.label, self._plan.accountant, self._job_budget)
         return ledger
+
+    def display_data(self) -> dict[str, Any]:
+        """Method, the step's budget and declared sizes (never data values)."""
+        plan = self._plan
+        total = plan.accountant.total
+        return display_items(
+            mechanism=f"{plan.method.name} synthesis (Beam YAML step)", epsilon=total.epsilon,
+            delta=total.delta, columns=len(plan.schema.columns),
+            declared_cells=sum(c.domain.size for c in plan.schema.columns),
+            rows="DP count" if plan.config.rows is None else plan.config.rows,
+            declared_windows=self._windows is not None)
 
     def expand(self, pcoll):
         self._check_windows(pcoll)

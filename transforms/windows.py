@@ -171,15 +171,17 @@ def _full_label(pcoll: beam.PCollection, step: str) -> str:
     return f"{outer}/{step}" if outer else step
 
 
-def check_release_windowing(pcoll: beam.PCollection, step: str) -> DeclaredWindows | None:
+def check_release_windowing(pcoll: beam.PCollection, step: str, *,
+                            qualify: bool = True) -> DeclaredWindows | None:
     """The declared windows of ``pcoll`` (``None``: the global window), or ``ValueError``.
 
     Called when the pipeline is built, before any data is read, by every step that releases
-    per window. ``step`` names the step in the message.
+    per window. ``step`` names the step in the message, prefixed with the composite being
+    expanded unless ``qualify`` is false.
     """
     windowing = pcoll.windowing
     fn = windowing.windowfn
-    step = _full_label(pcoll, step)
+    step = _full_label(pcoll, step) if qualify else step
     declared = isinstance(fn, DeclaredWindows)
     if not declared and not isinstance(fn, beam_window.GlobalWindows):
         raise ValueError(

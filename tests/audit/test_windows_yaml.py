@@ -75,7 +75,7 @@ def _broken_windows():
     return [mock.patch.object(measure, "combine_globally", _old_combine_globally),
             mock.patch.object(synthesis, "combine_globally", _old_combine_globally),
             mock.patch.object(yt, "combine_globally", _old_combine_globally),
-            mock.patch.object(yt, "check_release_windowing", lambda pcoll, step: None)]
+            mock.patch.object(yt, "check_release_windowing", lambda pcoll, step, **kw: None)]
 
 
 class _Patched:
