@@ -86,6 +86,7 @@ _GZIP_CHUNK = 1 << 20
 _DELIMITERS = {";": "';'", "\t": "tab", "|": "'|'", ":": "':'"}
 _VALUE = re.compile(r"value (?:'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|\S+)")
 _POSITION = re.compile(r"(line|column|char|bytes|row) \d+(-\d+)?")
+_DETAIL = re.compile(r"(alphabet: |length )\S.*?(?=$| exceeds)")
 
 
 class PreflightError(ValueError):
@@ -422,9 +423,25 @@ def count_line(op: Mapping[str, Any]) -> str:
     return text + f", used {op.get('rows_used')}"
 
 
+_HINTS = (
+    ("outside the declared alphabet", "declare the characters, --map them, or fold case (the default)"),
+    ("outside the declared box", "are the coordinate columns swapped, or the box in another order?"),
+    ("outside the declared", "compare the declared domain (bounds, case, spelling, rounding of "
+                             "maxima) with the data dictionary"),
+    ("is not a valid", "is the column's declared type right (integer vs float, date format)?"),
+    ("fields but the header has", "check the delimiter and quoting"),
+    ("invalid JSON", "is the file JSON Lines (one object per line)?"),
+    ("exceeds the declared max_length", "raise --max-length or --on-too-long truncate"),
+)
+
+
+def _hint(reason: str) -> str:
+    return next((f" — {h}" for key, h in _HINTS if key in reason), "")
+
+
 def _normalize(reason: str) -> str:
     """A reason without its value or position, so rows with the same problem group together."""
-    return _POSITION.sub(r"\1 …", _VALUE.sub("value …", reason))
+    return _DETAIL.sub(r"\1…", _POSITION.sub(r"\1 …", _VALUE.sub("value …", reason)))
 
 
 def summarize_rejected(path: str, *, limit: int = 200_000, examples: int = 3
@@ -468,7 +485,7 @@ def rejection_report(op: Mapping[str, Any], rejected_file: str, *, warn: float =
              f"(more than --warn-rejected {warn:g}); the release is built from the rest. "
              f"Top reasons{'' if n >= rej else f' (first {n} dead letters)'}:"]
     for reason, c in counts.most_common(top):
-        lines.append(f"  {c} × {reason}  (e.g. {'; '.join(where[reason])})")
+        lines.append(f"  {c} × {reason}  (e.g. {'; '.join(where[reason])}){_hint(reason)}")
     lines.append(f"  all dead letters: {rejected_file}")
     return "\n".join(lines)
 

@@ -276,7 +276,8 @@ def test_rejection_warning_counts_and_advice(half_bad, out, capsys):
     assert ("beamsynth synthesize: warning: 10 of 40 rows (25.0%) were rejected (more than "
             "--warn-rejected 0.05); the release is built from the rest. Top reasons:\n"
             "  10 × column 'age': value … is outside the declared integer domain  (e.g. "
-            f"{half_bad}:line 2; {half_bad}:line 6; {half_bad}:line 10)\n"
+            f"{half_bad}:line 2; {half_bad}:line 6; {half_bad}:line 10) — compare the declared domain "
+            "(bounds, case, spelling, rounding of maxima) with the data dictionary\n"
             f"  all dead letters: {out}.rejected.jsonl\n") in err
     # 10 persons with 3 usable rows each, bound 2: 10 dropped, 20 used
     assert (f"  rows read 40, rejected 10, dropped by the contribution bound 10, used 20 → wrote 30 "
@@ -369,6 +370,6 @@ def test_rejection_report_groups_reasons_without_values(tmp_path):
     report = preflight.rejection_report({"rows_read": 10, "rows_rejected": 8}, str(dead), top=2)
     assert report.splitlines()[1:] == [
         "  7 × invalid JSON: Expecting value: line … column … (char …)  (e.g. in.jsonl:line 1; in.jsonl:line 2; "
-        "in.jsonl:line 3)",
-        "  1 × column 'a': value … is outside  (e.g. in.jsonl:row 9)",
+        "in.jsonl:line 3) — is the file JSON Lines (one object per line)?",
+        "  1 × column 'a': value … is outside  (e.g. in.jsonl:row 9)",  # no hint for an unknown reason
         f"  all dead letters: {dead}"]
