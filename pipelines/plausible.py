@@ -18,7 +18,7 @@ from beamsynth.pipelines.methods import Method, register
 from beamsynth.schemas.schema import EncodedBatch, Schema
 from beamsynth.transforms.budget import ApproxDP, BudgetExceededError, PureDP
 from beamsynth.transforms.measure import combine_globally
-from beamsynth.transforms.noise import RandomSource
+from beamsynth.transforms.noise import RandomSource, run_seed
 from beamsynth.transforms.plausible import (
     DEFAULT_MAX_RECORDS,
     REJECT_BELOW_K,
@@ -86,7 +86,7 @@ class PlausibleSynthesis(beam.PTransform):
                  fast_path: bool = True, seed: int | None = None, order_shards: int = 16,
                  label: str | None = None) -> None:
         super().__init__(label)
-        self._schema, self._rows, self._seed = schema, rows, seed
+        self._schema, self._rows, self._seed = schema, rows, run_seed(seed)
         self._order_shards = order_shards
         self._split = SplitForPlausible(fractions=fractions, seed=seed)
         self._model = DPPlausibleBayesNet(

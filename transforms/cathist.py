@@ -76,6 +76,7 @@ from beamsynth.transforms.noise import (
     binomial,
     discrete_laplace,
     geometric,
+    run_seed,
     sample_categorical,
 )
 
@@ -459,7 +460,7 @@ class DPCategoricalHistogram(beam.PTransform):
                                   domain_size=domain.size, max_contributions=max_contributions)
         self._domain = domain
         self._column = _check_count("column", column, 0)
-        self._seed = seed
+        self._seed = run_seed(seed)  # None → this transform's run secret, drawn at build time
 
     @property
     def plan(self) -> CatHistPlan:
@@ -511,7 +512,7 @@ class SampleCategoricalColumn(beam.PTransform):
         if not isinstance(domain, Domain):
             raise TypeError(f"domain must be a Domain, got {type(domain).__name__}")
         self._fn = _SampleColumnFn(domain=domain, rows=_check_count("rows", rows, 0),
-                                   name=str(name), seed=seed)
+                                   name=str(name), seed=run_seed(seed))
 
     def display_data(self) -> dict[str, Any]:
         """What is sampled (post-processing: no budget)."""

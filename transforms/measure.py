@@ -28,7 +28,12 @@ from apache_beam.transforms.window import GlobalWindow
 from beamsynth.schemas.schema import EncodedBatch
 from beamsynth.transforms.budget import ApproxDP, PureDP
 from beamsynth.transforms.conventions import display_items, element_types
-from beamsynth.transforms.noise import RandomSource, discrete_laplace, discrete_laplace_scale
+from beamsynth.transforms.noise import (
+    RandomSource,
+    discrete_laplace,
+    discrete_laplace_scale,
+    run_seed,
+)
 from beamsynth.transforms.windows import CombineDeclaredWindows, check_release_windowing
 
 __all__ = [
@@ -280,7 +285,7 @@ class DPMarginals(beam.PTransform):
         self._names = list(names)
         self._budgets = [PureDP(epsilon=b.epsilon) for b in budgets]
         self._k = max_contributions
-        self._seed = seed
+        self._seed = run_seed(seed)  # None → this transform's run secret, drawn at build time
         self._stream = stream
 
     def display_data(self) -> dict[str, Any]:

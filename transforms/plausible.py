@@ -63,7 +63,9 @@ from beamsynth.transforms.noise import (
     RandomSource,
     discrete_laplace,
     discrete_laplace_scale,
+    hypergeometric,
     laplace_internal,
+    run_seed,
 )
 from beamsynth.transforms.synthesis import SynthesisModel
 from beamsynth.transforms.synthesis import _CountRowsFn as _CountRowsFn  # record count CombineFn
@@ -835,7 +837,7 @@ class SplitForPlausible(beam.PTransform):
         fr = tuple(float(f) for f in fractions)
         if len(fr) != 3 or any(not (f > 0) for f in fr):
             raise ValueError(f"fractions ({fractions!r}) must be three numbers > 0 (seeds, structure, params)")
-        self._fractions, self._seed = fr, seed
+        self._fractions, self._seed = fr, run_seed(seed)
 
     def display_data(self) -> dict[str, Any]:
         """The public split fractions (no budget: the split is disjoint, parts compose in parallel)."""
@@ -1004,7 +1006,7 @@ class DPPlausibleBayesNet(beam.PTransform):
             raise ValueError(f"max_records ({max_records!r}) must be an int >= 2")
         self._shape, self._eps, self._omega = tuple(int(s) for s in shape), budget.epsilon, omega
         self._max_parents, self._max_cost, self._alpha = min(max_parents, m - 1), max_cost, float(alpha)
-        self._max_records, self._c, self._seed = max_records, int(max_contributions), seed
+        self._max_records, self._c, self._seed = max_records, int(max_contributions), run_seed(seed)
         self._theta, self._params_ratio = theta, float(params_ratio)
 
     @property
@@ -1098,7 +1100,7 @@ class GenerateCandidates(beam.PTransform):
                  label: str | None = None) -> None:
         super().__init__(label)
         self._model, self._rows, self._n_seeds = model, rows, n_seeds
-        self._seed, self._max_batch = seed, int(max_batch)
+        self._seed, self._max_batch = run_seed(seed), int(max_batch)
 
     def display_data(self) -> dict[str, Any]:
         """Batch size only: the candidates' privacy comes from the test that follows."""
@@ -1272,7 +1274,7 @@ def fast_plausible_counts(matching: np.ndarray, *, n_seeds: int, max_check: int 
     """
     kp = np.asarray(matching, dtype=np.int64)
     if max_check is not None and max_check < n_seeds and kp.size:
-        kp = rs.numpy_generator().hypergeometric(kp, np.maximum(n_seeds - kp, 0), max_check).astype(np.int64)
+        kp = hypergeometric(rs, kp, np.maximum(n_seeds - kp, 0), max_check)  # exact, secure source
     if max_plausible is not None:
         kp = np.minimum(kp, int(max_plausible))
     return kp
@@ -1320,7 +1322,7 @@ class PlausibleDeniabilityFilter(beam.PTransform):
         self._records, self._model = records, model
         self._k, self._gamma, self._eps0 = k, float(gamma), epsilon0
         self._maxp, self._maxc = max_plausible, max_check_plausible
-        self._fast, self._shards, self._seed = fast_path, shards, seed
+        self._fast, self._shards, self._seed = fast_path, shards, run_seed(seed)
 
     def display_data(self) -> dict[str, Any]:
         """Test parameters (never data values)."""
@@ -1451,7 +1453,7 @@ class OrderReleased(beam.PTransform):
         super().__init__(label)
         if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
             raise ValueError(f"shards ({shards!r}) must be an int >= 1")
-        self._shape, self._shards, self._seed = tuple(int(s) for s in shape), shards, seed
+        self._shape, self._shards, self._seed = tuple(int(s) for s in shape), shards, run_seed(seed)
 
     def expand(self, released):
         return (released

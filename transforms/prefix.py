@@ -68,7 +68,7 @@ from beamsynth.schemas.schema import EncodedBatch
 from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, PureDP
 from beamsynth.transforms.conventions import display_items, element_types
 from beamsynth.transforms.measure import combine_globally, window_labels
-from beamsynth.transforms.noise import RandomSource, discrete_laplace
+from beamsynth.transforms.noise import RandomSource, discrete_laplace, hypergeometric, run_seed
 
 __all__ = [
     "DISCOUNTS",
@@ -368,8 +368,8 @@ def _skip_remove(s: np.ndarray, r: np.ndarray) -> np.ndarray:
 
 
 def _proportional_remove(s: np.ndarray, r: np.ndarray, rs: RandomSource) -> np.ndarray:
-    """Remove a uniformly random subset of ``r`` units (multivariate hypergeometric per row)."""
-    gen = rs.numpy_generator()
+    """Remove a uniformly random subset of ``r`` units (multivariate hypergeometric per row, from
+    exact urn draws of the secure source: :func:`~beamsynth.transforms.noise.hypergeometric`)."""
     f, a = s.shape
     out = np.zeros_like(s)
     left = r.astype(np.int64).copy()
@@ -379,7 +379,7 @@ def _proportional_remove(s: np.ndarray, r: np.ndarray, rs: RandomSource) -> np.n
         bad = total - good
         active = left > 0
         if np.any(active):
-            out[active, j] = gen.hypergeometric(good[active], bad[active], left[active])
+            out[active, j] = hypergeometric(rs, good[active], bad[active], left[active])
         left -= out[:, j]
         total = bad
     return out
@@ -609,7 +609,7 @@ class _PrefixLevels(beam.PTransform):
             raise ValueError(f"discount ({rule!r}) must be one of {DISCOUNTS}")
         if not 1 <= levels <= codec.depth:
             raise ValueError(f"max_depth ({levels!r}) must be in [1, {codec.depth}] for this key")
-        RandomSource(seed=seed)  # validates the seed (int or None) at build time
+        seed = run_seed(seed)  # validates it; None → this transform's run secret, drawn at build time
         self._codec, self._acct, self._levels, self._rule, self._seed = codec, acct, levels, rule, seed
         if accountant is not None:
             accountant.spend(f"prefixes/{self.method}", PureDP(epsilon=acct.epsilon),
@@ -795,7 +795,7 @@ class DecodeLeaves(beam.PTransform):
         super().__init__(label)
         if restore_discount is not None and (not isinstance(restore_discount, int) or restore_discount < 0):
             raise ValueError(f"restore_discount ({restore_discount!r}) must be None or an int >= 0")
-        self._codec, self._seed, self._complete = codec, seed, complete_only
+        self._codec, self._seed, self._complete = codec, run_seed(seed), complete_only
         self._restore = restore_discount
 
     def display_data(self) -> dict[str, Any]:

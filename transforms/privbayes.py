@@ -89,6 +89,7 @@ from beamsynth.transforms.noise import (
     RandomSource,
     discrete_laplace_scale,
     permute_and_flip,
+    run_seed,
 )
 from beamsynth.transforms.refine import (
     DEFAULT_REFINE_FRACTION,
@@ -902,7 +903,7 @@ class DPPrivBayes(beam.PTransform):
             spend_privbayes(accountant, self.plan)
         self._families = candidate_families(len(schema.shape), self.plan.degree, shape=schema.shape,
                                             max_family_cells=self.plan.max_family_cells)
-        self._seed, self._shrink = seed, float(shrink)
+        self._seed, self._shrink = run_seed(seed), float(shrink)
 
     def display_data(self) -> dict[str, Any]:
         """Mechanism, ε split, δ, degree and declared sizes (never data values)."""

@@ -50,6 +50,7 @@ from beamsynth.transforms.noise import (
     discrete_laplace,
     discrete_laplace_scale,
     exponential_mechanism,
+    run_seed,
     sample_categorical,
 )
 from beamsynth.transforms.synthesis import SynthesisModel
@@ -438,7 +439,7 @@ class DPHashedConditionals(beam.PTransform):
         self._gibbs = {"burn_in": burn_in, "thin": thin, "chain_length": chain_length,
                        "init_sweeps": init_sweeps, "support_check": support_check}
         SBHGModel.check_gibbs(**self._gibbs)
-        self._seed = seed
+        self._seed = run_seed(seed)  # None → this transform's run secret, drawn at build time
 
     def default_label(self) -> str:
         return (f"SBHG(ε_c={self.per_feature.epsilon * len(self._shape):g}, "

@@ -27,6 +27,7 @@ from beamsynth.transforms.noise import (
     RandomSource,
     discrete_laplace,
     discrete_laplace_scale,
+    run_seed,
     sample_categorical,
 )
 
@@ -100,7 +101,7 @@ class DPCount(beam.PTransform):
             raise ValueError(f"DPCount needs a pure ε budget, got {budget!r}")
         if isinstance(max_contributions, bool) or not isinstance(max_contributions, int) or max_contributions < 1:
             raise ValueError(f"max_contributions ({max_contributions!r}) must be an int >= 1")
-        self._budget, self._k, self._seed = budget, max_contributions, seed
+        self._budget, self._k, self._seed = budget, max_contributions, run_seed(seed)
 
     def display_data(self) -> dict[str, Any]:
         """Mechanism, ε, δ, sensitivity and noise scale (never data values)."""
@@ -358,7 +359,7 @@ class SampleSynthetic(beam.PTransform):
             raise ValueError(f"shard_rows ({shard_rows!r}) must be an int >= 1")
         if not isinstance(side_input, bool):
             raise TypeError(f"side_input ({side_input!r}) must be a bool")
-        self._schema, self._seed, self._shard_rows = schema, seed, shard_rows
+        self._schema, self._seed, self._shard_rows = schema, run_seed(seed), shard_rows
         self._side_input = side_input
 
     def display_data(self) -> dict[str, Any]:

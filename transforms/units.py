@@ -28,7 +28,7 @@ import pandas as pd
 from beamsynth.schemas.schema import EncodedBatch
 from beamsynth.transforms.conventions import display_items, element_types
 from beamsynth.transforms.measure import window_labels
-from beamsynth.transforms.noise import RandomSource
+from beamsynth.transforms.noise import RandomSource, run_seed
 
 __all__ = ["BoundContributions", "bound_rows", "pid_shards"]
 
@@ -126,7 +126,7 @@ class BoundContributions(beam.PTransform):
             raise ValueError(f"max_contributions ({max_contributions!r}) must be an int >= 1")
         if not isinstance(num_shards, int) or num_shards < 1:
             raise ValueError(f"num_shards ({num_shards!r}) must be an int >= 1")
-        self._k, self._seed, self._shards = max_contributions, seed, num_shards
+        self._k, self._seed, self._shards = max_contributions, run_seed(seed), num_shards
 
     def display_data(self) -> dict[str, Any]:
         """The bound and its sharding (no budget: bounding makes the sensitivity k)."""
