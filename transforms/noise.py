@@ -185,7 +185,7 @@ class RandomSource:
         self._secret: RunSecret | None = None
         self._seed: int | None = None
         if seed is None:
-            self._secret = RunSecret()
+            self._secret = _SECRET_FACTORY()
         elif isinstance(seed, RunSecret):
             self._secret = seed
         else:
