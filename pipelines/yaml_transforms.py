@@ -24,7 +24,8 @@ Privacy rules of the step (docs/releases.md, "Beam YAML"):
 * **Steps compose.** All ``BeamsynthSynthesize`` steps of one pipeline spend from one job ledger
   (:func:`job_accountant`); with more than one step the pipeline must declare its total with
   ``job_budget: {epsilon: E, delta: D}`` (on one step at least, the same value wherever given),
-  and steps that overspend it fail when the pipeline is built.
+  and steps that overspend it fail when the pipeline is built. The steps of one job must share
+  one privacy unit (privacy id and max contributions), else they are refused.
 * **Seeded output is marked**: ``seed`` logs a warning when the step is built, counts every
   synthetic row in the ``beamsynth/seeded_rows_not_for_release`` counter and sets the manifest's
   ``randomness`` to "seeded: not for release".
@@ -249,10 +250,19 @@ class _JobLedger:
     def __init__(self) -> None:
         self.total: Optional[ApproxDP] = None  # noqa: UP045
         self.declared_by = ""
+        self.unit: Optional[tuple[Any, int]] = None  # noqa: UP045 ((privacy id, max contributions))
         self.steps: list[tuple[str, PrivacyAccountant]] = []
         self.accountant: Optional[PrivacyAccountant] = None  # noqa: UP045
 
-    def add(self, step: str, spent: PrivacyAccountant, declared: Optional[ApproxDP]) -> None:  # noqa: UP045
+    def add(self, step: str, spent: PrivacyAccountant, declared: Optional[ApproxDP],  # noqa: UP045
+            unit: tuple[Any, int] = (None, 1)) -> None:
+        if self.unit is not None and unit != self.unit:
+            raise ValueError(
+                f"{STEP} {step!r}: privacy unit (privacy_id={unit[0]!r}, max_contributions="
+                f"{unit[1]}) differs from the other steps' (privacy_id={self.unit[0]!r}, "
+                f"max_contributions={self.unit[1]}); budgets of one job add up only for one "
+                "privacy unit")
+        self.unit = unit
         if declared is not None:
             if self.total is not None and declared != self.total:
                 raise ValueError(
@@ -430,7 +440,8 @@ class Synthesize(beam.PTransform):
 
     def _register(self, pipeline: beam.Pipeline) -> "_JobLedger":
         ledger = _LEDGERS.setdefault(pipeline, _JobLedger())
-        ledger.add(self.label, self._plan.accountant, self._job_budget)
+        unit = (self._plan.schema.privacy_id, self._plan.config.max_contributions)
+        ledger.add(self.label, self._plan.accountant, self._job_budget, unit)
         return ledger
 
     def display_data(self) -> dict[str, Any]:

@@ -290,3 +290,19 @@ def test_steps_of_one_yaml_pipeline_share_the_job_budget(tmp_path: Path) -> None
     acct = job_accountant(p)
     assert acct.spent_epsilon == pytest.approx(1.0)
     assert {s.step.split("/")[0] for s in acct.spends} == {"Synth0", "Synth1"}
+
+
+def test_steps_of_one_job_share_one_privacy_unit(tmp_path: Path) -> None:
+    import apache_beam as beam
+
+    p = beam.Pipeline()
+    rows = p | beam.Create([beam.Row(color="red", age="3", pid="a")])
+    job = {"epsilon": 1.0}
+    _ = rows | "Records" >> Synthesize(schema=_tiny(tmp_path), epsilon=0.3, rows=5, job_budget=job)
+    with pytest.raises(ValueError) as err:
+        _ = rows | "People" >> Synthesize(schema=_tiny(tmp_path), epsilon=0.3, rows=5, job_budget=job,
+                                          privacy_id="pid", max_contributions=2)
+    assert str(err.value) == (
+        "BeamsynthSynthesize 'People': privacy unit (privacy_id='pid', max_contributions=2) "
+        "differs from the other steps' (privacy_id=None, max_contributions=1); budgets of one "
+        "job add up only for one privacy unit")
