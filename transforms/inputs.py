@@ -28,6 +28,7 @@ between steps.
 from __future__ import annotations
 
 import json
+import operator
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, Optional, Union
 
@@ -150,6 +151,16 @@ def _record_columns(records: Sequence[Mapping[str, Any]], names: Sequence[str]
                     ) -> dict[str, pd.Series]:
     """Column ``name`` of every record (None when absent); a field may also be spelled as its
     identifier form (``education_num`` for ``education-num``), looked up only where needed."""
+    try:  # fast path: every record has every field under its declared name (one C call each)
+        get = operator.itemgetter(*names)
+        rows = [get(r) for r in records]
+        columns = list(zip(*rows)) if len(names) > 1 else [tuple(rows)]
+        if not records:
+            columns = [() for _ in names]
+        return {n: pd.Series(_object_array(list(c)), dtype=object, copy=False)
+                for n, c in zip(names, columns)}
+    except (KeyError, TypeError):
+        pass
     cols = {}
     for name in names:
         values = [r.get(name) for r in records]
