@@ -56,7 +56,8 @@ def _release(tmp_path, name, rows, n_rows):
                                       rows=n_rows, max_contributions=2),
                       PipelineOptions(runner="DirectRunner"))
     ops = m["operational"]
-    assert ops["rows_read"] == len(rows) == ops["rows_used"] + ops["rows_rejected"]
+    assert ops["rows_read"] == len(rows) == (ops["rows_used"] + ops["rows_rejected"]
+                                             + ops["rows_dropped_by_bound"])  # used: after the bound
     rejected = (tmp_path / name / "synthetic.csv.rejected.jsonl").read_text(encoding="utf-8").splitlines()
     assert len(rejected) == ops["rows_rejected"] and all(json.loads(r)["reason"] for r in rejected)
     release = copy.deepcopy(m["release"])
