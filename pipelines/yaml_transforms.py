@@ -106,7 +106,8 @@ def _as_dict(row: Any) -> Optional[dict]:  # noqa: UP045
     return dict(as_dict()) if callable(as_dict) else None
 
 
-def _judge_row(schema: Schema, d: dict) -> tuple[Optional[dict], Optional[str]]:  # noqa: UP045
+def _judge_row(schema: Schema, d: dict,
+               position_field: Optional[str] = None) -> tuple[Optional[dict], Optional[str]]:  # noqa: UP045
     """(declared column → raw value, None) or (None, reason). Names only in reasons, never values."""
     out: dict[str, Any] = {}
     used: set[Any] = set()
@@ -125,21 +126,33 @@ def _judge_row(schema: Schema, d: dict) -> tuple[Optional[dict], Optional[str]]:
         used.add(keys[0])
         out[name] = _raw_value(d[keys[0]])
     if schema.extra_columns == "reject":
-        extra = [str(k) for k in d if k not in used]
+        extra = [str(k) for k in d if k not in used and k != position_field]
         if extra:
             return None, f"undeclared field(s) {extra} and the schema says extra_columns: reject"
     return out, None
 
 
-def rows_to_block(rows: list[Any], *, schema: Schema, source: str,
-                  first_row: int) -> tuple[RawBlock, list[Rejected]]:
+def _position(d: dict, position_field: Optional[str], default: int) -> int:  # noqa: UP045
+    """The row's own position from ``position_field`` (an integer), else ``default``."""
+    value = d.get(position_field) if position_field else None
+    if isinstance(value, bool) or value is None:
+        return default
+    try:
+        return int(value)
+    except (TypeError, ValueError, OverflowError):
+        return default
+
+
+def rows_to_block(rows: list[Any], *, schema: Schema, source: str, first_row: int,
+                  position_field: Optional[str] = None) -> tuple[RawBlock, list[Rejected]]:  # noqa: UP045
     """``beam.Row``s (or dicts) → a :class:`RawBlock` of the declared columns + dead letters.
 
     Each row is judged against ``schema`` alone (stability: adding or removing one row never
     changes how another parses): declared columns are looked up by name or Avro-safe name; a
     missing nullable column is null, a missing required column (or privacy id) rejects the row,
-    undeclared fields are ignored or reject the row per ``schema.extra_columns``. Row numbers
-    count from ``first_row`` in the order given.
+    undeclared fields are ignored or reject the row per ``schema.extra_columns``. A row's
+    number is its integer ``position_field`` (a field the caller added, e.g. the source line; never
+    an undeclared field), else its place in ``rows`` counted from ``first_row``.
     """
     names = list(schema.names) + ([schema.privacy_id] if schema.privacy_id else [])
     kept: list[dict] = []
@@ -153,14 +166,15 @@ def rows_to_block(rows: list[Any], *, schema: Schema, source: str,
                                      f"element is a {type(row).__name__}, not a row", raw=""))
             continue
         try:
-            values, reason = _judge_row(schema, d)
+            values, reason = _judge_row(schema, d, position_field)
         except Exception as exc:  # noqa: BLE001 (a value whose str() fails: that row only)
             values, reason = None, f"a field could not be read ({type(exc).__name__})"
         if values is None:
-            rejected.append(Rejected(source, first_row + i, reason, raw=_raw_text(d)))
+            rejected.append(Rejected(source, _position(d, position_field, first_row + i), reason,
+                                     raw=_raw_text(d)))
             continue
         kept.append(values)
-        positions.append(first_row + i)
+        positions.append(_position(d, position_field, first_row + i))
         raw_rows.append(_raw_text(d))
     cols = {n: pd.Series([v[n] for v in kept], dtype=object) for n in names}
     block = RawBlock(source=source, columns=cols, rows=np.asarray(positions, dtype=np.int64),
@@ -168,14 +182,15 @@ def rows_to_block(rows: list[Any], *, schema: Schema, source: str,
     return block, rejected
 
 
-def encode_rows(schema: Schema, rows: list[Any], *, source: str = _SOURCE,
-                first_row: int = 1) -> tuple[Any, list[Rejected]]:
+def encode_rows(schema: Schema, rows: list[Any], *, source: str = _SOURCE, first_row: int = 1,
+                position_field: Optional[str] = None) -> tuple[Any, list[Rejected]]:  # noqa: UP045
     """Rows → (``EncodedBatch`` of good rows, dead letters); never raises on a row's content.
 
     Should the encoder raise on a block (a bug), each row is encoded alone and a row that still
     raises is dead-lettered with the exception's type only (its text might carry the value).
     """
-    block, rejected = rows_to_block(rows, schema=schema, source=source, first_row=first_row)
+    block, rejected = rows_to_block(rows, schema=schema, source=source, first_row=first_row,
+                                    position_field=position_field)
     try:
         batch, bad = encode_block(schema, block)
         return batch, rejected + bad
@@ -209,8 +224,8 @@ def _concat(schema: Schema, batches: list[Any]) -> Any:
 class _EncodeRowsFn(beam.DoFn):
     """list of rows → ``EncodedBatch`` (main) and ``Rejected`` (tag ``rejected``), counted."""
 
-    def __init__(self, schema: Schema) -> None:
-        self._schema = schema
+    def __init__(self, schema: Schema, position_field: Optional[str] = None) -> None:  # noqa: UP045
+        self._schema, self._position = schema, position_field
 
     def setup(self) -> None:
         counter = beam.metrics.Metrics.counter
@@ -219,7 +234,7 @@ class _EncodeRowsFn(beam.DoFn):
         self._rejected = counter(METRICS_NAMESPACE, "rows_rejected_schema")
 
     def process(self, rows: list[Any]):
-        batch, rejected = encode_rows(self._schema, list(rows))
+        batch, rejected = encode_rows(self._schema, list(rows), position_field=self._position)
         self._read.inc(len(rows))
         self._used.inc(len(batch))
         self._rejected.inc(len(rejected))
@@ -366,7 +381,9 @@ class Synthesize(beam.PTransform):
     (tests only: output marked "seeded: not for release"), ``options`` (method options),
     ``batch_rows``, ``error_handling: {output: NAME}`` (dead-letter output), ``job_budget:
     {epsilon, delta}`` (the pipeline's total, shared by its steps), ``windows: {start, end,
-    size}`` (declared windows), ``manifest`` (path of a manifest written at the end).
+    size}`` (declared windows), ``manifest`` (path of a manifest written at the end),
+    ``position_field`` (an integer field giving each row's source position for dead letters;
+    without it a dead letter's ``row`` is its place in the step's input batch).
     The privacy guarantee is the method's (see its docstring), for add/remove of one privacy unit,
     per declared window with ``windows``; the steps of one pipeline compose (basic composition).
     """
@@ -383,7 +400,8 @@ class Synthesize(beam.PTransform):
                  error_handling: Optional[dict] = None,  # noqa: UP045
                  job_budget: Optional[dict] = None,  # noqa: UP045
                  windows: Optional[dict] = None,  # noqa: UP045
-                 manifest: Optional[str] = None) -> None:  # noqa: UP045
+                 manifest: Optional[str] = None,  # noqa: UP045
+                 position_field: Optional[str] = None) -> None:  # noqa: UP045
         super().__init__()
         if isinstance(batch_rows, bool) or not isinstance(batch_rows, int) or batch_rows < 1:
             raise ValueError(f"batch_rows ({batch_rows!r}) must be an int >= 1")
@@ -392,6 +410,9 @@ class Synthesize(beam.PTransform):
             raise ValueError(f"error_handling ({error_handling!r}) must be {{output: NAME}}")
         if manifest is not None and not (isinstance(manifest, str) and manifest):
             raise ValueError(f"manifest ({manifest!r}) must be a path")
+        if position_field is not None and not (isinstance(position_field, str) and position_field):
+            raise ValueError(f"position_field ({position_field!r}) must be a field name")
+        self._position = position_field
         self._job_budget = _budget_from_config(job_budget, "job_budget")
         self._windows = _windows_from_config(windows)
         if self._windows is not None and method not in EMPTY_WINDOW_METHODS:
@@ -466,7 +487,7 @@ class Synthesize(beam.PTransform):
             pcoll
             | "Batch" >> beam.BatchElements(min_batch_size=1, max_batch_size=self._batch_rows)
             # list[beam.Row]
-            | "Encode" >> beam.ParDo(_EncodeRowsFn(schema)).with_outputs("rejected", main="batches")
+            | "Encode" >> beam.ParDo(_EncodeRowsFn(schema, self._position)).with_outputs("rejected", main="batches")
         )
         batches = enc["batches"]
         # EncodedBatch of rows that fit the schema; rejected: Rejected (private)

@@ -133,6 +133,10 @@ def test_each_row_is_judged_against_the_schema_alone(tmp_path: Path) -> None:
         (3, "required field 'age' is missing"),
         (4, "undeclared field(s) ['zzz'] and the schema says extra_columns: reject"),
         (5, "column 'age': null in a non-nullable column")]
+    lines = [dict(r, line=100 + i) for i, r in enumerate(rows)]  # source positions in a field
+    batch, bad = encode_rows(schema, lines, position_field="line")
+    assert batch.codes.tolist() == [[3, 0], [0, 0]]  # the position field is not undeclared
+    assert [r.row for r in bad] == [102, 103, 104]
     base = [{"color": "red", "age": "40"}, {"age": "70"}, {"color": "blue", "age": "5"}]
     extra_r = [{"age": "1"}, {"color": "red"}, {"color": "red", "age": "2", "x": "y"}, {},
                {"age": "3", "color": "purple"}, "not a row", {"age": "1", "age_": "2"}]
