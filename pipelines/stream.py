@@ -83,9 +83,10 @@ __all__ = [
 DAY = 86_400
 
 #: Methods whose every measurement emits a DP result on a window holding only the empty
-#: heartbeat batch (checked by tests). ``sbhg`` (its hashed counts skip empty batches) and
-#: ``plausible`` (its split skips empty parts) would release nothing for an empty window, which
-#: reveals that the window was empty: :class:`WindowedSynthesis` refuses them.
+#: heartbeat batch (checked by tests). ``plausible`` releases only records that pass its test, so
+#: an empty window releases no rows; ``sbhg``'s measurements fire on every declared window (the
+#: heartbeats of ``combine_globally``) but its per-window files are not tested end to end:
+#: :class:`WindowedSynthesis` refuses both.
 EMPTY_WINDOW_METHODS = ("independent", "privbayes")
 
 
