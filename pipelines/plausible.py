@@ -13,10 +13,12 @@ import math
 from typing import Any
 
 import apache_beam as beam
+import pyarrow as pa
 
 from beamsynth.pipelines.methods import Method, register
 from beamsynth.schemas.schema import EncodedBatch, Schema
 from beamsynth.transforms.budget import ApproxDP, BudgetExceededError, PureDP
+from beamsynth.transforms.conventions import display_items, element_types
 from beamsynth.transforms.measure import combine_globally
 from beamsynth.transforms.noise import RandomSource, run_seed
 from beamsynth.transforms.plausible import (
@@ -26,7 +28,9 @@ from beamsynth.transforms.plausible import (
     DPPlausibleBayesNet,
     GenerateCandidates,
     OrderReleased,
+    PlausibleBayesNet,
     PlausibleDeniabilityFilter,
+    RejectedCandidates,
     SplitForPlausible,
     _CountRowsFn,
     candidate_bound,
@@ -65,6 +69,9 @@ class _DecodeFn(beam.DoFn):
         yield label_part(codes_to_table(self._schema, batch.codes, rs), label)
 
 
+@element_types(input=EncodedBatch, outputs={"tables": pa.Table, "released": EncodedBatch,
+                                            "rejected": RejectedCandidates,
+                                            "model": PlausibleBayesNet})
 class PlausibleSynthesis(beam.PTransform):
     """Records → released synthetic tables (Mechanism 1 with Privacy Test 1 or 2), one composite.
 
@@ -95,6 +102,16 @@ class PlausibleSynthesis(beam.PTransform):
             params_ratio=float(fractions[2]) / float(fractions[1]))
         self._test_args = dict(k=k, gamma=gamma, epsilon0=epsilon0, max_plausible=max_plausible,
                                max_check_plausible=max_check_plausible, fast_path=fast_path, seed=seed)
+
+    def display_data(self) -> dict[str, Any]:
+        """The model's and the privacy test's parameters (never data values)."""
+        items = self._model.display_data()
+        test = self._test_args
+        items.update(display_items(
+            mechanism="plausible deniability (Mechanism 1: DP Bayesian network + privacy test)",
+            k=test["k"], gamma=test["gamma"], epsilon0=test["epsilon0"],
+            order_shards=self._order_shards))
+        return items
 
     def expand(self, batches):
         parts = batches | "Split" >> self._split

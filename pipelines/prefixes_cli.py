@@ -53,6 +53,7 @@ from beamsynth.schemas.keys import (
 )
 from beamsynth.schemas.schema import EncodedBatch
 from beamsynth.transforms.budget import PrivacyAccountant, PureDP
+from beamsynth.transforms.conventions import display_items, element_types
 from beamsynth.transforms.prefix import (
     DISCOUNTS,
     DecodeLeaves,
@@ -124,6 +125,7 @@ def encode_key_block(codec: KeyCodec, privacy_id: str | None, block: RawBlock
     return EncodedBatch(codes, pids), [rej(i, r) for i, r in sorted(bad.items())]
 
 
+@element_types(input=RawBlock, outputs={"batches": EncodedBatch, "rejected": Rejected})
 class EncodeKeys(beam.PTransform):
     """``RawBlock`` → ``{"batches": EncodedBatch, "rejected": Rejected}`` for a key codec."""
 
@@ -132,6 +134,12 @@ class EncodeKeys(beam.PTransform):
         if not isinstance(codec, KeyCodec):
             raise TypeError(f"codec must be a KeyCodec, got {type(codec).__name__}")
         self._codec, self._pid = codec, privacy_id
+
+    def display_data(self) -> dict[str, Any]:
+        """The declared key (no data values)."""
+        return display_items(step="encode declared keys (dead letters tagged 'rejected')",
+                             key=self._codec.kind, fanout=self._codec.fanout,
+                             privacy_id=self._pid)
 
     def expand(self, blocks):
         out = blocks | "EncodeKeys" >> beam.ParDo(_EncodeKeysFn(self._codec, self._pid)).with_outputs(

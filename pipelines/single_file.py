@@ -55,6 +55,7 @@ from beamsynth.pipelines.formats import avro_records as _avro_records
 from beamsynth.pipelines.formats import csv_escape as _csv_escape
 from beamsynth.pipelines.formats import table_to_jsonl as _table_to_jsonl
 from beamsynth.schemas.tables import PART_LABEL_KEY, label_part, part_label
+from beamsynth.transforms.conventions import display_items, element_types
 
 __all__ = [
     "PART_LABEL_KEY",
@@ -257,6 +258,7 @@ class _TempFolders:
         return [self._dir]
 
 
+@element_types(input=pa.Table, output=str)
 class WriteSingleFile(_TempFolders, beam.PTransform):
     """``PCollection[pyarrow.Table]`` → one ``fmt`` file at ``path``, streaming (module doc).
 
@@ -278,6 +280,11 @@ class WriteSingleFile(_TempFolders, beam.PTransform):
         self._path = _absolute(path)
         self._codec = _PartCodec(fmt, column_names, avro_schema, arrow_schema)
         self._dir = temp_folder_for(self._path)
+
+    def display_data(self) -> dict[str, Any]:
+        """Output path and format (no data values)."""
+        return display_items(step="write one file, streaming (part files joined in label order)",
+                             path=self._path, format=self._codec.fmt)
 
     def expand(self, tables):
         parts = tables | "WriteParts" >> beam.ParDo(_WritePartFn(self._codec, self._dir))
@@ -401,6 +408,7 @@ def _tag_context(item: Any) -> tuple[str, Any]:
     return "context", item
 
 
+@element_types(input=tuple[bytes, str], output=str)
 class WriteSortedLines(_TempFolders, beam.PTransform):
     """``PCollection[tuple[bytes, str]]`` of ``(sort key, line)`` (or a tuple of them) → one
     uncompressed text file at ``path`` holding every line once, ordered by ``key + b"\\t" + line``
@@ -427,6 +435,11 @@ class WriteSortedLines(_TempFolders, beam.PTransform):
         self._run_bytes = run_bytes
         self._rewriter = rewriter
         self._dir = temp_folder_for(self._path)
+
+    def display_data(self) -> dict[str, Any]:
+        """Output path and run size (no data values)."""
+        return display_items(step="write sorted lines (sorted runs, k-way merge)", path=self._path,
+                             run_bytes=self._run_bytes, rewriter=self._rewriter is not None)
 
     def expand(self, keyed_lines):
         context = None

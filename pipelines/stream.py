@@ -48,6 +48,7 @@ from typing import Any
 
 import apache_beam as beam
 import numpy as np
+import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.transforms import trigger
 from apache_beam.transforms import window as beam_window
@@ -64,6 +65,7 @@ from beamsynth.pipelines.single_file import (
 )
 from beamsynth.pipelines.synthesize import SynthesisPlan, synthesize_batches
 from beamsynth.schemas.schema import EncodedBatch, Schema
+from beamsynth.transforms.conventions import display_items, element_types
 from beamsynth.transforms.units import BoundContributions
 from beamsynth.transforms.windows import DeclaredWindows
 from beamsynth.transforms.windows import declared_range as _declared_range
@@ -232,6 +234,7 @@ class _EmptyBatchAtFn(beam.DoFn):
         yield beam_window.TimestampedValue(empty_batch(self._schema), float(ts))
 
 
+@element_types(output=EncodedBatch)
 class WindowHeartbeat(beam.PTransform):
     """One empty ``EncodedBatch`` per declared window, stamped at the window start.
 
@@ -251,6 +254,13 @@ class WindowHeartbeat(beam.PTransform):
             raise TypeError(f"schema must be a Schema, got {type(schema).__name__}")
         self._start, self._end = _declared_range(windows_start, windows_end, window_seconds)
         self._schema, self._seconds = schema, window_seconds
+
+    def display_data(self) -> dict[str, Any]:
+        """The declared windows (public; no data values)."""
+        return display_items(step="one empty batch per declared window",
+                             windows_start=_iso(self._start),
+                             windows_end="open" if self._end is None else _iso(self._end),
+                             window_seconds=self._seconds)
 
     def expand(self, pbegin):
         if self._end is None:
@@ -290,6 +300,9 @@ def _tag_part(part: tuple[str, str, str, int]) -> tuple[int, tuple[str, Any]]:
     return 0, ("part", part)
 
 
+@element_types(input=EncodedBatch, outputs={"releases": WindowRelease, "late": LateCount,
+                                            "outside": OutsideCount, "tables": pa.Table,
+                                            "batches": EncodedBatch})
 class WindowedSynthesis(beam.PTransform):
     """Per-window DP synthesis of timestamped ``EncodedBatch`` input; one release per window.
 
@@ -380,6 +393,17 @@ class WindowedSynthesis(beam.PTransform):
             trigger=trigger.AfterWatermark(),
             accumulation_mode=trigger.AccumulationMode.DISCARDING,
             allowed_lateness=Duration(seconds=self._lateness))
+
+    def display_data(self) -> dict[str, Any]:
+        """Method, the budget of each window and the declared windows (no data values)."""
+        total = self._plan.accountant.total
+        return display_items(
+            mechanism=f"{self._plan.method.name} synthesis per declared window",
+            epsilon_per_window=total.epsilon, delta_per_window=total.delta,
+            declared_cells=sum(c.domain.size for c in self._plan.schema.columns),
+            windows_start=_iso(self._start),
+            windows_end="open" if self._end is None else _iso(self._end),
+            window_seconds=self._seconds, allowed_lateness=self._lateness)
 
     def expand(self, batches):
         plan, cfg = self._plan, self._plan.config

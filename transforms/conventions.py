@@ -139,7 +139,12 @@ def _inputs_of(pvalueish: Any, inputs: Mapping[str, Any] | Any) -> list[tuple[st
                 if isinstance(pvalueish[key], beam.PCollection):
                     out.append((str(key), pvalueish[key], hint))
         return out
-    return [("", pvalueish, inputs)] if isinstance(pvalueish, beam.PCollection) else []
+    if isinstance(pvalueish, beam.PCollection):
+        return [("", pvalueish, inputs)]
+    if isinstance(pvalueish, (tuple, list)):  # several PCollections of the one declared type
+        return [(str(i), pc, inputs) for i, pc in enumerate(pvalueish)
+                if isinstance(pc, beam.PCollection)]
+    return []
 
 
 def _replace_input(pvalueish: Any, name: str, pcoll: beam.PCollection) -> Any:

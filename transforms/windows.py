@@ -41,6 +41,7 @@ from apache_beam.transforms import window as beam_window
 from apache_beam.transforms.periodicsequence import PeriodicImpulse
 
 from beamsynth.schemas.schema import EncodedBatch
+from beamsynth.transforms.conventions import display_items
 
 __all__ = [
     "CombineDeclaredWindows",
@@ -229,6 +230,10 @@ class Heartbeats(beam.PTransform):
             raise TypeError(f"windows must be DeclaredWindows, got {type(windows).__name__}")
         self._windows = windows
 
+    def display_data(self) -> dict[str, Any]:
+        """The declared windows (public; no data values)."""
+        return display_items(step="one heartbeat per declared window", **_declared(self._windows))
+
     def expand(self, pbegin):
         starts = self._windows.window_starts()
         if starts is None:
@@ -267,8 +272,19 @@ class DropOutsideDeclared(beam.PTransform):
         super().__init__(label)
         self._windows = windows
 
+    def display_data(self) -> dict[str, Any]:
+        """The declared windows (public; no data values)."""
+        return display_items(step="drop (and count) elements outside the declared windows",
+                             **_declared(self._windows))
+
     def expand(self, pcoll):
         return pcoll | "DropOutside" >> beam.ParDo(_DropOutsideFn(self._windows))
+
+
+def _declared(windows: DeclaredWindows) -> dict[str, Any]:
+    end = windows.declared_end
+    return {"windows_start": windows.declared_start, "windows_end": "open" if end is None else end,
+            "window_seconds": windows.seconds}
 
 
 class _AccumulateFn(beam.CombineFn):
@@ -327,6 +343,11 @@ class CombineDeclaredWindows(beam.PTransform):
         if not isinstance(windows, DeclaredWindows):
             raise TypeError(f"windows must be DeclaredWindows, got {type(windows).__name__}")
         self._fn, self._windows = fn, windows
+
+    def display_data(self) -> dict[str, Any]:
+        """The combine and the declared windows (public; no data values)."""
+        return display_items(step="combine once per declared window, with or without records",
+                             combine_fn=type(self._fn).__name__, **_declared(self._windows))
 
     def expand(self, pcoll):
         w = pcoll.windowing
