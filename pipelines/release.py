@@ -734,7 +734,10 @@ def _finish_table(plan: SynthesisPlan, t: TableSpec, tmp: str, result: Any, star
     result.wait_until_finish()
     rej_parse = counter_value(result, "rows_rejected_unparseable")
     rej_dom = counter_value(result, "rows_rejected_domain")
-    counts = {"rows_read": counter_value(result, "rows_read"), "rows_used": counter_value(result, "rows_encoded"),
+    used = counter_value(result, "rows_encoded")
+    dropped = counter_value(result, "rows_dropped_by_bound") if plan.schema.privacy_id else 0
+    counts = {"rows_read": counter_value(result, "rows_read"), "rows_dropped_by_bound": dropped,
+              "rows_used": None if used is None or dropped is None else used - dropped,  # after bounding
               "rows_rejected": None if rej_parse is None or rej_dom is None else rej_parse + rej_dom,
               "rows_out": counter_value(result, "rows_synthesized"),
               "seconds": round(time.time() - start, 3)}
