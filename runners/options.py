@@ -6,6 +6,7 @@ transforms from Python takes beamsynth's settings the way it takes any other Bea
 
     options = PipelineOptions(["--beamsynth_epsilon=1", "--beamsynth_manifest=gs://b/m.json"])
     settings = beamsynth_settings(options)   # validated; settings.epsilon == 1.0
+    job = privacy_job_from_options(options)  # the job's one budget (bs.PrivacyJob), ε = 1
 
 ========================  =========================================================================
 option                    meaning
@@ -18,11 +19,10 @@ option                    meaning
                           secure (a per-run secret from OS entropy)
 --beamsynth_manifest P    where the job's manifest (every spend; public and private parts) is
                           written, any Beam path (local, gs://, s3://...)
---beamsynth_progress      print a progress line per finished stage to stderr (default off)
 ========================  =========================================================================
 
 The ``beamsynth`` CLI has its own flags for these (``--epsilon``, ``--delta``, ``--seed``,
-``--quiet``; the manifest goes next to ``--output``) and refuses the ``--beamsynth_*`` forms, so
+the manifest goes next to ``--output``) and refuses the ``--beamsynth_*`` forms, so
 one setting never has two spellings on one command line.
 
 :func:`check_pipeline_args` is what the CLI runs on the arguments it did not consume before
@@ -40,6 +40,7 @@ import importlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
@@ -51,6 +52,7 @@ __all__ = [
     "beam_option_flags",
     "beamsynth_settings",
     "check_pipeline_args",
+    "privacy_job_from_options",
     "suggest_flag",
 ]
 
@@ -64,7 +66,6 @@ CLI_EQUIVALENTS = {
     "beamsynth_delta": "--delta",
     "beamsynth_seed": "--seed",
     "beamsynth_manifest": "--output (the manifest is written to OUTPUT.manifest.json)",
-    "beamsynth_progress": "the default (progress is printed unless --quiet)",
 }
 
 
@@ -83,8 +84,6 @@ class BeamsynthOptions(PipelineOptions):
                                 "for release' (default: secure randomness)")
         group.add_argument("--beamsynth_manifest", default=None,
                            help="path (any Beam filesystem) of the job's privacy manifest")
-        group.add_argument("--beamsynth_progress", action="store_true", default=False,
-                           help="print a progress line per finished stage to stderr")
 
 
 @dataclass(frozen=True)
@@ -96,14 +95,12 @@ class BeamsynthSettings:
       delta: total δ (0 when not given).
       seed: fixed seed (tests/demos only) or ``None`` for secure randomness.
       manifest: where the manifest is written, or ``None``.
-      progress: whether stage progress is printed.
     """
 
     epsilon: float | None
     delta: float
     seed: int | None
     manifest: str | None
-    progress: bool
 
     @property
     def seeded(self) -> bool:
@@ -130,7 +127,25 @@ def beamsynth_settings(options: PipelineOptions | None) -> BeamsynthSettings:
     if manifest is not None and not str(manifest).strip():
         raise ValueError(f"--beamsynth_manifest ({manifest!r}) must be a non-empty path")
     return BeamsynthSettings(epsilon=epsilon, delta=0.0 if delta is None else float(delta),
-                             seed=seed, manifest=manifest, progress=bool(view.beamsynth_progress))
+                             seed=seed, manifest=manifest)
+
+
+def privacy_job_from_options(options: PipelineOptions, **kwargs: Any) -> Any:
+    """The job's one :class:`~beamsynth.transforms.private.PrivacyJob` from its pipeline options:
+    ε and δ from ``--beamsynth_epsilon``/``--beamsynth_delta``, the seed from
+    ``--beamsynth_seed`` (secure when absent). ``kwargs`` go to ``PrivacyJob`` (``privacy_unit``,
+    ``name``). Write the manifest with ``bs.WriteManifest(job=job, path=settings.manifest)``.
+
+    Raises:
+      ValueError: ``--beamsynth_epsilon`` is missing (a budget is never defaulted) or any
+        beamsynth option is out of range (:func:`beamsynth_settings`).
+    """
+    from beamsynth.transforms.private import PrivacyJob
+
+    settings = beamsynth_settings(options)
+    if settings.epsilon is None:
+        raise ValueError("--beamsynth_epsilon is required: the job's total ε has no default")
+    return PrivacyJob(epsilon=settings.epsilon, delta=settings.delta, seed=settings.seed, **kwargs)
 
 
 class UnknownOptionError(ValueError):

@@ -9,6 +9,7 @@ from beamsynth.runners.options import (
     beam_option_flags,
     beamsynth_settings,
     check_pipeline_args,
+    privacy_job_from_options,
     suggest_flag,
 )
 
@@ -16,19 +17,17 @@ from beamsynth.runners.options import (
 def test_options_parse_as_beam_options():
     options = PipelineOptions(["--beamsynth_epsilon=1.5", "--beamsynth_delta", "1e-6",
                                "--beamsynth_seed=7", "--beamsynth_manifest", "gs://b/m.json",
-                               "--beamsynth_progress", "--runner=DirectRunner"])
+                               "--runner=DirectRunner"])
     view = options.view_as(BeamsynthOptions)
     assert (view.beamsynth_epsilon, view.beamsynth_delta, view.beamsynth_seed) == (1.5, 1e-6, 7)
     assert options.get_all_options()["beamsynth_manifest"] == "gs://b/m.json"
     s = beamsynth_settings(options)
-    assert (s.epsilon, s.delta, s.seed, s.manifest, s.progress, s.seeded) == (
-        1.5, 1e-6, 7, "gs://b/m.json", True, True)
+    assert (s.epsilon, s.delta, s.seed, s.manifest, s.seeded) == (1.5, 1e-6, 7, "gs://b/m.json", True)
 
 
 def test_defaults_are_secure_and_unset():
     s = beamsynth_settings(None)
-    assert (s.epsilon, s.delta, s.seed, s.manifest, s.progress, s.seeded) == (
-        None, 0.0, None, None, False, False)
+    assert (s.epsilon, s.delta, s.seed, s.manifest, s.seeded) == (None, 0.0, None, None, False)
     assert beamsynth_settings(PipelineOptions([])) == s
 
 
@@ -86,3 +85,13 @@ def test_unknown_options_refused(args, message):
 def test_suggestion_treats_dash_and_underscore_alike():
     assert suggest_flag("--count_fraction", ["--count-fraction", "--rows"]) == "--count-fraction"
     assert suggest_flag("--qqqq", ["--rows"]) is None
+
+
+def test_privacy_job_from_options():
+    job = privacy_job_from_options(PipelineOptions(["--beamsynth_epsilon=2", "--beamsynth_delta=1e-6",
+                                                    "--beamsynth_seed=5"]), name="etl")
+    assert (job.accountant.total.epsilon, job.accountant.total.delta, job.seed, job.name) == (
+        2.0, 1e-6, 5, "etl")
+    with pytest.raises(ValueError) as err:
+        privacy_job_from_options(PipelineOptions(["--runner=DirectRunner"]))
+    assert str(err.value) == "--beamsynth_epsilon is required: the job's total ε has no default"
