@@ -31,7 +31,8 @@ class Progress:
 
 
 class RowProgressFn(beam.DoFn):
-    """Passes batches through and prints the running number of rows read (stderr) per worker."""
+    """Passes encoded batches through and prints the running number of rows used (stderr) per
+    worker: rows that were read, not rejected and kept by the contribution bound."""
 
     def __init__(self, label: str) -> None:
         self._label = label
@@ -39,5 +40,5 @@ class RowProgressFn(beam.DoFn):
 
     def process(self, batch):
         self._rows += len(batch)
-        print(f"         {self._label}: rows read {self._rows}", file=sys.stderr, flush=True)
+        print(f"         {self._label}: rows used {self._rows}", file=sys.stderr, flush=True)
         yield batch

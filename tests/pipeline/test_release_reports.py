@@ -153,7 +153,7 @@ def test_progress_is_shown_and_quiet_silences_it(tmp_path: Path, capfd: pytest.C
                    encoding="utf-8")
     assert main(["release", str(cfg), "--date", "2026-02-02"]) == 0
     err = capfd.readouterr().err
-    assert "reserved ε=2" in err and "CatHist of native-country" in err and "adult: rows read 200" in err and "published" in err
+    assert "reserved ε=2" in err and "CatHist of native-country" in err and "adult: rows used 200" in err and "published" in err
     assert main(["release", str(cfg), "--date", "2026-02-03", "--quiet"]) == 0
     assert capfd.readouterr().err == ""
 
