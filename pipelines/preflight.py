@@ -202,9 +202,6 @@ def _csv_facts(path: str) -> FileFacts:
     if not data.strip():
         raise PreflightError(f"{path}: the file is empty (no header line); a CSV input needs a "
                              "header naming its columns")
-    if b"\x00" in data[:4096]:
-        raise PreflightError(f"{path}: the file holds NUL bytes: is it a binary file (Parquet, "
-                             "Avro, a spreadsheet) with a .csv name?")
     start, end = _header_line(data)
     if end is None:
         if not whole:
@@ -212,6 +209,9 @@ def _csv_facts(path: str) -> FileFacts:
                                  "it a CSV file?")
         end = len(data)
     head = data[start:end]
+    if b"\x00" in head:  # the header line only: a NUL byte in a record rejects that record alone
+        raise PreflightError(f"{path}: the file holds NUL bytes: is it a binary file (Parquet, "
+                             "Avro, a spreadsheet) with a .csv name?")
     try:
         text = head.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -326,8 +326,8 @@ def _check_columns(facts: FileFacts, required: Sequence[Required], reject_extra:
         raise PreflightError(
             f"{facts.path}: header has no {noun} {' and '.join(parts)}; header columns "
             f"({len(header)}): {_few([repr(h) for h in header], 20)}"
-            + _delimiter_hint(facts.path, header, [r.name for r in required])
-            + _near_misses([r.name for r in missing], header))
+            + (_delimiter_hint(facts.path, header, [r.name for r in required])
+               or _near_misses([r.name for r in missing], header)))
     wanted = {r.name for r in required} | {avro_field_name(r.name) for r in required}
     dups = sorted({h for h in header if h in wanted and header.count(h) > 1})
     if dups:

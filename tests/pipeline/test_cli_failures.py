@@ -373,3 +373,10 @@ def test_rejection_report_groups_reasons_without_values(tmp_path):
         "in.jsonl:line 3) — is the file JSON Lines (one object per line)?",
         "  1 × column 'a': value … is outside  (e.g. in.jsonl:row 9)",  # no hint for an unknown reason
         f"  all dead letters: {dead}"]
+
+
+def test_tab_delimited_gets_only_the_delimiter_hint(tmp_path):
+    inp = _csv(tmp_path / "t.csv", [HEADER.replace(",", "\t"), LINES[1].replace(",", "\t")])
+    with pytest.raises(preflight.PreflightError) as err:
+        preflight.check_inputs(str(inp), required=[preflight.Required("age", "x"), preflight.Required("sex", "x")])
+    assert str(err.value).endswith("— is the delimiter tab? (beamsynth reads ','-separated CSV; convert the file)")
