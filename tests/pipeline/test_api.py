@@ -230,3 +230,24 @@ def test_every_mechanism_on_rows_and_a_dataframe_with_the_correlated_synthesizer
             assert_that(synth | f"Fields[{name}]" >> beam.Map(lambda r: tuple(r._asdict())),
                         lambda got: all(f == ("sex", "age_band", "city") for f in got)
                         or pytest.fail(str(got[:3])), label=f"Schema[{name}]")
+
+
+@pytest.mark.slow
+def test_two_process_runner_gives_the_same_seeded_release(tmp_path):
+    def run(args: list[str], folder) -> tuple[str, dict]:
+        job = bs.PrivacyJob(epsilon=2.0, seed=5)
+        with beam.Pipeline(options=PipelineOptions(
+                ["--runner=beamsynth.runners.local.LocalDirectRunner", *args])) as p:
+            private = p | beam.Create(_records()) | job.private(SCHEMA)
+            private.dead_letters | "Bad" >> beam.Map(print)
+            tables = private | bs.Marginals(marginals=[("sex", "city")], epsilon=2.0)
+            tables["sex,city"] | beam.Map(lambda r: json.dumps(r._asdict())) | beam.io.WriteToText(
+                str(folder / "m"), shard_name_template="")
+            _ = p | bs.WriteManifest(job=job, path=str(folder / "manifest.json"))
+        manifest = json.loads((folder / "manifest.json").read_text())
+        return sorted((folder / "m").read_text().splitlines()), manifest["operational"]["sources"]
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    one = run([], tmp_path / "one")
+    two = run(["--direct_running_mode=multi_processing", "--direct_num_workers=2"], tmp_path / "two")
+    assert one == two and len(one[0]) == 8
