@@ -34,8 +34,8 @@ import apache_beam as beam
 
 from beamsynth.transforms.noise import RunSecret
 
-__all__ = ["FailOnceFn", "FreshEntropySecret", "InjectedFault", "fail_first_call", "read_call_log",
-           "recorded_element"]
+__all__ = ["FailOnceFn", "FreshEntropySecret", "InjectedFault", "LoggedSecret", "fail_first_call",
+           "read_call_log", "read_stream_log", "recorded_element"]
 
 
 class InjectedFault(RuntimeError):
@@ -104,6 +104,56 @@ class FreshEntropySecret(RunSecret):
     def stream(self, labels: tuple[Hashable, ...]) -> _FreshStream:  # type: ignore[override]
         return _FreshStream()
 
+
+
+class _LoggedStream:
+    def __init__(self, inner: Any, log_path: str, labels: tuple[Hashable, ...]) -> None:
+        self._inner, self._log, self._labels, self._offset = inner, log_path, labels, 0
+
+    def read(self, nbytes: int) -> bytes:
+        data = self._inner.read(nbytes)
+        # the first word at this offset: a keyed stream gives it whatever the read size
+        line = f"{self._labels!r}\t{self._offset}\t{data[:8].hex()}\t{nbytes}\n"
+        with open(self._log, "a", encoding="utf-8") as fh:
+            fh.write(line)
+        self._offset += nbytes
+        return data
+
+
+class LoggedSecret(RunSecret):
+    """Audit variant of the run secret that logs, from whichever process uses it, every read of
+    every stream it keys: ``labels, offset, first word read, bytes read``. Re-executions show up as the
+    same (labels, offset) read more than once; the fix makes every such read give the same word
+    (a keystream position's bytes do not depend on the read size, and a re-execution on other
+    input may read other sizes). ``fresh=True`` makes it the broken variant (fresh entropy, as
+    :class:`FreshEntropySecret`) with the same log."""
+
+    __slots__ = ("_log", "_fresh")
+
+    def __init__(self, key: bytes | None = None, *, log_path: str, fresh: bool = False) -> None:
+        super().__init__(key)
+        self._log, self._fresh = str(log_path), bool(fresh)
+
+    def stream(self, labels: tuple[Hashable, ...]) -> _LoggedStream:  # type: ignore[override]
+        inner = _FreshStream() if self._fresh else super().stream(labels)
+        return _LoggedStream(inner, self._log, tuple(labels))
+
+    def __getstate__(self) -> tuple[bytes, str, bool]:  # type: ignore[override]
+        return self._key, self._log, self._fresh
+
+    def __setstate__(self, state: tuple[bytes, str, bool]) -> None:  # type: ignore[override]
+        self._key, self._log, self._fresh = state
+
+
+def read_stream_log(log_path: str) -> dict[tuple[str, int], list[tuple[str, int]]]:
+    """(labels repr, offset) → (first word in hex, bytes read) of every read logged by
+    :class:`LoggedSecret`."""
+    reads: dict[tuple[str, int], list[tuple[str, int]]] = {}
+    with open(log_path, encoding="utf-8") as fh:
+        for line in fh:
+            labels, offset, word, nbytes = line.rstrip("\n").rsplit("\t", 3)
+            reads.setdefault((labels, int(offset)), []).append((word, int(nbytes)))
+    return reads
 
 
 def _call_key(element: Any, args: tuple[Any, ...]) -> str:
