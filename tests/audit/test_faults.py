@@ -29,7 +29,7 @@ from beamsynth.pipelines.manifest import manifest_path, write_json_atomic
 from beamsynth.pipelines.synthesize import SynthesisConfig, run_synthesis
 from beamsynth.schemas.schema import EncodedBatch
 from beamsynth.transforms.budget import PureDP
-from beamsynth.transforms.faults import FailOnceFn, InjectedFault
+from beamsynth.transforms.faults import FailOnceFn, InjectedFault, recorded_element
 from beamsynth.transforms.measure import DPMarginals
 from beamsynth.transforms.noise import RandomSource, discrete_laplace
 from beamsynth.transforms.synthesis import DPCount
@@ -75,15 +75,22 @@ def test_retried_bundle_releases_the_same_count_once(tmp_path, where):
     assert os.path.exists(flag), "the fault did not fire"
 
 
-def test_retry_in_secure_mode_releases_once_with_fresh_noise(tmp_path):
-    """Secure noise: a retry after the noise step draws fresh noise and still releases once."""
+def test_retry_in_secure_mode_releases_once_with_the_same_noise(tmp_path):
+    """Secure noise (no seed), a failure right after the noise step: the run releases once,
+    exactly the value the failed attempt saw. (Here the runner replays the noised element; the
+    audits that re-execute the noise DoFns themselves are in tests/audit/test_redraws.py.)"""
     flag = str(tmp_path / "flag")
     with beam.Pipeline(runner=RETRYING) as p:
         counts = (p | beam.Create(_batches(), reshuffle=False)
                   | DPCount(budget=PureDP(epsilon=1.0))
-                  | beam.ParDo(FailOnceFn(flag, after=0)))
+                  | beam.ParDo(FailOnceFn(flag, after=0, record=True)))
+        released = str(tmp_path / "released")
+        counts | beam.Map(lambda c: open(released, "a").write(f"{c.value}\n"))
         assert_that(counts | beam.Map(lambda c: (c.scale, c.budget)), _exactly((1.0, PureDP(epsilon=1.0))))
     assert os.path.exists(flag)
+    failed = recorded_element(flag)
+    with open(released, encoding="utf-8") as fh:
+        assert fh.read().split() == [str(failed.value)]
 
 
 def _marginals_to_file(tmp_path, csv_path: str, out: str, flag: str | None) -> list[str]:
