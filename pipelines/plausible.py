@@ -387,11 +387,12 @@ class PlausibleMethod(Method):
         raise NotImplementedError("plausible releases records through expand_tables, not a model")
 
     def expand_tables(self, batches, rows):
-        from beamsynth.runners.presets import is_dask
+        from beamsynth.runners.presets import is_beam_dask
 
-        if is_dask(batches.pipeline.options):
-            raise ValueError("method 'plausible' needs multi-output ParDos (released/rejected), which the "
-                             "Dask-safe graph does not allow; use the direct, Flink, Spark or Dataflow runner")
+        if is_beam_dask(batches.pipeline.options):  # beamsynth's DaskRunner (--runner dask) runs it
+            raise ValueError("method 'plausible' needs multi-output ParDos (released/rejected), which "
+                             "Beam's own DaskRunner gets wrong; use --runner dask (beamsynth's "
+                             "DaskRunner), direct, Flink, Spark or Dataflow")
         out = batches | "Plausible" >> PlausibleSynthesis(
             schema=self.schema, rows=rows, budget=self.model_budget, k=self.k, gamma=self.gamma,
             epsilon0=self.epsilon0 if self.test == "randomized" else None, omega=self.omega,

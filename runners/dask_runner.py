@@ -16,7 +16,9 @@ This runner keeps Beam's graph overrides (``Create``, ``GroupByKey``, ``Flatten`
 and its ``DaskOptions``, and translates the graph itself:
 
 * bags are kept **per output PCollection**; a ParDo's partition function returns
-  ``(tag, value)`` pairs and each output is a filter on its tag (2);
+  ``(tag, value)`` pairs and each output selects its tag (2), as a task named by the tag (dask
+  names tasks by a hash of function and arguments: a closure over the tag would give every
+  output the same name, hence the same bag);
 * the bundle's outputs are collected **after** ``finish_bundle`` (3);
 * a side input is one ``dask.delayed`` list of its bag, an argument of the consuming tasks, so
   dask computes it **once** inside the same graph (4);
@@ -158,14 +160,12 @@ def _run_bundle(items: Iterable[Any], spec: _ParDoSpec, *side_values: list) -> l
     return [*collector.values, (_METRICS, container.get_cumulative())]
 
 
-def _has_tag(tag: Any) -> Any:
-    def keep(pair: tuple[Any, Any]) -> bool:
-        return pair[0] == tag
-    return keep
-
-
-def _second(pair: tuple[Any, Any]) -> Any:
-    return pair[1]
+def _select(partition: Iterable[tuple[Any, Any]], tag: Any) -> list[Any]:
+    """The values of one output tag in a bundle's ``(tag, value)`` pairs. A module function with
+    the tag as an argument: dask names a task by a hash of its function and arguments, and a
+    closure over the tag hashed the same for every tag, so all outputs of a ParDo got one name
+    (one bag) in the combined graph."""
+    return [value for t, value in partition if t == tag]
 
 
 def _concat(*parts: Sequence[Any]) -> list[Any]:
@@ -261,10 +261,10 @@ class _BagVisitor(PipelineVisitor):
         raw = self.bags[inputs[0]].map_partitions(_run_bundle, spec, *side_values)
         # (tag, WindowedValue) per output element, (_METRICS, MetricUpdates) per bundle
         main_tag = getattr(transform, "_main_tag", None) or None
-        self.metric_bags.append(raw.filter(_has_tag(_METRICS)).map(_second))
+        self.metric_bags.append(raw.map_partitions(_select, _METRICS))
         for tag, pcoll in outputs:
             want = None if tag is None or tag == main_tag else tag  # main output: untagged
-            self.bags[pcoll] = raw.filter(_has_tag(want)).map(_second)
+            self.bags[pcoll] = raw.map_partitions(_select, want)
 
     def leaves(self) -> list[Any]:
         """Bags of PCollections no step consumes (sinks, progress steps, ...)."""

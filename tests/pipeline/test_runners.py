@@ -109,19 +109,18 @@ def check_synthesize(result: RunOutput) -> None:
     assert [(r["row"], "age" in r["reason"]) for r in rejected] == [(6, True)]
 
 
-# One line per pipeline: later transforms join here.
-# sbhg and plausible do not run correctly on the DaskRunner (docs/runners.md): multi-process only.
+# One line per pipeline: later transforms join here. Every method runs on the beamsynth DaskRunner
+# (the dask preset), which closes Beam's DaskRunner gaps (docs/runners.md).
 CASES: list[PipelineCase] = [
     PipelineCase("synthesize-independent", run_synthesize, check_synthesize,
                  runners=("direct-multi", "dask", "portable")),
     PipelineCase("synthesize-privbayes", partial(run_synthesize, method="privbayes"), check_synthesize,
                  slow=True),
     PipelineCase("synthesize-sbhg", partial(run_synthesize, method="sbhg", delta=1e-6), check_synthesize,
-                 runners=("direct-multi",), slow=True),
+                 slow=True),
     PipelineCase("synthesize-plausible",  # public rows; Theorem 1 over C ≈ 4300 candidates needs ε ≈ 10^4
                  partial(run_synthesize, method="plausible", epsilon=12_000.0, delta=1e-6, rows=4000),
-                 check_synthesize,
-                 runners=("direct-multi",), slow=True),
+                 check_synthesize, slow=True),
 ]
 
 
