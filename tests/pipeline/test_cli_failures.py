@@ -380,3 +380,12 @@ def test_tab_delimited_gets_only_the_delimiter_hint(tmp_path):
     with pytest.raises(preflight.PreflightError) as err:
         preflight.check_inputs(str(inp), required=[preflight.Required("age", "x"), preflight.Required("sex", "x")])
     assert str(err.value).endswith("— is the delimiter tab? (beamsynth reads ','-separated CSV; convert the file)")
+
+
+def test_bad_bytes_in_a_record_do_not_fail_the_run(tmp_path):
+    """Only the header line is structure: a NUL or non-UTF-8 byte in a record is that record's
+    problem (a dead letter), never a reason to refuse the whole input (rule 7)."""
+    inp = tmp_path / "a.csv"
+    inp.write_bytes((HEADER + "\n").encode() + b"39,\x00State-gov\n" + "40,Priv\xe9\n".encode("latin-1"))
+    facts = preflight.check_inputs(str(inp), required=[preflight.Required("age", "x")]).files[0]
+    assert facts.has_records is True and facts.columns[0] == "age"
