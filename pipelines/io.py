@@ -66,6 +66,7 @@ __all__ = [
     "iter_avro_blocks",
     "iter_parquet_row_groups",
     "read_avro_header",
+    "record_lines_note",
     "FORMATS",
     "EncodeBlocks",
     "FilePart",
@@ -921,6 +922,19 @@ def check_max_record_lines(value: Any) -> int:
         raise ValueError(f"max_record_lines ({value!r}) must be an int in [1, {MAX_RECORD_LINES_LIMIT}] "
                          "(physical lines one CSV record may span; 1: no line breaks inside fields)")
     return value
+
+
+def record_lines_note(max_record_lines: int) -> dict[str, Any]:
+    """What ``max_record_lines`` means for the guarantee, for the manifest's ``privacy_unit``:
+    nothing for 1 (exactly stable); for ``L > 1`` the bound, and for ``L >= 3`` the group of
+    ``L - 1`` records one added or removed record may change (docs/schema-format.md)."""
+    lines = check_max_record_lines(max_record_lines)
+    if lines == 1:
+        return {}
+    note = {"csv_max_record_lines": lines}
+    if lines >= 3:
+        note["csv_records_one_record_may_change"] = lines - 1
+    return note
 
 
 def iter_raw_blocks(path: str, *, block_rows: int = DEFAULT_BLOCK_ROWS, part: FilePart | None = None,

@@ -25,6 +25,7 @@ from beamsynth.pipelines.io import (
     WriteTables,
     arrow_schema_for,
     ensure_parent,
+    record_lines_note,
     rejected_path,
     write_rejected,
 )
@@ -72,6 +73,7 @@ class SynthesisConfig:
     shard_rows: int = DEFAULT_SHARD_ROWS
     block_rows: int = 20_000
     split_bytes: int = DEFAULT_SPLIT_BYTES  # CSV/JSONL larger than this: read in parts (0: never)
+    max_record_lines: int = 1  # physical lines one CSV record may span (1: exactly stable)
 
 
 @dataclass
@@ -145,6 +147,7 @@ def build_synthesis(p: beam.Pipeline, plan: SynthesisPlan) -> dict[str, Any]:
     # (no Flatten/GroupByKey holding every rejected row); the Dask path keeps the merged form
     read = p | "Read" >> ReadRecords(cfg.input, schema, block_rows=cfg.block_rows,
                                      single_output=dask_safe, split_bytes=cfg.split_bytes,
+                                     max_record_lines=cfg.max_record_lines,
                                      number_rejected=dask_safe)
     batches = read["batches"]
     # EncodedBatch
@@ -269,7 +272,8 @@ def run_synthesis(cfg: SynthesisConfig, pipeline_options: PipelineOptions | None
         seed=cfg.seed,
         privacy_unit={"privacy_id": plan.schema.privacy_id,
                       "max_contributions": cfg.max_contributions,
-                      "neighbouring": "add/remove one privacy unit"},
+                      "neighbouring": "add/remove one privacy unit",
+                      **record_lines_note(cfg.max_record_lines)},
         counts=counts,
         details={"method": plan.method.details(), "rows_requested": cfg.rows},
     )

@@ -64,8 +64,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="records kept per privacy unit (needs --privacy-id; default 1)")
     p.add_argument("--split-bytes", type=int, default=DEFAULT_SPLIT_BYTES, metavar="N",
                    help="read uncompressed CSV/JSONL files larger than N bytes in parallel parts "
-                        f"(default {DEFAULT_SPLIT_BYTES >> 20} MiB; 0: one reader per file, needed for "
-                        "a CSV whose quoted fields contain line breaks)")
+                        f"(default {DEFAULT_SPLIT_BYTES >> 20} MiB; 0: one reader per file)")
+    p.add_argument("--max-record-lines", type=int, default=1, metavar="L",
+                   help="physical lines one CSV record may span (a quoted field with line breaks; "
+                        "default 1: every line is one record, exactly stable; L >= 3: one record may "
+                        "change up to L-1 used records, see docs/schema-format.md)")
     p.add_argument("--seed", type=int, default=None,
                    help="fixed seed for tests and demos: output is marked 'seeded: not for release'")
     add_check_arguments(p)
@@ -82,7 +85,8 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
         delta=args.delta, method=args.method, rows=args.rows, privacy_id=args.privacy_id,
         max_contributions=args.max_contributions, seed=args.seed,
         count_fraction=args.count_fraction, count_epsilon=args.count_epsilon,
-        split_bytes=args.split_bytes, options=vars(args).copy())
+        split_bytes=args.split_bytes, max_record_lines=args.max_record_lines,
+        options=vars(args).copy())
     quiet = getattr(args, "quiet", False)
     pid_schema = schema if args.privacy_id is None else dataclasses.replace(schema, privacy_id=args.privacy_id)
     # options, spends and noise scales are refused before any input file is opened
@@ -98,7 +102,8 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     cli_checks("synthesize", args, options,
                required=schema_requirements(schema, privacy_id=args.privacy_id),
                reject_extra=allowed_columns(pid_schema),
-               read=lambda p: p | "Read" >> ReadRecords(args.input, pid_schema, split_bytes=args.split_bytes))
+               read=lambda p: p | "Read" >> ReadRecords(args.input, pid_schema, split_bytes=args.split_bytes,
+                                                        max_record_lines=args.max_record_lines))
     manifest = run_synthesis(cfg, options, progress=Progress(quiet=quiet))
     op, rel = manifest["operational"], manifest["release"]
     cli_report("synthesize", args, op, rejected_path(args.output))

@@ -26,9 +26,9 @@ def dirty_csv(tmp_path_factory):
     return path
 
 
-def _synth(src, out, split):
+def _synth(src, out, split, *extra):
     args = ["synthesize", str(src), "--schema", "adult", "--epsilon", "1", "--rows", "300",
-            "--seed", "3", "--output", str(out), "--split-bytes", str(split), "--quiet"]
+            "--seed", "3", "--output", str(out), "--split-bytes", str(split), "--quiet", *extra]
     return main(args)
 
 
@@ -64,6 +64,22 @@ def test_quoted_line_breaks_are_dead_letters_and_split_reads_agree(tmp_path):
     assert sum("unbalanced quote" in r for r in reasons) == 134
     m = json.loads(Path(f"{split}.manifest.json").read_text())["operational"]
     assert (m["rows_read"], m["rows_used"], m["rows_rejected"]) == (534, 266, 268)
+
+
+def test_max_record_lines_reads_quoted_line_breaks_as_one_record(tmp_path, capsys):
+    df = pd.read_csv(ADULT, dtype=str, keep_default_na=False).drop(columns=["split"]).head(400)
+    df["occupation"] = df["occupation"].where(df.index % 3 != 0, "Sales\nmore")
+    src = tmp_path / "quoted.csv"
+    df.to_csv(src, index=False, lineterminator="\n")
+    out = tmp_path / "o.csv"
+    assert _synth(src, out, 0, "--max-record-lines", "3") == 0
+    manifest = json.loads(Path(f"{out}.manifest.json").read_text())
+    m = manifest["operational"]
+    assert (m["rows_read"], m["rows_used"], m["rows_rejected"]) == (400, 266, 134)  # not in the domain
+    unit = manifest["release"]["privacy_unit"]
+    assert unit["csv_max_record_lines"] == 3 and unit["csv_records_one_record_may_change"] == 2
+    assert _synth(src, tmp_path / "bad.csv", 0, "--max-record-lines", "0") != 0
+    assert "max_record_lines (0) must be an int in [1, 1000]" in capsys.readouterr().err
 
 
 def test_negative_split_bytes_is_refused(dirty_csv, tmp_path, capsys):
