@@ -48,6 +48,7 @@ from beamsynth.schemas.schema import (
     Schema,
     avro_field_name,
 )
+from beamsynth.transforms.conventions import display_items, element_types
 
 __all__ = [
     "DEAD_LETTER_TYPE",
@@ -445,6 +446,7 @@ def _element_rows(element: Any) -> int:
     return element.num_rows if isinstance(element, (pa.Table, pa.RecordBatch)) else 1
 
 
+@element_types(outputs={"batches": EncodedBatch})
 class EncodeElements(beam.PTransform):
     """User elements → ``{"batches", "dead_letters", "stats"}``.
 
@@ -465,6 +467,12 @@ class EncodeElements(beam.PTransform):
             raise ValueError(f"position_field ({position_field!r}) must be None or a field name")
         self._layout, self._source, self._position = layout, str(source), position_field
         self._batch_rows = batch_rows
+
+    def display_data(self) -> dict[str, Any]:
+        """Source name and batching (no data values)."""
+        return display_items(step="encode user elements to declared cells (dead letters tagged "
+                                  "'dead_letters')", source=self._source, batch_rows=self._batch_rows,
+                             position_field=self._position)
 
     def expand(self, elements):
         out = elements | "Encode" >> beam.ParDo(
