@@ -1432,6 +1432,7 @@ class _OrderShardFn(beam.DoFn):
         yield shard_label(shard, labels), EncodedBatch(release_order(codes, rs))
 
 
+@element_types(input=EncodedBatch, output=tuple[str, EncodedBatch])
 class OrderReleased(beam.PTransform):
     """Released records in an order that depends on neither the input order nor its partitioning.
 
@@ -1454,6 +1455,11 @@ class OrderReleased(beam.PTransform):
         if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
             raise ValueError(f"shards ({shards!r}) must be an int >= 1")
         self._shape, self._shards, self._seed = tuple(int(s) for s in shape), shards, run_seed(seed)
+
+    def display_data(self) -> dict[str, Any]:
+        """Public shard count (post-processing: no budget; no data values)."""
+        return display_items(step="order released rows by value shard, then a secret permutation",
+                             shards=self._shards, columns=len(self._shape))
 
     def expand(self, released):
         return (released
