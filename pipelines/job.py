@@ -135,6 +135,8 @@ class Synthesize(PrivateTransform):
                               count_fraction=self._fraction, options=self._options,
                               shard_rows=self._shard_rows)
         self._plan = SynthesisPlan(cfg, schema, acct, method, count_budget)  # type: ignore[arg-type]
+        if not self._typed:
+            self.with_output_types(record_type(schema))
         self.record({"method": self._method, "rows": self._rows, "epsilon": self._budget.epsilon,
                      "delta": self._budget.delta, "details": method.details()})
 

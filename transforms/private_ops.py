@@ -244,6 +244,8 @@ class Histogram(PrivateTransform):
             max_contributions=private.max_contributions, column=j,
             seed=private.job.step_seed(self.label), label="CatHist")
         details = {"column": col.name, **self._hist.plan.details()}
+        if not self._typed:
+            self.with_output_types(histogram_type(col))
         private.job.spend(self.label, self._budget, mechanism=self.mechanism, details=details)
         self.record(details)
 

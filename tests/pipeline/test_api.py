@@ -224,7 +224,7 @@ def test_every_mechanism_on_rows_and_a_dataframe_with_the_correlated_synthesizer
         _check_structure(_apply_all(private))
         for name, t in [("pb", bs.PrivBayes(epsilon=1.0, rows=30)),
                         ("sbhg", bs.SBHG(epsilon=1.0, delta=1e-6, rows=30)),
-                        ("pd", bs.PlausibleDeniability(epsilon=1.0, delta=1e-6, rows=30)),
+                        ("pd", bs.PlausibleDeniability(epsilon=40.0, delta=1e-6, rows=10)),
                         ("synth", bs.Synthesize(method="independent", epsilon=0.5))]:
             synth = private | t
             assert_that(synth | f"Fields[{name}]" >> beam.Map(lambda r: tuple(r._asdict())),
