@@ -270,3 +270,20 @@ def test_mechanism_display_values():
     assert values["noise_scale"] == "1.33333 to 4"  # k/ε of each table
     count = {k: v.value for k, v in DPCount(budget=PureDP(epsilon=0.5)).display_data().items()}
     assert count["noise_scale"] == 2.0 and count["sensitivity"] == 1
+
+
+# generic steps whose elements are whatever the caller's are (no element type to declare)
+UNTYPED = {
+    "Synthesize": "Beam YAML step: schema'd rows of any schema in, rows of the step's schema out",
+    "Heartbeats": "emits Beam-timestamped heartbeats for any windowed input",
+    "DropOutsideDeclared": "passes any element through",
+    "CombineDeclaredWindows": "combines any element with any CombineFn",
+}
+
+
+def test_every_public_ptransform_declares_its_element_types():
+    missing = sorted(
+        name for name, cls in _public_transform_classes().items()
+        if cls.__module__ not in API_MODULES and cls.__name__ not in UNTYPED
+        and not getattr(cls, "declared_element_types", None))
+    assert missing == []
