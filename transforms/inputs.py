@@ -313,7 +313,12 @@ def encode_elements(layout: KeyLayout, elements: Sequence[Any], *, source: str,
     records: list[Mapping[str, Any]] = []
     for element in elements:
         if isinstance(element, (pa.Table, pa.RecordBatch)):
-            b, d = _encode_arrow(layout, element, source=source, position_field=position_field)
+            try:
+                b, d = _encode_arrow(layout, element, source=source, position_field=position_field)
+            except Exception as exc:  # noqa: BLE001 - a broken table is one bad element
+                b, d = _concat(layout, []), [_dead(
+                    source, None, f"cannot encode Arrow element: {type(exc).__name__}: {exc}",
+                    {"arrow_rows": element.num_rows, "fields": element.schema.names})]
             batches.append(b)
             dead += d
             continue

@@ -94,3 +94,18 @@ def test_encode_elements_validation(kwargs, message):
     with pytest.raises(ValueError) as err:
         EncodeElements(layout=KeyLayout(SCHEMA), source="s", **kwargs)
     assert str(err.value) == message
+
+
+def test_an_arrow_element_that_cannot_be_read_is_one_dead_letter():
+    table = pa.table({"sex": pa.array([[1, 2]], type=pa.list_(pa.int64())), "age-band": [1]})
+    ok = pa.table({"sex": ["F"], "age-band": [1]})
+    codes, reasons, _ = _encode([table, ok])
+    assert codes.tolist() == [[0, 1]]
+    assert reasons == [(None, "cannot encode Arrow element: TypeError: unhashable type: 'numpy.ndarray'")]
+
+
+
+def test_an_unhashable_value_in_a_dict_rejects_only_its_element():
+    codes, reasons, _ = _encode([{"sex": ["M"], "age-band": 1}, {"sex": "F", "age-band": 2}])
+    assert codes.tolist() == [[0, 2]]
+    assert len(reasons) == 1 and reasons[0][1].startswith("cannot encode element: TypeError")
