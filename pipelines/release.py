@@ -58,7 +58,7 @@ from beamsynth.pipelines.ledger import (
 from beamsynth.pipelines.manifest import SEEDED_NOTE, build_manifest, write_json_atomic
 from beamsynth.pipelines.methods import get_method
 from beamsynth.pipelines.preflight import check_table_inputs
-from beamsynth.pipelines.progress import Progress, RowProgressFn
+from beamsynth.pipelines.progress import Progress
 from beamsynth.pipelines.synthesize import (
     SynthesisConfig,
     SynthesisPlan,
@@ -711,11 +711,9 @@ def _run_table(plan: SynthesisPlan, t: TableSpec, tmp: str, options: PipelineOpt
                progress: Progress) -> dict[str, Any]:
     start = time.time()
     p = beam.Pipeline(options=options)
-    built = build_synthesis(p, plan)
+    built = build_synthesis(p, plan, progress_label=None if progress.quiet else t.name)
     if is_beam_dask(options):  # Beam's own DaskRunner runs only the last sink (docs/runners.md)
         return _finish_table(plan, t, tmp, p.run(), start, progress)
-    if not progress.quiet:
-        _ = built["batches"] | "Progress" >> beam.ParDo(RowProgressFn(t.name))
     for fmt in t.formats[1:]:
         built["tables"] | f"Write_{fmt}" >> WriteTables(
             fs.join(tmp, "public", f"{t.name}.{fmt}"), column_names=plan.schema.names,
@@ -847,7 +845,7 @@ def run_release(
     ledger = PrivacyLedger(cfg.ledger_path)
     release_id = ledger.reserve(run_key=run_key(cfg), name=cfg.name, folder=cfg.folder,
                                 spends=plan.spends, policies=cfg.policies)
-    if os.path.exists(cfg.folder):  # published outside this ledger, or not a release at all
+    if fs.folder_exists(cfg.folder):  # published outside this ledger, or not a release at all
         ledger.abort(release_id, "release folder already exists")
         raise ReleaseConfigError("folder", f"{cfg.folder!r} already exists and this ledger has no "
                                            "committed release for it; move it away or choose "

@@ -139,8 +139,14 @@ def plan_synthesis(cfg: SynthesisConfig) -> SynthesisPlan:
     return SynthesisPlan(cfg, schema, accountant, method, count_budget)
 
 
-def build_synthesis(p: beam.Pipeline, plan: SynthesisPlan) -> dict[str, Any]:
-    """Wire the synthesis graph into ``p``; returns the main PCollections."""
+def build_synthesis(p: beam.Pipeline, plan: SynthesisPlan, *,
+                    progress_label: str | None = None) -> dict[str, Any]:
+    """Wire the synthesis graph into ``p``; returns the main PCollections.
+
+    ``progress_label``: print running row counts (stderr, :class:`RowProgressFn`) under that label.
+    The progress step is wired with the sinks, before the last step: a runner that computes only
+    the last-applied step (Beam's own DaskRunner) still runs the sinks and the progress step.
+    """
     cfg, schema = plan.config, plan.schema
     dask_safe = is_dask(p.options)  # no multi-output ParDos, one sink (docs/runners.md)
     # dead letters stay numbered per file part and are renumbered while their file is merged
@@ -155,6 +161,10 @@ def build_synthesis(p: beam.Pipeline, plan: SynthesisPlan) -> dict[str, Any]:
         batches = batches | "BoundContributions" >> BoundContributions(
             max_contributions=cfg.max_contributions, seed=cfg.seed)
         # EncodedBatch, <= k rows per privacy id
+    shown = None
+    if progress_label is not None:
+        shown = batches | "Progress" >> beam.ParDo(RowProgressFn(progress_label))
+        # EncodedBatch (unchanged), after printing the running row count
     tables, models, _rows = synthesize_batches(batches, plan, side_input=not dask_safe)
     # pyarrow.Table of synthetic rows
     tables = tables | "CountOut" >> beam.Map(_count_out)
@@ -163,8 +173,11 @@ def build_synthesis(p: beam.Pipeline, plan: SynthesisPlan) -> dict[str, Any]:
                                               avro_schema=schema.avro_schema(),
                                               arrow_schema=arrow_schema_for(schema))
     written_rejected = write_rejected(read["rejected"], cfg.output, part_counts=read.get("parts"))
-    if dask_safe:  # the DaskRunner computes only the last step's graph: make it depend on both
-        (written, written_rejected) | "JoinSinks" >> beam.Flatten()
+    if dask_safe:  # Beam's DaskRunner computes only the last step's graph: make it depend on all
+        sinks = [written, written_rejected]
+        if shown is not None:
+            sinks.append(shown | "ProgressDone" >> beam.FlatMap(_nothing))
+        tuple(sinks) | "JoinSinks" >> beam.Flatten()
     return {"batches": batches, "models": models, "tables": tables, "rejected": read["rejected"]}
 
 
@@ -206,6 +219,10 @@ def synthesize_batches(
     return tables, models, rows
 
 
+def _nothing(_item: Any) -> tuple[()]:
+    return ()
+
+
 def _pair_model_rows(kv):
     parts = dict(kv[1])
     return parts["model"], parts["rows"]
@@ -237,9 +254,7 @@ def run_synthesis(cfg: SynthesisConfig, pipeline_options: PipelineOptions | None
     options = pipeline_options or PipelineOptions([])
     start = time.time()
     p = beam.Pipeline(options=options)
-    built = build_synthesis(p, plan)
-    if not progress.quiet:
-        _ = built["batches"] | "Progress" >> beam.ParDo(RowProgressFn("synthesize"))
+    built = build_synthesis(p, plan, progress_label=None if progress.quiet else "synthesize")
     progress("reading, measuring and sampling")
     with remove_temp_folders_on_failure(p):  # a failed run leaves no .beamsynth-temp-* folder
         result = p.run()
