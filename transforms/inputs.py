@@ -484,6 +484,7 @@ class EncodeElements(beam.PTransform):
             _EncodeFn(self._layout, self._source, self._position, self._batch_rows)
         ).with_outputs("dead_letters", "stats", main="batches")
         # batches: EncodedBatch; dead_letters: beam.Row; stats: EncodeStats
-        dead = out.dead_letters | "TypeDeadLetters" >> beam.Map(lambda r: r).with_output_types(
-            DEAD_LETTER_TYPE)
-        return {"batches": out.batches, "dead_letters": dead, "stats": out.stats}
+        out.batches.element_type = EncodedBatch
+        out.dead_letters.element_type = DEAD_LETTER_TYPE
+        out.stats.element_type = EncodeStats
+        return {"batches": out.batches, "dead_letters": out.dead_letters, "stats": out.stats}

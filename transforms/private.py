@@ -354,9 +354,9 @@ class MakePrivate(beam.PTransform):
         runner = str(elements.pipeline.options.view_as(StandardOptions).runner or "")
         if "dask" in runner.lower():
             raise ValueError(
-                f"{self.label}: the beamsynth API batches elements with beam.BatchElements, whose "
-                "finish_bundle output Beam's DaskRunner drops (docs/runners.md); use the direct, "
-                "flink, spark or dataflow runner, or the beamsynth CLI on Dask")
+                f"{self.label}: the beamsynth API emits each bundle's last batch from "
+                "finish_bundle, whose output Beam's DaskRunner drops (docs/runners.md); use the "
+                "direct, flink, spark or dataflow runner, or the beamsynth CLI on Dask")
         job, source = self._job, self._source_name()
         enc = elements | "Encode" >> EncodeElements(
             layout=self._layout, source=source, position_field=self._position,
@@ -368,14 +368,15 @@ class MakePrivate(beam.PTransform):
                 max_contributions=job.unit.max_contributions,
                 seed=job.step_seed(f"{self.label}/bound"))
             # EncodedBatch, <= max_contributions rows per privacy id
-        counts = (
-            (enc["stats"] | "ReadCounts" >> beam.FlatMap(
-                lambda s: [("read", s.read), ("rejected", s.rejected)]),
-             enc["batches"] | "EncodedCounts" >> beam.Map(lambda b: ("encoded", len(b))),
-             batches | "UsedCounts" >> beam.Map(lambda b: ("used", len(b))))
-            | "FlattenCounts" >> beam.Flatten()
-            | "TagSource" >> beam.Map(lambda kv: (source, kv[0], int(kv[1])))
-        )
+        parts = [enc["stats"] | "ReadCounts" >> beam.FlatMap(
+                     lambda s: [(source, "read", s.read), (source, "rejected", s.rejected)])]
+        if batches is enc["batches"]:  # nothing bounded: every encoded record is used
+            parts.append(batches | "UsedCounts" >> beam.FlatMap(
+                lambda b: [(source, "encoded", len(b)), (source, "used", len(b))]))
+        else:
+            parts += [enc["batches"] | "EncodedCounts" >> beam.Map(lambda b: (source, "encoded", len(b))),
+                      batches | "UsedCounts" >> beam.Map(lambda b: (source, "used", len(b)))]
+        counts = tuple(parts) | "FlattenCounts" >> beam.Flatten()
         # (source, field, rows) exact counts: private, for the manifest's operational part
         job.count_outputs.append(counts)
         job.sources.append({"source": source, "schema": self._layout.schema.name,
