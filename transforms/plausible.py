@@ -61,6 +61,7 @@ from beamsynth.transforms.measure import (
 )
 from beamsynth.transforms.noise import (
     RandomSource,
+    RunSecret,
     discrete_laplace,
     discrete_laplace_scale,
     hypergeometric,
@@ -482,7 +483,9 @@ class PlausibleBayesNet(PlausibleModel):
         cache, filled = self._cache[i], self._filled[i]
         missing = np.unique(configs[~filled[configs]])
         for cfg in missing.tolist():
-            rs = RandomSource(seed=_hmac_seed(self._key, "plausible.params", i, int(cfg)))
+            # a secure keyed stream (AES-CTR, not Philox) under HMAC(model key, (i, pa))
+            key = _hmac_seed(self._key, "plausible.params", i, int(cfg)).to_bytes(32, "little")
+            rs = RandomSource(seed=RunSecret(key))
             noisy = table[cfg] + discrete_laplace(rs.child("noise"), self._scale, table.shape[1])
             conc = self._alpha + np.clip(noisy, 0, None).astype(np.float64)
             p = rs.child("dirichlet").numpy_generator().dirichlet(conc)
