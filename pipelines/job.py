@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -242,13 +243,22 @@ def assemble_manifest(counts: Mapping[str, Mapping[str, int]], *, public: Mappin
 def write_manifest_file(manifest: Mapping[str, Any], path: str) -> dict[str, Any]:
     """Write JSON through ``FileSystems`` (a temporary file renamed over ``path``)."""
     data = (json.dumps(manifest, indent=2, ensure_ascii=False, default=str) + "\n").encode("utf-8")
+    _check_manifest_path(path)
     tmp = f"{path}.tmp"
     with FileSystems.create(tmp) as fh:
         fh.write(data)
-    if FileSystems.exists(path):
+    try:  # local rename replaces the file atomically; object stores copy over it
+        FileSystems.rename([tmp], [path])
+    except Exception:  # noqa: BLE001 - a file system that refuses to overwrite
         FileSystems.delete([path])
-    FileSystems.rename([tmp], [path])
+        FileSystems.rename([tmp], [path])
     return dict(manifest)
+
+
+def _check_manifest_path(path: str) -> None:
+    """A local manifest path must be a regular file or not exist (never a device or folder)."""
+    if "://" not in path and os.path.exists(path) and not os.path.isfile(path):
+        raise ValueError(f"manifest path ({path!r}) exists and is not a regular file")
 
 
 class WriteManifest(beam.PTransform):
@@ -266,6 +276,7 @@ class WriteManifest(beam.PTransform):
             raise TypeError(f"job must be a PrivacyJob, got {type(job).__name__} ({job!r})")
         if not isinstance(path, str) or not path:
             raise ValueError(f"path ({path!r}) must be a non-empty path or URL")
+        _check_manifest_path(path)
         self._job, self._path = job, path
         self.with_output_types(dict)
 

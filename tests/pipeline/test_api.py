@@ -96,6 +96,8 @@ def test_windowed_input_manifest_freeze_and_validation_messages():
     assert str(err.value) == ("step 'Count' is applied after 'WriteManifest' took the job's "
                               "manifest; apply every mechanism before bs.WriteManifest")
     cases = [
+        (lambda: bs.WriteManifest(job=job, path="/dev/null"), ValueError,
+         "manifest path ('/dev/null') exists and is not a regular file"),
         (lambda: bs.Count(epsilon=0), ValueError, "epsilon (0) must be a finite number > 0"),
         (lambda: bs.Count(epsilon="1"), TypeError, "epsilon must be a number > 0, got str ('1')"),
         (lambda: bs.PrivacyUnit(max_contributions=2), ValueError,
@@ -185,7 +187,7 @@ def test_every_mechanism_on_dicts_written_with_standard_sinks(tmp_path):
     assert src == {"read": 240, "rejected": 1, "dropped_by_bound": 0, "used": 239}
 
 
-def test_every_mechanism_on_rows_with_a_bounded_privacy_unit():
+def test_every_mechanism_on_rows_with_a_bounded_privacy_unit(tmp_path):
     job = _job(privacy_unit=bs.PrivacyUnit(id_column="user", max_contributions=2))
     records = [dict(r, user=f"u{i % 50}") for i, r in enumerate(_records())]
     with beam.Pipeline(options=_opts()) as p:
@@ -199,7 +201,7 @@ def test_every_mechanism_on_rows_with_a_bounded_privacy_unit():
         assert_that(counts | beam.Map(lambda r: tuple(r._asdict())), equal_to([("noisy_count",)]))
         margs = private | bs.Marginals(marginals=[("sex",)], epsilon=1.0)
         assert_that(margs["sex"] | beam.Map(lambda r: r.sex), equal_to(["F", "M"]), label="Sex")
-        _ = p | bs.WriteManifest(job=job, path="/dev/null") | beam.Map(
+        _ = p | bs.WriteManifest(job=job, path=str(tmp_path / "m.json")) | beam.Map(
             lambda m: m["operational"]["sources"]["MakePrivate(toy)"]) | "Bound" >> beam.Map(
             lambda s: s == {"read": 240, "rejected": 0, "dropped_by_bound": 140, "used": 100}
             or pytest.fail(str(s)))
