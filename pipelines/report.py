@@ -102,7 +102,7 @@ def cell_labels(column: Column) -> list[str]:
     values = getattr(dom, "values", None)
     edges = getattr(dom, "edges", None)
     if isinstance(values, list):
-        labels = [str(v) for v in values]
+        labels = [str(v) for v in values] + ([] if getattr(dom, "other", None) is None else [str(dom.other)])
     elif edges is not None:
         e = np.asarray(edges)
         labels = [f"{e[i]:g}–{e[i + 1]:g}" for i in range(e.size - 1)]

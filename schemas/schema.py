@@ -16,6 +16,7 @@ A schema file (YAML or JSON) looks like::
         null_values: [""]       # raw tokens read as null (default [""])
         on_out_of_domain: reject   # or: other (needs a catch-all 'other' in the domain)
         open: {tolerance: 0.5}  # optional: huge declared domain, released with CatHist (ρ)
+        normalize: {case: lower, unicode: NFKC, strip: true}   # optional, categorical/text only
 
 ``schemas/schema.json`` is the JSON Schema of this format. Every error names the file, the column
 and the problem. Nothing here looks at data rows: domains are declared.
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +46,7 @@ from beamsynth.schemas.domains import (
 
 __all__ = [
     "Column",
+    "Normalization",
     "EncodedBatch",
     "Schema",
     "SchemaError",
@@ -70,6 +73,91 @@ class SchemaError(ValueError):
     """A schema file or object is invalid; the message names the file, column and problem."""
 
 
+CASES = ("none", "lower", "upper", "fold")
+UNICODE_FORMS = ("none", "NFC", "NFKC", "NFD", "NFKD")
+
+
+@dataclass(frozen=True)
+class Normalization:
+    """Declared normalisation of a categorical/string/text column's input values.
+
+    Applied to every non-null input value before it is matched against the declared domain (the
+    domain itself is never changed, so declare it in normalised form: a lower-case word list with
+    ``case: lower``). The same options as the prefix keys' ``casefold`` (``schemas/keys.py``),
+    per column. Order: Unicode normalisation, then case, then stripping.
+
+    Attributes:
+      case: ``lower`` (``str.lower``), ``upper``, ``fold`` (``str.casefold``: also ``ß`` → ``ss``)
+        or ``none``.
+      unicode: ``NFC``, ``NFKC`` (compatibility forms: ``ﬁ`` → ``fi``, full-width → ASCII),
+        ``NFD``, ``NFKD`` or ``none``.
+      strip: strip leading/trailing white space of every value (not only of values that fail to
+        match, as ``strip_whitespace`` does).
+
+    Privacy: a fixed, declared, per-value map (no statistic of the data), so it changes nothing
+    in any mechanism's sensitivity; a record's encoding still depends on that record alone.
+    """
+
+    case: str = "none"
+    unicode: str = "none"
+    strip: bool = False
+
+    def __post_init__(self) -> None:
+        if self.case not in CASES:
+            raise ValueError(f"normalize.case ({self.case!r}) must be one of {list(CASES)}")
+        if self.unicode not in UNICODE_FORMS:
+            raise ValueError(
+                f"normalize.unicode ({self.unicode!r}) must be one of {list(UNICODE_FORMS)}"
+            )
+        if not isinstance(self.strip, bool):
+            raise ValueError(f"normalize.strip ({self.strip!r}) must be true or false")
+
+    @property
+    def is_identity(self) -> bool:
+        """Whether the normalisation changes nothing."""
+        return self.case == "none" and self.unicode == "none" and not self.strip
+
+    def apply_one(self, value: str) -> str:
+        """The normalised form of one string."""
+        if self.unicode != "none":
+            value = unicodedata.normalize(self.unicode, value)
+        if self.case == "lower":
+            value = value.lower()
+        elif self.case == "upper":
+            value = value.upper()
+        elif self.case == "fold":
+            value = value.casefold()
+        return value.strip() if self.strip else value
+
+    def apply(self, series: pd.Series) -> pd.Series:
+        """``series`` with every string normalised (other values, e.g. JSON numbers, unchanged)."""
+        if self.is_identity or series.empty:
+            return series
+        values = series.to_numpy(dtype=object)
+        cache: dict[str, str] = {}
+        out = np.empty(values.size, dtype=object)
+        for i, v in enumerate(values.tolist()):
+            if isinstance(v, str):
+                n = cache.get(v)
+                if n is None:
+                    n = cache[v] = self.apply_one(v)
+                out[i] = n
+            else:
+                out[i] = v
+        return pd.Series(out, index=series.index, dtype=object)
+
+    def to_spec(self) -> dict[str, Any]:
+        """Declarative form (only the options that differ from the defaults)."""
+        spec: dict[str, Any] = {}
+        if self.case != "none":
+            spec["case"] = self.case
+        if self.unicode != "none":
+            spec["unicode"] = self.unicode
+        if self.strip:
+            spec["strip"] = True
+        return spec
+
+
 @dataclass(frozen=True)
 class Column:
     """One declared column.
@@ -84,6 +172,7 @@ class Column:
       tolerance: ρ for open columns (released with the CatHist mechanism), else ``None``.
       strip_whitespace: strip leading/trailing white space of string values before matching
         (``" Male"`` from ``a, b`` CSVs matches ``Male``); set false to match values exactly.
+      normalize: declared normalisation of input values (:class:`Normalization`), or ``None``.
     """
 
     name: str
@@ -94,6 +183,7 @@ class Column:
     on_out_of_domain: str = "reject"
     tolerance: float | None = None
     strip_whitespace: bool = True
+    normalize: Normalization | None = None
 
     @property
     def cells(self) -> int:
@@ -124,11 +214,16 @@ class Column:
         series = values if isinstance(values, pd.Series) else pd.Series(list(values), dtype=object)
         series = series.reset_index(drop=True)
         raw = series
+        if self.normalize is not None and not self.normalize.is_identity:
+            # null tokens are matched on the raw value; everything else is normalised first
+            raw_null = (series.isna() | series.isin(list(self.null_values))).to_numpy(dtype=bool)
+            normed = self.normalize.apply(series)
+            series = normed.where(~raw_null, series)
         is_null, codes = self._classify(series)
         if self.strip_whitespace:
             # retry only values that failed and carry surrounding white space (rare, so cheap)
             failed = np.flatnonzero((codes < 0) & ~is_null)
-            vals = raw.to_numpy(dtype=object)
+            vals = series.to_numpy(dtype=object)
             padded = [i for i in failed.tolist()
                       if isinstance(vals[i], str) and vals[i] != vals[i].strip()]
             if padded:
@@ -188,6 +283,8 @@ class Column:
             spec["open"] = {"tolerance": self.tolerance}
         if not self.strip_whitespace:
             spec["strip_whitespace"] = False
+        if self.normalize is not None and not self.normalize.is_identity:
+            spec["normalize"] = self.normalize.to_spec()
         return spec
 
 
@@ -432,7 +529,7 @@ def avro_field_name(name: str) -> str:
 
 # -- loading ---------------------------------------------------------------------------------------
 _COLUMN_KEYS = {"name", "type", "domain", "nullable", "null_values", "on_out_of_domain", "open",
-                "description", "strip_whitespace"}
+                "description", "strip_whitespace", "normalize"}
 _SCHEMA_KEYS = {"name", "description", "privacy_id", "extra_columns", "columns"}
 
 
@@ -565,4 +662,31 @@ def _column_from_dict(c: Any, *, where: str, base_dir: Path | None) -> Column:
         on_out_of_domain=ood,
         tolerance=tolerance,
         strip_whitespace=strip,
+        normalize=_normalization_from(c.get("normalize"), ctype=ctype, where=where),
     )
+
+
+_NORMALIZE_KEYS = ("case", "unicode", "strip")
+
+
+def _normalization_from(spec: Any, *, ctype: str, where: str) -> Normalization | None:
+    """The ``normalize:`` option of a column (``None`` when absent)."""
+    if spec is None:
+        return None
+    if not isinstance(spec, dict):
+        raise SchemaError(
+            f"{where}: normalize must be a mapping {{case: lower|upper|fold|none, "
+            f"unicode: NFC|NFKC|NFD|NFKD|none, strip: true|false}}, got {spec!r}"
+        )
+    unknown = sorted(set(spec) - set(_NORMALIZE_KEYS))
+    if unknown:
+        raise SchemaError(f"{where}: normalize has unknown key(s) {unknown} (allowed: {list(_NORMALIZE_KEYS)})")
+    if ctype not in ("categorical", "string", "text"):
+        raise SchemaError(
+            f"{where}: normalize applies to categorical/string/text columns only, not {ctype!r}"
+        )
+    try:
+        return Normalization(case=spec.get("case", "none"), unicode=spec.get("unicode", "none"),
+                             strip=spec.get("strip", False))
+    except ValueError as exc:
+        raise SchemaError(f"{where}: {exc}") from exc
