@@ -20,8 +20,8 @@ from beamsynth.transforms.budget import PrivacyAccountant, PureDP
 from beamsynth.transforms.privbayes import DPPrivBayes, PrivBayesModel, PrivBayesSynthesizer
 from beamsynth.transforms.refine import DEFAULT_REFINE_FRACTION, DEFAULT_REFINE_PAIRS, RefinedModel
 
-ADULT = Path(__file__).resolve().parents[3] / "shared" / "data" / "adult" / "adult.csv"
-needs_adult = pytest.mark.skipif(not ADULT.exists(), reason=f"{ADULT} (../shared/data) is absent")
+ADULT = Path(__file__).resolve().parents[2] / "examples" / "data" / "adult" / "adult.csv"  # bundled
+needs_adult = pytest.mark.skipif(not ADULT.exists(), reason=f"{ADULT} is absent")
 SCHEMA = load_schema("adult")
 
 

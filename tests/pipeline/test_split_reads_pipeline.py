@@ -20,7 +20,7 @@ from beamsynth.pipelines.synthesize import SynthesisConfig, run_synthesis
 from beamsynth.runners.presets import options_for
 from beamsynth.schemas.schema import load_schema
 
-ADULT = Path(__file__).resolve().parents[3] / "shared" / "data" / "adult" / "adult.csv"
+ADULT = Path(__file__).resolve().parents[2] / "examples" / "data" / "adult" / "adult.csv"  # bundled
 IN_PROCESS = ["--direct_running_mode=in_memory"]
 SPLIT = 40_000  # bytes: the ~600 kB input below is read in 16 parts
 
@@ -28,7 +28,7 @@ SPLIT = 40_000  # bytes: the ~600 kB input below is read in 16 parts
 def _input(folder: Path) -> Path:
     """6,000 Adult rows, 3 per privacy id, with dead letters spread over the file."""
     if not ADULT.exists():
-        pytest.skip(f"shared data not found: {ADULT}")
+        pytest.skip(f"example data not found: {ADULT}")
     df = pd.read_csv(ADULT, nrows=6000, dtype=str, keep_default_na=False)
     df.insert(0, "pid", [f"u{i // 3}" for i in range(len(df))])
     for i in range(5, 6000, 701):

@@ -35,7 +35,7 @@ from beamsynth.transforms.privbayes import DPPrivBayes
 from beamsynth.transforms.synthesis import DPCount
 from beamsynth.transforms.windows import DeclaredWindows
 
-ADULT = Path(__file__).resolve().parents[3] / "shared" / "data" / "adult" / "adult.csv"
+ADULT = Path(__file__).resolve().parents[2] / "examples" / "data" / "adult" / "adult.csv"  # bundled
 T0 = int(dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc).timestamp())
 K = 2
 DECLARED = {"windows_start": T0, "windows_end": T0 + 3 * DAY}  # three public days
@@ -51,7 +51,7 @@ def _plan(tmp_path: Path, method: str = "independent", delta: float = 0.0):
 def _days(schema):
     """Three days of 900 Adult rows; pid 'traveller' has 5 rows every day; one late batch."""
     if not ADULT.exists():
-        pytest.skip(f"shared data not found: {ADULT}")
+        pytest.skip(f"example data not found: {ADULT}")
     df = pd.read_csv(ADULT, nrows=2800, dtype=str, keep_default_na=False)
     cols = {c: df[c].astype(object) for c in schema.names}
     cols["pid"] = pd.Series(["p"] * len(df), dtype=object)  # replaced per day below
