@@ -1,10 +1,12 @@
-"""``beamsynth schema validate SCHEMA`` and ``beamsynth schema show SCHEMA``."""
+"""``beamsynth schema validate|show|avro SCHEMA`` and ``beamsynth schema draft DICTIONARY``."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 
+from beamsynth.pipelines.schema_draft import DRAFT_FORMATS, draft_schema
 from beamsynth.schemas.schema import load_schema
 
 __all__ = ["add_parser"]
@@ -12,16 +14,29 @@ __all__ = ["add_parser"]
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register the ``schema`` subcommand."""
-    p = sub.add_parser("schema", help="validate or show a schema file")
-    p.add_argument("action", choices=["validate", "show", "avro"],
-                   help="validate: check the file; show: print it normalized; avro: print its Avro schema")
-    p.add_argument("schema", help="schema file (.yaml/.json) or bundled name (adult)")
+    p = sub.add_parser("schema", help="validate, show or draft a schema file")
+    p.add_argument("action", choices=["validate", "show", "avro", "draft"],
+                   help="validate: check the file; show: print it normalized; avro: print its "
+                        "Avro schema; draft: draft a schema from a public data dictionary "
+                        "(never from the data) for review")
+    p.add_argument("schema", help="schema file (.yaml/.json) or bundled name (adult); for draft: "
+                                  "the data dictionary or codebook file")
+    p.add_argument("--format", default="auto", choices=[*DRAFT_FORMATS, "json"],
+                   help="draft: dictionary form (sdnist data_dictionary.json, domain-json like "
+                        "adult-domain.json, csv codebook; json = either JSON form; default: "
+                        "from the file)")
+    p.add_argument("--output", help="draft: schema YAML to write (default: standard output)")
+    p.add_argument("--name", help="draft: schema name (default: the dictionary's file name)")
     p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     if beam_args:
         raise ValueError(f"unexpected arguments: {' '.join(beam_args)}")
+    if args.action != "draft" and (args.output or args.name or args.format != "auto"):
+        raise ValueError("--format, --output and --name apply to `schema draft` only")
+    if args.action == "draft":
+        return _draft(args)
     schema = load_schema(args.schema)
     if args.action == "validate":
         sizes = ", ".join(f"{c.name}={c.domain.size}" for c in schema.columns)
@@ -32,3 +47,24 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     else:
         print(json.dumps(schema.avro_schema(), indent=2))
     return 0
+
+
+def _draft(args: argparse.Namespace) -> int:
+    fmt = "json" if args.format == "json" else args.format
+    text = draft_schema(args.schema, fmt=fmt if fmt != "json" else "auto", name=args.name)
+    load_schema(_parsed(text))  # the draft must validate before anyone reviews it
+    reviews = text.count("# REVIEW:")
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        print(f"drafted {args.output} from {args.schema}: {reviews} line(s) marked '# REVIEW:' "
+              "to check before use", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _parsed(text: str) -> dict:
+    import yaml
+
+    return yaml.safe_load(text)
