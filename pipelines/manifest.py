@@ -19,9 +19,11 @@ from typing import Any
 
 from beamsynth.pipelines.filesystem import write_json_atomic
 
-__all__ = ["SEEDED_NOTE", "build_manifest", "manifest_path", "write_json_atomic", "versions"]
+__all__ = ["SECURE_NOTE", "SEEDED_NOTE", "build_manifest", "manifest_path", "write_json_atomic", "versions"]
 
 SEEDED_NOTE = "seeded: not for release"
+#: Secure mode: every draw is keyed by a per-run secret from OS entropy, held only in the job graph.
+SECURE_NOTE = "secure (per-run secret from OS entropy, never written out)"
 
 
 def manifest_path(output: str) -> str:
@@ -69,7 +71,7 @@ def build_manifest(
             "schema": {"name": schema_name, "sha256": schema_fingerprint},
             "privacy_unit": privacy_unit,
             "budget": accountant,
-            "randomness": SEEDED_NOTE if seed is not None else "secure (OS entropy)",
+            "randomness": SEEDED_NOTE if seed is not None else SECURE_NOTE,
             "seed": seed,
             "rows_out": counts.get("rows_out"),
             "outputs": outputs,

@@ -56,7 +56,7 @@ from beamsynth.pipelines.io import (
     arrow_schema_for,
     encode_block,
 )
-from beamsynth.pipelines.manifest import SEEDED_NOTE, build_manifest, write_json_atomic
+from beamsynth.pipelines.manifest import SECURE_NOTE, SEEDED_NOTE, build_manifest, write_json_atomic
 from beamsynth.pipelines.stream import EMPTY_WINDOW_METHODS, empty_batch, window_output_path
 from beamsynth.pipelines.synthesize import SynthesisConfig, plan_synthesis, synthesize_batches
 from beamsynth.schemas.schema import EncodedBatch, Schema, avro_field_name, load_schema
@@ -448,7 +448,7 @@ class Synthesize(beam.PTransform):
     @property
     def randomness(self) -> str:
         """``"seeded: not for release"`` with a seed, else secure."""
-        return SEEDED_NOTE if self._plan.config.seed is not None else "secure (OS entropy)"
+        return SEEDED_NOTE if self._plan.config.seed is not None else SECURE_NOTE
 
     def _check_windows(self, pcoll) -> None:
         if self._windows is not None:

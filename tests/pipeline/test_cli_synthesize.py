@@ -8,6 +8,7 @@ import pytest
 
 from beamsynth.pipelines import io as bio
 from beamsynth.pipelines.cli import main
+from beamsynth.pipelines.manifest import SECURE_NOTE
 from beamsynth.pipelines.synthesize import SynthesisConfig, run_synthesis
 from beamsynth.schemas.schema import load_schema
 from beamsynth.transforms.budget import BudgetExceededError
@@ -42,7 +43,7 @@ def test_adult_default_rows_domain_and_manifest(adult_sample, tmp_path):
     rel = m["release"]
     assert rel["budget"]["spent"]["epsilon"] == pytest.approx(1.0)
     assert [s["step"] for s in rel["budget"]["spends"]] == ["row_count", "independent.marginals"]
-    assert rel["randomness"] == "secure (OS entropy)" and rel["seed"] is None
+    assert rel["randomness"] == SECURE_NOTE and rel["seed"] is None
     assert rel["rows_out"] == len(syn)
     assert abs(len(syn) - 3000) < 400  # DP estimate with ε=0.05: scale 20
     batch, bad = schema.encode_columns({c: syn[c] for c in schema.names}, len(syn))
