@@ -23,6 +23,7 @@ from beamsynth.transforms.privbayes import (
     DEFAULT_STRUCTURE_FRACTION,
     PARENT_MODES,
     SAMPLING_MODES,
+    SIZING_MODES,
     DPPrivBayes,
 )
 from beamsynth.transforms.refine import (
@@ -60,7 +61,10 @@ class PrivBayesMethod(Method):
                               else opts["refine_groups"]),
             refine_fraction=float(DEFAULT_REFINE_FRACTION if opts.get("refine_fraction") is None
                                   else opts["refine_fraction"]),
+            sizing=str(opts.get("pb_sizing") or "auto"),
+            rows=None if opts.get("rows") is None else int(opts["rows"]),
             max_contributions=self.max_contributions, seed=self.seed, accountant=self.accountant)
+        self._chosen: dict[str, int] = {}
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
@@ -96,6 +100,12 @@ class PrivBayesMethod(Method):
             parser.add_argument("--pb-refine-fraction", dest="refine_fraction", type=float,
                                 default=None, help="privbayes: share of the method's ε for the "
                                 f"refinement (default {DEFAULT_REFINE_FRACTION})")
+        if "--pb-sizing" not in taken:
+            parser.add_argument("--pb-sizing", dest="pb_sizing", choices=SIZING_MODES, default=None,
+                                help="privbayes: auto (default) chooses the degree from ε and the "
+                                     "row count (--rows, else a DP count), down to independent "
+                                     "1-way marginals when n·ε is small (docs/privbayes.md); off "
+                                     "keeps the planned degree")
         if "--pb-sampling" not in taken:
             parser.add_argument("--pb-sampling", dest="sampling", choices=SAMPLING_MODES, default=None,
                                 help="privbayes: balanced (refined: rows whose 2-way tables match "
@@ -106,5 +116,20 @@ class PrivBayesMethod(Method):
     def expand_model(self, batches):
         return batches | "PrivBayes" >> self._transform
 
+    def collect_metrics(self, result: Any) -> None:
+        """The run-time size decision (from the DP count; public) for :meth:`details`."""
+        plan = self._transform.plan
+        if plan.sizing is None or plan.sizing.rows is not None:
+            return
+        from beamsynth.pipelines.synthesize import counter_value  # synthesize imports this module
+
+        for k in range(plan.degree + 1):
+            value = counter_value(result, f"privbayes_degree_{k}")
+            if value:
+                self._chosen[str(k)] = value
+
     def details(self) -> dict[str, Any]:
-        return {"privbayes": self._transform.plan.details()}
+        out = self._transform.plan.details()
+        if self._chosen:  # windows per chosen degree ("0" = independent 1-way marginals)
+            out["sizing"] = {**out["sizing"], "chosen_degree_windows": dict(self._chosen)}
+        return {"privbayes": out}

@@ -60,6 +60,13 @@ Laplace; sampling then rakes a pool drawn from the network to them
 (:class:`~beamsynth.transforms.refine.RefinedModel`). Its ε (``refine_fraction`` of the method's,
 default 0.25) is taken before the network's split, so the total stays the method's ε by
 sequential composition; the network then defaults to k = 1 (:data:`DEFAULT_REFINED_DEGREE`).
+
+**Model size** (``sizing="auto"``, the default of ``--method privbayes``; issue 18): the degree is
+the largest ``k`` whose typical family is θ-useful for ``n̂·ε`` (:func:`choose_network_degree`),
+down to ``k = 0``, the independent model (every column's 1-way table with the whole ε). ``n̂`` is
+the public ``rows`` (decided at build time) or a DP count spent in the measurement step
+(:data:`SIZE_COUNT_FRACTION` of ε); the decision is post-processing and the ε split is fixed at
+build time (``docs/privbayes.md`` "Model size from n̂·ε").
 """
 
 from __future__ import annotations
@@ -87,6 +94,7 @@ from beamsynth.transforms.measure import (
 )
 from beamsynth.transforms.noise import (
     RandomSource,
+    discrete_laplace,
     discrete_laplace_scale,
     permute_and_flip,
     run_seed,
@@ -117,6 +125,12 @@ __all__ = [
     "DEFAULT_SHRINK",
     "DEFAULT_STRUCTURE_FRACTION",
     "INDIF_SENSITIVITY",
+    "SIZE_COUNT_FRACTION",
+    "SIZING_MODES",
+    "SIZING_THETA",
+    "NetworkSizing",
+    "network_usefulness",
+    "choose_network_degree",
     "MAX_CANDIDATE_CELLS",
     "MAX_FAMILY_CELLS",
     "SPLIT_CELLS_CAP",
@@ -160,6 +174,11 @@ DEFAULT_SAMPLING = "balanced"
 INDIF_SENSITIVITY = 4.0  # per record, add/remove neighbours (see indif_score)
 MAX_CANDIDATE_CELLS = 16_000_000  # exact candidate counts kept in one accumulator
 MAX_FAMILY_CELLS = 2_000_000  # a larger (X, Π) table is never a candidate (declared cells)
+SIZING_MODES = ("auto", "off")
+SIZING_THETA = 2.5  # usefulness a k-parent family needs (docs/privbayes.md "Model size from n̂·ε")
+SIZE_COUNT_FRACTION = 0.02  # share of ε for n̂ when no public row count is given
+SIZING_METRICS_NAMESPACE = "beamsynth"
+SIZING_CELLS_CAP = 1_000  # a column counts with at most this many cells in the typical family
 
 
 # -- scores --------------------------------------------------------------------------------------
@@ -325,6 +344,81 @@ def family_specs(structure: Sequence[tuple[int, tuple[int, ...]]]) -> list[tuple
     return singles + fams
 
 
+# -- model size from n̂ and ε ---------------------------------------------------------------------
+def network_usefulness(rows: float, epsilon: float, shape: Sequence[int], degree: int, *,
+                       max_contributions: int = 1) -> float:
+    """θ-usefulness of a typical ``degree``-parent family (PrivBayes §4.4, in count units).
+
+    ``rows·ε / (d·m·g^(k+1))``: the signal per cell of a ``(k+1)``-way table, ``rows/g^(k+1)``
+    (``g`` = geometric mean of the declared column sizes, each capped at
+    :data:`SIZING_CELLS_CAP`), over the discrete Laplace scale ``m·d/ε`` a table gets when ``ε``
+    is split evenly over the ``d`` tables of the network. A pure function of public values:
+    ``rows`` is a public row count or a DP estimate (post-processing), the rest is declared.
+    """
+    d = max(1, len(shape))
+    g = math.exp(float(np.mean(np.log(np.minimum(np.asarray(shape, dtype=np.float64),
+                                                 SIZING_CELLS_CAP)))))
+    return max(float(rows), 0.0) * float(epsilon) / (d * max_contributions * g ** (degree + 1))
+
+
+def choose_network_degree(rows: float, epsilon: float, shape: Sequence[int], *, max_degree: int,
+                          max_contributions: int = 1, theta: float = SIZING_THETA) -> int:
+    """The largest ``k ≤ max_degree`` whose families are θ-useful
+    (:func:`network_usefulness` ``≥ theta``), else 0: the independent model.
+
+    AIM-style budget-aware sizing (McKenna et al. 2022 §4: a marginal is worth measuring only if
+    its noise per cell is small against ``n̂/cells``), with PrivBayes' θ-usefulness as the rule
+    (Zhang et al. §4.4, θ = 4 there). ``theta`` (:data:`SIZING_THETA`) is calibrated on Adult
+    subsamples (docs/privbayes.md "Model size from n̂·ε"). Monotone in ``rows·ε``; one column
+    has nothing to condition on (0).
+    """
+    if len(shape) < 2:
+        return 0
+    for k in range(int(max_degree), 0, -1):
+        if network_usefulness(rows, epsilon, shape, k, max_contributions=max_contributions) >= theta:
+            return k
+    return 0
+
+
+@dataclass(frozen=True)
+class NetworkSizing:
+    """How the network's size is chosen: from a public row count ``rows`` at build time, or from
+    a DP count (``count_budget``, discrete Laplace, Δ = m) in the measurement step. ``epsilon`` is
+    the model's total ε, the one the rule (:func:`choose_network_degree`) weighs n̂ against."""
+
+    epsilon: float
+    max_degree: int
+    shape: tuple[int, ...]
+    max_contributions: int = 1
+    rows: int | None = None
+    count_budget: PureDP | None = None
+    theta: float = SIZING_THETA
+
+    def degree(self, rows_hat: float) -> int:
+        """The degree for an estimate ``rows_hat`` (public or DP: post-processing)."""
+        return choose_network_degree(rows_hat, self.epsilon, self.shape, max_degree=self.max_degree,
+                                     max_contributions=self.max_contributions, theta=self.theta)
+
+    def details(self) -> dict[str, Any]:
+        """Manifest details: the rule, where n̂ comes from, and (public rows) the decision."""
+        out: dict[str, Any] = {
+            "rule": "largest k <= max_degree with n̂·ε/(d·m·g^(k+1)) >= theta, else 0 = independent "
+                    "1-way marginals with the whole ε (AIM-style sizing, PrivBayes θ-usefulness)",
+            "theta": self.theta, "max_degree": self.max_degree, "epsilon": self.epsilon,
+            "rows_source": "public --rows" if self.rows is not None
+            else "DP count in the measurement step (discrete Laplace, Δ = m)"}
+        if self.count_budget is not None:
+            out["count_epsilon"] = self.count_budget.epsilon
+        if self.rows is not None:
+            k = self.degree(self.rows)
+            out.update(rows=self.rows, chosen_degree=k,
+                       usefulness_k1=network_usefulness(self.rows, self.epsilon, self.shape, 1,
+                                                        max_contributions=self.max_contributions),
+                       chosen="independent 1-way marginals (fallback)" if k == 0
+                       else f"network with {k} parent(s) per column")
+        return out
+
+
 # -- budget plan ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class PrivBayesPlan:
@@ -339,6 +433,7 @@ class PrivBayesPlan:
     max_family_cells: int = MAX_FAMILY_CELLS
     exact_degree: bool = False
     refine: RefinePlan | None = None
+    sizing: NetworkSizing | None = None
 
     @property
     def step_epsilon(self) -> float:
@@ -376,6 +471,8 @@ class PrivBayesPlan:
             "max_family_cells": self.max_family_cells,
             "parent_sets": "exact k" if self.exact_degree else "any size ≤ k",
             "refine": None if self.refine is None else self.refine.details(),
+            "sizing": None if self.sizing is None
+            else self.sizing.details(),
         }
 
 
@@ -394,6 +491,8 @@ def plan_privbayes(
     refine_rounds: int = DEFAULT_REFINE_ROUNDS,
     refine_groups: int = DEFAULT_REFINE_GROUPS,
     refine_fraction: float = DEFAULT_REFINE_FRACTION,
+    sizing: str = "off",
+    rows: int | None = None,
 ) -> PrivBayesPlan:
     """Validate parameters and split the budget; lowers ``degree`` (from the declared shape
     only) until the counts of all candidate families (each at most ``max_family_cells`` cells,
@@ -408,7 +507,15 @@ def plan_privbayes(
     0.839/0.883 vs 0.827/0.863 (12–16 seeds), at ε = 2 0.0382/0.0789 vs 0.0408/0.0836; at ε = 0.5
     even (0.0540 vs 0.0537); at ε = 0.1 (benchmark, 3 seeds) exact worse, 0.1177 vs 0.1058. Two
     random 15-column subsets of ACS at ε = 1: even (±0.001 TVD2). ACS (24 columns) at ε = 1:
-    exact 0.0727/0.1377 vs adaptive 0.0653/0.1264 (6 seeds), at ε = 2 0.0552 vs 0.0538."""
+    exact 0.0727/0.1377 vs adaptive 0.0653/0.1264 (6 seeds), at ε = 2 0.0552 vs 0.0538.
+
+    ``sizing="auto"`` (the default of :class:`DPPrivBayes` and ``--method privbayes``) lets the
+    model size follow ``n̂·ε`` (:func:`choose_network_degree`, :class:`NetworkSizing`): with a
+    public ``rows`` the degree is chosen here, at build time (0 = the independent model: no
+    structure, no refinement, the whole ε on 1-way marginals); without it
+    :data:`SIZE_COUNT_FRACTION` of ε is set aside for a DP count released in the measurement
+    step, the split below is the planned network's, and a smaller degree chosen there spends the
+    same shares (in the fallback the structure and refinement shares go to the 1-way tables)."""
     if not isinstance(budget, ApproxDP):
         raise TypeError(f"budget must be an ApproxDP/PureDP, got {type(budget).__name__}")
     if degree is not None and (isinstance(degree, bool) or not isinstance(degree, int)
@@ -428,7 +535,16 @@ def plan_privbayes(
         raise ValueError(f"refine_pairs ({refine_pairs!r}) must be an int >= 0")
     if not isinstance(refine_fraction, (int, float)) or not 0 < refine_fraction < 1:
         raise ValueError(f"refine_fraction ({refine_fraction!r}) must be in (0, 1)")
+    if sizing not in SIZING_MODES:
+        raise ValueError(f"sizing ({sizing!r}) must be one of {SIZING_MODES}")
+    if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 0):
+        raise ValueError(f"rows ({rows!r}) must be None or an int >= 0")
     shape = [int(s) for s in shape]
+    model_epsilon, count_budget = budget.epsilon, None
+    sized = sizing == "auto" and len(shape) > 1
+    if sized and rows is None:  # n̂ from a DP count in the measurement step
+        count_budget = PureDP(epsilon=budget.epsilon * SIZE_COUNT_FRACTION)
+        budget = PureDP(epsilon=budget.epsilon - count_budget.epsilon)
     if not shape:
         raise ValueError("shape must name at least one column")
     huge = [f"{names[i] if names is not None else i!r} ({c:,} cells)"
@@ -459,13 +575,20 @@ def plan_privbayes(
             len(shape), degree, shape=shape, max_family_cells=max_family_cells)
     ) > max_candidate_cells:
         degree -= 1
+    spec = None
+    if sized:
+        spec = NetworkSizing(epsilon=model_epsilon, max_degree=degree, shape=tuple(shape),
+                             max_contributions=max_contributions, rows=rows,
+                             count_budget=count_budget)
+        if rows is not None:  # public row count: the size is a build-time decision
+            degree = spec.degree(rows)
     refine = None
     network = budget.epsilon
     if pairs and degree > 0:
         refine = plan_refinement(refine_budget, pairs=pairs, rounds=min(refine_rounds, pairs),
                                  groups=refine_groups, max_contributions=max_contributions)
         network = budget.epsilon - refine.selection_budget.epsilon - refine.measure_budget.epsilon
-    if len(shape) == 1:
+    if len(shape) == 1 or degree == 0:  # nothing to choose: all of it on the 1-way tables
         structure, rest = 0.0, network
     else:
         structure = network * float(structure_fraction)
@@ -481,11 +604,23 @@ def plan_privbayes(
             parents == "auto" and len(shape) <= AUTO_EXACT_MAX_COLUMNS
             and rest / (len(shape) * max_contributions) >= AUTO_EXACT_MIN_TABLE_EPSILON),
         refine=refine,
+        sizing=spec,
     )
 
 
 def spend_privbayes(accountant: PrivacyAccountant, plan: PrivBayesPlan, prefix: str = "privbayes") -> None:
-    """Record the two spends (structure, marginals) on ``accountant`` (raises if overspent)."""
+    """Record the spends (size count, structure, marginals, refinement) on ``accountant`` (raises
+    if overspent)."""
+    if plan.sizing is not None and plan.sizing.count_budget is not None:
+        accountant.spend(
+            f"{prefix}.size_count", plan.sizing.count_budget,
+            mechanism="discrete Laplace on the record count (n̂ for the model size)",
+            details={"sensitivity": plan.max_contributions,
+                     "scale": discrete_laplace_scale(sensitivity=plan.max_contributions,
+                                                     epsilon=plan.sizing.count_budget.epsilon),
+                     "use": "post-processing: the network degree (choose_network_degree); 0 = "
+                            "independent 1-way marginals with the structure/refinement shares",
+                     "paper": "AIM budget-aware sizing (McKenna et al. 2022 §4); PrivBayes §4.4"})
     if plan.structure_budget is not None:
         accountant.spend(
             f"{prefix}.structure", plan.structure_budget,
@@ -537,6 +672,7 @@ class PrivBayesMeasurement:
     structure: tuple[tuple[int, tuple[int, ...]], ...]
     marginals: tuple[NoisyMarginal, ...]
     refinement: RefineMeasurement | None = None
+    sizing: dict[str, Any] | None = None  # run-time size decision (DP n̂, degree): public
 
 
 def measure_privbayes(
@@ -557,22 +693,34 @@ def measure_privbayes(
     ``ordered``: whether each column's declared domain is ordered, default all unordered)."""
     tables = {tuple(f): np.asarray(t) for f, t in zip(families, counts)}
     d = len(shape)
+    degree, sizing = plan.degree, None
+    if plan.sizing is not None and plan.sizing.count_budget is not None and plan.degree > 0:
+        # n̂: the exact count (every family table sums to it) + discrete Laplace, Δ = m
+        exact_rows = int(np.asarray(counts[0]).sum()) if len(counts) else 0
+        count_scale = discrete_laplace_scale(sensitivity=plan.max_contributions,
+                                             epsilon=plan.sizing.count_budget.epsilon)
+        rows_hat = exact_rows + int(discrete_laplace(rs.child("size_count"), count_scale, 1)[0])
+        degree = plan.sizing.degree(rows_hat)  # post-processing of the DP count
+        sizing = {"rows_hat": rows_hat, "degree": degree, "max_degree": plan.degree}
+        if degree == 0:
+            return _measure_independent(tables, shape, names, plan, rs, sizing)
     # the penalty uses the scale the tables would get if every column had a family (data-independent)
     scale = plan.penalty * plan.table_scale(plan.max_tables)
-    if d > 1:
+    if d > 1 and degree > 0:
         structure = choose_structure(
-            tables, shape, degree=plan.degree, epsilon=plan.step_epsilon,
+            tables, shape, degree=degree, epsilon=plan.step_epsilon,
             sensitivity=plan.score_sensitivity, noise_scale=scale, rs=rs.child("structure"),
             max_family_cells=plan.max_family_cells, exact_degree=plan.exact_degree)
     else:
-        structure = [(0, ())]
+        structure = [(c, ()) for c in range(d)]
     specs = family_specs(structure)
     exact = [_family_table(tables, s) for s in specs]
     budgets = split_marginal_budget(plan.marginal_budget, [t.size for t in exact])
     released = noisy_marginals(
         exact, specs=specs, names=names, budgets=budgets,
         sensitivity=float(plan.max_contributions), rs=rs.child("marginals"))
-    measurement = PrivBayesMeasurement(tuple((x, tuple(p)) for x, p in structure), released)
+    measurement = PrivBayesMeasurement(tuple((x, tuple(p)) for x, p in structure), released,
+                                       sizing=sizing)
     if plan.refine is None:
         return measurement
     # post-processing: the network (and its tables as targets) from the released tables only
@@ -584,7 +732,26 @@ def measure_privbayes(
         lambda a, b: _family_table(tables, (a, b)), network, total=total,
         ordered=list(ordered) if ordered is not None else [False] * d, names=names,
         plan=plan.refine, rs=rs.child("refine"), candidates=pairs, base_targets=base_targets)
-    return PrivBayesMeasurement(measurement.structure, released, refinement)
+    return PrivBayesMeasurement(measurement.structure, released, refinement, sizing=sizing)
+
+
+def _measure_independent(tables: dict[tuple[int, ...], np.ndarray], shape: Sequence[int],
+                         names: Sequence[str], plan: PrivBayesPlan, rs: RandomSource,
+                         sizing: dict[str, Any]) -> PrivBayesMeasurement:
+    """The run-time fallback (degree 0): every column's 1-way table, discrete Laplace, with the
+    whole network ε planned at build time (structure + marginals + refinement shares; sequential
+    composition, nothing left unspent), split ∝ √cells (:func:`split_marginal_budget`)."""
+    total = plan.marginal_budget.epsilon
+    if plan.structure_budget is not None:
+        total += plan.structure_budget.epsilon
+    if plan.refine is not None:
+        total += plan.refine.selection_budget.epsilon + plan.refine.measure_budget.epsilon
+    specs = [(c,) for c in range(len(shape))]
+    exact = [_family_table(tables, s) for s in specs]
+    budgets = split_marginal_budget(PureDP(epsilon=total), [t.size for t in exact])
+    released = noisy_marginals(exact, specs=specs, names=names, budgets=budgets,
+                               sensitivity=float(plan.max_contributions), rs=rs.child("marginals"))
+    return PrivBayesMeasurement(tuple((c, ()) for c in range(len(shape))), released, sizing=sizing)
 
 
 class PrivBayesMeasureFn(beam.DoFn):
@@ -605,9 +772,13 @@ class PrivBayesMeasureFn(beam.DoFn):
 
     def process(self, counts, window=beam.DoFn.WindowParam):
         rs = RandomSource(seed=self._seed).child("privbayes", *window_labels(window))
-        yield measure_privbayes(counts, self._families, shape=self._shape, names=self._names,
+        out = measure_privbayes(counts, self._families, shape=self._shape, names=self._names,
                                 plan=self._plan, rs=rs, ordered=self._ordered,
                                 shrink=self._shrink, sampling=self._sampling)
+        if out.sizing is not None:  # the run-time size decision (DP n̂): public, for the manifest
+            beam.metrics.Metrics.counter(
+                SIZING_METRICS_NAMESPACE, f"privbayes_degree_{out.sizing['degree']}").inc()
+        yield out
 
 
 # -- post-processing: consistency, non-negativity, conditionals ----------------------------------
@@ -871,7 +1042,11 @@ class DPPrivBayes(beam.PTransform):
     exactly k columns instead of any size ≤ k, :func:`choose_structure`), refine_pairs /
     refine_rounds / refine_groups / refine_fraction (the refinement of
     :mod:`beamsynth.transforms.refine`; ``refine_pairs=0`` turns it off, see
-    :func:`plan_privbayes`), accountant.
+    :func:`plan_privbayes`), sizing (``"auto"``: the degree follows ``n̂·ε``,
+    :func:`choose_network_degree`, down to 0 = independent 1-way marginals, the default of
+    ``--method privbayes``; ``"off"``, the default here: the planned degree), rows (a public row
+    count for the sizing; without it a DP count is spent, :func:`plan_privbayes`),
+    accountant.
     """
 
     def __init__(self, *, schema: Schema, budget: ApproxDP, degree: int | None = None,
@@ -880,7 +1055,8 @@ class DPPrivBayes(beam.PTransform):
                  sampling: str = DEFAULT_SAMPLING, max_candidate_cells: int = MAX_CANDIDATE_CELLS,
                  parents: str = "auto", refine_pairs: int = DEFAULT_REFINE_PAIRS,
                  refine_rounds: int = DEFAULT_REFINE_ROUNDS, refine_groups: int = DEFAULT_REFINE_GROUPS,
-                 refine_fraction: float = DEFAULT_REFINE_FRACTION,
+                 refine_fraction: float = DEFAULT_REFINE_FRACTION, sizing: str = "off",
+                 rows: int | None = None,
                  accountant: PrivacyAccountant | None = None, label: str | None = None) -> None:
         super().__init__(label)
         if not isinstance(schema, Schema):
@@ -898,7 +1074,8 @@ class DPPrivBayes(beam.PTransform):
                                    max_candidate_cells=max_candidate_cells,
                                    parents=parents, names=schema.names,
                                    refine_pairs=refine_pairs, refine_rounds=refine_rounds,
-                                   refine_groups=refine_groups, refine_fraction=refine_fraction)
+                                   refine_groups=refine_groups, refine_fraction=refine_fraction,
+                                   sizing=sizing, rows=rows)
         if accountant is not None:
             spend_privbayes(accountant, self.plan)
         self._families = candidate_families(len(schema.shape), self.plan.degree, shape=schema.shape,
@@ -917,6 +1094,8 @@ class DPPrivBayes(beam.PTransform):
             refine_pairs=0 if plan.refine is None else plan.refine.pairs,
             table_noise_scale=plan.table_scale(plan.max_tables), columns=plan.n_columns,
             sensitivity=plan.max_contributions, max_family_cells=plan.max_family_cells,
+            sizing="off" if plan.sizing is None else (
+                "public rows" if plan.sizing.rows is not None else "DP count"),
             declared_cells=sum(self._schema.shape))
 
     def expand(self, batches):
@@ -963,7 +1142,7 @@ class PrivBayesSynthesizer(beam.PTransform):
                                  mechanism="discrete Laplace on the record count",
                                  details={"sensitivity": privbayes.get("max_contributions", 1)})
         self._model = DPPrivBayes(schema=schema, budget=model_budget, seed=seed,
-                                  accountant=accountant, **privbayes)
+                                  accountant=accountant, **{"rows": rows, **privbayes})
         self._schema, self._rows, self._seed, self._shard_rows = schema, rows, seed, shard_rows
         self._k = privbayes.get("max_contributions", 1)
 
