@@ -87,8 +87,8 @@ def _integer_column(name: str, low: float, high: float, notes: list[str]) -> dic
     if rlo != lo:
         notes.append(f"min rounded down from {lo} to {rlo}")
     if rhi != hi:
-        notes.append(f"max rounded up from {hi} to {rhi} (data at the declared maximum, e.g. "
-                     f"{hi}.9, would otherwise be rejected)")
+        notes.append(f"max rounded up from {hi} to {rhi} (a dictionary maximum is often the "
+                     "largest value observed: values just above it would be rejected)")
     notes.append(f"{hi - lo + 1} values binned into {len(edges) - 1} bins of {step}: pick edges "
                  "that matter for your analyses")
     return {"kind": "integer", "low": rlo, "high": rhi, "edges": edges}
