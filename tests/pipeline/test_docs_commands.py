@@ -11,9 +11,12 @@ import re
 import shlex
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from beamsynth.pipelines.cli import main
+from beamsynth.pipelines.io import encode_block, iter_raw_blocks
+from beamsynth.schemas.schema import load_schema
 
 ROOT = Path(__file__).resolve().parents[2]
 _BLOCK = re.compile(r"```bash\n(.*?)```", re.S)
@@ -51,7 +54,17 @@ def test_schema_guide_commands(tmp_path, monkeypatch):
                                     ["synthesize", "examples/data/acs_nist_sdnist/national2019_2k.csv"]]
     for argv in cmds:
         _run(argv, tmp_path, monkeypatch)
-    assert (tmp_path / "acs_synthetic.csv").stat().st_size > 0
+    # issue 19 item 2 on real nulls: the synthetic file reads back with its own schema
+    schema = load_schema(tmp_path / "acs.yaml")
+    synthetic = tmp_path / "acs_synthetic.csv"
+    used, rejected = 0, []
+    for item in iter_raw_blocks(str(synthetic)):
+        batch, bad = encode_block(schema, item)
+        used, rejected = used + len(batch), rejected + bad
+    assert rejected == [] and used > 1000
+    frame = pd.read_csv(synthetic, dtype=str, keep_default_na=False)
+    assert (frame["PINCP"] == "N").any() and not frame["PINCP"].str.contains(r"\.").any()
+    assert (frame["MSP"] == "N").any() and "" not in set(frame["MSP"])
 
 
 @pytest.mark.slow
