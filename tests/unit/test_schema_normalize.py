@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -112,3 +113,13 @@ def test_cli_upper_case_surnames_against_lower_case_word_list(tmp_path, capsys):
     assert manifest["operational"]["rows_read"] == 200
     assert manifest["operational"]["rows_rejected"] == 0
     assert set(pd.read_csv(out, dtype=str)["surname"]) <= set(WORDS)
+
+
+def test_json_schema_documents_normalize():
+    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema not installed")
+    spec = json.loads((Path(__file__).resolve().parents[2] / "schemas" / "schema.json").read_text())
+    good = _schema({"case": "fold", "unicode": "NFKC", "strip": True}).to_spec()
+    jsonschema.validate(json.loads(json.dumps(good)), spec)
+    good["columns"][0]["normalize"] = {"case": "title"}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(good, spec)
