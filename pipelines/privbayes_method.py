@@ -62,7 +62,7 @@ class PrivBayesMethod(Method):
             refine_fraction=float(DEFAULT_REFINE_FRACTION if opts.get("refine_fraction") is None
                                   else opts["refine_fraction"]),
             sizing=str(opts.get("pb_sizing") or "auto"),
-            rows=None if opts.get("rows") is None else int(opts["rows"]),
+            rows=None if opts.get("input_rows") is None else int(opts["input_rows"]),
             max_contributions=self.max_contributions, seed=self.seed, accountant=self.accountant)
         self._chosen: dict[str, int] = {}
 
@@ -103,9 +103,15 @@ class PrivBayesMethod(Method):
         if "--pb-sizing" not in taken:
             parser.add_argument("--pb-sizing", dest="pb_sizing", choices=SIZING_MODES, default=None,
                                 help="privbayes: auto (default) chooses the degree from ε and the "
-                                     "row count (--rows, else a DP count), down to independent "
+                                     "input size (--input-rows, else a DP count), down to independent "
                                      "1-way marginals when n·ε is small (docs/privbayes.md); off "
                                      "keeps the planned degree")
+        if "--input-rows" not in taken:
+            parser.add_argument("--input-rows", dest="input_rows", type=int, default=None,
+                                help="privbayes/sbhg: a public number of input records, used only "
+                                     "to size the model (issue 18); not --rows, which is the "
+                                     "number of synthetic rows. Without it privbayes spends 2%% "
+                                     "of its ε on a DP count")
         if "--pb-sampling" not in taken:
             parser.add_argument("--pb-sampling", dest="sampling", choices=SAMPLING_MODES, default=None,
                                 help="privbayes: balanced (refined: rows whose 2-way tables match "

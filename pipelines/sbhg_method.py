@@ -13,14 +13,15 @@ from typing import Any
 
 from beamsynth.pipelines.methods import Method, register
 from beamsynth.transforms.budget import ApproxDP, PureDP
-from beamsynth.transforms.sbhg import DEFAULT_MI_COUNT_CAP, DPHashedConditionals
+from beamsynth.transforms.sbhg import DEFAULT_MI_COUNT_CAP, DPHashedConditionals, choose_hash_size
+from beamsynth.transforms.synthesis import DPIndependentMarginals
 
 __all__ = ["SBHGMethod"]
 
 _DEFAULTS: dict[str, Any] = {
     "top_r": 2, "burn_in": 50, "thin": 5, "sbhg_chain_length": 20, "sbhg_init_sweeps": 10,
     "sbhg_selection_fraction": 0.2, "sbhg_support_check": "cell",
-    "sbhg_mi_count_cap": DEFAULT_MI_COUNT_CAP,
+    "sbhg_mi_count_cap": DEFAULT_MI_COUNT_CAP, "sbhg_sizing": "auto",
 }
 
 
@@ -49,6 +50,21 @@ class SBHGMethod(Method):
         p = len(self.schema.columns)
         top_r = _option(o, "top_r")
         r_eff = min(int(top_r), p - 1) if isinstance(top_r, int) and top_r >= 0 else top_r
+        self.sizing: dict[str, Any] | None = None
+        rows = o.get("input_rows")  # public input size (not --rows, the synthetic row count)
+        if (_option(o, "sbhg_sizing") == "auto" and rows is not None and isinstance(r_eff, int)
+                and r_eff > 0 and not any(c.is_open for c in self.schema.columns)):
+            # public row count: hash size from n·ε at build time (issue 18, docs/sbhg.md)
+            fit = choose_hash_size(int(rows), self.budget.epsilon, self.schema.shape, top_r=r_eff,
+                                   max_contributions=self.max_contributions)
+            self.sizing = {"rule": "largest r <= top_r with n·ε/(d·m·g^(r+1)) >= theta "
+                                   "(transforms.sbhg.choose_hash_size), else independent 1-way "
+                                   "marginals with the whole ε", "rows": int(rows),
+                           "top_r_requested": r_eff, "top_r_chosen": fit}
+            if fit == 0:
+                self._fallback()
+                return
+            top_r = r_eff = fit
         if isinstance(r_eff, int) and r_eff > 0:
             selection = PureDP(epsilon=self.budget.epsilon * frac)
             conditional = ApproxDP(epsilon=self.budget.epsilon - selection.epsilon, delta=self.budget.delta)
@@ -77,6 +93,20 @@ class SBHGMethod(Method):
                      "threshold": d["sba_threshold"], "sensitivity": self.max_contributions,
                      "paper": paper + " §2.3 Algorithm 1, §3.3 Theorem 3.1 (converted to add/remove)"})
 
+    def _fallback(self) -> None:
+        """Independent 1-way marginals with the method's whole ε (pure; δ unspent)."""
+        budget = PureDP(epsilon=self.budget.epsilon)
+        self.transform = DPIndependentMarginals(schema=self.schema, budget=budget,
+                                                max_contributions=self.max_contributions,
+                                                seed=self.seed)
+        self.accountant.spend(
+            "sbhg.fallback_independent", budget,
+            mechanism="discrete Laplace on 1-way marginals (SBHG's hash size is 0 at this n·ε)",
+            details={"tables": len(self.schema.columns), "sensitivity": self.max_contributions,
+                     "scale_per_table": self.max_contributions * len(self.schema.columns)
+                     / budget.epsilon,
+                     "paper": "Laplace mechanism; DataSynthesizer independent mode (seed 004)"})
+
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--top-r", dest="top_r", type=int, default=None,
@@ -92,9 +122,21 @@ class SBHGMethod(Method):
         parser.add_argument("--support-check", dest="sbhg_support_check", choices=["cell", "hash"],
                             default=None, help="sbhg: rejection rule: 'hash' = Remark 3.3, "
                             "'cell' (default) also needs positive mass for the other feature's value")
+        taken = getattr(parser, "_option_string_actions", {})
+        if "--input-rows" not in taken:
+            parser.add_argument("--input-rows", dest="input_rows", type=int, default=None,
+                                help="privbayes/sbhg: a public number of input records, used only "
+                                     "to size the model (issue 18); not --rows, which is the "
+                                     "number of synthetic rows. Without it privbayes spends 2%% "
+                                     "of its ε on a DP count")
+        parser.add_argument("--sbhg-sizing", dest="sbhg_sizing", choices=["auto", "off"],
+                            default=None, help="sbhg: with --input-rows, auto (default) lowers --top-r "
+                            "to what n·ε supports, down to independent 1-way marginals (docs/sbhg.md)")
 
     def expand_model(self, batches):
         return batches | "SBHG" >> self.transform
 
     def details(self) -> dict[str, Any]:
-        return {"sbhg": self.transform.details()}
+        if not isinstance(self.transform, DPHashedConditionals):
+            return {"sbhg": {"model": "independent 1-way marginals (fallback)", "sizing": self.sizing}}
+        return {"sbhg": {**self.transform.details(), "sizing": self.sizing}}

@@ -64,7 +64,7 @@ sequential composition; the network then defaults to k = 1 (:data:`DEFAULT_REFIN
 **Model size** (``sizing="auto"``, the default of ``--method privbayes``; issue 18): the degree is
 the largest ``k`` whose typical family is θ-useful for ``n̂·ε`` (:func:`choose_network_degree`),
 down to ``k = 0``, the independent model (every column's 1-way table with the whole ε). ``n̂`` is
-the public ``rows`` (decided at build time) or a DP count spent in the measurement step
+the public input size ``rows`` (``--input-rows``; decided at build time) or a DP count spent in the measurement step
 (:data:`SIZE_COUNT_FRACTION` of ε); the decision is post-processing and the ε split is fixed at
 build time (``docs/privbayes.md`` "Model size from n̂·ε").
 """
@@ -405,7 +405,7 @@ class NetworkSizing:
             "rule": "largest k <= max_degree with n̂·ε/(d·m·g^(k+1)) >= theta, else 0 = independent "
                     "1-way marginals with the whole ε (AIM-style sizing, PrivBayes θ-usefulness)",
             "theta": self.theta, "max_degree": self.max_degree, "epsilon": self.epsilon,
-            "rows_source": "public --rows" if self.rows is not None
+            "rows_source": "public --input-rows" if self.rows is not None
             else "DP count in the measurement step (discrete Laplace, Δ = m)"}
         if self.count_budget is not None:
             out["count_epsilon"] = self.count_budget.epsilon
@@ -509,9 +509,9 @@ def plan_privbayes(
     random 15-column subsets of ACS at ε = 1: even (±0.001 TVD2). ACS (24 columns) at ε = 1:
     exact 0.0727/0.1377 vs adaptive 0.0653/0.1264 (6 seeds), at ε = 2 0.0552 vs 0.0538.
 
-    ``sizing="auto"`` (the default of :class:`DPPrivBayes` and ``--method privbayes``) lets the
-    model size follow ``n̂·ε`` (:func:`choose_network_degree`, :class:`NetworkSizing`): with a
-    public ``rows`` the degree is chosen here, at build time (0 = the independent model: no
+    ``sizing="auto"`` (the default of ``--method privbayes``) lets the model size follow ``n̂·ε``
+    (:func:`choose_network_degree`, :class:`NetworkSizing`): with a public input size ``rows``
+    (``--input-rows``) the degree is chosen here, at build time (0 = the independent model: no
     structure, no refinement, the whole ε on 1-way marginals); without it
     :data:`SIZE_COUNT_FRACTION` of ε is set aside for a DP count released in the measurement
     step, the split below is the planned network's, and a smaller degree chosen there spends the
@@ -1045,7 +1045,8 @@ class DPPrivBayes(beam.PTransform):
     :func:`plan_privbayes`), sizing (``"auto"``: the degree follows ``n̂·ε``,
     :func:`choose_network_degree`, down to 0 = independent 1-way marginals, the default of
     ``--method privbayes``; ``"off"``, the default here: the planned degree), rows (a public row
-    count for the sizing; without it a DP count is spent, :func:`plan_privbayes`),
+    count of the *input* for the sizing, ``--input-rows``; without it a DP count is spent,
+    :func:`plan_privbayes`),
     accountant.
     """
 
@@ -1142,7 +1143,7 @@ class PrivBayesSynthesizer(beam.PTransform):
                                  mechanism="discrete Laplace on the record count",
                                  details={"sensitivity": privbayes.get("max_contributions", 1)})
         self._model = DPPrivBayes(schema=schema, budget=model_budget, seed=seed,
-                                  accountant=accountant, **{"rows": rows, **privbayes})
+                                  accountant=accountant, **privbayes)
         self._schema, self._rows, self._seed, self._shard_rows = schema, rows, seed, shard_rows
         self._k = privbayes.get("max_contributions", 1)
 

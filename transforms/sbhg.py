@@ -63,6 +63,7 @@ __all__ = [
     "SBHGModel",
     "SparseCountsCombineFn",
     "capped_xlogx",
+    "choose_hash_size",
     "hash_keys",
     "hashed_counts",
     "key_space",
@@ -81,6 +82,23 @@ _MAX_PAIR_CELLS = 2_000_000  # dense 2-way tables for the selection pass
 
 
 # -- 1. the mutual-information score and its sensitivity --------------------------------------------
+def choose_hash_size(rows: float, epsilon: float, shape: Sequence[int], *, top_r: int,
+                     max_contributions: int = 1, theta: float | None = None) -> int:
+    """Hash features per column worth releasing for ``rows·ε`` (issue 18): the largest
+    ``r ≤ top_r`` whose tables ``X_j × h_j`` (``g^(r+1)`` cells for the geometric-mean declared
+    column size ``g``) are θ-useful, :func:`~beamsynth.transforms.privbayes.network_usefulness`
+    ``≥ theta`` (default :data:`~beamsynth.transforms.privbayes.SIZING_THETA`); 0 means the
+    caller falls back to independent 1-way marginals. A pure function of public values (a public
+    ``rows``, ε and the declared shape), so it spends nothing."""
+    from beamsynth.transforms.privbayes import SIZING_THETA, network_usefulness
+
+    theta = SIZING_THETA if theta is None else theta
+    for r in range(int(top_r), 0, -1):
+        if network_usefulness(rows, epsilon, shape, r, max_contributions=max_contributions) >= theta:
+            return r
+    return 0
+
+
 def capped_xlogx(c: np.ndarray, cap: int) -> np.ndarray:
     """``g_C(c) = c·ln c`` for ``c ≤ C``, continued linearly with slope ``ln C + 1`` above ``C``.
 
