@@ -33,7 +33,18 @@ from beamsynth.transforms.refine import (
     DEFAULT_REFINE_ROUNDS,
 )
 
-__all__ = ["PrivBayesMethod"]
+__all__ = ["PrivBayesMethod", "add_input_rows_argument"]
+
+
+def add_input_rows_argument(parser: argparse.ArgumentParser) -> None:
+    """``--input-rows N`` (once per parser): the public input size privbayes and sbhg size their
+    models from (issue 18)."""
+    if "--input-rows" not in getattr(parser, "_option_string_actions", {}):
+        parser.add_argument("--input-rows", dest="input_rows", type=int, default=None,
+                            help="privbayes/sbhg: a public number of input records, used only to "
+                                 "size the model (issue 18); not --rows, which is the number of "
+                                 "synthetic rows. Without it privbayes spends 2%% of its ε on a "
+                                 "DP count")
 
 
 @register
@@ -106,12 +117,7 @@ class PrivBayesMethod(Method):
                                      "input size (--input-rows, else a DP count), down to independent "
                                      "1-way marginals when n·ε is small (docs/privbayes.md); off "
                                      "keeps the planned degree")
-        if "--input-rows" not in taken:
-            parser.add_argument("--input-rows", dest="input_rows", type=int, default=None,
-                                help="privbayes/sbhg: a public number of input records, used only "
-                                     "to size the model (issue 18); not --rows, which is the "
-                                     "number of synthetic rows. Without it privbayes spends 2%% "
-                                     "of its ε on a DP count")
+        add_input_rows_argument(parser)
         if "--pb-sampling" not in taken:
             parser.add_argument("--pb-sampling", dest="sampling", choices=SAMPLING_MODES, default=None,
                                 help="privbayes: balanced (refined: rows whose 2-way tables match "

@@ -12,6 +12,7 @@ import argparse
 from typing import Any
 
 from beamsynth.pipelines.methods import Method, register
+from beamsynth.pipelines.privbayes_method import add_input_rows_argument
 from beamsynth.transforms.budget import ApproxDP, PureDP
 from beamsynth.transforms.sbhg import DEFAULT_MI_COUNT_CAP, DPHashedConditionals, choose_hash_size
 from beamsynth.transforms.synthesis import DPIndependentMarginals
@@ -122,13 +123,7 @@ class SBHGMethod(Method):
         parser.add_argument("--support-check", dest="sbhg_support_check", choices=["cell", "hash"],
                             default=None, help="sbhg: rejection rule: 'hash' = Remark 3.3, "
                             "'cell' (default) also needs positive mass for the other feature's value")
-        taken = getattr(parser, "_option_string_actions", {})
-        if "--input-rows" not in taken:
-            parser.add_argument("--input-rows", dest="input_rows", type=int, default=None,
-                                help="privbayes/sbhg: a public number of input records, used only "
-                                     "to size the model (issue 18); not --rows, which is the "
-                                     "number of synthetic rows. Without it privbayes spends 2%% "
-                                     "of its ε on a DP count")
+        add_input_rows_argument(parser)
         parser.add_argument("--sbhg-sizing", dest="sbhg_sizing", choices=["auto", "off"],
                             default=None, help="sbhg: with --input-rows, auto (default) lowers --top-r "
                             "to what n·ε supports, down to independent 1-way marginals (docs/sbhg.md)")
