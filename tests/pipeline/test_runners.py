@@ -36,7 +36,7 @@ from beamsynth.transforms.budget import PureDP
 from beamsynth.transforms.measure import NoisyMarginal
 from beamsynth.transforms.synthesis import IndependentModel, SampleSynthetic
 
-ADULT = Path(__file__).resolve().parents[3] / "shared" / "data" / "adult" / "adult.csv"
+ADULT = Path(__file__).resolve().parents[2] / "examples" / "data" / "adult" / "adult.csv"  # bundled
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ def _dead_letters(path: Path) -> list[dict]:
 def _adult_input(folder: Path) -> Path:
     """6,000 Adult rows, 3 rows per privacy id, one out-of-domain age (a dead letter)."""
     if not ADULT.exists():
-        pytest.skip(f"shared data not found: {ADULT}")
+        pytest.skip(f"example data not found: {ADULT}")
     df = pd.read_csv(ADULT, nrows=6000, dtype=str, keep_default_na=False)
     df.insert(0, "pid", [f"u{i // 3}" for i in range(len(df))])
     df.loc[5, "age"] = "200"
