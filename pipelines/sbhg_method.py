@@ -14,7 +14,12 @@ from typing import Any
 from beamsynth.pipelines.methods import Method, register
 from beamsynth.pipelines.privbayes_method import add_input_rows_argument
 from beamsynth.transforms.budget import ApproxDP, PureDP
-from beamsynth.transforms.sbhg import DEFAULT_MI_COUNT_CAP, DPHashedConditionals, choose_hash_size
+from beamsynth.transforms.sbhg import (
+    DEFAULT_MI_COUNT_CAP,
+    DPHashedConditionals,
+    choose_hash_size,
+    sba_threshold,
+)
 from beamsynth.transforms.synthesis import DPIndependentMarginals
 
 __all__ = ["SBHGMethod"]
@@ -56,11 +61,17 @@ class SBHGMethod(Method):
         if (_option(o, "sbhg_sizing") == "auto" and rows is not None and isinstance(r_eff, int)
                 and r_eff > 0 and not any(c.is_open for c in self.schema.columns)):
             # public row count: hash size from n·ε at build time (issue 18, docs/sbhg.md)
+            # the SBA threshold the hashed tables would get (per feature: (1-frac)·ε/p, δ/p)
+            _, threshold = sba_threshold(epsilon=self.budget.epsilon * (1 - frac) / p,
+                                         delta=self.budget.delta / p,
+                                         max_contributions=self.max_contributions)
             fit = choose_hash_size(int(rows), self.budget.epsilon, self.schema.shape, top_r=r_eff,
-                                   max_contributions=self.max_contributions)
-            self.sizing = {"rule": "largest r <= top_r with n·ε/(d·m·g^(r+1)) >= theta "
-                                   "(transforms.sbhg.choose_hash_size), else independent 1-way "
-                                   "marginals with the whole ε", "rows": int(rows),
+                                   max_contributions=self.max_contributions,
+                                   min_cell_count=threshold)
+            self.sizing = {"rule": "largest r <= top_r with n·ε/(d·m·g^(r+1)) >= theta and "
+                                   "n/g^(r+1) >= the SBA threshold (transforms.sbhg."
+                                   "choose_hash_size), else independent 1-way marginals with the "
+                                   "whole ε", "rows": int(rows), "sba_threshold": threshold,
                            "top_r_requested": r_eff, "top_r_chosen": fit}
             if fit == 0:
                 self._fallback()

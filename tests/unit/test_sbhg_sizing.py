@@ -13,6 +13,12 @@ from beamsynth.transforms.synthesis import DPIndependentMarginals
 ADULT = load_schema("adult")
 
 
+def test_hash_size_needs_mean_cell_counts_above_the_sba_threshold():
+    # (4, 4, 4): r = 1 tables have 16 cells; 3,200 rows are θ-useful at ε = 1 (3200/48 >= θ)
+    assert choose_hash_size(3200, 1.0, (4, 4, 4), top_r=1, min_cell_count=200) == 1
+    assert choose_hash_size(3200, 1.0, (4, 4, 4), top_r=1, min_cell_count=201) == 0
+
+
 def test_hash_size_follows_n_epsilon():
     # shape (4, 4, 4): r hash features give tables of 4^(r+1) cells; d = 3
     assert choose_hash_size(48 * SIZING_THETA * 1.001, 1.0, (4, 4, 4), top_r=2) == 1
@@ -39,8 +45,10 @@ def test_small_public_rows_fall_back_to_independent_marginals_with_the_whole_eps
 
 
 def test_larger_rows_keep_sbhg_with_the_supported_hash_size():
-    m, steps, _ = _method(5000)
+    m, steps, _ = _method(32000)  # Adult's size: mean count 32000/g² ≈ 360 ≥ SBA threshold 299
     assert isinstance(m.transform, DPHashedConditionals) and m.transform.details()["top_r"] == 1
+    assert m.details()["sbhg"]["sizing"]["sba_threshold"] == 299
+    assert isinstance(_method(5000)[0].transform, DPIndependentMarginals)  # θ-useful, below SBA
     assert steps == ["sbhg.hash_selection", "sbhg.conditionals"]
     assert m.details()["sbhg"]["sizing"]["top_r_requested"] == 2
     off, _, _ = _method(1000, sbhg_sizing="off")  # the old behaviour on request; no rows: unchanged
