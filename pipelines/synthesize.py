@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import apache_beam as beam
+import pyarrow as pa
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 
@@ -167,7 +168,8 @@ def build_synthesis(p: beam.Pipeline, plan: SynthesisPlan, *,
         # EncodedBatch (unchanged), after printing the running row count
     tables, models, _rows = synthesize_batches(batches, plan, side_input=not dask_safe)
     # pyarrow.Table of synthetic rows
-    tables = tables | "CountOut" >> beam.Map(_count_out)
+    tables = tables | "CountOut" >> beam.Map(_count_out).with_output_types(pa.Table)
+    # pyarrow.Table (typed: its coder estimates sizes without pickling, transforms/coders.py)
     ensure_parent(cfg.output)
     written = tables | "Write" >> WriteTables(cfg.output, column_names=schema.names,
                                               avro_schema=schema.avro_schema(),

@@ -21,6 +21,7 @@ from beamsynth.schemas.schema import EncodedBatch, Schema
 from beamsynth.schemas.tables import arrow_schema_for, label_part
 from beamsynth.transforms.budget import ApproxDP, PureDP
 from beamsynth.transforms.cathist import ColumnCells, DPCategoricalHistogram
+from beamsynth.transforms.coders import register_columnar
 from beamsynth.transforms.conventions import display_items, element_types
 from beamsynth.transforms.measure import DPMarginals, NoisyMarginal, combine_globally, window_labels
 from beamsynth.transforms.noise import (
@@ -303,6 +304,10 @@ def codes_to_table(schema: Schema, codes: np.ndarray, rs: RandomSource | None) -
     return pa.Table.from_pydict(cols, schema=arrow_schema_for(schema))
 
 
+register_columnar(pa.Table)  # synthetic shards: size estimates without pickling
+
+
+@beam.typehints.with_output_types(pa.Table)
 class _SampleShardFn(beam.DoFn):
     def __init__(self, schema: Schema, seed: int | None) -> None:
         self._schema, self._seed = schema, seed
@@ -312,6 +317,7 @@ class _SampleShardFn(beam.DoFn):
         yield _sample_shard(self._schema, self._seed, shard_id, n, model, window)
 
 
+@beam.typehints.with_output_types(pa.Table)
 class _SampleShardWithModelFn(_SampleShardFn):
     """Side-input-free form: elements are ``(shard_id, rows, model)``."""
 
