@@ -25,11 +25,15 @@ Nothing is dropped silently: rows read = rows encoded + rows rejected, and every
 names its file, its row number (1-based, header excluded), its line where known (or its Avro
 byte range / Parquet row group as ``block``), and the reason.
 
-Parallel reading: :class:`ReadRecords` cuts uncompressed CSV/JSONL files larger than
-``split_bytes`` into byte ranges (:func:`plan_parts`) read and encoded by different workers;
-records are aligned to line starts, a part's dead letters are renumbered file-wide
-(:class:`NumberRejected`), and the result equals a sequential read byte for byte (records never
-span lines there; a CSV file read with ``max_record_lines > 1`` is not split).
+Parallel reading: :class:`ReadRecords` cuts uncompressed CSV/JSONL/Avro/Parquet files larger
+than ``split_bytes`` into byte ranges (:func:`plan_parts`) read and encoded by different
+workers; CSV/JSONL records are aligned to line starts, Avro parts own the blocks that begin in
+their range (after a sync marker) and Parquet parts the row groups whose first page does. A
+part's dead letters are renumbered file-wide (:class:`NumberRejected`; Parquet rows are
+file-wide already, from the footer), and the result equals a sequential read byte for byte
+(records never span lines there; a CSV file read with ``max_record_lines > 1`` is not split).
+Avro and Parquet files are read block by block / row group by row group from a seekable
+stream, so memory does not grow with the file size.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ from beamsynth.pipelines.formats import csv_escape as _csv_escape
 from beamsynth.pipelines.formats import table_to_jsonl as _table_to_jsonl
 from beamsynth.schemas.schema import EncodedBatch, Schema, SchemaError, avro_field_name
 from beamsynth.schemas.tables import arrow_schema_for
+from beamsynth.transforms.coders import register_columnar
 from beamsynth.transforms.conventions import display_items, element_types
 
 __all__ = [
@@ -65,6 +70,7 @@ __all__ = [
     "check_max_record_lines",
     "iter_avro_blocks",
     "iter_parquet_row_groups",
+    "parquet_group_offsets",
     "read_avro_header",
     "record_lines_note",
     "FORMATS",
@@ -83,11 +89,12 @@ __all__ = [
     "number_rejected",
     "plan_parts",
     "rejected_path",
+    "shift_rejected",
     "table_to_csv_text",
 ]
 
 DEFAULT_BLOCK_ROWS = 20_000
-DEFAULT_SPLIT_BYTES = 16 << 20  # CSV/JSONL files larger than this are read in parts
+DEFAULT_SPLIT_BYTES = 16 << 20  # uncompressed files larger than this are read in parts
 _RAW_LIMIT = 500  # characters of a rejected row kept in the dead-letter output
 METRICS_NAMESPACE = "beamsynth"
 
@@ -123,6 +130,7 @@ class Rejected:
     line: int | None = None
     part: int = 0  # the file part whose reader found it (row/line counted from the part's start)
     block: str | None = None  # Avro byte range / Parquet row group of a rejected block
+    after: int | None = None  # a corrupt Avro block: rows read before it (sort position only)
 
     def to_json(self) -> str:
         """One JSON line (valid UTF-8: lone surrogates from undecodable bytes or JSON ``\\ud800``
@@ -164,6 +172,8 @@ class RawBlock:
         return int(self.rows.size)
 
 
+register_columnar(RawBlock)  # size estimates without pickling (transforms/coders.py)
+
 _CHUNK_BYTES = 1 << 22  # bytes read at a time by the line reader
 _BOM = b"\xef\xbb\xbf"
 # one line with its ending, universal newlines (\r\n, \r, \n) as io.TextIOWrapper(newline="")
@@ -173,6 +183,8 @@ _SURROGATE = re.compile("[\udc80-\udcff]")
 # without quotes or undecodable bytes) takes the fast path of the CSV reader
 _SLOW_CHUNK = re.compile('["\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029\udc80-\udcff]')
 _LINE_ENDS = "\r\n"
+_ODD_BREAKS = re.compile("[\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+_INVALID_UTF8 = "invalid UTF-8: the line holds undecodable bytes"
 MAX_RECORD_LINES_LIMIT = 1_000  # largest allowed max_record_lines
 
 
@@ -393,15 +405,9 @@ def _continues(body: str) -> str:
     return "bad"
 
 
-@dataclass
-class _CsvItem:
-    """One CSV record (or malformed record) found by a line reader: its first line number, its
-    fields (or the reason it is malformed) and its raw text."""
-
-    line: int
-    fields: list[str] | None
-    reason: str = ""
-    raw: str = ""
+# One CSV record found by a line reader: (first line number, fields or the reason the record is
+# malformed, raw text of a malformed record); a plain tuple, made once per input line.
+_CsvItem = tuple[int, "list[str] | str", str]
 
 
 def _iter_csv_records(src: _LineSource, line_no: int, max_lines: int) -> Iterator[_CsvItem | int]:
@@ -444,7 +450,7 @@ def _iter_csv_records(src: _LineSource, line_no: int, max_lines: int) -> Iterato
         take = 1
         item: _CsvItem
         if role == "complete":
-            item = _CsvItem(line_no + 1, _strict_fields(body))
+            item = (line_no + 1, _strict_fields(body), "")
         elif role == "opener":
             fill(max_lines)
             take = 0
@@ -457,18 +463,16 @@ def _iter_csv_records(src: _LineSource, line_no: int, max_lines: int) -> Iterato
                     break
             if take:
                 text = "".join(window[:take]).rstrip(_LINE_ENDS)
-                item = _CsvItem(line_no + 1, _strict_fields(text))
+                item = (line_no + 1, _strict_fields(text), "")
             else:
                 take = 1
-                item = _CsvItem(line_no + 1, None,
-                                f"malformed CSV line: a quoted field is not closed within "
-                                f"{max_lines} lines (max_record_lines)", body)
+                item = (line_no + 1, f"malformed CSV line: a quoted field is not closed within "
+                                     f"{max_lines} lines (max_record_lines)", body)
         elif role == "bad" and _SURROGATE.search(body) is not None:
-            item = _CsvItem(line_no + 1, None, "invalid UTF-8: the line holds undecodable bytes", body)
+            item = (line_no + 1, _INVALID_UTF8, body)
         else:
-            item = _CsvItem(line_no + 1, None,
-                            f"malformed CSV line (RFC 4180, {role} line outside a record)"
-                            if role == "closer" else "malformed CSV line (RFC 4180)", body)
+            item = (line_no + 1, f"malformed CSV line (RFC 4180, {role} line outside a record)"
+                    if role == "closer" else "malformed CSV line (RFC 4180)", body)
         del window[:take]
         line_no += take
         yield item
@@ -476,27 +480,59 @@ def _iter_csv_records(src: _LineSource, line_no: int, max_lines: int) -> Iterato
 
 def _iter_csv_single(src: _LineSource, line_no: int) -> Iterator[_CsvItem | int]:
     """:func:`_iter_csv_records` with one line per record; chunks without quotes, undecodable
-    bytes or unusual line breaks are split in bulk (``str.splitlines``, ``str.split``)."""
+    bytes or unusual line breaks are split in bulk (``str.splitlines``, ``str.split``), others
+    through one ``csv.reader`` pass (:func:`_csv_lines_fields`)."""
     for text in src.texts():
         if _SLOW_CHUNK.search(text) is None:
             bodies = text.splitlines()
             src.pulled += len(bodies)
             for body in bodies:
                 line_no += 1
-                yield _CsvItem(line_no, body.split(",")) if body else line_no
+                yield (line_no, body.split(","), "") if body else line_no
             continue
-        for line in _LINE.findall(text):
-            src.pulled += 1
+        if _ODD_BREAKS.search(text) is None:  # only \r, \n, \r\n end lines: splitlines is exact
+            bodies = text.splitlines()
+        else:
+            bodies = [line.rstrip(_LINE_ENDS) for line in _LINE.findall(text)]
+        src.pulled += len(bodies)
+        dirty = _SURROGATE.search(text) is not None
+        good = [k for k, body in enumerate(bodies)
+                if body and not (dirty and _SURROGATE.search(body) is not None)]
+        parsed: list[Any] = [None] * len(bodies)
+        for k, fields in zip(good, _csv_lines_fields([bodies[k] for k in good]), strict=True):
+            parsed[k] = fields
+        for body, fields in zip(bodies, parsed, strict=True):
             line_no += 1
-            body = line.rstrip(_LINE_ENDS)
             if not body:
                 yield line_no
-            elif _SURROGATE.search(body) is not None:
-                yield _CsvItem(line_no, None, "invalid UTF-8: the line holds undecodable bytes", body)
+            elif fields is None:
+                yield line_no, _INVALID_UTF8, body
             else:
-                fields = _csv_line_fields(body)
-                yield _CsvItem(line_no, fields) if isinstance(fields, list) else _CsvItem(
-                    line_no, None, fields, body)
+                yield line_no, fields, body
+
+
+def _csv_lines_fields(bodies: list[str]) -> list[list[str] | str]:
+    """:func:`_csv_line_fields` of every line, in one ``csv.reader`` pass where it agrees: the
+    reader's ``line_num`` shows when a record took more than one line (an unbalanced quote) or a
+    line raised; those lines are then read one by one, so the result is the per-line one."""
+    out: list[list[str] | str] = []
+    pos = 0
+    while pos < len(bodies):
+        reader = csv.reader(bodies[pos:] if pos else bodies, strict=True)
+        base = pos
+        try:
+            for rec in reader:
+                end = base + reader.line_num
+                if end - pos == 1:
+                    out.append(rec)
+                else:
+                    out.extend(_csv_line_fields(bodies[k]) for k in range(pos, end))
+                pos = end
+        except csv.Error:
+            end = max(base + reader.line_num, pos + 1)
+            out.extend(_csv_line_fields(bodies[k]) for k in range(pos, end))
+            pos = end
+    return out
 
 
 def _read_csv_header(src: _LineSource) -> tuple[list[str] | None, str | None, int, int]:
@@ -580,18 +616,17 @@ def _iter_csv(path: str, block_rows: int, part: FilePart | None = None,
                 if isinstance(item, int):  # a blank line: not a record
                     continue
                 row_no += 1
-                rec = item.fields
-                if rec is None:
-                    yield Rejected(path, row_no, item.reason, raw=_clean(item.raw), line=item.line,
-                                   part=idx)
+                line, rec, raw = item
+                if isinstance(rec, str):  # the reason the record is malformed
+                    yield Rejected(path, row_no, rec, raw=_clean(raw), line=line, part=idx)
                     continue
                 if len(rec) != width:
                     yield Rejected(path, row_no, f"row has {len(rec)} fields but the header has {width}",
-                                   raw=_clean(",".join(rec)), line=item.line, part=idx)
+                                   raw=_clean(",".join(rec)), line=line, part=idx)
                     continue
                 rows.append(rec)
                 nums.append(row_no)
-                lines.append(item.line)
+                lines.append(line)
                 if len(rows) >= block_rows:
                     yield _block(path, header, rows, nums, lines, idx)
                     rows, nums, lines = [], [], []
@@ -842,22 +877,28 @@ def iter_avro_blocks(fh: Any, header: AvroHeader, start: int | None = None,
         yield _AvroBlock(begin, src.offset, records)
 
 
-def _iter_avro(path: str, block_rows: int) -> Iterator[RawBlock | Rejected]:
+def _iter_avro(path: str, block_rows: int, part: FilePart | None = None,
+               state: _PartState | None = None) -> Iterator[RawBlock | Rejected]:
+    """Records of an Avro file, block by block (or of the blocks beginning in ``part``'s byte
+    range: rows counted from the part's start, renumbered file-wide from ``state.records``)."""
+    idx = 0 if part is None else part.index
+    start, stop = (None, None) if part is None else (part.start, part.stop)
     with FileSystems.open(path, compression_type="uncompressed") as fh:
         try:
             header = read_avro_header(fh)
         except Exception as exc:  # a bad header: bad magic, metadata, schema
-            yield Rejected(path, None, f"unreadable Avro file: {exc}")
+            if idx == 0:  # reported once, by the first part
+                yield Rejected(path, None, f"unreadable Avro file: {exc}")
             return
         names = header.fields
         rows: list[dict[str, Any]] = []
         nums: list[int] = []
         row_no = 0
-        for blk in iter_avro_blocks(fh, header):
+        for blk in iter_avro_blocks(fh, header, start, stop):
             if blk.records is None:
                 yield Rejected(path, None, f"corrupt Avro block at bytes {blk.start}-{blk.stop} (after "
                                f"row {row_no}; skipped to the next sync marker): {blk.error}",
-                               block=f"bytes {blk.start}-{blk.stop}")
+                               block=f"bytes {blk.start}-{blk.stop}", part=idx, after=row_no)
                 continue
             for rec in blk.records:
                 row_no += 1
@@ -865,11 +906,13 @@ def _iter_avro(path: str, block_rows: int) -> Iterator[RawBlock | Rejected]:
                 nums.append(row_no)
                 if len(rows) >= block_rows:
                     yield RawBlock(path, {k: pd.Series([r.get(k) for r in rows], dtype=object)
-                                          for k in names}, np.asarray(nums, np.int64))
+                                          for k in names}, np.asarray(nums, np.int64), part=idx)
                     rows, nums = [], []
         if rows:
             yield RawBlock(path, {k: pd.Series([r.get(k) for r in rows], dtype=object) for k in names},
-                           np.asarray(nums, np.int64))
+                           np.asarray(nums, np.int64), part=idx)
+        if state is not None:
+            state.records = row_no
 
 
 # -- Parquet: row groups; a corrupt row group is one dead letter ------------------------------------
@@ -891,16 +934,42 @@ def iter_parquet_row_groups(pf: Any, groups: Iterable[int] | None = None) -> Ite
         yield g, int(starts[g]), table
 
 
-def _iter_parquet(path: str, block_rows: int) -> Iterator[RawBlock | Rejected]:
+def parquet_group_offsets(meta: Any) -> list[int]:
+    """Byte offset of each row group's first page (its dictionary page if any) from a Parquet
+    footer (``pyarrow.parquet.FileMetaData``); negative offsets read as 0."""
+    out = []
+    for g in range(meta.num_row_groups):
+        rg = meta.row_group(g)
+        firsts = []
+        for c in range(rg.num_columns):
+            col = rg.column(c)
+            dict_at = col.dictionary_page_offset if col.has_dictionary_page else None
+            firsts.append(dict_at if dict_at else col.data_page_offset)
+        out.append(max(0, min(firsts, default=0)))
+    return out
+
+
+def _part_groups(meta: Any, part: FilePart | None) -> list[int] | None:
+    """Row groups whose first page begins in ``part``'s byte range (``None``: the whole file)."""
+    if part is None:
+        return None
+    return [g for g, at in enumerate(parquet_group_offsets(meta))
+            if (part.index == 0 or at >= part.start) and (part.stop is None or at < part.stop)]
+
+
+def _iter_parquet(path: str, block_rows: int, part: FilePart | None = None) -> Iterator[RawBlock | Rejected]:
+    """Rows of a Parquet file row group by row group through a seekable stream (memory: one row
+    group), or of the row groups ``part`` owns; row numbers are file-wide (from the footer)."""
     import pyarrow.parquet as pq
 
     with FileSystems.open(path, compression_type="uncompressed") as fh:
         try:
-            pf = pq.ParquetFile(pa.BufferReader(fh.read()), page_checksum_verification=True)
+            pf = pq.ParquetFile(fh, page_checksum_verification=True)
         except (pa.ArrowInvalid, OSError) as exc:
-            yield Rejected(path, None, f"unreadable Parquet file: {exc}")
+            if part is None or part.index == 0:  # reported once, by the first part
+                yield Rejected(path, None, f"unreadable Parquet file: {exc}")
             return
-        for g, first, table in iter_parquet_row_groups(pf):
+        for g, first, table in iter_parquet_row_groups(pf, _part_groups(pf.metadata, part)):
             n = pf.metadata.row_group(g).num_rows
             if isinstance(table, Exception):
                 where = f"row group {g}, rows {first + 1}-{first + n}"
@@ -957,22 +1026,26 @@ def iter_raw_blocks(path: str, *, block_rows: int = DEFAULT_BLOCK_ROWS, part: Fi
             yield from _iter_csv(path, block_rows, part, counts, max_lines)
         elif fmt == "jsonl":
             yield from _iter_jsonl(path, block_rows, part, counts)
+        elif fmt == "avro":
+            yield from _iter_avro(path, block_rows, part, counts)
         else:
-            yield from (_iter_avro if fmt == "avro" else _iter_parquet)(path, block_rows)
+            yield from _iter_parquet(path, block_rows, part)
     except (OSError, UnicodeError, EOFError) as exc:
         yield Rejected(path, None, f"cannot read {fmt} file: {exc}", part=0 if part is None else part.index)
 
 
 def _splittable(path: str, max_record_lines: int = 1) -> bool:
     fmt = detect_format(path)
-    return (fmt == "jsonl" or (fmt == "csv" and max_record_lines == 1)) and not path.lower().endswith(".gz")
+    return ((fmt in ("jsonl", "avro", "parquet") or (fmt == "csv" and max_record_lines == 1))
+            and not path.lower().endswith(".gz"))
 
 
 def plan_parts(paths_sizes: Sequence[tuple[str, int | None]], split_bytes: int, *,
                max_record_lines: int = 1) -> list[FilePart]:
-    """File parts for parallel reading: uncompressed CSV/JSONL files larger than ``split_bytes``
-    are cut into ``ceil(size / split_bytes)`` equal byte ranges (records are then aligned to line
-    starts by the readers); other files (and ``split_bytes=0``) are one part each, and so is a
+    """File parts for parallel reading: uncompressed CSV/JSONL/Avro/Parquet files larger than
+    ``split_bytes`` are cut into ``ceil(size / split_bytes)`` equal byte ranges (the readers then
+    align records to line starts, Avro blocks to sync markers, Parquet row groups to their first
+    page); other files (and ``split_bytes=0``) are one part each, and so is a
     CSV file when records may span lines (``max_record_lines > 1``). Sizes are file metadata,
     known before any record is read; the plan is the same on every runner."""
     parts = []
@@ -1030,17 +1103,22 @@ def _is_main(item: Any) -> bool:
 
 
 def _apply_with_dead_letters(pcoll: beam.PCollection, fn_cls: type, args: tuple, *, main: str,
-                             single_output: bool, label: str, parts: bool = False) -> tuple[Any, ...]:
+                             single_output: bool, label: str, parts: bool = False,
+                             main_type: type | None = None) -> tuple[Any, ...]:
     """``(main, rejected)`` outputs of a DoFn whose dead letters are :class:`Rejected` rows
     (``(main, rejected, parts)`` with ``parts``: its :class:`PartCount` output too).
 
     By default a tagged multi-output ParDo. With ``single_output`` the DoFn emits every kind on
     one output and ``Filter`` steps split them by type: Beam's DaskRunner (2.77) sends every
-    output of a multi-output ParDo to every consumer (see docs/runners.md).
+    output of a multi-output ParDo to every consumer (see docs/runners.md). ``main_type``: the
+    main output's element type (its registered coder, e.g. transforms/coders.py's).
     """
     tags = ("rejected", "parts") if parts else ("rejected",)
     if not single_output:
-        out = pcoll | label >> beam.ParDo(fn_cls(*args)).with_outputs(*tags, main=main)
+        fn = beam.ParDo(fn_cls(*args))
+        if main_type is not None:
+            fn = fn.with_output_types(main_type)
+        out = pcoll | label >> fn.with_outputs(*tags, main=main)
         return (out[main], *(out[t] for t in tags))
     mixed = pcoll | label >> beam.ParDo(fn_cls(*args, tagged=False))
     # RawBlock/EncodedBatch | Rejected | PartCount
@@ -1092,10 +1170,23 @@ def number_rejected(keyed: tuple[str, Iterable[Rejected | PartCount]]) -> list[R
     out = []
     for r in rejected:
         if r.part:
-            r = Rejected(r.source, None if r.row is None else r.row + row_off[r.part], r.reason, r.raw,
-                         None if r.line is None else r.line + line_off[r.part])
+            r = shift_rejected(r, row_off[r.part], line_off[r.part])
         out.append(r)
     return out
+
+
+_AFTER_ROW = re.compile(r"\(after row (\d+);")
+
+
+def shift_rejected(r: Rejected, row_off: int, line_off: int) -> Rejected:
+    """``r`` numbered file-wide (part 0): row, line and a corrupt Avro block's ``after row N``
+    moved by the rows and lines of the parts before its own (its ``block`` kept)."""
+    reason = r.reason
+    if r.block is not None and row_off:
+        reason = _AFTER_ROW.sub(lambda m: f"(after row {int(m.group(1)) + row_off};", reason, count=1)
+    return Rejected(r.source, None if r.row is None else r.row + row_off, reason, r.raw,
+                    None if r.line is None else r.line + line_off, block=r.block,
+                    after=None if r.after is None else r.after + row_off)
 
 
 def _first_part(r: Rejected) -> bool:
@@ -1196,7 +1287,7 @@ class ReadRawBlocks(beam.PTransform):
             # str path
             blocks, rejected = _apply_with_dead_letters(
                 paths, _ReadFileFn, (self._block_rows, self._max_lines), main="blocks",
-                single_output=self._single_output, label="ReadFiles")
+                single_output=self._single_output, label="ReadFiles", main_type=RawBlock)
             # blocks: RawBlock, rejected: Rejected
             blocks = blocks | "Redistribute" >> beam.Reshuffle()
             return {"blocks": blocks, "rejected": rejected}
@@ -1204,7 +1295,7 @@ class ReadRawBlocks(beam.PTransform):
         # FilePart, spread over the workers by Create's reshuffle
         blocks, rejected, counts = _apply_with_dead_letters(
             parts, _ReadFileFn, (self._block_rows, self._max_lines), main="blocks",
-            single_output=self._single_output, label="ReadParts", parts=True)
+            single_output=self._single_output, label="ReadParts", parts=True, main_type=RawBlock)
         # blocks: RawBlock, rejected: Rejected, counts: PartCount (row/line numbers part-local)
         return {"blocks": blocks, "rejected": rejected, "parts": counts}
 
@@ -1333,7 +1424,7 @@ class EncodeBlocks(beam.PTransform):
     def expand(self, blocks):
         batches, rejected = _apply_with_dead_letters(
             blocks, _EncodeFn, (self._schema,), main="batches",
-            single_output=self._single_output, label="Encode")
+            single_output=self._single_output, label="Encode", main_type=EncodedBatch)
         return {"batches": batches, "rejected": rejected}
 
 
@@ -1485,10 +1576,13 @@ class WriteTables(beam.PTransform):
 
 def _rejected_sort_key(r: Rejected) -> bytes:
     """Bytes ordering dead letters by (source file, file part, row, line): the source as ASCII
-    JSON (no JSON string is a prefix of another), numbers zero-padded, ``-`` for unknown."""
+    JSON (no JSON string is a prefix of another), numbers zero-padded, ``-`` for unknown. A
+    corrupt Avro block (no row) sorts by the rows read before it, so a file read in parts
+    orders its dead letters as a sequential read does."""
     def num(v: int | None) -> bytes:
         return b"-" if v is None else b"%020d" % v
-    return b" ".join((json.dumps(r.source).encode("ascii"), b"%010d" % r.part, num(r.row), num(r.line)))
+    row = r.row if r.row is not None or r.after is None else r.after
+    return b" ".join((json.dumps(r.source).encode("ascii"), b"%010d" % r.part, num(row), num(r.line)))
 
 
 def _keyed_json(r: Rejected) -> tuple[bytes, str]:
@@ -1520,8 +1614,8 @@ def _renumber_lines(counts: list[PartCount]) -> Any:
         if where not in offsets:
             raise ValueError(f"part counts of {where[0]!r} are incomplete: no offset for part {where[1]}")
         row_off, line_off = offsets[where]
-        fixed = Rejected(r["source"], None if r["row"] is None else r["row"] + row_off, r["reason"],
-                         r["raw"], None if r["line"] is None else r["line"] + line_off)
+        fixed = shift_rejected(Rejected(r["source"], r["row"], r["reason"], r["raw"], r["line"],
+                                        block=r.get("block")), row_off, line_off)
         return (fixed.to_json() + "\n").encode("utf-8")
     return rewrite
 

@@ -1,0 +1,153 @@
+"""Scale: ``synthesize --method privbayes`` on N Adult rows, 2-process DirectRunner vs Dask (2 workers).
+
+Input: CSVs of ``--rows`` rows (several sizes, e.g. ``--rows 1000000 3000000``) resampled i.i.d.
+from the bundled Adult data in chunks of 1M rows, chunk ``c`` drawn with numpy PCG64(2000 + c)
+(so the first 1M rows of every size are the same; public-data resampling for a benchmark, not a
+privacy mechanism). Each size runs the real CLI in a fresh process:
+
+* ``--runner direct-multi`` (2 SDK worker processes), and
+* ``--runner dask``: the runner's own ``distributed.LocalCluster``, which on a 2-core machine is
+  2 worker processes × 1 thread (the script prints the processes it saw),
+
+both with ``--seed 7``. Printed per run: wall seconds, peak RSS of every process of the run
+(the CLI process, its SDK workers or Dask workers; sampled every 0.5 s with psutil), the load average, and the SHA-256 of the output; then per runner the time ratio of
+each size to the smallest (goal at 10M vs 1M: ≤ 12×), and whether both runners wrote the same
+bytes.
+
+    nice -n 10 python benchmarks/scale_10m.py --rows 1000000 3000000
+    nice -n 10 python benchmarks/scale_10m.py --rows 1000000 10000000 --runners direct-multi
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+ADULT = ROOT / "examples" / "data" / "adult" / "adult.csv"
+SHARED_ADULT = ROOT.parent / "shared" / "data" / "adult" / "adult.csv"
+CHUNK = 1_000_000
+
+
+def make_input(path: str, rows: int) -> str:
+    """A CSV of ``rows`` Adult rows, written chunk by chunk (PCG64(2000 + chunk))."""
+    df = pd.read_csv(ADULT if ADULT.exists() else SHARED_ADULT, dtype=str, keep_default_na=False)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8", newline="") as fh:
+        for c, start in enumerate(range(0, rows, CHUNK)):
+            n = min(CHUNK, rows - start)
+            idx = np.random.Generator(np.random.PCG64(2000 + c)).integers(0, len(df), n)
+            df.iloc[idx].to_csv(fh, index=False, header=(c == 0))
+    os.replace(tmp, path)
+    return path
+
+
+class RssMonitor:
+    """Peak RSS (MiB) of every descendant of this process, sampled every ``every`` seconds."""
+
+    def __init__(self, every: float = 0.5) -> None:
+        self.peak: dict[int, tuple[str, float]] = {}
+        self._every, self._stop = every, threading.Event()
+        self._me = psutil.Process()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for p in self._me.children(recursive=True):
+                try:
+                    rss = p.memory_info().rss / 2**20
+                    name = " ".join(p.cmdline()[1:4])[:60]
+                except psutil.Error:
+                    continue
+                if rss > self.peak.get(p.pid, ("", 0.0))[1]:
+                    self.peak[p.pid] = (name, rss)
+            self._stop.wait(self._every)
+
+    def stop(self) -> dict[int, tuple[str, float]]:
+        self._stop.set()
+        self._thread.join()
+        return self.peak
+
+
+def run(inp: str, out: str, runner: list[str]) -> tuple[float, dict[int, tuple[str, float]]]:
+    """Wall seconds and per-process peak RSS of one ``synthesize --method privbayes`` run."""
+    cmd = [sys.executable, "-m", "beamsynth.pipelines.cli", "synthesize", inp, "--schema", "adult",
+           "--epsilon", "1", "--method", "privbayes", "--seed", "7", "--output", out, "--quiet",
+           *runner]
+    mon = RssMonitor()
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wall = time.perf_counter() - t
+    peak = mon.stop()
+    if proc.returncode != 0:
+        raise RuntimeError(f"synthesize failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return wall, peak
+
+
+def sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, nargs="+", default=[1_000_000, 3_000_000])
+    ap.add_argument("--runners", nargs="+", default=["direct-multi", "dask"],
+                    choices=["direct-multi", "dask"])
+    ap.add_argument("--keep", help="folder for inputs/outputs (default: a temp folder, removed)")
+    args = ap.parse_args()
+    folder = args.keep or tempfile.mkdtemp(prefix="scale_10m_")
+    os.makedirs(folder, exist_ok=True)
+    results: dict[tuple[str, int], tuple[float, str]] = {}
+    try:
+        for rows in args.rows:
+            inp = os.path.join(folder, f"adult_{rows}.csv")
+            if not os.path.exists(inp):
+                make_input(inp, rows)
+            print(f"== {rows:,} rows ({os.path.getsize(inp) / 2**20:.0f} MiB)", flush=True)
+            for name in args.runners:
+                extra = ["--runner", name]
+                out = os.path.join(folder, f"out_{name}_{rows}.csv")
+                load = os.getloadavg()[0]
+                wall, peak = run(inp, out, extra)
+                digest = sha256(out)
+                results[(name, rows)] = (wall, digest)
+                print(f"{name:13s} {wall:8.1f} s  load {load:.1f}->{os.getloadavg()[0]:.1f}  "
+                      f"sha256 {digest[:16]}", flush=True)
+                for pid, (what, rss) in sorted(peak.items(), key=lambda kv: -kv[1][1]):
+                    if rss >= 50:
+                        print(f"    pid {pid:7d} peak RSS {rss:8.0f} MiB  {what}")
+    finally:
+        if not args.keep:
+            shutil.rmtree(folder, ignore_errors=True)
+    base = min(args.rows)
+    for name in args.runners:
+        for rows in args.rows:
+            if rows != base and (name, rows) in results:
+                r = results[(name, rows)][0] / results[(name, base)][0]
+                print(f"{name}: time at {rows:,} / time at {base:,} = {r:.2f}x "
+                      f"(rows ratio {rows / base:.0f}x)")
+    if len(args.runners) == 2:
+        for rows in args.rows:
+            same = results[("direct-multi", rows)][1] == results[("dask", rows)][1]
+            print(f"{rows:,} rows: direct-multi and dask outputs byte-identical: {same}")
+
+
+if __name__ == "__main__":
+    main()
