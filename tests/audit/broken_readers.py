@@ -84,7 +84,7 @@ def jsonl_union_of_keys(path: str, block_rows: int, part: Any = None,
                        np.asarray(nums, np.int64))
 
 
-def avro_stops_at_corrupt_block(path: str, block_rows: int) -> Iterator[RawBlock | Rejected]:
+def avro_stops_at_corrupt_block(path: str, block_rows: int, *_: Any) -> Iterator[RawBlock | Rejected]:
     """Old Avro rule: ``fastavro.reader`` to the first corrupt block, which ends the file."""
     import fastavro
 
@@ -102,7 +102,7 @@ def avro_stops_at_corrupt_block(path: str, block_rows: int) -> Iterator[RawBlock
                        np.arange(1, len(rows) + 1, dtype=np.int64))
 
 
-def parquet_stops_at_corrupt_page(path: str, block_rows: int) -> Iterator[RawBlock | Rejected]:
+def parquet_stops_at_corrupt_page(path: str, block_rows: int, *_: Any) -> Iterator[RawBlock | Rejected]:
     """Old Parquet rule: batches over the whole file; a corrupt page ends the read."""
     import pyarrow as pa
     import pyarrow.parquet as pq
