@@ -256,7 +256,9 @@ class _BagVisitor(PipelineVisitor):
         for si in node.side_inputs:
             sides.append(_SideSpec(type(si), si._view_options(), si._window_mapping_fn))
             side_bag = self.bags[si.pvalue]
-            side_values.append(dask.delayed(_concat)(*side_bag.to_delayed()))
+            # unoptimized: an optimized copy of the side input's graph would reuse the main
+            # graph's task names with other contents (dask: "different run_spec for key")
+            side_values.append(dask.delayed(_concat)(*side_bag.to_delayed(optimize_graph=False)))
         spec = _ParDoSpec(transform.fn, transform.label, list(args), kwargs, window_fn, sides)
         raw = self.bags[inputs[0]].map_partitions(_run_bundle, spec, *side_values)
         # (tag, WindowedValue) per output element, (_METRICS, MetricUpdates) per bundle

@@ -24,7 +24,7 @@ import pytest
 from beamsynth.pipelines.cli import main
 
 ADULT = Path(__file__).resolve().parents[2] / "examples" / "data" / "adult" / "adult.csv"
-_VOLATILE = {"seconds", "created", "inputs"}  # wall time, timestamps, and run folders
+_VOLATILE = {"seconds", "created", "inputs", "release_id"}  # wall time, timestamps, run ids
 
 pytestmark = pytest.mark.slow
 
@@ -68,10 +68,9 @@ def _runner(name: str, dask_address: str) -> list[str]:
     return ["--runner", "direct"]
 
 
-def _canonical_manifest(path: Path) -> dict:
-    """A manifest without wall times, timestamps and the run's folder names."""
+def _canonical_manifest(path: Path, folder: str) -> dict:
+    """A manifest without wall times, timestamps, release ids and the run's folder ``folder``."""
     m = json.loads(path.read_text())
-    folder = str(path.parent)
 
     def clean(v):
         if isinstance(v, dict):
@@ -90,7 +89,7 @@ def _files(folder: Path) -> dict[str, bytes]:
             continue
         rel = str(p.relative_to(folder))
         if p.name.endswith("manifest.json") or p.name == "release.json":
-            out[rel] = json.dumps(_canonical_manifest(p), sort_keys=True).encode()
+            out[rel] = json.dumps(_canonical_manifest(p, str(folder)), sort_keys=True).encode()
         else:
             out[rel] = p.read_bytes()
     return out
