@@ -63,8 +63,11 @@ def test_schema_guide_commands(tmp_path, monkeypatch):
         used, rejected = used + len(batch), rejected + bad
     assert rejected == [] and used > 1000
     frame = pd.read_csv(synthetic, dtype=str, keep_default_na=False)
-    assert (frame["PINCP"] == "N").any() and not frame["PINCP"].str.contains(r"\.").any()
-    assert (frame["MSP"] == "N").any() and "" not in set(frame["MSP"])
+    assert not frame["PINCP"].str.contains(r"\.").any()  # integers, never 15400.0
+    nullable = [c.name for c in schema.columns if c.nullable]
+    assert len(nullable) == 11 and all("" not in set(frame[c]) for c in nullable)
+    # nulls are written as the declared token N (sampled: some of the 11 columns hold nulls)
+    assert sum(int((frame[c] == "N").sum()) for c in nullable) > 0
 
 
 @pytest.mark.slow
