@@ -63,7 +63,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-contributions", type=int, default=1,
                    help="records kept per privacy unit (needs --privacy-id; default 1)")
     p.add_argument("--split-bytes", type=int, default=DEFAULT_SPLIT_BYTES, metavar="N",
-                   help="read uncompressed CSV/JSONL files larger than N bytes in parallel parts "
+                   help="read uncompressed CSV/JSONL/Avro/Parquet files larger than N bytes in parallel parts "
                         f"(default {DEFAULT_SPLIT_BYTES >> 20} MiB; 0: one reader per file)")
     p.add_argument("--max-record-lines", type=int, default=1, metavar="L",
                    help="physical lines one CSV record may span (a quoted field with line breaks; "
