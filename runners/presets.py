@@ -337,7 +337,13 @@ def options_for(beam_args: Sequence[str]) -> PipelineOptions:
     Raises:
       PresetError: a preset's required option is missing or a value is out of range.
     """
-    return PipelineOptions(expand_args(beam_args))
+    argv = expand_args(beam_args)
+    if any(a.startswith("--dask_") for a in argv):
+        try:  # registers Beam's DaskOptions, so --dask_* options parse without a warning
+            import apache_beam.runners.dask.dask_runner  # noqa: F401
+        except ImportError:  # dask not installed: the runner says so when it starts
+            pass
+    return PipelineOptions(argv)
 
 
 def is_dask(options: PipelineOptions | None) -> bool:

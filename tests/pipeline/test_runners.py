@@ -119,12 +119,10 @@ CASES: list[PipelineCase] = [
                  slow=True),
     PipelineCase("synthesize-sbhg", partial(run_synthesize, method="sbhg", delta=1e-6), check_synthesize,
                  slow=True),
-    # plausible: public rows; Theorem 1 over C ≈ 4300 candidates needs ε ≈ 10^4. On the beamsynth
-    # DaskRunner it runs and passes check_synthesize, but its seeded rows differ from the
-    # in-process run (measured; cause not traced: see docs/runners.md)
+    # plausible: public rows; Theorem 1 over C ≈ 4300 candidates needs ε ≈ 10^4
     PipelineCase("synthesize-plausible",
                  partial(run_synthesize, method="plausible", epsilon=12_000.0, delta=1e-6, rows=4000),
-                 check_synthesize, slow=True, known_differences=("dask",)),
+                 check_synthesize, slow=True),
 ]
 
 
