@@ -145,14 +145,15 @@ def test_text_formats_write_declared_null_tokens_and_integers(written):
 
 @pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("matplotlib", "sklearn")),
                     reason="reports need matplotlib and scikit-learn (pip install '.[report]')")
-def test_report_with_the_same_schema_uses_every_synthetic_row(written, tmp_path, capsys):
-    schema, _, _, paths = written
+@pytest.mark.parametrize("fmt", ["csv", pytest.param("parquet", marks=pytest.mark.slow)])
+def test_report_with_the_same_schema_uses_every_synthetic_row(written, tmp_path, fmt):
+    """The issue's symptom: report dropped 6,055 of 6,112 synthetic rows (nulls written as "")."""
+    _, _, _, paths = written
     spec = tmp_path / "schema.json"
     spec.write_text(json.dumps(SPEC), encoding="utf-8")
-    for fmt in ("csv", "parquet"):  # text and typed (each report costs ~10 s of plots under load)
-        out = tmp_path / f"report_{fmt.replace('.', '_')}.html"
-        assert main(["report", "--real", paths["csv"], "--synthetic", paths[fmt],
-                     "--schema", str(spec), "--output", str(out)]) == 0
-        text = out.read_text(encoding="utf-8")
-        assert f"Real rows compared: {ROWS} (0 outside" in text, fmt
-        assert f"synthetic rows: {ROWS} (0 dropped)" in text, fmt
+    out = tmp_path / "report.html"
+    assert main(["report", "--real", paths["csv"], "--synthetic", paths[fmt],
+                 "--schema", str(spec), "--output", str(out)]) == 0
+    text = out.read_text(encoding="utf-8")
+    assert f"Real rows compared: {ROWS} (0 outside" in text
+    assert f"synthetic rows: {ROWS} (0 dropped)" in text
