@@ -150,7 +150,8 @@ def test_cli_refine_flag_controls_the_refinement_spends(tmp_path):
     for name, extra in (("off", ["--pb-refine-pairs", "0"]), ("default", [])):
         out = tmp_path / f"{name}.csv"
         assert main(["synthesize", str(src), "--schema", "adult", "--method", "privbayes",
-                     "--epsilon", "1", "--seed", "4", "--output", str(out), "--quiet", *extra]) == 0
+                     "--epsilon", "1", "--seed", "4", "--output", str(out), "--quiet",
+                     "--pb-sizing", "off", *extra]) == 0  # auto adds privbayes.size_count
         budget = json.loads(Path(f"{out}.manifest.json").read_text())["release"]["budget"]
         assert budget["spent"]["epsilon"] == pytest.approx(1.0)
         spends[name] = {s["step"]: s["epsilon"] for s in budget["spends"]}
