@@ -77,7 +77,9 @@ def run_beamsynth(schema, train_csv: str, rows: int, epsilon: float, seed: int, 
     from beamsynth.pipelines.synthesize import SynthesisConfig, run_synthesis
 
     out = os.path.join(out_dir, f"pb_eps{epsilon}_seed{seed}_{sampling}.csv")
-    opts = {} if degree is None else {"degree": degree}
+    opts: dict = {"input_rows": rows}  # public input size (peers are given n too): model sizing
+    if degree is not None:
+        opts["degree"] = degree
     if sampling is not None:
         opts["sampling"] = sampling
     cfg = SynthesisConfig(input=train_csv, schema=schema, output=out, epsilon=epsilon,
