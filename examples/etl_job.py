@@ -55,6 +55,7 @@ from typing import Any
 import apache_beam as beam
 
 import beamsynth as bs
+from beamsynth.runners.options import UnknownOptionError, check_pipeline_args
 from beamsynth.runners.presets import options_for
 
 SOURCE = "events"
@@ -251,7 +252,13 @@ def build(p: beam.Pipeline, args: argparse.Namespace, chosen: dict[str, Any]) ->
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the job; returns 0. Raises ``bs.BudgetExceededError`` before reading on overspending."""
-    args, beam_args = build_parser().parse_known_args(argv)
+    parser = build_parser()
+    args, beam_args = parser.parse_known_args(argv)
+    try:  # a mistyped flag (--rowz 10) is refused, never silently handed to Beam
+        check_pipeline_args(beam_args, own_flags=[o for a in parser._actions
+                                                  for o in a.option_strings if o.startswith("--")])
+    except UnknownOptionError as exc:
+        parser.error(str(exc))   # exit 2
     chosen = plan(args)
     total = sum(chosen["fractions"].values())
     print(f"schema {chosen['schema'].name}: ε = {args.epsilon} split "

@@ -110,6 +110,13 @@ def test_overspending_split_fails_before_reading(events, tmp_path, monkeypatch):
     assert not out.exists()
 
 
+def test_mistyped_flag_is_refused(events, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        etl_job.main(_args(events, tmp_path / "out", "--rowz", "10"))
+    assert exc.value.code == 2
+    assert "--rowz" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
 def test_schema_driven_choices():
     schema = bs.load_schema("adult")
     assert etl_job.histogram_column(schema) == max(
