@@ -120,9 +120,11 @@ def file_part(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
 
 
-def parse_line(line: str, *, keep: frozenset[str]) -> Iterable[Any]:
-    """One JSON line → the event restricted to ``keep`` fields (main output), or a dead letter
-    (tagged ``bad``) for invalid JSON, a non-object, or an event with no declared value."""
+def parse_line(line: str, *, columns: frozenset[str], privacy_id: str | None = None
+               ) -> Iterable[Any]:
+    """One JSON line → the event restricted to the declared ``columns`` and ``privacy_id``
+    (main output), or a dead letter (tagged ``bad``) for invalid JSON, a non-object, or an event
+    with no value in any declared column."""
     try:
         event = json.loads(line)
     except ValueError as err:
@@ -132,8 +134,9 @@ def parse_line(line: str, *, keep: frozenset[str]) -> Iterable[Any]:
         yield beam.pvalue.TaggedOutput(
             BAD, dead_letter(line, f"not a JSON object ({type(event).__name__})"))
         return
-    cleaned = {k: v for k, v in event.items() if k in keep}   # drop undeclared fields
-    if all(v is None or v == "" for k, v in cleaned.items()):
+    cleaned = {k: v for k, v in event.items() if k in columns or k == privacy_id}
+    # undeclared fields dropped
+    if all(cleaned.get(c) is None or cleaned.get(c) == "" for c in columns):
         yield beam.pvalue.TaggedOutput(BAD, dead_letter(line, "no declared values"))
         return
     yield cleaned
@@ -204,11 +207,11 @@ def build(p: beam.Pipeline, args: argparse.Namespace, chosen: dict[str, Any]) ->
             if args.privacy_id else None)
     job = bs.PrivacyJob(epsilon=args.epsilon, privacy_unit=unit, seed=args.seed,
                         name=f"etl_job {schema.name}")
-    keep = frozenset(schema.names) | ({args.privacy_id} if args.privacy_id else frozenset())
 
     lines = p | "ReadEvents" >> beam.io.ReadFromText(args.input)
     # str: one JSON line
-    parsed = lines | "ParseAndClean" >> beam.FlatMap(parse_line, keep=keep).with_outputs(
+    parsed = lines | "ParseAndClean" >> beam.FlatMap(
+        parse_line, columns=frozenset(schema.names), privacy_id=args.privacy_id).with_outputs(
         BAD, main="events")
     # events: dict of declared fields; bad: dead-letter dict
     # A parse/filter rejection is a record read and rejected before job.private sees it: add it

@@ -133,3 +133,45 @@ def test_etl_job_two_process_runner(events, tmp_path):
     out = tmp_path / "out"
     assert etl_job.main(_args(events, out, "--runner", "direct-multi")) == 0
     _check_outputs(out)
+
+
+EXPECTED_FILES = {"synthetic.parquet", "histogram_native-country.parquet", "count.parquet",
+                  "rejected.jsonl", "manifest.json",
+                  *(f"marginal_{a}__{b}.parquet" for a, b in PAIRS)}
+
+
+@pytest.mark.slow
+def test_same_files_when_every_event_is_bad(tmp_path):
+    """Data-independent shape: no usable event still writes every release file (and the count)."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('not json\n{"ingest_id": 1}\n', encoding="utf-8")
+    out = tmp_path / "out"
+    assert etl_job.main(_args(bad, out)) == 0
+    assert {f.name for f in out.iterdir()} == EXPECTED_FILES
+    assert pq.read_table(out / "synthetic.parquet").num_rows == 100
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["operational"]["sources"]["events"] == {
+        "read": 2, "rejected": 2, "dropped_by_bound": 0, "used": 0}
+
+
+@pytest.mark.slow
+def test_privacy_id_bounds_contributions(events, tmp_path):
+    """--privacy-id user --max-contributions 2 on 100 users × ~2.4 events: at most 200 used."""
+    with_ids = tmp_path / "ids.jsonl"
+    lines = events.read_text(encoding="utf-8").splitlines()
+    with with_ids.open("w", encoding="utf-8") as out:
+        for i, line in enumerate(lines):
+            try:
+                event = json.loads(line)
+            except ValueError:
+                out.write(line + "\n")
+                continue
+            out.write(json.dumps(dict(event, user=f"u{i % 100}")) + "\n")
+    out = tmp_path / "out"
+    assert etl_job.main(_args(with_ids, out, "--privacy-id", "user",
+                              "--max-contributions", "2")) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    ops = manifest["operational"]["sources"]["events"]
+    assert ops["read"] == 243 and ops["rejected"] == 4
+    assert ops["used"] == 200 and ops["dropped_by_bound"] == 39
+    assert manifest["release"]["privacy_unit"]["max_contributions"] == 2
