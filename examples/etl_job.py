@@ -14,9 +14,10 @@ schema; nothing about the columns is hard-coded here. The steps, all in ONE Beam
    declared fractions (printed); every mechanism spends its share when it is applied, while the
    pipeline is built. A split that overspends raises ``bs.BudgetExceededError`` before any data
    is read, and nothing is written.
-2. **Read.** ``beam.io.ReadFromText`` reads the JSON-lines events (one event per line).
-3. **Parse.** ``json.loads`` per line; a line that is not a JSON object goes to the dead letters
-   (reason ``invalid JSON ...``), it never crashes the run.
+2. **Read.** ``beam.io.ReadFromText`` reads the JSON-lines events (one event per line) as bytes.
+3. **Parse.** UTF-8 decoding and ``json.loads`` per line; a line that is not UTF-8 or not a JSON
+   object goes to the dead letters (reason ``not UTF-8 ...``, ``invalid JSON ...``), it never
+   crashes the run.
 4. **Clean** with ordinary Beam steps: keep only the fields the schema declares (and the privacy
    id), then route events with no declared value at all to the dead letters (reason ``no declared
    values``) — a filter that loses no row silently. Each record is judged alone, so adding or
@@ -120,11 +121,17 @@ def file_part(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
 
 
-def parse_line(line: str, *, columns: frozenset[str], privacy_id: str | None = None
+def parse_line(raw: bytes, *, columns: frozenset[str], privacy_id: str | None = None
                ) -> Iterable[Any]:
-    """One JSON line → the event restricted to the declared ``columns`` and ``privacy_id``
-    (main output), or a dead letter (tagged ``bad``) for invalid JSON, a non-object, or an event
-    with no value in any declared column."""
+    """One JSON line (bytes) → the event restricted to the declared ``columns`` and
+    ``privacy_id`` (main output), or a dead letter (tagged ``bad``) for bytes that are not UTF-8,
+    invalid JSON, a non-object, or an event with no value in any declared column."""
+    try:
+        line = raw.decode("utf-8-sig")    # a UTF-8 BOM on the first line is not part of the event
+    except UnicodeDecodeError as err:
+        yield beam.pvalue.TaggedOutput(
+            BAD, dead_letter(raw.decode("utf-8", "backslashreplace"), f"not UTF-8: {err}"))
+        return
     try:
         event = json.loads(line)
     except ValueError as err:
@@ -208,8 +215,8 @@ def build(p: beam.Pipeline, args: argparse.Namespace, chosen: dict[str, Any]) ->
     job = bs.PrivacyJob(epsilon=args.epsilon, privacy_unit=unit, seed=args.seed,
                         name=f"etl_job {schema.name}")
 
-    lines = p | "ReadEvents" >> beam.io.ReadFromText(args.input)
-    # str: one JSON line
+    lines = p | "ReadEvents" >> beam.io.ReadFromText(args.input, coder=beam.coders.BytesCoder())
+    # bytes: one line (decoded per line, so a bad byte is a dead letter, not a crashed run)
     parsed = lines | "ParseAndClean" >> beam.FlatMap(
         parse_line, columns=frozenset(schema.names), privacy_id=args.privacy_id).with_outputs(
         BAD, main="events")

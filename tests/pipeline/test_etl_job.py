@@ -1,8 +1,8 @@
 """examples/etl_job.py end to end: JSON events → four DP releases under one ε, Parquet + manifest.
 
 The input is a 240-row sample of the bundled Adult data as JSON lines with an undeclared extra
-field on every event, two lines that are not JSON, one JSON object with no declared field and one
-out-of-domain value: 4 dead letters, 240 + 3 records read.
+field on every event, two lines that are not JSON, one line that is not UTF-8, one JSON object
+with no declared field and one out-of-domain value: 5 dead letters, 240 + 4 records read.
 """
 
 from __future__ import annotations
@@ -51,6 +51,8 @@ def events(tmp_path_factory) -> Path:
                 out.write("not json at all\n")
             if i == 30:
                 out.write('{"ingest_id": "evt-x"}\n')     # no declared value
+    with path.open("ab") as out:
+        out.write(b'\xff\xfe{"age": "40"}\n')                 # not UTF-8
     return path
 
 
@@ -75,8 +77,9 @@ def _check_outputs(out: Path) -> dict:
 
     dead = [json.loads(line) for line in (out / "rejected.jsonl").read_text().splitlines()]
     reasons = sorted(d["reason"].split(":")[0] for d in dead)
-    assert len(dead) == 4, reasons
-    assert reasons == ["column 'sex'", "invalid JSON", "invalid JSON", "no declared values"]
+    assert len(dead) == 5, reasons
+    assert reasons == ["column 'sex'", "invalid JSON", "invalid JSON", "no declared values",
+                       "not UTF-8"]
 
     manifest = json.loads((out / "manifest.json").read_text())
     budget = manifest["release"]["budget"]
@@ -85,7 +88,7 @@ def _check_outputs(out: Path) -> dict:
     steps = {s["step"].split("/")[0] for s in budget["spends"]}
     assert steps == {"Synthesize", "Histogram", "Marginals", "Count"}
     ops = manifest["operational"]["sources"]["events"]
-    assert ops == {"read": 243, "rejected": 4, "dropped_by_bound": 0, "used": 239}
+    assert ops == {"read": 244, "rejected": 5, "dropped_by_bound": 0, "used": 239}
     assert manifest["release"]["randomness"] == "seeded: not for release"
     return manifest
 
@@ -158,20 +161,20 @@ def test_same_files_when_every_event_is_bad(tmp_path):
 def test_privacy_id_bounds_contributions(events, tmp_path):
     """--privacy-id user --max-contributions 2 on 100 users × ~2.4 events: at most 200 used."""
     with_ids = tmp_path / "ids.jsonl"
-    lines = events.read_text(encoding="utf-8").splitlines()
-    with with_ids.open("w", encoding="utf-8") as out:
+    lines = events.read_bytes().splitlines()
+    with with_ids.open("wb") as out:
         for i, line in enumerate(lines):
             try:
                 event = json.loads(line)
             except ValueError:
-                out.write(line + "\n")
+                out.write(line + b"\n")
                 continue
-            out.write(json.dumps(dict(event, user=f"u{i % 100}")) + "\n")
+            out.write(json.dumps(dict(event, user=f"u{i % 100}")).encode() + b"\n")
     out = tmp_path / "out"
     assert etl_job.main(_args(with_ids, out, "--privacy-id", "user",
                               "--max-contributions", "2")) == 0
     manifest = json.loads((out / "manifest.json").read_text())
     ops = manifest["operational"]["sources"]["events"]
-    assert ops["read"] == 243 and ops["rejected"] == 4
+    assert ops["read"] == 244 and ops["rejected"] == 5
     assert ops["used"] == 200 and ops["dropped_by_bound"] == 39
     assert manifest["release"]["privacy_unit"]["max_contributions"] == 2
