@@ -612,7 +612,9 @@ def _iter_csv(path: str, block_rows: int, part: FilePart | None = None,
         lines: list[int] = []
         row_no = 0
         try:
-            for item in _iter_csv_records(src, line_no, max_lines):
+            items = (_iter_csv_single(src, line_no) if max_lines == 1
+                     else _iter_csv_records(src, line_no, max_lines))
+            for item in items:
                 if isinstance(item, int):  # a blank line: not a record
                     continue
                 row_no += 1
