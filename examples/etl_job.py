@@ -39,8 +39,10 @@ schema; nothing about the columns is hard-coded here. The steps, all in ONE Beam
 
 Output files (names fixed in advance): ``synthetic.parquet``, ``histogram_<COL>.parquet``,
 ``marginal_<a>__<b>.parquet`` per pair, ``count.parquet``, ``rejected.jsonl``,
-``manifest.json``. Beam's ``ReadFromText`` gives elements no line number, so dead letters of
-parse/filter rejections carry the raw line and ``position: null``.
+``manifest.json``. Beam's ``ReadFromText`` gives elements no line number, so by default dead
+letters carry the raw line and ``position: null``; ``--line-numbers`` reads each file whole
+(``fileio.MatchFiles`` + ``ReadMatches``, not split across workers) and numbers every dead letter
+by its line (per file).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import apache_beam as beam
+from apache_beam.io import fileio
 
 import beamsynth as bs
 from beamsynth.runners.options import UnknownOptionError, check_pipeline_args
@@ -64,6 +67,7 @@ DEFAULT_FRACTIONS = {"synthetic": 0.6, "histogram": 0.15, "marginals": 0.2, "cou
 MAX_PAIR_CELLS = 400          # default marginals: pairs whose declared table has ≤ this many cells
 MAX_PAIRS = 3
 BAD = "bad"
+POSITION_FIELD = "_etl_line"  # line number attached with --line-numbers (read by job.private)
 DEFAULT_TOLERANCE = 0.9       # CatHist ρ when the histogram column declares no open.tolerance
 
 
@@ -121,37 +125,48 @@ def file_part(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
 
 
-def parse_line(raw: bytes, *, columns: frozenset[str], privacy_id: str | None = None
-               ) -> Iterable[Any]:
-    """One JSON line (bytes) → the event restricted to the declared ``columns`` and
-    ``privacy_id`` (main output), or a dead letter (tagged ``bad``) for bytes that are not UTF-8,
-    invalid JSON, a non-object, or an event with no value in any declared column."""
+def numbered_lines(readable_file: Any) -> Iterable[tuple[int, bytes]]:
+    """A matched file (``fileio.ReadMatches``) → ``(line number from 1, line bytes)``."""
+    with readable_file.open() as fh:
+        for number, raw in enumerate(iter(fh.readline, b""), 1):
+            yield number, raw.rstrip(b"\r\n")
+
+
+def parse_line(item: tuple[int | None, bytes], *, columns: frozenset[str],
+               privacy_id: str | None = None) -> Iterable[Any]:
+    """``(line number or None, JSON line bytes)`` → the event restricted to the declared
+    ``columns`` and ``privacy_id`` (plus ``POSITION_FIELD`` when numbered; main output), or a dead
+    letter (tagged ``bad``) for bytes that are not UTF-8, invalid JSON, a non-object, or an event
+    with no value in any declared column."""
+    position, raw = item
     try:
         line = raw.decode("utf-8-sig")    # a UTF-8 BOM on the first line is not part of the event
     except UnicodeDecodeError as err:
         yield beam.pvalue.TaggedOutput(
-            BAD, dead_letter(raw.decode("utf-8", "backslashreplace"), f"not UTF-8: {err}"))
+            BAD, dead_letter(raw.decode("utf-8", "backslashreplace"), f"not UTF-8: {err}", position))
         return
     try:
         event = json.loads(line)
     except ValueError as err:
-        yield beam.pvalue.TaggedOutput(BAD, dead_letter(line, f"invalid JSON: {err}"))
+        yield beam.pvalue.TaggedOutput(BAD, dead_letter(line, f"invalid JSON: {err}", position))
         return
     if not isinstance(event, dict):
         yield beam.pvalue.TaggedOutput(
-            BAD, dead_letter(line, f"not a JSON object ({type(event).__name__})"))
+            BAD, dead_letter(line, f"not a JSON object ({type(event).__name__})", position))
         return
     cleaned = {k: v for k, v in event.items() if k in columns or k == privacy_id}
     # undeclared fields dropped
     if all(cleaned.get(c) is None or cleaned.get(c) == "" for c in columns):
-        yield beam.pvalue.TaggedOutput(BAD, dead_letter(line, "no declared values"))
+        yield beam.pvalue.TaggedOutput(BAD, dead_letter(line, "no declared values", position))
         return
+    if position is not None:
+        cleaned[POSITION_FIELD] = position
     yield cleaned
 
 
-def dead_letter(element: str, reason: str) -> dict[str, Any]:
+def dead_letter(element: str, reason: str, position: int | None = None) -> dict[str, Any]:
     """This script's dead letters, in the same shape as ``job.private``'s."""
-    return {"source": SOURCE, "position": None, "reason": reason, "element": element}
+    return {"source": SOURCE, "position": position, "reason": reason, "element": element}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -172,6 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="2-way marginals, e.g. --marginals age,sex race,income")
     ap.add_argument("--fractions", default=None, type=parse_fractions,
                     help="split of ε, e.g. synthetic=0.6,histogram=0.15,marginals=0.2,count=0.05")
+    ap.add_argument("--line-numbers", action="store_true",
+                    help="read with fileio.MatchFiles/ReadMatches (one worker per file) so every "
+                         "dead letter carries its line number")
     ap.add_argument("--degree", type=int, default=1, help="PrivBayes network degree")
     ap.add_argument("--privacy-id", default=None, help="field naming a person")
     ap.add_argument("--max-contributions", type=int, default=1,
@@ -215,8 +233,16 @@ def build(p: beam.Pipeline, args: argparse.Namespace, chosen: dict[str, Any]) ->
     job = bs.PrivacyJob(epsilon=args.epsilon, privacy_unit=unit, seed=args.seed,
                         name=f"etl_job {schema.name}")
 
-    lines = p | "ReadEvents" >> beam.io.ReadFromText(args.input, coder=beam.coders.BytesCoder())
-    # bytes: one line (decoded per line, so a bad byte is a dead letter, not a crashed run)
+    if args.line_numbers:
+        lines = (p | "MatchEvents" >> fileio.MatchFiles(args.input)
+                 | "OpenEvents" >> fileio.ReadMatches()
+                 | "NumberLines" >> beam.FlatMap(numbered_lines))
+    else:
+        lines = (p | "ReadEvents" >> beam.io.ReadFromText(
+                    args.input, coder=beam.coders.BytesCoder())
+                 | "NoPosition" >> beam.Map(lambda raw: (None, raw)))
+    # (line number or None, bytes of one line): decoded per line, so a bad byte is a dead
+    # letter, not a crashed run
     parsed = lines | "ParseAndClean" >> beam.FlatMap(
         parse_line, columns=frozenset(schema.names), privacy_id=args.privacy_id).with_outputs(
         BAD, main="events")
@@ -226,7 +252,8 @@ def build(p: beam.Pipeline, args: argparse.Namespace, chosen: dict[str, Any]) ->
     job.count_outputs.append(parsed[BAD] | "CountParseRejected" >> beam.FlatMap(
         lambda _: [(SOURCE, "read", 1), (SOURCE, "rejected", 1)]))
     # (source, field, 1): exact, private (manifest's operational part)
-    private = parsed["events"] | "MakePrivate" >> job.private(schema, source=SOURCE)
+    private = parsed["events"] | "MakePrivate" >> job.private(
+        schema, source=SOURCE, position_field=POSITION_FIELD if args.line_numbers else None)
 
     # --- releases: each spends its share now (build time) ---
     synthetic = private | "Synthesize" >> bs.PrivBayes(

@@ -149,8 +149,11 @@ def test_same_files_when_every_event_is_bad(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('not json\n{"ingest_id": 1}\n', encoding="utf-8")
     out = tmp_path / "out"
-    assert etl_job.main(_args(bad, out)) == 0
+    assert etl_job.main(_args(bad, out, "--line-numbers")) == 0
     assert {f.name for f in out.iterdir()} == EXPECTED_FILES
+    dead = [json.loads(line) for line in (out / "rejected.jsonl").read_text().splitlines()]
+    assert sorted((d["position"], d["reason"]) for d in dead) == [
+        (1, "invalid JSON: Expecting value: line 1 column 1 (char 0)"), (2, "no declared values")]
     assert pq.read_table(out / "synthetic.parquet").num_rows == 100
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["operational"]["sources"]["events"] == {
@@ -172,8 +175,13 @@ def test_privacy_id_bounds_contributions(events, tmp_path):
             out.write(json.dumps(dict(event, user=f"u{i % 100}")).encode() + b"\n")
     out = tmp_path / "out"
     assert etl_job.main(_args(with_ids, out, "--privacy-id", "user",
-                              "--max-contributions", "2")) == 0
+                              "--max-contributions", "2", "--line-numbers")) == 0
     manifest = json.loads((out / "manifest.json").read_text())
+    dead = [json.loads(line) for line in (out / "rejected.jsonl").read_text().splitlines()]
+    positions = {d["reason"].split(":")[0]: d["position"] for d in dead}
+    assert positions == {"column 'sex'": 8, "invalid JSON": positions["invalid JSON"],
+                         "no declared values": 34, "not UTF-8": 244}
+    assert sorted(d["position"] for d in dead if d["reason"].startswith("invalid JSON")) == [12, 23]
     ops = manifest["operational"]["sources"]["events"]
     assert ops["read"] == 244 and ops["rejected"] == 5
     assert ops["used"] == 200 and ops["dropped_by_bound"] == 39
