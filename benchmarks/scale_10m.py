@@ -17,8 +17,9 @@ bytes.
 Measured 2026-11-24 at 1M rows (108 MiB; load average 16.7 during the DirectRunner run, 16.5 →
 3.6 during Dask's): direct-multi 963 s, peak RSS SDK workers 405 / 401 MiB, launcher 213 MiB;
 dask 708 s, workers 755 / 518 MiB, launcher 254 MiB; outputs byte-identical (sha256
-5d66bd87d105f948…). 3M and 10M not measured (the machine's load stayed above 4; see the
-issue note).
+5d66bd87d105f948…). 3M rows (325 MiB), load 3.1: direct-multi 414 s, SDK workers 396 / 392
+MiB, launcher 213 MiB (flat from 1M); the Dask 3M run was stopped unfinished at 03:52 and 10M
+was not run (load above 4 until 03:40), so no time ratio at equal load exists yet.
 
     nice -n 10 python benchmarks/scale_10m.py --rows 1000000 3000000
     nice -n 10 python benchmarks/scale_10m.py --rows 1000000 10000000 --runners direct-multi
