@@ -8,7 +8,7 @@ from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that, equal_to, is_not_empty
 
 from beamsynth.pipelines.io import ReadRecords
-from beamsynth.schemas.schema import load_schema
+from beamsynth.schemas.schema import EncodedBatch, load_schema
 from beamsynth.transforms.budget import PureDP
 from beamsynth.transforms.measure import DPMarginals, noisy_marginals
 from beamsynth.transforms.noise import RandomSource
@@ -68,7 +68,7 @@ def test_dp_marginals_in_pipeline_equal_beam_free_core(tmp_path):
 def test_empty_input_still_releases_noisy_tables():
     schema = load_schema(SCHEMA)
     with BeamTestPipeline(options=_opts()) as p:
-        empty = p | beam.Create([]).with_output_types(object)
+        empty = p | beam.Create([]).with_output_types(EncodedBatch)
         out = empty | DPMarginals(specs=[(0,)], shape=schema.shape, names=schema.names,
                                   budgets=[PureDP(epsilon=1.0)], seed=1)
         assert_that(out | beam.Map(lambda ms: ms[0].values.shape), equal_to([(3,)]))

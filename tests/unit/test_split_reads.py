@@ -118,13 +118,16 @@ def test_quoted_line_break_across_a_split_point_reads_what_one_reader_reads(tmp_
         assert _read(path, plan_parts([(path, size)], split)) == ref, f"split_bytes={split}"
 
 
-def test_only_uncompressed_csv_and_jsonl_larger_than_split_bytes_are_split():
+def test_only_uncompressed_files_larger_than_split_bytes_are_split():
+    # CSV/JSONL split by byte range; Parquet (row groups) and Avro (sync blocks) are split too
+    # since the splittable columnar reads; compressed text and unknown sizes are read whole.
     parts = plan_parts([("a.csv", 100), ("b.jsonl", 10), ("c.csv.gz", 100), ("d.parquet", 100),
                         ("e.avro", 100), ("f.csv", None)], 30)
+    quarters = [(0, 0, 25), (1, 25, 50), (2, 50, 75), (3, 75, None)]
     assert [(p.path, p.index, p.start, p.stop) for p in parts] == [
-        ("a.csv", 0, 0, 25), ("a.csv", 1, 25, 50), ("a.csv", 2, 50, 75), ("a.csv", 3, 75, None),
-        ("b.jsonl", 0, 0, None), ("c.csv.gz", 0, 0, None), ("d.parquet", 0, 0, None),
-        ("e.avro", 0, 0, None), ("f.csv", 0, 0, None)]
+        *[("a.csv", *q) for q in quarters], ("b.jsonl", 0, 0, None), ("c.csv.gz", 0, 0, None),
+        *[("d.parquet", *q) for q in quarters], *[("e.avro", *q) for q in quarters],
+        ("f.csv", 0, 0, None)]
     assert len(plan_parts([("a.csv", 100)], 0)) == 1
 
 
