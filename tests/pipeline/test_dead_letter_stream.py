@@ -273,6 +273,7 @@ def _peak_traced(rows: int, folder: Path) -> int:
         tracemalloc.stop()
 
 
+@pytest.mark.slow  # 176 s in the default suite (scale test: many rejected rows, two sizes)
 def test_dead_letter_write_memory_is_flat_in_rows(tmp_path):
     """Python-heap peak of rejecting and writing 200k rows is within 1.5x that of 20k rows
     (runs of 8 MiB; Beam's grouped ``WriteToText(num_shards=1)``, which held every row: 9.5x)."""
