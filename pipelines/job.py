@@ -34,8 +34,11 @@ from beamsynth.transforms.private import (
     PrivateCollection,
     PrivateTransform,
     check_epsilon,
+    release_rows,
+    window_row_type,
 )
 from beamsynth.transforms.synthesis import DEFAULT_SHARD_ROWS
+from beamsynth.transforms.windows import iso_seconds
 
 __all__ = ["IndependentSynthesis", "PlausibleDeniability", "PrivBayes", "SBHG", "Synthesize",
            "WriteManifest", "method_option_names"]
@@ -137,7 +140,8 @@ class Synthesize(PrivateTransform):
                               shard_rows=self._shard_rows)
         self._plan = SynthesisPlan(cfg, schema, acct, method, count_budget)  # type: ignore[arg-type]
         if not self._typed:
-            self.with_output_types(record_type(schema))
+            row_type = record_type(schema)
+            self.with_output_types(row_type if private.windows is None else window_row_type(row_type))
         self.record({"method": self._method, "rows": self._rows, "epsilon": self._budget.epsilon,
                      "delta": self._budget.delta, "details": method.details()})
 
@@ -150,9 +154,9 @@ class Synthesize(PrivateTransform):
         # pyarrow.Table shards of synthetic records
         if self._typed:
             return {"tables": tables, "models": models}
-        return tables | "ToRows" >> beam.FlatMap(table_rows, p.schema).with_output_types(
-            record_type(p.schema))
-        # beam.Row per synthetic record
+        return tables | "ToRows" >> release_rows(p, table_rows, p.schema,
+                                                 row_type=record_type(p.schema))
+        # beam.Row per synthetic record ([window_start,] declared columns)
 
 
 class IndependentSynthesis(Synthesize):
@@ -225,6 +229,27 @@ def _operational(counts: Mapping[str, Mapping[str, int]], sources: list[str]) ->
             "rows_used": sum(v["used"] for v in per.values()), "sources": per}
 
 
+def windows_section(windows: Any, accountant: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The manifest's declared-windows part: the declaration, the guarantee and every window's
+    spends (the job's spends, each made once per declared window). ``None``: global window."""
+    if windows is None:
+        return None
+    spends = [{"step": s["step"], "epsilon": s["epsilon"], "delta": s["delta"]}
+              for s in accountant.get("spends", [])]
+    starts = windows.window_starts()
+    per_window = None if starts is None else [
+        {"start": iso_seconds(t), "end": iso_seconds(t + windows.seconds), "spends": spends}
+        for t in starts]
+    return {"declared": windows.describe(), "windows": None if starts is None else len(starts),
+            "budget": "per window: every spend below is made once in each declared window",
+            "guarantee": ("each window's releases are (ε, δ)-DP for adding/removing one privacy "
+                          "unit's records in that window; a unit with records in w windows is "
+                          "protected at (w·ε, w·δ) (sequential composition); windows hold "
+                          "disjoint records, so units confined to one window get (ε, δ)"),
+            "per_window": per_window if per_window is not None else
+            "every window from the declared start on, each with the job's spends"}
+
+
 def assemble_manifest(counts: Mapping[str, Mapping[str, int]], *, public: Mapping[str, Any],
                       path: str) -> dict[str, Any]:
     """The job manifest from the public facts (taken at build time) and the exact counts."""
@@ -237,7 +262,8 @@ def assemble_manifest(counts: Mapping[str, Mapping[str, int]], *, public: Mappin
         seed=public["seed"], privacy_unit=public["privacy_unit"],
         counts=_operational(counts, sources),
         details={"job": public["job"], "mechanisms": public["mechanisms"],
-                 "sources": public["sources"]})
+                 "sources": public["sources"],
+                 "windows": windows_section(public.get("windows"), public["accountant"])})
 
 
 def write_manifest_file(manifest: Mapping[str, Any], path: str) -> dict[str, Any]:
@@ -293,7 +319,7 @@ class WriteManifest(beam.PTransform):
         job.freeze(self.label)
         public = {"job": job.name, "accountant": job.accountant.to_dict(), "seed": job.seed,
                   "privacy_unit": job.unit.to_dict(), "mechanisms": list(job.mechanisms),
-                  "sources": list(job.sources)}
+                  "sources": list(job.sources), "windows": job.windows}
         p = pbegin.pipeline
         if job.count_outputs:
             items = tuple(job.count_outputs) | "JoinCounts" >> beam.Flatten()

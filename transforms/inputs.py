@@ -39,6 +39,7 @@ import pyarrow as pa
 from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindows
 from apache_beam.typehints.row_type import RowTypeConstraint
+from apache_beam.utils.windowed_value import WindowedValue
 
 from beamsynth.schemas.keys import KeyCodec
 from beamsynth.schemas.schema import (
@@ -57,6 +58,7 @@ __all__ = [
     "EncodeStats",
     "KeyLayout",
     "encode_elements",
+    "reject_elements",
 ]
 
 METRICS_NAMESPACE = "beamsynth"
@@ -402,8 +404,8 @@ class _EncodeFn(beam.DoFn):
     """Elements → EncodedBatch (main), dead letters (``dead_letters``), stats (``stats``).
 
     Buffers elements up to ``batch_rows`` rows and encodes them together; the rest of a bundle is
-    encoded in ``finish_bundle`` and emitted in the global window (``MakePrivate`` refuses other
-    windowing). Cheaper per element than ``beam.BatchElements``, which times every batch.
+    encoded in ``finish_bundle`` and emitted in the global window (windowed input:
+    :class:`_WindowedEncodeFn`). Cheaper per element than ``beam.BatchElements``, which times every batch.
     """
 
     def __init__(self, layout: KeyLayout, source: str, position_field: str | None,
@@ -447,6 +449,46 @@ class _EncodeFn(beam.DoFn):
                 yield b
 
 
+class _WindowedEncodeFn(_EncodeFn):
+    """:class:`_EncodeFn` for input in declared windows: one buffer per window, and every batch,
+    dead letter and stats element is emitted in its window, stamped at the window start, so no
+    batch mixes windows (``MakePrivate(windows=...)``)."""
+
+    def start_bundle(self) -> None:
+        super().start_bundle()
+        self._pending: dict[Any, tuple[list[Any], int]] = {}
+
+    def process(self, element: Any, window=beam.DoFn.WindowParam):
+        buffer, rows = self._pending.get(window, ([], 0))
+        buffer.append(element)
+        self._pending[window] = (buffer, rows + _element_rows(element))
+        if self._pending[window][1] >= self._batch_rows:
+            yield from self._flush_window(window)
+
+    def finish_bundle(self):
+        for window in list(self._pending):
+            yield from self._flush_window(window)
+
+    def _flush_window(self, window: Any):
+        self._buffer, self._rows = self._pending.pop(window)
+        for out in self._flush():
+            if isinstance(out, beam.pvalue.TaggedOutput):
+                yield beam.pvalue.TaggedOutput(out.tag, WindowedValue(out.value, window.start, (window,)))
+            else:
+                yield WindowedValue(out, window.start, (window,))
+
+
+def reject_elements(element: Any, *, source: str, position_field: str | None,
+                    reason: str) -> list[beam.Row]:
+    """Dead letters for a whole element with one ``reason`` (one per row of an Arrow element)."""
+    if isinstance(element, (pa.Table, pa.RecordBatch)):
+        return [_dead(source, _position(r, position_field), reason, r) for r in element.to_pylist()]
+    record = _as_mapping(element)
+    if record is None:
+        return [_dead(source, None, reason, element)]
+    return [_dead(source, _position(record, position_field), reason, dict(record))]
+
+
 def _element_rows(element: Any) -> int:
     return element.num_rows if isinstance(element, (pa.Table, pa.RecordBatch)) else 1
 
@@ -480,8 +522,10 @@ class EncodeElements(beam.PTransform):
                              position_field=self._position)
 
     def expand(self, elements):
+        windowed = not isinstance(elements.windowing.windowfn, GlobalWindows)
+        fn = _WindowedEncodeFn if windowed else _EncodeFn
         out = elements | "Encode" >> beam.ParDo(
-            _EncodeFn(self._layout, self._source, self._position, self._batch_rows)
+            fn(self._layout, self._source, self._position, self._batch_rows)
         ).with_outputs("dead_letters", "stats", main="batches")
         # batches: EncodedBatch; dead_letters: beam.Row; stats: EncodeStats
         out.batches.element_type = EncodedBatch

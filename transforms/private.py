@@ -19,8 +19,16 @@ compose by basic sequential composition for add/remove of one privacy unit.
 :class:`~beamsynth.transforms.units.BoundContributions`) right after encoding, before any
 measurement; every mechanism's sensitivity is that bound.
 
-**Windows.** The API releases over the global window; :class:`MakePrivate` refuses a windowed
-input when the pipeline is built (declared per-window releases: ``docs/streaming.md``).
+**Windows.** The API releases over the global window, or once per **declared** window:
+``job.private(schema, windows=DeclaredWindows(start=, end=, size=))`` windows timestamped input
+(or accepts input already windowed with the same ``DeclaredWindows``). Every mechanism then
+releases exactly once per declared window, records or not; output rows carry the window's start
+(``window_start``, ISO 8601 UTC, first field) and stay in their Beam windows. The job's ε is
+spent once and holds **per window** (each window's releases are ε-DP for adding/removing one
+unit's records in that window; a unit present in ``w`` windows gets ``w·ε``, docs/streaming.md).
+Elements stamped outside ``[start, end)`` become dead letters. Any other windowing (undeclared
+``FixedWindows``, sliding, sessions) and triggers that can fire twice are refused when the
+pipeline is built.
 
 A mechanism applied to anything but a private collection fails when the pipeline is built with a
 message saying how to make one.
@@ -36,6 +44,7 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.options.pipeline_options import StandardOptions
 from apache_beam.transforms.window import GlobalWindows
+from apache_beam.typehints.row_type import RowTypeConstraint
 
 from beamsynth.schemas.keys import KeyCodec
 from beamsynth.schemas.schema import EncodedBatch, Schema, load_schema
@@ -46,8 +55,10 @@ from beamsynth.transforms.inputs import (
     INPUT_TYPES,
     EncodeElements,
     KeyLayout,
+    reject_elements,
 )
 from beamsynth.transforms.units import BoundContributions
+from beamsynth.transforms.windows import DeclaredWindows, check_release_windowing, iso_seconds
 
 __all__ = [
     "MakePrivate",
@@ -55,8 +66,13 @@ __all__ = [
     "PrivacyUnit",
     "PrivateCollection",
     "PrivateTransform",
+    "WINDOW_FIELD",
     "check_epsilon",
+    "release_rows",
+    "window_row_type",
 ]
+
+WINDOW_FIELD = "window_start"  # first field of every output row under declared windows
 
 
 def check_epsilon(epsilon: Any, *, name: str = "epsilon") -> float:
@@ -130,6 +146,8 @@ class PrivacyJob:
         self.sources: list[dict[str, Any]] = []   # one entry per private collection
         self.count_outputs: list[beam.PCollection] = []  # (source, field, n) exact, private
         self.mechanisms: list[dict[str, Any]] = []
+        self.windows: DeclaredWindows | None = None  # the declared windows of its collections
+        self._windowing: str | None = None  # first collection's windowing, for the message
         self._frozen: str | None = None
 
     def private(self, schema: Schema | str, **kwargs: Any) -> MakePrivate:
@@ -167,6 +185,16 @@ class PrivacyJob:
         """No spend after this (the manifest has been taken by step ``by``)."""
         self._frozen = by
 
+    def use_windows(self, step: str, windows: DeclaredWindows | None) -> None:
+        """Every private collection of a job shares one windowing (the ε holds per window)."""
+        what = "the global window" if windows is None else repr(windows)
+        if self._windowing is None:
+            self.windows, self._windowing = windows, what
+        elif windows != self.windows:
+            raise ValueError(f"{step}: windowing {what} differs from the job's other private "
+                             f"collections ({self._windowing}); the job's ε is per declared "
+                             "window, so every input of one job uses the same windows")
+
     @property
     def seeded(self) -> bool:
         """True for tests and demos (not for release)."""
@@ -189,13 +217,15 @@ class PrivateCollection(tuple):
       job: the job whose budget every mechanism spends.
       layout: where declared prefix keys sit in ``batches``.
       source: the name of this input in dead letters and the manifest.
+      windows: the :class:`DeclaredWindows` of ``batches`` (``None``: the global window).
     """
 
     def __new__(cls, *, job: PrivacyJob, layout: KeyLayout, batches: beam.PCollection,
-                dead_letters: beam.PCollection, source: str) -> PrivateCollection:
+                dead_letters: beam.PCollection, source: str,
+                windows: DeclaredWindows | None = None) -> PrivateCollection:
         self = super().__new__(cls, (batches, dead_letters))
         self.job, self.layout, self.batches = job, layout, batches
-        self.dead_letters, self.source = dead_letters, source
+        self.dead_letters, self.source, self.windows = dead_letters, source, windows
         return self
 
     @property
@@ -308,19 +338,28 @@ class MakePrivate(beam.PTransform):
         without it their position is ``None``).
       source: the input's name in dead letters and the manifest (default: the step label).
       batch_rows: rows per encoded batch.
+      windows: :class:`~beamsynth.transforms.windows.DeclaredWindows` to release once per declared
+        window (timestamped input in the global window is windowed here; input already windowed
+        with equal ``DeclaredWindows`` is accepted as is). Elements stamped outside the declared
+        range become dead letters. ``None``: the global window, or the input's own
+        ``DeclaredWindows``.
 
     Input: ``PCollection`` of dicts, schema'd ``beam.Row``s / named tuples (``ReadFromParquet(
     as_rows=True)``, ``beam.Select``, ``to_pcollection``), or pyarrow Tables/RecordBatches.
     Output: a :class:`PrivateCollection` (not a PCollection: apply beamsynth mechanisms to it).
     Spends no budget: encoding, bounding and dead letters are not releases (the dead letters and
-    the exact counts are private; keep them with the data owner).
+    the exact counts are private; keep them with the data owner). Dead letters are in the global
+    window, also under declared windows.
     """
 
     def __init__(self, *, job: PrivacyJob, schema: Schema | str,
                  keys: Mapping[str, KeyCodec] | None = None, position_field: str | None = None,
                  source: str | None = None, batch_rows: int = DEFAULT_BATCH_ROWS,
-                 label: str | None = None) -> None:
+                 windows: DeclaredWindows | None = None, label: str | None = None) -> None:
         super().__init__(label)
+        if windows is not None and not isinstance(windows, DeclaredWindows):
+            raise TypeError(f"windows must be None or bs.DeclaredWindows(start=, end=, size=), got "
+                            f"{type(windows).__name__} ({windows!r})")
         if not isinstance(job, PrivacyJob):
             raise TypeError(f"job must be a PrivacyJob, got {type(job).__name__} ({job!r})")
         if source is not None and (not isinstance(source, str) or not source):
@@ -328,6 +367,7 @@ class MakePrivate(beam.PTransform):
         self._job = job
         self._layout = KeyLayout(_with_unit(_check_schema(schema), job.unit), keys)
         self._position, self._source, self._batch_rows = position_field, source, batch_rows
+        self._windows = windows
         EncodeElements(layout=self._layout, source="check", position_field=position_field,
                        batch_rows=batch_rows)  # validates now
         self.with_input_types(INPUT_TYPES)
@@ -339,25 +379,61 @@ class MakePrivate(beam.PTransform):
         unit = self._job.unit
         return {"schema": self._layout.schema.name, "columns": len(self._layout.schema.columns),
                 "keys": ",".join(self._layout.keys), "privacy_id": str(unit.id_column),
-                "max_contributions": unit.max_contributions}
+                "max_contributions": unit.max_contributions, "windows": repr(self._windows)}
 
     def _source_name(self) -> str:
         return self._source or self.label
 
-    def expand(self, elements):
+    def _declared(self, elements: beam.PCollection) -> DeclaredWindows | None:
+        """The declared windows of the release, or ``ValueError`` (build time)."""
         windowfn = elements.windowing.windowfn
-        if not isinstance(windowfn, GlobalWindows):
+        declared = self._windows
+        if not isinstance(windowfn, (GlobalWindows, DeclaredWindows)) or (
+                declared is not None and isinstance(windowfn, DeclaredWindows)
+                and windowfn != declared):
             raise ValueError(
                 f"{self.label}: the input is windowed ({type(windowfn).__name__}); the beamsynth "
-                "API releases over the global window only. Apply it before WindowInto, or use "
-                "declared per-window releases (docs/streaming.md)")
-        runner = str(elements.pipeline.options.view_as(StandardOptions).runner or "")
-        if "dask" in runner.lower():
+                "API releases over the global window only, or once per declared window: pass "
+                "windows=bs.DeclaredWindows(start=..., end=..., size=...) to job.private on "
+                "timestamped input in the global window (docs/beam-api.md, docs/streaming.md)")
+        check_release_windowing(elements, self.label, qualify=False)  # triggers that fire twice
+        return declared if declared is not None else (
+            windowfn if isinstance(windowfn, DeclaredWindows) else None)
+
+    def _check_runner(self, elements: beam.PCollection, declared: DeclaredWindows | None) -> None:
+        runner = elements.pipeline.runner
+        name = f"{type(runner).__module__}.{type(runner).__qualname__}"
+        option = str(elements.pipeline.options.view_as(StandardOptions).runner or "")
+        stock = [n for n in (name, option) if n.split(".")[-1] == "DaskRunner"
+                 and not n.startswith("beamsynth.")]
+        if stock:
             raise ValueError(
                 f"{self.label}: the beamsynth API emits each bundle's last batch from "
-                "finish_bundle, whose output Beam's DaskRunner drops (docs/runners.md); use the "
-                "direct, flink, spark or dataflow runner, or the beamsynth CLI on Dask")
+                "finish_bundle, whose output Beam's DaskRunner drops (docs/runners.md); use "
+                "beamsynth's DaskRunner (--runner dask, beamsynth.runners.dask_runner.DaskRunner), "
+                "or the direct, flink, spark or dataflow runner")
+        if declared is not None and "dask" in f"{name} {option}".lower():
+            raise ValueError(
+                f"{self.label}: declared windows were not tested on the DaskRunner (docs/"
+                "streaming.md); run windowed releases on the direct, flink, spark or dataflow "
+                "runner")
+
+    def expand(self, elements):
+        declared = self._declared(elements)
+        self._check_runner(elements, declared)
         job, source = self._job, self._source_name()
+        job.use_windows(self.label, declared)
+        outside = None
+        if declared is not None:
+            if isinstance(elements.windowing.windowfn, GlobalWindows):
+                elements = elements | "Window" >> beam.WindowInto(declared)
+                # user elements, in their declared (fixed) window
+            split = elements | "DropOutside" >> beam.ParDo(
+                _OutsideFn(declared, source, self._position)).with_outputs("outside", main="inside")
+            elements = split.inside
+            outside = split.outside | "GlobalOutside" >> beam.WindowInto(GlobalWindows())
+            # inside: user elements stamped in [start, end); outside: dead-letter Rows (global)
+            elements.element_type = INPUT_TYPES
         enc = elements | "Encode" >> EncodeElements(
             layout=self._layout, source=source, position_field=self._position,
             batch_rows=self._batch_rows)
@@ -376,16 +452,70 @@ class MakePrivate(beam.PTransform):
         else:
             parts += [enc["batches"] | "EncodedCounts" >> beam.Map(lambda b: (source, "encoded", len(b))),
                       batches | "UsedCounts" >> beam.Map(lambda b: (source, "used", len(b)))]
+        dead = enc["dead_letters"]
+        if declared is not None:
+            parts = [p | f"Global{i}" >> beam.WindowInto(GlobalWindows()) for i, p in enumerate(parts)]
+            parts.append(outside | "OutsideCounts" >> beam.FlatMap(
+                lambda d: [(source, "read", 1), (source, "rejected", 1)]))
+            dead = ((dead | "GlobalDeadLetters" >> beam.WindowInto(GlobalWindows()), outside)
+                    | "JoinDeadLetters" >> beam.Flatten())
+            # dead-letter Rows (global window): encoding rejects and elements outside the windows
         counts = tuple(parts) | "FlattenCounts" >> beam.Flatten()
         # (source, field, rows) exact counts: private, for the manifest's operational part
         job.count_outputs.append(counts)
         job.sources.append({"source": source, "schema": self._layout.schema.name,
                             "schema_sha256": self._layout.schema.fingerprint(),
-                            "keys": {k: c.to_spec() for k, c in self._layout.keys.items()}})
+                            "keys": {k: c.to_spec() for k, c in self._layout.keys.items()},
+                            "windows": None if declared is None else declared.describe()})
         batches.element_type = EncodedBatch
-        enc["dead_letters"].element_type = DEAD_LETTER_TYPE
+        dead.element_type = DEAD_LETTER_TYPE
         return PrivateCollection(job=job, layout=self._layout, batches=batches,
-                                 dead_letters=enc["dead_letters"], source=source)
+                                 dead_letters=dead, source=source, windows=declared)
+
+
+class _OutsideFn(beam.DoFn):
+    """Elements stamped in a declared window pass; the others become dead letters (``outside``),
+    each judged on its own timestamp (stable)."""
+
+    def __init__(self, windows: DeclaredWindows, source: str, position_field: str | None) -> None:
+        self._windows, self._source, self._position = windows, source, position_field
+        end = "open" if windows.declared_end is None else iso_seconds(windows.declared_end)
+        self._reason = (f"timestamp outside the declared windows [{iso_seconds(windows.declared_start)}, "
+                        f"{end})")
+
+    def process(self, element: Any, ts=beam.DoFn.TimestampParam):
+        if self._windows.contains(ts):
+            yield element
+            return
+        for d in reject_elements(element, source=self._source, position_field=self._position,
+                                 reason=self._reason):
+            yield beam.pvalue.TaggedOutput("outside", d)
+
+
+class _WindowRowsFn(beam.DoFn):
+    """``fn(element, *args)`` rows with the element's window start prepended (``window_start``)."""
+
+    def __init__(self, fn: Any, args: tuple[Any, ...]) -> None:
+        self._fn, self._args = fn, args
+
+    def process(self, element: Any, window=beam.DoFn.WindowParam):
+        start = iso_seconds(window.start)
+        for row in self._fn(element, *self._args):
+            yield beam.Row(**{WINDOW_FIELD: start}, **row._asdict())
+
+
+def release_rows(private: PrivateCollection, fn: Any, *args: Any,
+                 row_type: RowTypeConstraint) -> beam.PTransform:
+    """Released values → rows (``FlatMap(fn, *args)`` typed ``row_type``); under declared windows
+    every row gets ``window_start`` (its window's start, ISO 8601 UTC) as first field."""
+    if private.windows is None:
+        return beam.FlatMap(fn, *args).with_output_types(row_type)
+    return beam.ParDo(_WindowRowsFn(fn, args)).with_output_types(window_row_type(row_type))
+
+
+def window_row_type(row_type: RowTypeConstraint) -> RowTypeConstraint:
+    """``row_type`` with ``window_start: str`` first."""
+    return RowTypeConstraint.from_fields([(WINDOW_FIELD, str), *row_type._fields])
 
 
 def pure(epsilon: float) -> PureDP:

@@ -5,7 +5,10 @@ returns schema'd ``beam.Row``s (:mod:`beamsynth.transforms.outputs`), or with ``
 typed releases (``NoisyCount``, ``tuple[NoisyMarginal, ...]``, ``ReleasedHistogram``,
 ``LevelRelease``) for advanced use. Neighbours: add/remove one privacy unit of at most ``k =
 max_contributions`` records (bounded once by ``MakePrivate``). Every release is over the global
-window, one per pipeline run.
+window, one per pipeline run, or once per declared window when the private collection has
+declared windows (``job.private(schema, windows=bs.DeclaredWindows(...))``): then every output row
+starts with ``window_start`` (ISO 8601 UTC) and stays in its Beam window, and the ε holds per
+window.
 """
 
 from __future__ import annotations
@@ -39,7 +42,14 @@ from beamsynth.transforms.prefix import (
     DPDirectPrefixSynthesis,
     DPImprovedPrefixHistogram,
 )
-from beamsynth.transforms.private import PrivateCollection, PrivateTransform, names_of, pure
+from beamsynth.transforms.private import (
+    PrivateCollection,
+    PrivateTransform,
+    names_of,
+    pure,
+    release_rows,
+    window_row_type,
+)
 from beamsynth.transforms.synthesis import DPCount, NoisyCount
 
 __all__ = ["MAX_MARGINAL_CELLS", "Count", "Histogram", "Marginals", "PrefixTree"]
@@ -88,17 +98,27 @@ class Count(PrivateTransform):
                    "paper": "Laplace mechanism (Dwork et al. 2006), discrete form"}
         private.job.spend(self.label, self._budget, mechanism=self.mechanism, details=details)
         self.record(details)
+        if not self._typed and private.windows is not None:
+            self.with_output_types(window_row_type(COUNT_TYPE))
 
     def expand(self, batches):
         p = self.private
         counts = batches | "DPCount" >> DPCount(
             budget=self._budget, max_contributions=p.max_contributions,
             seed=p.job.step_seed(self.label))
-        # NoisyCount (one: global window)
+        # NoisyCount (one per window: global or declared)
         if self._typed:
             return counts
-        return counts | "ToRow" >> beam.Map(count_row).with_output_types(COUNT_TYPE)
-        # beam.Row(noisy_count)
+        return counts | "ToRow" >> release_rows(p, _count_rows, row_type=COUNT_TYPE)
+        # beam.Row([window_start,] noisy_count)
+
+
+def _count_rows(noisy_count: NoisyCount) -> list[beam.Row]:
+    return [count_row(noisy_count)]
+
+
+def _marginal_rows_at(tables: tuple[Any, ...], i: int, schema: Any) -> Any:
+    return marginal_rows(tables[i], schema)
 
 
 def _marginal_key(names: Sequence[str]) -> str:
@@ -175,16 +195,15 @@ class Marginals(PrivateTransform):
             budgets=[each[str(i)] for i in range(len(self._specs))],
             max_contributions=p.max_contributions, seed=p.job.step_seed(self.label),
             stream=self.label)
-        # tuple[NoisyMarginal, ...] (one: global window)
+        # tuple[NoisyMarginal, ...] (one per window: global or declared)
         if self._typed:
             return tables
         out = {}
         for i, names in enumerate(self._names):
             key = _marginal_key(names)
-            out[key] = tables | f"Rows[{key}]" >> beam.FlatMap(
-                lambda ms, i=i: marginal_rows(ms[i], schema)).with_output_types(
-                    marginal_type(schema, names))
-            # beam.Row(labels..., noisy_count), one per declared cell
+            out[key] = tables | f"Rows[{key}]" >> release_rows(
+                p, _marginal_rows_at, i, schema, row_type=marginal_type(schema, names))
+            # beam.Row([window_start,] labels..., noisy_count), one per declared cell
         return out
 
 
@@ -245,19 +264,20 @@ class Histogram(PrivateTransform):
             seed=private.job.step_seed(self.label), label="CatHist")
         details = {"column": col.name, **self._hist.plan.details()}
         if not self._typed:
-            self.with_output_types(histogram_type(col))
+            row_type = histogram_type(col)
+            self.with_output_types(row_type if private.windows is None else window_row_type(row_type))
         private.job.spend(self.label, self._budget, mechanism=self.mechanism, details=details)
         self.record(details)
 
     def expand(self, batches):
         released = batches | "CatHist" >> self._hist
-        # ReleasedHistogram (one: global window)
+        # ReleasedHistogram (one per window: global or declared)
         if self._typed:
             return released
         col = self._col
-        return released | "Rows" >> beam.FlatMap(histogram_rows, col).with_output_types(
-            histogram_type(col))
-        # beam.Row(value, noisy_count) per released cell
+        return released | "Rows" >> release_rows(self.private, histogram_rows, col,
+                                                 row_type=histogram_type(col))
+        # beam.Row([window_start,] value, noisy_count) per released cell
 
 
 _PREFIX = {"basic": DPBasicPrefixHistogram, "improved": DPImprovedPrefixHistogram,
@@ -351,8 +371,7 @@ class PrefixTree(PrivateTransform):
             codec=codec, seed=p.job.step_seed(f"{self.label}/decode"), restore_discount=restore)
         # pyarrow.Table of synthetic keys
         return {
-            "keys": synthetic | "KeyRows" >> beam.FlatMap(key_rows, codec).with_output_types(
-                key_type(codec)),
-            "tree": released | "TreeRows" >> beam.FlatMap(tree_rows, codec).with_output_types(
-                TREE_TYPE),
+            "keys": synthetic | "KeyRows" >> release_rows(p, key_rows, codec,
+                                                          row_type=key_type(codec)),
+            "tree": released | "TreeRows" >> release_rows(p, tree_rows, codec, row_type=TREE_TYPE),
         }

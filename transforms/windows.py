@@ -53,6 +53,7 @@ __all__ = [
     "check_release_windowing",
     "declared_range",
     "epoch_seconds",
+    "iso_seconds",
 ]
 
 METRICS_NAMESPACE = "beamsynth"
@@ -92,8 +93,13 @@ def declared_range(windows_start: Any, windows_end: Any, window_seconds: Any) ->
     return start, end
 
 
-def _iso(ts: float) -> str:
+def iso_seconds(ts: Any) -> str:
+    """An event time (epoch seconds or a Beam ``Timestamp``) as ISO 8601 UTC, e.g.
+    ``2024-01-01T00:00:00Z`` (the ``window_start`` of API output rows)."""
     return _dt.datetime.fromtimestamp(float(ts), tz=_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+_iso = iso_seconds
 
 
 class DeclaredWindows(beam_window.FixedWindows):
