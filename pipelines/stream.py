@@ -55,6 +55,7 @@ from apache_beam.transforms import window as beam_window
 from apache_beam.transforms.periodicsequence import PeriodicImpulse
 from apache_beam.utils.timestamp import Duration
 
+from beamsynth.pipelines import filesystem as fs
 from beamsynth.pipelines.io import METRICS_NAMESPACE
 from beamsynth.pipelines.manifest import build_manifest, manifest_path, write_json_atomic
 from beamsynth.pipelines.single_file import (
@@ -344,7 +345,7 @@ class WindowedSynthesis(beam.PTransform):
             raise ValueError(f"allowed_lateness ({allowed_lateness!r}) must be an int >= 0")
         if not output.lower().endswith(".csv"):
             raise ValueError(f"output ({output!r}) must be a .csv path for windowed releases")
-        if "://" not in output:  # workers may run in another folder than the launcher
+        if fs.is_local(output):  # workers may run in another folder than the launcher
             output = os.path.abspath(output)
         self._plan, self._output = plan, output
         self._run_id = uuid.uuid4().hex  # names the windows' temporary part folders

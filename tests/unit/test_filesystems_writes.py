@@ -237,3 +237,44 @@ reports: {{private: false, public: false}}
     assert set(release["tables"]) == {"adult", "sex"}
     assert len((folder / "public/adult.csv").read_text().splitlines()) == 201
     assert FileSystems.exists(f"{SCHEME}://rel/small-2026-11-24/release.json")
+
+
+def test_windowed_releases_stream_through_filesystems(testfs):
+    """``WindowedSynthesis`` to ``testfs://``: each declared window's part files, its CSV and its
+    manifest go through ``FileSystems`` (nothing local, no part folder left), and the manifest
+    names the release by its ``testfs://`` path."""
+    import datetime as dt
+
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.transforms import window as beam_window
+
+    from beamsynth.pipelines.single_file import remove_temp_folders_on_failure
+    from beamsynth.pipelines.stream import DAY, WindowedSynthesis
+    from beamsynth.pipelines.synthesize import SynthesisConfig, plan_synthesis
+    from beamsynth.schemas.schema import load_schema
+
+    t0 = int(dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc).timestamp())
+    schema = load_schema({"columns": [
+        {"name": "c", "type": "categorical", "domain": {"kind": "categorical", "values": ["a", "b"]}},
+        {"name": "n", "type": "integer", "domain": {"kind": "integer", "low": 0, "high": 9, "bins": 5}}]})
+    out = f"{SCHEME}://w/day.csv"
+    plan = plan_synthesis(SynthesisConfig(input="stream", schema=schema, output=out, epsilon=2.0,
+                                          seed=5, shard_rows=40, method="independent", rows=100))
+    batch, bad = schema.encode_columns({"c": pd.Series(["a", "b"] * 50, dtype=object),
+                                        "n": pd.Series([str(i % 10) for i in range(100)], dtype=object)},
+                                       100)
+    assert bad == []
+    stream = WindowedSynthesis(plan=plan, output=out, windows_start=t0, windows_end=t0 + DAY,
+                               window_seconds=DAY)
+    p = beam.Pipeline(options=PipelineOptions(["--direct_running_mode=in_memory"]))
+    _ = p | beam.Create([beam_window.TimestampedValue(batch, t0 + 60)], reshuffle=False) | stream
+    with remove_temp_folders_on_failure(p):
+        p.run().wait_until_finish()
+    days = ["day.20240101T000000Z.csv"]
+    assert sorted(p.name for p in (testfs / "w").iterdir()) == sorted(
+        [*days, *(d + ".manifest.json" for d in days)])
+    for d in days:
+        assert len((testfs / "w" / d).read_text().splitlines()) == 101
+        manifest = json.loads((testfs / "w" / (d + ".manifest.json")).read_text())
+        assert manifest["release"]["outputs"]["synthetic"] == f"{SCHEME}://w/{d}"
