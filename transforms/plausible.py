@@ -50,8 +50,8 @@ from typing import Any
 import apache_beam as beam
 import numpy as np
 
-from beamsynth.schemas.schema import EncodedBatch
-from beamsynth.transforms.budget import ApproxDP
+from beamsynth.schemas.schema import EncodedBatch, Schema
+from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant
 from beamsynth.transforms.conventions import display_items, element_types
 from beamsynth.transforms.measure import (
     MarginalCountsCombineFn,
@@ -68,6 +68,8 @@ from beamsynth.transforms.noise import (
     laplace_internal,
     run_seed,
 )
+from beamsynth.transforms.privbayes import DPPrivBayes, PrivBayesModel, spend_privbayes
+from beamsynth.transforms.refine import RAKE_ITERATIONS, RefinedModel, rake_weights
 from beamsynth.transforms.synthesis import SynthesisModel
 from beamsynth.transforms.synthesis import _CountRowsFn as _CountRowsFn  # record count CombineFn
 
@@ -77,6 +79,17 @@ __all__ = [
     "REJECT_NOISY_THRESHOLD",
     "CandidateBatch",
     "DPPlausibleBayesNet",
+    "DPPrivBayesGenerator",
+    "GENERATOR_MAX_CONFIGS",
+    "GENERATOR_MAX_PARENTS",
+    "GENERATOR_POOL_ROWS",
+    "NetworkGenerator",
+    "SeedResamplingNetwork",
+    "choose_parents",
+    "copy_first_order",
+    "fit_network_generator",
+    "model_sample",
+    "privbayes_generator",
     "GenerateCandidates",
     "OrderReleased",
     "PlausibleBayesNet",
@@ -400,7 +413,100 @@ def _hmac_seed(key: bytes, *labels: Any) -> int:
     return int.from_bytes(hmac.new(key, msg, hashlib.sha256).digest(), "little")
 
 
-class PlausibleBayesNet(PlausibleModel):
+class SeedResamplingNetwork(PlausibleModel):
+    """A Bayesian network used as the seed-based generator of Section 3.2 (equations 2 and 3).
+
+    The attributes follow a topological ``order`` of the DAG (``structure.parents``); a candidate
+    copies the first ``m − ω`` attributes of that order from its seed and resamples the last ``ω``
+    one after the other from ``P(X_i | Π_i)``, the parents taking the candidate's current values
+    (copied or already resampled). So, for any record ``d``::
+
+        Pr{y = M(d)} = 1[y_C = d_C] · Π_{i resampled} P(y_i | y_{Π_i})
+
+    with ``C`` the copied attributes: every record agreeing with ``y`` on ``C`` is an equally likely
+    seed, which the privacy test's fast path exploits (:meth:`copied_columns`). Subclasses provide
+    the conditionals (:meth:`conditional_rows`); any DP model whose conditionals are post-processing
+    of its release can be plugged in (:class:`PlausibleBayesNet`: the paper's own network;
+    :class:`NetworkGenerator`: explicit tables, e.g. fitted to a PrivBayes model by
+    :func:`fit_network_generator`).
+    """
+
+    _structure: PlausibleStructure
+    _shape: tuple[int, ...]
+    _omega: int
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    @property
+    def structure(self) -> PlausibleStructure:
+        """The DAG and its topological (resampling) order."""
+        return self._structure
+
+    @property
+    def omega(self) -> int:
+        """Number of resampled attributes."""
+        return self._omega
+
+    def copied_columns(self) -> tuple[int, ...]:
+        return tuple(sorted(self._structure.order[: len(self._shape) - self._omega]))
+
+    def resampled_columns(self) -> tuple[int, ...]:
+        """Resampled columns in generation (topological) order."""
+        return self._structure.order[len(self._shape) - self._omega:]
+
+    def config_index(self, i: int, codes: np.ndarray) -> np.ndarray:
+        """Index of each row's parent configuration for attribute ``i``."""
+        ps = self._structure.parents[i]
+        if not ps:
+            return np.zeros(codes.shape[0], dtype=np.int64)
+        return np.ravel_multi_index(tuple(codes[:, j] for j in ps), tuple(self._shape[j] for j in ps)).astype(np.int64)
+
+    @abstractmethod
+    def conditional_rows(self, i: int, configs: np.ndarray) -> np.ndarray:
+        """``P(X_i | pa = config)`` as one probability row per entry of ``configs``."""
+
+    def _draw(self, i: int, y: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        probs = self.conditional_rows(i, self.config_index(i, y))
+        cdf = np.cumsum(probs, axis=1)
+        v = np.minimum((cdf < (u * cdf[:, -1])[:, None]).sum(axis=1), probs.shape[1] - 1)
+        return v, probs[np.arange(y.shape[0]), v]
+
+    def generate(self, seeds: np.ndarray, rs: RandomSource) -> tuple[np.ndarray, np.ndarray]:
+        y = np.array(seeds, dtype=np.int64, copy=True)
+        logp = np.zeros(y.shape[0], dtype=np.float64)
+        if y.shape[0] == 0:
+            return y, logp
+        for i in self.resampled_columns():
+            v, p = self._draw(i, y, rs.child("resample", i).uniform(y.shape[0]))
+            y[:, i] = v
+            logp += np.log(p)
+        return y, logp
+
+    def log_q(self, y: np.ndarray) -> np.ndarray:
+        """``log Π_{resampled i} P(y_i | y_PA(i))``: the seed-independent factor of ``Pr{y = M(d)}``."""
+        out = np.zeros(y.shape[0], dtype=np.float64)
+        for i in self.resampled_columns():
+            probs = self.conditional_rows(i, self.config_index(i, y))
+            out += np.log(probs[np.arange(y.shape[0]), y[:, i]])
+        return out
+
+    def log_prob(self, y: np.ndarray, d: np.ndarray) -> np.ndarray:
+        cols = list(self.copied_columns())
+        q = self.log_q(y)
+        match = np.all(y[:, None, cols] == d[None, :, cols], axis=2) if cols else np.ones((len(y), len(d)), bool)
+        return np.where(match, q[:, None], -np.inf)
+
+    def sample_codes(self, n: int, rs: RandomSource) -> np.ndarray:
+        """Forward sampling of ``n`` rows from scratch (no seed): the network as a plain model."""
+        out = np.zeros((n, len(self._shape)), dtype=np.int64)
+        for i in self._structure.order:
+            out[:, i] = self._draw(i, out, rs.child("forward", i).uniform(n))[0]
+        return out
+
+
+class PlausibleBayesNet(SeedResamplingNetwork):
     """Bayesian network with lazily noised, Dirichlet-sampled conditionals (Section 3.4).
 
     Holds the **exact** parameter counts of ``D_P`` and the secret HMAC key, so it must stay inside
@@ -435,27 +541,6 @@ class PlausibleBayesNet(PlausibleModel):
         st["_filled"] = [None] * len(self._shape)
         return st
 
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self._shape
-
-    @property
-    def structure(self) -> PlausibleStructure:
-        """The learned DAG."""
-        return self._structure
-
-    @property
-    def omega(self) -> int:
-        """Number of resampled attributes."""
-        return self._omega
-
-    def copied_columns(self) -> tuple[int, ...]:
-        return tuple(sorted(self._structure.order[: len(self._shape) - self._omega]))
-
-    def resampled_columns(self) -> tuple[int, ...]:
-        """Resampled columns in generation (topological) order."""
-        return self._structure.order[len(self._shape) - self._omega:]
-
     def with_omega(self, omega: int) -> PlausibleBayesNet:
         """The same network resampling ``omega`` attributes (post-processing)."""
         return PlausibleBayesNet(structure=self._structure, shape=self._shape, counts=self._counts,
@@ -465,14 +550,6 @@ class PlausibleBayesNet(PlausibleModel):
         return {"model": "plausible Bayesian network", "omega": self._omega,
                 "structure": self._structure.to_dict(), "dirichlet_alpha": self._alpha,
                 "noise_scale": self._scale}
-
-    # -- conditionals ------------------------------------------------------------------------
-    def config_index(self, i: int, codes: np.ndarray) -> np.ndarray:
-        """Index of each row's parent configuration for attribute ``i``."""
-        ps = self._structure.parents[i]
-        if not ps:
-            return np.zeros(codes.shape[0], dtype=np.int64)
-        return np.ravel_multi_index(tuple(codes[:, j] for j in ps), tuple(self._shape[j] for j in ps)).astype(np.int64)
 
     def conditional_rows(self, i: int, configs: np.ndarray) -> np.ndarray:
         """``P(X_i | pa = config)`` rows for each config index (lazily derived and cached)."""
@@ -494,44 +571,145 @@ class PlausibleBayesNet(PlausibleModel):
             filled[cfg] = True
         return cache[configs]
 
-    # -- generation and probabilities ----------------------------------------------------------
-    def generate(self, seeds: np.ndarray, rs: RandomSource) -> tuple[np.ndarray, np.ndarray]:
-        y = np.array(seeds, dtype=np.int64, copy=True)
-        logp = np.zeros(y.shape[0], dtype=np.float64)
-        if y.shape[0] == 0:
-            return y, logp
-        for i in self.resampled_columns():
-            probs = self.conditional_rows(i, self.config_index(i, y))
-            cdf = np.cumsum(probs, axis=1)
-            u = rs.child("resample", i).uniform(y.shape[0]) * cdf[:, -1]
-            v = np.minimum((cdf < u[:, None]).sum(axis=1), probs.shape[1] - 1)
-            y[:, i] = v
-            logp += np.log(probs[np.arange(y.shape[0]), v])
-        return y, logp
 
-    def log_q(self, y: np.ndarray) -> np.ndarray:
-        """``log Π_{resampled i} P(y_i | y_PA(i))``: the seed-independent factor of ``Pr{y = M(d)}``."""
-        out = np.zeros(y.shape[0], dtype=np.float64)
-        for i in self.resampled_columns():
-            probs = self.conditional_rows(i, self.config_index(i, y))
-            out += np.log(probs[np.arange(y.shape[0]), y[:, i]])
-        return out
+class NetworkGenerator(SeedResamplingNetwork):
+    """A seed-resampling Bayesian network with explicit conditional tables (post-processing only).
 
-    def log_prob(self, y: np.ndarray, d: np.ndarray) -> np.ndarray:
-        cols = list(self.copied_columns())
-        q = self.log_q(y)
-        match = np.all(y[:, None, cols] == d[None, :, cols], axis=2) if cols else np.ones((len(y), len(d)), bool)
-        return np.where(match, q[:, None], -np.inf)
+    ``conditionals[i]`` is ``P(X_i | Π_i)`` as a ``[parent configuration, value]`` array over the
+    declared cells (configurations in ``np.ravel_multi_index`` order of ``structure.parents[i]``),
+    every row a probability vector with no zero entry. ``structure.order`` must be topological.
+    Holds no data and no key: it is a function of a released model, so it may be written.
+    """
 
-    def sample_codes(self, n: int, rs: RandomSource) -> np.ndarray:
-        """Forward sampling of ``n`` rows from scratch (no seed): the network as a plain model."""
-        out = np.zeros((n, len(self._shape)), dtype=np.int64)
-        for i in self._structure.order:
-            probs = self.conditional_rows(i, self.config_index(i, out))
-            cdf = np.cumsum(probs, axis=1)
-            u = rs.child("forward", i).uniform(n) * cdf[:, -1]
-            out[:, i] = np.minimum((cdf < u[:, None]).sum(axis=1), probs.shape[1] - 1)
-        return out
+    def __init__(self, *, structure: PlausibleStructure, shape: Sequence[int],
+                 conditionals: Sequence[np.ndarray], omega: int, source: str = "explicit tables") -> None:
+        self._structure = structure
+        self._shape = tuple(int(s) for s in shape)
+        m = len(self._shape)
+        if isinstance(omega, bool) or not isinstance(omega, int) or not 1 <= omega <= m:
+            raise ValueError(f"omega ({omega!r}) must be an int in [1, {m}]")
+        if sorted(structure.order) != list(range(m)) or len(structure.parents) != m:
+            raise ValueError(f"structure {structure!r} must order and parent each of the {m} columns once")
+        pos = {c: r for r, c in enumerate(structure.order)}
+        for i, ps in enumerate(structure.parents):
+            if any(pos[p] >= pos[i] for p in ps):
+                raise ValueError(f"order {structure.order!r} is not topological: column {i} has parents {ps!r}")
+        if len(conditionals) != m:
+            raise ValueError(f"need {m} conditionals, got {len(conditionals)}")
+        self._cond = []
+        for i, c in enumerate(conditionals):
+            c = np.asarray(c, dtype=np.float64)
+            want = (math.prod(self._shape[p] for p in structure.parents[i]), self._shape[i])
+            if c.shape != want:
+                raise ValueError(f"conditional of column {i} has shape {c.shape}, expected {want}")
+            if not (np.all(c > 0) and np.allclose(c.sum(axis=1), 1.0, atol=1e-9)):
+                raise ValueError(f"conditional of column {i} must have positive rows summing to 1")
+            self._cond.append(c)
+        self._omega = int(omega)
+        self._source = str(source)
+
+    def conditional_rows(self, i: int, configs: np.ndarray) -> np.ndarray:
+        return self._cond[i][configs]
+
+    def conditional(self, i: int) -> np.ndarray:
+        """``P(X_i | Π_i)`` as ``[configuration, value]`` rows."""
+        return self._cond[i].copy()
+
+    def with_omega(self, omega: int) -> NetworkGenerator:
+        """The same network resampling ``omega`` attributes (post-processing)."""
+        return NetworkGenerator(structure=self._structure, shape=self._shape, conditionals=self._cond,
+                                omega=omega, source=self._source)
+
+    def describe(self) -> dict[str, Any]:
+        return {"model": "seed-resampling network", "source": self._source, "omega": self._omega,
+                "structure": self._structure.to_dict(),
+                "copied": list(self.copied_columns()), "resampled": list(self.resampled_columns())}
+
+
+def _weighted_entropy(keys: np.ndarray, card: int, x: np.ndarray, w: np.ndarray) -> tuple[float, int]:
+    """``H(X | K)`` in nats of a weighted sample and the number of configurations of ``K`` used."""
+    joint = np.bincount(keys * card + x, weights=w)
+    joint = joint[joint > 0]
+    configs = np.bincount(keys, weights=w)
+    configs = configs[configs > 0]
+    return float(np.sum(configs * np.log(configs)) - np.sum(joint * np.log(joint))) / float(w.sum()), configs.size
+
+
+def choose_parents(pool: np.ndarray, weights: np.ndarray, *, shape: Sequence[int], column: int,
+                   candidates: Sequence[int], max_parents: int, max_configs: int) -> tuple[int, ...]:
+    """Greedy parents of ``column`` among ``candidates`` for a weighted sample (post-processing).
+
+    Adds, while it pays, the candidate with the largest drop of ``H(X | Π)`` minus a BIC penalty
+    ``(new free parameters)·ln(N)/(2N)`` (``N`` the sample's effective size), keeping the number
+    of parent configurations ≤ ``max_configs``. Reads only ``pool`` (records sampled from a DP
+    model) and its weights.
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    n_eff = float(w.sum() ** 2 / max(float(np.sum(w * w)), 1e-300))
+    pen = math.log(max(n_eff, 2.0)) / (2.0 * max(n_eff, 2.0))
+    card = int(shape[column])
+    x = pool[:, column].astype(np.int64)
+    chosen: list[int] = []
+    keys = np.zeros(pool.shape[0], dtype=np.int64)
+    configs = 1
+    h, _ = _weighted_entropy(keys, card, x, w)
+    while len(chosen) < max_parents:
+        best = None
+        for j in candidates:
+            if j in chosen or configs * int(shape[j]) > max_configs:
+                continue
+            k2 = keys * int(shape[j]) + pool[:, j].astype(np.int64)
+            h2, used = _weighted_entropy(k2, card, x, w)
+            gain = (h - h2) - pen * (card - 1) * (configs * int(shape[j]) - configs)
+            if gain > 1e-12 and (best is None or gain > best[0]):
+                best = (gain, j, h2, k2)
+        if best is None:
+            break
+        _, j, h, keys = best
+        chosen.append(j)
+        configs *= int(shape[j])
+    return tuple(chosen)
+
+
+def fit_network_generator(pool: np.ndarray, weights: np.ndarray | None, *, shape: Sequence[int], omega: int,
+                          order: Sequence[int], max_parents: int = 3, max_configs: int = 2000,
+                          prior_rows: float = 1.0, source: str = "weighted sample of a DP model") -> NetworkGenerator:
+    """A :class:`NetworkGenerator` fitted to a weighted sample drawn from a released DP model.
+
+    ``order`` is the resampling order (its first ``m − ω`` columns are copied from seeds, the
+    rest resampled in that order); each column's parents are chosen among the columns before it
+    (:func:`choose_parents`), and ``P(X | π) = (W(x, π) + a·P(x)) / (W(π) + a)`` with ``a =
+    prior_rows`` (weights scaled to mean 1, so ``a`` counts sample rows): every row positive,
+    configurations the sample never reaches fall back on the marginal. Post-processing of the
+    model: no budget, no access to private records.
+    """
+    pool = np.asarray(pool, dtype=np.int64)
+    m = len(shape)
+    order = tuple(int(c) for c in order)
+    if sorted(order) != list(range(m)):
+        raise ValueError(f"order ({order!r}) must list each of the {m} columns once")
+    w = np.ones(pool.shape[0]) if weights is None else np.asarray(weights, dtype=np.float64)
+    if pool.shape[0] == 0 or not w.sum() > 0:
+        raise ValueError("the sample must have at least one row of positive weight")
+    w = w * (w.size / w.sum())
+    parents: list[tuple[int, ...]] = [()] * m
+    conds: list[np.ndarray] = [np.zeros(0)] * m
+    for r, i in enumerate(order):
+        ps = choose_parents(pool, w, shape=shape, column=i, candidates=order[:r], max_parents=max_parents,
+                            max_configs=max_configs) if r else ()
+        ps = tuple(sorted(ps))
+        parents[i] = ps
+        card = int(shape[i])
+        n_cfg = math.prod(int(shape[p]) for p in ps)
+        cfg = (np.ravel_multi_index(tuple(pool[:, p] for p in ps), tuple(int(shape[p]) for p in ps))
+               if ps else np.zeros(pool.shape[0], dtype=np.int64))
+        joint = np.bincount(cfg * card + pool[:, i], weights=w, minlength=n_cfg * card).reshape(n_cfg, card)
+        marg = joint.sum(axis=0) + 1e-9
+        marg = marg / marg.sum()
+        cond = joint + prior_rows * marg[None, :]
+        conds[i] = cond / cond.sum(axis=1, keepdims=True)
+    structure = PlausibleStructure(parents=tuple(parents), order=order)
+    return NetworkGenerator(structure=structure, shape=shape, conditionals=conds, omega=omega, source=source)
 
 
 # =============================================================================================
@@ -1063,6 +1241,138 @@ class DPPlausibleBayesNet(beam.PTransform):
             _BuildModelFn(shape=self._shape, scale=self.param_scale, alpha=self._alpha, omega=self._omega,
                           seed=self._seed, step="plausible.params"), beam.pvalue.AsSingleton(structure))
         # PlausibleBayesNet (lazy noisy conditionals)
+
+
+# =============================================================================================
+# A PrivBayes network as the seed-based generator
+# =============================================================================================
+GENERATOR_POOL_ROWS = 200_000
+GENERATOR_MAX_PARENTS = 3
+GENERATOR_MAX_CONFIGS = 2_000
+
+
+def copy_first_order(shape: Sequence[int]) -> tuple[int, ...]:
+    """Columns by number of declared cells, then schema position (data-independent).
+
+    The first ``m − ω`` are the ones a candidate copies from its seed: the privacy test counts
+    the seeds that share all of them, so small domains keep more seeds plausible for the same ω.
+    """
+    return tuple(sorted(range(len(shape)), key=lambda c: (int(shape[c]), c)))
+
+
+def model_sample(model: SynthesisModel, rows: int, rs: RandomSource) -> tuple[np.ndarray, np.ndarray | None, list[int]]:
+    """``(records, weights, network order)`` describing a released model (post-processing).
+
+    A refined PrivBayes model is its network's records raked to the released targets (the
+    weighted pool its own sampler uses); a plain network is sampled ancestrally. The order is the
+    network's sampling (topological) order, or the schema order for other models.
+    """
+    shape = tuple(int(s) for s in model.shape)
+    base = model.base if isinstance(model, RefinedModel) else model
+    order = [x for x, _ in base.structure] if isinstance(base, PrivBayesModel) else list(range(len(shape)))
+    if isinstance(model, RefinedModel) and model.targets:
+        pool = base.sample_codes(rows, rs.child("pool"))
+        return pool, rake_weights(pool, shape, model.targets, RAKE_ITERATIONS), order
+    return model.sample_codes(rows, rs.child("pool")), None, order
+
+
+def privbayes_generator(model: SynthesisModel, *, omega: int, rs: RandomSource,
+                        copy_order: Sequence[int] | None = None, pool_rows: int = GENERATOR_POOL_ROWS,
+                        max_parents: int = GENERATOR_MAX_PARENTS,
+                        max_configs: int = GENERATOR_MAX_CONFIGS) -> NetworkGenerator:
+    """The seed-based generator of a released PrivBayes model (post-processing only).
+
+    The copied columns are the first ``m − ω`` of ``copy_order`` (default
+    :func:`copy_first_order`, declared sizes); the ``ω`` others are resampled in the network's
+    own topological order, so every column is resampled after its network parents. The
+    conditionals are fitted by :func:`fit_network_generator` to ``pool_rows`` records of the
+    model (:func:`model_sample`: with the refinement, the raked pool), parents chosen among the
+    columns before (up to ``max_parents``, ``max_configs`` configurations), so a resampled
+    column may depend on any copied one (income on the copied relationship, say) and on the
+    refinement's pairs. ``Pr{y = M(d)}`` is then exact for the fitted tables
+    (:class:`SeedResamplingNetwork`).
+    """
+    shape = tuple(int(s) for s in model.shape)
+    m = len(shape)
+    if isinstance(omega, bool) or not isinstance(omega, int) or not 1 <= omega <= m:
+        raise ValueError(f"omega ({omega!r}) must be an int in [1, {m}]")
+    first = tuple(copy_first_order(shape) if copy_order is None else copy_order)
+    if sorted(first) != list(range(m)):
+        raise ValueError(f"copy_order ({copy_order!r}) must list each of the {m} columns once")
+    pool, weights, net_order = model_sample(model, int(pool_rows), rs)
+    copied = list(first[: m - omega])
+    order = copied + [c for c in net_order if c not in copied]
+    return fit_network_generator(pool, weights, shape=shape, omega=omega, order=order, max_parents=max_parents,
+                                 max_configs=max_configs,
+                                 source=f"PrivBayes model ({type(model).__name__}), {int(pool_rows)} sampled records")
+
+
+class _NetworkGeneratorFn(beam.DoFn):
+    """Released model → :class:`NetworkGenerator` (post-processing; stream per window)."""
+
+    def __init__(self, *, omega: int, pool_rows: int, max_parents: int, max_configs: int,
+                 seed: int | None) -> None:
+        self._omega, self._pool_rows, self._seed = omega, pool_rows, seed
+        self._max_parents, self._max_configs = max_parents, max_configs
+
+    def process(self, model: SynthesisModel, window=beam.DoFn.WindowParam):
+        rs = RandomSource(seed=self._seed).child("plausible.generator", *window_labels(window))
+        yield privbayes_generator(model, omega=self._omega, rs=rs, pool_rows=self._pool_rows,
+                                  max_parents=self._max_parents, max_configs=self._max_configs)
+
+
+@element_types(inputs={"structure": EncodedBatch, "params": EncodedBatch}, output=NetworkGenerator)
+class DPPrivBayesGenerator(beam.PTransform):
+    """ε-DP PrivBayes model of the model splits, turned into the seed-based generator.
+
+    Input: ``{"structure": PCollection[EncodedBatch], "params": PCollection[EncodedBatch]}`` (the
+    two model parts of :class:`SplitForPlausible`, disjoint from the seeds); both go to one
+    :class:`~beamsynth.transforms.privbayes.DPPrivBayes` (its own accounting: structure by
+    permute-and-flip, discrete Laplace family tables, refinement; ``budget.epsilon``-DP, pure,
+    add/remove one unit of ≤ ``max_contributions`` records; ``sizing="auto"`` on the public
+    ``rows`` or a DP count). Output: one :class:`NetworkGenerator` per window, fitted to the
+    released model by :func:`privbayes_generator` (post-processing). The spends are in
+    :attr:`plan` (``spend_privbayes``); pass ``accountant`` to record them here.
+    """
+
+    def __init__(self, *, schema: Schema, budget: ApproxDP, omega: int, rows: int | None = None,
+                 max_contributions: int = 1, pool_rows: int = GENERATOR_POOL_ROWS,
+                 max_parents: int = GENERATOR_MAX_PARENTS, max_configs: int = GENERATOR_MAX_CONFIGS,
+                 seed: int | None = None, accountant: PrivacyAccountant | None = None, spend_prefix: str = "plausible.model",
+                 label: str | None = None) -> None:
+        super().__init__(label)
+        m = len(schema.shape)
+        if isinstance(omega, bool) or not isinstance(omega, int) or not 1 <= omega <= m:
+            raise ValueError(f"omega ({omega!r}) must be an int in [1, {m}]")
+        for name, value, low in (("pool_rows", pool_rows, 1_000), ("max_parents", max_parents, 0),
+                                 ("max_configs", max_configs, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} ({value!r}) must be an int >= {low}")
+        self._seed = run_seed(seed)
+        self._privbayes = DPPrivBayes(schema=schema, budget=budget, sizing="auto", rows=rows,
+                                      max_contributions=max_contributions, seed=self._seed)
+        self.plan = self._privbayes.plan
+        if accountant is not None:
+            spend_privbayes(accountant, self.plan, spend_prefix)
+        self._epsilon, self._omega, self._pool_rows = budget.epsilon, omega, pool_rows
+        self._max_parents, self._max_configs = max_parents, max_configs
+
+    def display_data(self) -> dict[str, Any]:
+        """ε, degree and the generator's sizes (never data values)."""
+        return display_items(mechanism="PrivBayes model as the seed-based generator", epsilon=self._epsilon,
+                             delta=0.0, degree=self.plan.degree, omega=self._omega,
+                             pool_rows=self._pool_rows, max_parents=self._max_parents,
+                             max_configs=self._max_configs)
+
+    def expand(self, parts):
+        records = (parts["structure"], parts["params"]) | "ModelRecords" >> beam.Flatten()
+        # EncodedBatch: D_T ∪ D_P (disjoint from the seeds)
+        model = records | "PrivBayes" >> self._privbayes
+        # PrivBayesModel | RefinedModel (the DP release)
+        return model | "ToGenerator" >> beam.ParDo(_NetworkGeneratorFn(
+            omega=self._omega, pool_rows=self._pool_rows, max_parents=self._max_parents,
+            max_configs=self._max_configs, seed=self._seed))
+        # NetworkGenerator (post-processing)
 
 
 # =============================================================================================

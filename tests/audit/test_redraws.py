@@ -135,7 +135,7 @@ CASES: dict[str, tuple[Callable[[Path, str], list[str]], tuple[str, ...]]] = {
     "privbayes": (_synthesize("privbayes", "--epsilon", "1", "--rows", "150"), ("privbayes", "sample")),
     "sbhg": (_synthesize("sbhg", "--epsilon", "2", "--delta", "1e-6", "--rows", "150"),
              ("sbhg-select", "sbhg-sba")),
-    "plausible": (_synthesize("plausible", "--epsilon", "5000", "--delta", "1e-6", "--k", "3", "--gamma", "4",
+    "plausible": (_synthesize("plausible", "--generator", "cfs", "--epsilon", "5000", "--delta", "1e-6", "--k", "3", "--gamma", "4",
                               "--epsilon0", "19", "--omega", "12", "--rows", "150"),
                   ("plausible-split", "plausible-structure", "plausible-model", "plausible-generate")),
     "prefix-basic": (_prefixes("basic"), ("bound", "prefix-root", "prefix-level", "prefix-decode")),

@@ -122,11 +122,13 @@ def test_synthesize_cli_plausible_writes_released_rows_and_manifest(tmp_path):
     out = tmp_path / "out.csv"
     rc = main(["synthesize", str(src), "--schema", "adult", "--epsilon", "5000", "--delta", "1e-6",
                "--output", str(out), "--method", "plausible", "--k", "50", "--gamma", "4",
-               "--epsilon0", "1", "--omega", "12", "--rows", "3000", "--seed", "7", "--runner=DirectRunner"])
+               "--epsilon0", "1", "--omega", "12", "--rows", "3000", "--seed", "7", "--generator", "privbayes",
+               "--runner=DirectRunner"])
     assert rc == 0
     man = json.loads((tmp_path / "out.csv.manifest.json").read_text())
     assert "WARNING" not in man["release"]
     det = man["release"]["details"]["method"]
+    assert det["generator"] == "privbayes" and det["model"]["privbayes"]["degree"] >= 0
     assert det["tested"] == det["candidates"] > 2000
     assert "rejection_reasons" not in det  # private diagnostics stay out of the release part
     rej = man["operational"]["method"]["rejection_reasons"]
@@ -135,11 +137,17 @@ def test_synthesize_cli_plausible_writes_released_rows_and_manifest(tmp_path):
     g = det["release_guarantee"]["per_record"]
     assert g["t"] == 25 and g["delta"] == pytest.approx(np.exp(-25))
     spends = {s["step"]: s for s in man["release"]["budget"]["spends"]}
-    assert set(spends) == {"plausible.model", "plausible.candidates"}
+    model = {k: v for k, v in spends.items() if k != "plausible.candidates"}
+    assert "plausible.model.marginals" in model and all(k.startswith("plausible.model.") for k in model)
+    assert sum(v["epsilon"] for v in model.values()) == pytest.approx(0.1 * 5000)
     cand = spends["plausible.candidates"]
     assert cand["details"]["C"] >= det["tested"]  # the public bound covers the realized count
     assert cand["epsilon"] == pytest.approx(cand["details"]["C"] * g["epsilon"])
     assert man["release"]["budget"]["spent"]["epsilon"] <= 5000
+    # per-record and dataset-level guarantees side by side (Theorem 1; C·ε₁; + the model)
+    rows = det["release_guarantee"]["side_by_side"]
+    assert [r["epsilon"] for r in rows] == pytest.approx(
+        [g["epsilon"], cand["epsilon"], cand["epsilon"] + 0.1 * 5000])
     written = pd.read_csv(out)
     assert len(written) == det["released"]
 
@@ -179,7 +187,7 @@ def test_non_dp_release_is_flagged_in_the_manifest(tmp_path):
     out = tmp_path / "out.csv"
     rc = main(["synthesize", str(src), "--schema", "adult", "--epsilon", "1", "--output", str(out),
                "--method", "plausible", "--k", "10", "--omega", "15", "--plausible-test", "deterministic",
-               "--allow-non-dp", "--rows", "500", "--seed", "3", "--runner=DirectRunner"])
+               "--allow-non-dp", "--rows", "500", "--seed", "3", "--generator", "cfs", "--runner=DirectRunner"])
     assert rc == 0
     man = json.loads((tmp_path / "out.csv.manifest.json").read_text())
     assert next(iter(man["release"])) == "WARNING"  # first key of the release part

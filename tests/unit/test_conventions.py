@@ -158,6 +158,7 @@ def _factories(tmp_path) -> dict:
     from beamsynth.transforms.inputs import EncodeElements, KeyLayout
     from beamsynth.transforms.plausible import (
         DPPlausibleBayesNet,
+        DPPrivBayesGenerator,
         GenerateCandidates,
         OrderReleased,
         PlausibleDeniabilityFilter,
@@ -205,6 +206,7 @@ def _factories(tmp_path) -> dict:
             conditional_budget=ApproxDP(epsilon=0.8, delta=1e-6)),
         "SplitForPlausible": SplitForPlausible(),
         "DPPlausibleBayesNet": DPPlausibleBayesNet(shape=(3, 4), budget=PureDP(epsilon=1.0), omega=1),
+        "DPPrivBayesGenerator": DPPrivBayesGenerator(schema=SCHEMA, budget=PureDP(epsilon=1.0), omega=1),
         "GenerateCandidates": GenerateCandidates(model=None, rows=None, n_seeds=None),
         "OrderReleased": OrderReleased(shape=(3, 4)),
         "PlausibleDeniabilityFilter": PlausibleDeniabilityFilter(records=None, model=None, k=10,
@@ -233,6 +235,7 @@ def _factories(tmp_path) -> dict:
 # transforms that release DP values (the rest read, write, bound, split or post-process)
 MECHANISMS = {"DPMarginals", "DPCount", "DPIndependentMarginals", "DPCategoricalHistogram",
               "DPPrivBayes", "PrivBayesSynthesizer", "DPHashedConditionals", "DPPlausibleBayesNet",
+              "DPPrivBayesGenerator",
               "DPBasicPrefixHistogram", "DPImprovedPrefixHistogram", "DPDirectPrefixSynthesis",
               "Synthesize"}
 

@@ -29,11 +29,21 @@ def _plan(rows=1000, epsilon=GENEROUS["epsilon"], delta=GENEROUS["delta"], max_c
     return plan_synthesis(cfg)
 
 
-def test_plan_spends_model_and_candidates_within_the_total():
-    plan = _plan(k=50, gamma=4.0, epsilon0=1.0, omega=9)
+def _model_epsilon(spends) -> float:
+    return sum(s.budget.epsilon for step, s in spends.items() if step.startswith("plausible.model"))
+
+
+@pytest.mark.parametrize("generator", ["privbayes", "cfs"])
+def test_plan_spends_model_and_candidates_within_the_total(generator):
+    plan = _plan(k=50, gamma=4.0, epsilon0=1.0, omega=9, generator=generator)
     spends = {s.step: s for s in plan.accountant.spends}
-    assert set(spends) == {"plausible.model", "plausible.candidates"}
-    assert spends["plausible.model"].budget.epsilon == pytest.approx(0.1 * 2000.0)  # pd_model_fraction
+    if generator == "cfs":
+        assert set(spends) == {"plausible.model", "plausible.candidates"}
+    else:  # PrivBayes's own accounting under the plausible.model prefix
+        assert {"plausible.model.structure", "plausible.model.marginals", "plausible.candidates"} <= set(spends)
+        assert all(step.startswith("plausible.model.") for step in set(spends) - {"plausible.candidates"})
+    assert _model_epsilon(spends) == pytest.approx(0.1 * 2000.0)  # pd_model_fraction
+    assert plan.method.details()["model"]["generator"] == generator
     total_e = sum(s.budget.epsilon for s in plan.accountant.spends)
     total_d = sum(s.budget.delta for s in plan.accountant.spends)
     assert total_e <= 2000.0 and total_d <= 1e-6
@@ -105,15 +115,18 @@ def test_deterministic_test_is_refused_without_the_flag():
         _plan(plausible_test="deterministic")
 
 
-def test_deterministic_test_with_the_flag_claims_no_dp():
-    plan = _plan(epsilon=1.0, delta=0.0, plausible_test="deterministic", allow_non_dp=True)
+@pytest.mark.parametrize("generator", ["privbayes", "cfs"])
+def test_deterministic_test_with_the_flag_claims_no_dp(generator):
+    plan = _plan(epsilon=1.0, delta=0.0, plausible_test="deterministic", allow_non_dp=True, generator=generator)
     det = plan.method.details()
     assert det["release_guarantee"]["differential_privacy"] is False
     assert det["differential_privacy"] is False and "NOT DIFFERENTIALLY PRIVATE" in det["WARNING"]
     assert plan.method.non_dp_warning.startswith("NOT DIFFERENTIALLY PRIVATE")
     spends = plan.accountant.spends
-    assert [s.step for s in spends] == ["plausible.model"]  # no DP claim for the records
-    assert "NOT DIFFERENTIALLY PRIVATE" in spends[0].mechanism  # what the ledger's entry says
+    assert all(s.step.startswith("plausible.model") for s in spends)  # no DP claim for the records
+    assert sum(s.budget.epsilon for s in spends) == pytest.approx(1.0)
+    if generator == "cfs":
+        assert "NOT DIFFERENTIALLY PRIVATE" in spends[0].mechanism  # what the ledger's entry says
 
 
 @pytest.mark.parametrize("opts,msg", [
@@ -126,6 +139,7 @@ def test_deterministic_test_with_the_flag_claims_no_dp():
     ({"plausible_split": "0.5,0.5"}, r"plausible_split \('0.5,0.5'\) must be three numbers > 0"),
     ({"plausible_test": "fuzzy"}, r"plausible_test \('fuzzy'\) must be 'randomized' or 'deterministic'"),
     ({"pd_model_fraction": 1.0}, r"pd_model_fraction \(1.0\) must be in \(0, 1\)"),
+    ({"generator": "gan"}, r"generator \('gan'\) must be one of \('privbayes', 'cfs'\)"),
 ])
 def test_option_validation_messages(opts, msg):
     with pytest.raises(ValueError, match=msg):
@@ -166,6 +180,7 @@ def test_release_ledger_is_charged_the_candidate_release(tmp_path):
     }, date="2026-01-01")
     spends = {s.step: s for s in plan_release(cfg).spends}
     eps1, _ = theorem1_guarantee(k=50, gamma=4.0, epsilon0=1.0, t=25)
-    assert set(spends) == {"a.plausible.model", "a.plausible.candidates"}
+    assert "a.plausible.candidates" in spends and "a.plausible.model.marginals" in spends
+    assert all(step.startswith(("a.plausible.model.", "a.plausible.candidates")) for step in spends)
     assert spends["a.plausible.candidates"].epsilon > 1000 * eps1  # not the old 1.0
     assert sum(s.epsilon for s in spends.values()) <= 2000.0
