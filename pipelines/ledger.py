@@ -47,13 +47,14 @@ import datetime as _dt
 import json
 import math
 import os
-import shutil
 import socket
 import sqlite3
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from beamsynth.pipelines import filesystem as fs
 
 __all__ = [
     "format_budget",
@@ -286,7 +287,10 @@ class LedgerSpend:
 
 
 def temp_folder(folder: str, release_id: str) -> str:
-    """Where a release is assembled before its atomic rename to ``folder``."""
+    """Where a release is assembled before it is published as ``folder`` (any Beam path)."""
+    if not fs.is_local(folder):
+        parent, base = fs.split(folder.rstrip("/"))
+        return fs.join(parent, f".{base}.tmp-{release_id}")
     parent, base = os.path.split(os.path.abspath(folder))
     return os.path.join(parent, f".{base}.tmp-{release_id}")
 
@@ -303,6 +307,7 @@ class PrivacyLedger:
         if isinstance(busy_timeout, bool) or not isinstance(busy_timeout, (int, float)) or busy_timeout <= 0:
             raise ValueError(f"busy_timeout ({busy_timeout!r}) must be a number > 0")
         self.path = os.fspath(path)
+        fs.require_local(self.path, "ledger path")  # SQLite: never gs://, s3://, hdfs://, ...
         self._timeout = float(busy_timeout)
         folder = os.path.dirname(os.path.abspath(self.path))
         os.makedirs(folder, exist_ok=True)
@@ -374,10 +379,9 @@ class PrivacyLedger:
     @staticmethod
     def published_release_id(folder: str) -> str | None:
         """The ``release_id`` recorded in a published release folder (None if not published)."""
-        try:
-            with open(os.path.join(folder, RELEASE_MARKER), encoding="utf-8") as fh:
-                data = json.load(fh)
-        except (OSError, ValueError):
+        try:  # a release folder may live on any Beam file system
+            data = json.loads(fs.read_text(fs.join(folder, RELEASE_MARKER)))
+        except (OSError, ValueError):  # BeamIOError is an OSError
             return None
         rid = data.get("release_id") if isinstance(data, dict) else None
         return rid if isinstance(rid, str) else None
@@ -418,7 +422,8 @@ class PrivacyLedger:
             elif force or not self._owner_alive(row["host"], row["pid"]):
                 state, note = "aborted", "process ended before publishing: spend released"
                 # outputs computed under a refunded spend must not survive to be published later
-                shutil.rmtree(temp_folder(row["folder"], row["release_id"]), ignore_errors=True)
+                tmp = temp_folder(row["folder"], row["release_id"])
+                fs.delete_quietly([*([] if fs.is_local(tmp) else fs.list_files(tmp)), tmp])
             else:
                 continue
             con.execute("UPDATE releases SET state = ?, updated = ?, note = ? WHERE release_id = ?",
@@ -547,7 +552,7 @@ class PrivacyLedger:
         written when it raises.
         """
         self._validate_spends(spends, policies)
-        folder = os.path.abspath(folder)
+        folder = os.path.abspath(folder) if fs.is_local(folder) else folder  # gs://... as given
         rid = uuid.uuid4().hex
         with self._transaction() as con:
             self._reconcile(con)

@@ -278,3 +278,41 @@ def test_windowed_releases_stream_through_filesystems(testfs):
         assert len((testfs / "w" / d).read_text().splitlines()) == 101
         manifest = json.loads((testfs / "w" / (d + ".manifest.json")).read_text())
         assert manifest["release"]["outputs"]["synthetic"] == f"{SCHEME}://w/{d}"
+
+
+def test_ledger_reconciles_release_folders_on_the_file_system(testfs, tmp_path):
+    """Release folders on ``testfs://`` (the ledger stays local): the ledger keeps the folder as
+    given (not made absolute as a local path), reads a published folder's ``release.json``
+    through ``FileSystems`` (its spend stays committed) and deletes a killed release's unpublished
+    temporary folder there (its spend is refunded)."""
+    import sqlite3
+    import subprocess
+    import sys
+
+    from beamsynth.pipelines.ledger import (
+        RELEASE_MARKER,
+        LedgerPolicy,
+        LedgerSpend,
+        PrivacyLedger,
+        temp_folder,
+    )
+
+    ledger = PrivacyLedger(str(tmp_path / "ledger.sqlite"))
+    policies = {"src": LedgerPolicy(epsilon=3.0)}
+    spends = [LedgerSpend(source="src", privacy_unit="record", step="t.marginals", epsilon=1.0,
+                          delta=0.0, mechanism="discrete Laplace")]
+    done, lost = (ledger.reserve(run_key=k, name=k, folder=f"{SCHEME}://rel/{k}", spends=spends,
+                                 policies=policies) for k in ("done", "lost"))
+    assert sorted(r["folder"] for r in ledger.releases()) == [f"{SCHEME}://rel/done",
+                                                               f"{SCHEME}://rel/lost"]
+    fs.write_json_atomic(f"{SCHEME}://rel/done/{RELEASE_MARKER}", {"release_id": done})  # published
+    lost_tmp = temp_folder(f"{SCHEME}://rel/lost", lost)
+    assert lost_tmp == f"{SCHEME}://rel/.lost.tmp-{lost}"
+    fs.write_text_atomic(f"{lost_tmp}/public/t.csv", "a\n1\n")  # computed, never published
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()  # a pid that is gone: both owners died before committing
+    with sqlite3.connect(ledger.path) as con:
+        con.execute("UPDATE releases SET pid = ?", (proc.pid,))
+    assert sorted(ledger.reconcile()) == sorted([(done, "committed"), (lost, "aborted")])
+    assert ledger.summary()[0]["epsilon_spent"] == pytest.approx(1.0)
+    assert sorted(p.name for p in (testfs / "rel").iterdir()) == ["done"]
