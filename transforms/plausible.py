@@ -80,6 +80,7 @@ __all__ = [
     "CandidateBatch",
     "DPPlausibleBayesNet",
     "DPPrivBayesGenerator",
+    "GENERATOR_MAX_CELLS",
     "GENERATOR_MAX_CONFIGS",
     "GENERATOR_MAX_PARENTS",
     "GENERATOR_POOL_ROWS",
@@ -132,6 +133,11 @@ REJECT_NOISY_THRESHOLD = "below_noisy_threshold"
 _LOG2E = 1.0 / math.log(2.0)
 _BELOW_ONE = float(np.nextafter(1.0, 0.0))
 _POISSON_TABLE_MAX = 10_000_000  # inversion table size limit (above: scipy's ppf, slower)
+GENERATOR_POOL_ROWS = 200_000
+GENERATOR_MAX_PARENTS = 3
+GENERATOR_MAX_CONFIGS = 2_000
+GENERATOR_MAX_CELLS = 1_000_000  # a fitted conditional table never exceeds this many cells
+_SMALL_CARD = 32  # conditionals with at most this many cells are inverted with one comparison
 
 
 # =============================================================================================
@@ -468,10 +474,26 @@ class SeedResamplingNetwork(PlausibleModel):
         """``P(X_i | pa = config)`` as one probability row per entry of ``configs``."""
 
     def _draw(self, i: int, y: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        probs = self.conditional_rows(i, self.config_index(i, y))
+        """Inversion of each row's conditional CDF at ``u`` (scaled by the row total): the value
+        and its probability. Works per distinct parent configuration, so memory is
+        ``O(configurations·cells + rows)``, never ``rows × cells``."""
+        uniq, inv = np.unique(self.config_index(i, y), return_inverse=True)
+        inv = inv.ravel()
+        probs = self.conditional_rows(i, uniq)
         cdf = np.cumsum(probs, axis=1)
-        v = np.minimum((cdf < (u * cdf[:, -1])[:, None]).sum(axis=1), probs.shape[1] - 1)
-        return v, probs[np.arange(y.shape[0]), v]
+        target = u * cdf[inv, -1]
+        card = probs.shape[1]
+        if card <= _SMALL_CARD:
+            v = (cdf[inv] < target[:, None]).sum(axis=1)
+        else:  # the same count of CDF entries below the target, by binary search per configuration
+            v = np.empty(inv.size, dtype=np.int64)
+            order = np.argsort(inv, kind="stable")
+            bounds = np.searchsorted(inv[order], np.arange(uniq.size + 1))
+            for r in range(uniq.size):
+                idx = order[bounds[r]:bounds[r + 1]]
+                v[idx] = np.searchsorted(cdf[r], target[idx], side="left")
+        v = np.minimum(v, card - 1)
+        return v, probs[inv, v]
 
     def generate(self, seeds: np.ndarray, rs: RandomSource) -> tuple[np.ndarray, np.ndarray]:
         y = np.array(seeds, dtype=np.int64, copy=True)
@@ -488,8 +510,8 @@ class SeedResamplingNetwork(PlausibleModel):
         """``log Π_{resampled i} P(y_i | y_PA(i))``: the seed-independent factor of ``Pr{y = M(d)}``."""
         out = np.zeros(y.shape[0], dtype=np.float64)
         for i in self.resampled_columns():
-            probs = self.conditional_rows(i, self.config_index(i, y))
-            out += np.log(probs[np.arange(y.shape[0]), y[:, i]])
+            uniq, inv = np.unique(self.config_index(i, y), return_inverse=True)
+            out += np.log(self.conditional_rows(i, uniq)[inv.ravel(), y[:, i]])
         return out
 
     def log_prob(self, y: np.ndarray, d: np.ndarray) -> np.ndarray:
@@ -636,13 +658,15 @@ def _weighted_entropy(keys: np.ndarray, card: int, x: np.ndarray, w: np.ndarray)
 
 
 def choose_parents(pool: np.ndarray, weights: np.ndarray, *, shape: Sequence[int], column: int,
-                   candidates: Sequence[int], max_parents: int, max_configs: int) -> tuple[int, ...]:
+                   candidates: Sequence[int], max_parents: int, max_configs: int,
+                   max_cells: int = GENERATOR_MAX_CELLS) -> tuple[int, ...]:
     """Greedy parents of ``column`` among ``candidates`` for a weighted sample (post-processing).
 
     Adds, while it pays, the candidate with the largest drop of ``H(X | Π)`` minus a BIC penalty
     ``(new free parameters)·ln(N)/(2N)`` (``N`` the sample's effective size), keeping the number
-    of parent configurations ≤ ``max_configs``. Reads only ``pool`` (records sampled from a DP
-    model) and its weights.
+    of parent configurations ≤ ``max_configs`` and the table (configurations × cells) ≤
+    ``max_cells`` (declared sizes). Reads only ``pool`` (records sampled from a DP model) and its
+    weights.
     """
     w = np.asarray(weights, dtype=np.float64)
     n_eff = float(w.sum() ** 2 / max(float(np.sum(w * w)), 1e-300))
@@ -656,7 +680,8 @@ def choose_parents(pool: np.ndarray, weights: np.ndarray, *, shape: Sequence[int
     while len(chosen) < max_parents:
         best = None
         for j in candidates:
-            if j in chosen or configs * int(shape[j]) > max_configs:
+            if j in chosen or configs * int(shape[j]) > max_configs or \
+                    configs * int(shape[j]) * card > max_cells:
                 continue
             k2 = keys * int(shape[j]) + pool[:, j].astype(np.int64)
             h2, used = _weighted_entropy(k2, card, x, w)
@@ -1246,9 +1271,6 @@ class DPPlausibleBayesNet(beam.PTransform):
 # =============================================================================================
 # A PrivBayes network as the seed-based generator
 # =============================================================================================
-GENERATOR_POOL_ROWS = 200_000
-GENERATOR_MAX_PARENTS = 3
-GENERATOR_MAX_CONFIGS = 2_000
 
 
 def copy_first_order(shape: Sequence[int]) -> tuple[int, ...]:

@@ -167,3 +167,29 @@ def test_privbayes_model_as_generator_copies_small_domains_and_resamples_in_netw
     np.testing.assert_allclose(gen.conditional(2), cond2, atol=0.02)
     with pytest.raises(ValueError, match=r"omega \(4\) must be an int in \[1, 3\]"):
         P.privbayes_generator(model, omega=4, rs=RandomSource(seed=4))
+
+
+def test_large_domains_are_inverted_per_configuration_with_the_same_draws():
+    """A 300-cell column takes the binary-search path: the same values as the row-by-row
+    comparison ``#{cdf < u·total}``, and the fitted table respects the cell cap."""
+    shape = (3, 300)
+    rs = RandomSource(seed=8)
+    cond0 = np.array([[0.2, 0.3, 0.5]])
+    cond1 = 0.01 + rs.child("t").uniform(3 * 300).reshape(3, 300)
+    for r in range(3):  # configuration r puts most of its mass on cells [100r, 100r + 100)
+        cond1[r, 100 * r:100 * r + 100] += 1.0
+    cond1 /= cond1.sum(axis=1, keepdims=True)
+    gen = P.NetworkGenerator(structure=P.PlausibleStructure(parents=((), (0,)), order=(0, 1)), shape=shape,
+                             conditionals=[cond0, cond1], omega=1)
+    seeds = np.stack([rs.child("s").integers(3, 5000), np.zeros(5000, np.int64)], axis=1)
+    y, logp = gen.generate(seeds, RandomSource(seed=9))
+    u = RandomSource(seed=9).child("resample", 1).uniform(5000)
+    cdf = np.cumsum(cond1, axis=1)[seeds[:, 0]]
+    want = np.minimum((cdf < (u * cdf[:, -1])[:, None]).sum(axis=1), 299)
+    np.testing.assert_array_equal(y[:, 1], want)
+    np.testing.assert_allclose(logp, np.log(cond1[seeds[:, 0], want]))
+    pool = gen.sample_codes(20_000, RandomSource(seed=10))
+    assert P.choose_parents(pool, np.ones(len(pool)), shape=shape, column=1, candidates=[0], max_parents=1,
+                            max_configs=10) == (0,)
+    assert P.choose_parents(pool, np.ones(len(pool)), shape=shape, column=1, candidates=[0], max_parents=1,
+                            max_configs=10, max_cells=899) == ()  # 3 × 300 cells > 899
