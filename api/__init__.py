@@ -12,8 +12,15 @@
     _ = p | bs.WriteManifest(job=job, path="out/manifest.json")
 
 Every mechanism spends its ε on the job's one accountant when it is applied, before any data is
-read; overspending raises :class:`BudgetExceededError` while the pipeline is built. Everything
-else (``beamsynth.transforms``, ``beamsynth.pipelines``, ...) is internal.
+read; overspending raises :class:`BudgetExceededError` while the pipeline is built.
+
+Per declared window: ``job.private(schema, windows=bs.DeclaredWindows(start=, end=, size=))``
+(one release per declared window, rows carry ``window_start``). Pipeline options:
+``bs.pipeline_options(argv)`` (runner presets ``--runner direct|direct-multi|dask|...``),
+``bs.BeamsynthOptions`` (``--beamsynth_epsilon``, ...), ``bs.privacy_job_from_options``, and
+``bs.check_pipeline_args`` (raises ``bs.UnknownOptionError`` for a mistyped flag, with a
+suggestion). A job needs nothing but ``bs.`` names and Apache Beam; everything else
+(``beamsynth.transforms``, ``beamsynth.pipelines``, ``beamsynth.runners``, ...) is internal.
 """
 
 from beamsynth.pipelines.job import (
@@ -24,6 +31,15 @@ from beamsynth.pipelines.job import (
     Synthesize,
     WriteManifest,
 )
+from beamsynth.runners.options import (
+    BeamsynthOptions,
+    UnknownOptionError,
+    beamsynth_settings,
+    check_pipeline_args,
+    privacy_job_from_options,
+)
+from beamsynth.runners.presets import PresetError
+from beamsynth.runners.presets import options_for as pipeline_options
 from beamsynth.schemas.keys import HierarchyKeyCodec as HierarchyKey
 from beamsynth.schemas.keys import SpatialKeyCodec as SpatialKey
 from beamsynth.schemas.keys import TextKeyCodec as TextKey
@@ -36,13 +52,16 @@ from beamsynth.transforms.outputs import arrow_schema
 from beamsynth.transforms.private import MakePrivate, PrivacyJob, PrivacyUnit, PrivateCollection
 from beamsynth.transforms.private_ops import Count, Histogram, Marginals, PrefixTree
 from beamsynth.transforms.synthesis import NoisyCount, SynthesisModel
+from beamsynth.transforms.windows import DeclaredWindows
 
 __all__ = [
     "DEAD_LETTER_TYPE",
     "SBHG",
     "ApproxDP",
+    "BeamsynthOptions",
     "BudgetExceededError",
     "Count",
+    "DeclaredWindows",
     "EncodedBatch",
     "HierarchyKey",
     "Histogram",
@@ -53,6 +72,7 @@ __all__ = [
     "NoisyMarginal",
     "PlausibleDeniability",
     "PrefixTree",
+    "PresetError",
     "PrivBayes",
     "PrivacyJob",
     "PrivacyUnit",
@@ -65,7 +85,12 @@ __all__ = [
     "Synthesize",
     "SynthesisModel",
     "TextKey",
+    "UnknownOptionError",
     "WriteManifest",
     "arrow_schema",
+    "beamsynth_settings",
+    "check_pipeline_args",
     "load_schema",
+    "pipeline_options",
+    "privacy_job_from_options",
 ]
