@@ -162,8 +162,10 @@ def _add(parser: argparse._ActionsContainer, flag: str, **kw: Any) -> None:
 class PlausibleMethod(Method):
     """Plausible deniability (Bindschaedler, Shokri, Gunter, VLDB 2017).
 
-    Budget (spent here, before any data is read): the model gets ``pd_model_fraction`` of ε
-    (``plausible.model``, pure ε); the candidates released through Privacy Test 2 are charged
+    Budget (spent here, before any data is read): the model gets ``pd_model_fraction`` of ε, pure
+    (``--generator privbayes``, the default: PrivBayes's own spends as ``plausible.model.*``,
+    sized from ``--input-rows`` scaled to the model split or a DP count; ``--generator cfs``: one
+    ``plausible.model`` spend); the candidates released through Privacy Test 2 are charged
     ``(C·ε₁, C·δ₁ + δ_tail)`` (``plausible.candidates``, :func:`candidate_release_cost`) with
     ``δ_tail = TAIL_DELTA_FRACTION·δ``, which needs a public ``rows``. Privacy Test 1 is refused
     unless ``allow_non_dp``; then only the model is charged and the manifest says the records are
