@@ -1322,6 +1322,8 @@ def privbayes_generator(model: SynthesisModel, *, omega: int, rs: RandomSource,
     if sorted(first) != list(range(m)):
         raise ValueError(f"copy_order ({copy_order!r}) must list each of the {m} columns once")
     pool, weights, net_order = model_sample(model, int(pool_rows), rs)
+    if weights is not None and not (np.all(np.isfinite(weights)) and weights.sum() > 0):
+        weights = None  # a degenerate raking (released tables only) falls back on the network's pool
     copied = list(first[: m - omega])
     order = copied + [c for c in net_order if c not in copied]
     return fit_network_generator(pool, weights, shape=shape, omega=omega, order=order, max_parents=max_parents,

@@ -129,6 +129,16 @@ def test_deterministic_test_with_the_flag_claims_no_dp(generator):
         assert "NOT DIFFERENTIALLY PRIVATE" in spends[0].mechanism  # what the ledger's entry says
 
 
+def test_privbayes_generator_sizes_from_the_public_input_rows():
+    """--input-rows scales to the model split (0.2 + 0.3 of 0.5/0.2/0.3) and replaces the DP count."""
+    with_rows = {s.step for s in _plan(generator="privbayes", input_rows=32_000).accountant.spends}
+    without = {s.step for s in _plan(generator="privbayes").accountant.spends}
+    assert "plausible.model.size_count" in without and "plausible.model.size_count" not in with_rows
+    plan = _plan(generator="privbayes", input_rows=32_000)
+    assert plan.method.model_rows == 16_000
+    assert plan.method.details()["model"]["privbayes"]["sizing"]["rows"] == 16_000
+
+
 @pytest.mark.parametrize("opts,msg", [
     ({"k": 0}, r"k \(0\) must be an int >= 1"),
     ({"gamma": 1.0}, r"gamma \(1.0\) must be a finite number > 1"),
@@ -140,6 +150,7 @@ def test_deterministic_test_with_the_flag_claims_no_dp(generator):
     ({"plausible_test": "fuzzy"}, r"plausible_test \('fuzzy'\) must be 'randomized' or 'deterministic'"),
     ({"pd_model_fraction": 1.0}, r"pd_model_fraction \(1.0\) must be in \(0, 1\)"),
     ({"generator": "gan"}, r"generator \('gan'\) must be one of \('privbayes', 'cfs'\)"),
+    ({"input_rows": -1}, r"input_rows \(-1\) must be an int >= 0"),
 ])
 def test_option_validation_messages(opts, msg):
     with pytest.raises(ValueError, match=msg):
