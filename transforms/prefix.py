@@ -62,6 +62,7 @@ from typing import Any
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
+from apache_beam.transforms.window import GlobalWindow
 
 from beamsynth.schemas.keys import KeyCodec, prefix_bytes
 from beamsynth.schemas.schema import EncodedBatch
@@ -71,6 +72,7 @@ from beamsynth.transforms.measure import combine_globally, window_labels
 from beamsynth.transforms.noise import RandomSource, discrete_laplace, hypergeometric, run_seed
 
 __all__ = [
+    "CALIBRATIONS",
     "DISCOUNTS",
     "DPBasicPrefixHistogram",
     "DPDirectPrefixSynthesis",
@@ -91,13 +93,17 @@ __all__ = [
     "direct_accounting",
     "direct_step",
     "improved_accounting",
+    "improved_privacy_loss",
     "improved_step",
     "leaves_to_keys",
+    "prune_and_center",
     "release_to_table",
     "restore_discount",
     "root_state",
     "round_robin_remove",
+    "spurious_threshold",
     "synth_sizes",
+    "synthetic_keys",
 ]
 
 DISCOUNTS = ("proportional", "skip", "uniform")
@@ -119,6 +125,7 @@ class PrefixAccounting:
     final_scale: float | None = None
     epsilon_level: float | None = None
     epsilon_final: float | None = None
+    loss: float | None = None  # improved (tight): the exact worst-case loss per unit, ≤ epsilon
     paper: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -162,32 +169,144 @@ def basic_accounting(*, epsilon: float, max_depth: int, max_contributions: int =
         paper="seed 003 §2.3, Figure 1, Corollary 2 (εB-DP) + second pass")
 
 
+CALIBRATIONS = ("tight", "theorem3")
+SPURIOUS_RATE = 0.5  # expected noise-only children per split node that cross the threshold
+_TYPICAL_DEPTH = 8  # levels a frequent key's prefixes are weighed over when tuning (≤ the declared depth)
+
+
+def _log_survival(m: int, eps0: float) -> float:
+    """``log P(Z ≥ m)`` for discrete Laplace ``P(Z = z) ∝ exp(-ε₀|z|)`` at an integer ``m``."""
+    q = math.exp(-eps0)
+    if m >= 0:
+        return m * -eps0 - math.log1p(q)
+    return math.log1p(-math.exp((1 - m) * -eps0) / (1 + q))
+
+
+def improved_privacy_loss(eps0: float, threshold: float, discount: int) -> float:
+    """Worst-case privacy loss of one record for the improved histogram (discrete Laplace).
+
+    ``ε₀ + Σ_{j≥1} h(j·t)`` with ``h(x) = log p(x+1)/p(x)``, ``p(x) = P(x + Z ≥ b)`` (``b`` the
+    integer threshold ``⌈threshold⌉``, ``t`` the discount). Theorem 3's proof (seed 003 §3),
+    read more tightly: *removing* a record costs at most the leaf term ``ε₀`` (the path terms are
+    ≤ 1); *adding* one changes the counts along one path (stability, Appendix A), each ≥ ``t``
+    above the next: if the leaf's released count differs it costs ``ε₀`` and the path's internal
+    counts are ``≥ t, 2t, ...``; if the difference dies above the leaf the path starts at ``≥ 0``
+    and ``h(0) ≤ ε₀``. Both cases are ``≤ ε₀ + Σ_{j≥1} h(jt)``; with the paper's
+    ``t ≥ b + ln 2/ε₀`` this is below the paper's ``2ε₀``. ``tests/unit/test_prefix.py``
+    enumerates every released tree of small neighbouring inputs and finds this bound attained,
+    never exceeded.
+    """
+    b = int(math.ceil(threshold))
+    if discount < 1:
+        raise ValueError(f"discount ({discount!r}) must be >= 1")
+    total = eps0
+    j = 1
+    while True:
+        x = j * discount
+        term = _log_survival(b - x - 1, eps0) - _log_survival(b - x, eps0)
+        total += term
+        if x > b and term < 1e-15:
+            return total
+        j += 1
+
+
+def spurious_threshold(scale: float, fanout: int, rate: float = SPURIOUS_RATE) -> int:
+    """Smallest integer ``b`` with ``(fanout - 1)·P(Z ≥ b) ≤ rate`` for noise of ``scale``.
+
+    A split node has at most ``fanout - 1`` children without records besides its real ones; each
+    crosses ``b`` on noise alone with probability ``P(Z ≥ b)``. Keeping their expected number at
+    ``rate = 1/2`` makes the noise-only subtree below a split node a subcritical branching
+    process (expected size ≤ 1), so the tree cannot diverge (Section 3's remark asks for
+    ``b ≥ ln(fanout)/ε₀`` for the same reason). Public parameters only.
+    """
+    q = math.exp(-1.0 / scale)
+    b = 1
+    while (max(fanout, 2) - 1) * q ** b / (1 + q) > rate:
+        b += 1
+    return b
+
+
+def _smallest_discount(eps0: float, b: float, budget: float) -> int | None:
+    lo = max(1, int(math.ceil(b)))
+    for t in range(lo, lo + 64 + int(8 / eps0)):
+        if improved_privacy_loss(eps0, b, t) <= budget:
+            return t
+    return None
+
+
 def improved_accounting(*, epsilon: float, max_contributions: int = 1, fanout: int = 2,
-                        threshold: float | None = None) -> PrefixAccounting:
-    """Improved adaptive histogram (Theorem 3): ``ε₀ = ε/(2k)``, ``t = ⌈b + ln 2/ε₀⌉``; depth-free."""
+                        threshold: float | None = None, depth: int | None = None,
+                        calibration: str = "tight") -> PrefixAccounting:
+    """Improved adaptive histogram (Theorem 3): noise ``1/ε₀``, threshold ``b``, discount ``t``.
+
+    ``calibration="theorem3"``: the paper's parameters, ``ε₀ = ε/(2k)``,
+    ``b = 2·s·ln(fanout)``, ``t = ⌈b + ln 2/ε₀⌉`` (2ε₀ per record).
+    ``calibration="tight"`` (default): ``(ε₀, b, t)`` such that
+    :func:`improved_privacy_loss` ``≤ ε/k`` per record, chosen from public parameters only
+    (ε, k, the fanout and the declared depth): for each ``ε₀`` on a grid, ``b`` from
+    :func:`spurious_threshold` (or the given ``threshold``) and the smallest ``t`` that fits;
+    kept is the choice with the least count a key needs to survive ``min(depth, 8)`` levels in
+    which it holds most of its prefix (``≈ D·t + b + 2/ε₀``: each split removes ``t`` from it).
+    Depth-free guarantee either way; a unit of ``k`` records by group privacy.
+    """
     _check_pos("epsilon", epsilon)
     _check_pos("max_contributions", max_contributions, integer=True)
-    eps0 = epsilon / (2.0 * max_contributions)
-    scale = 1.0 / eps0
-    b = default_threshold(scale, fanout) if threshold is None else float(threshold)
-    t = int(math.ceil(b + math.log(2.0) / eps0))
+    if threshold is not None:
+        _check_pos("threshold", threshold)
+    if calibration not in CALIBRATIONS:
+        raise ValueError(f"calibration ({calibration!r}) must be one of {CALIBRATIONS}")
+    k = max_contributions
+    paper = "seed 003 §3, Figure 2, Theorem 3, Appendix A; group privacy over k records"
+    if calibration == "theorem3":
+        eps0 = epsilon / (2.0 * k)
+        b = default_threshold(1.0 / eps0, fanout) if threshold is None else float(threshold)
+        t = int(math.ceil(b + math.log(2.0) / eps0))
+        return PrefixAccounting(
+            method="improved", epsilon=2.0 * k * eps0, max_contributions=k, levels=0, scale=1.0 / eps0,
+            threshold=b, discount=t, epsilon_level=eps0, paper=paper + " (2ε₀-DP)")
+    per_record = epsilon / k
+    levels = _TYPICAL_DEPTH if depth is None else max(1, min(int(depth), _TYPICAL_DEPTH))
+    best: tuple[float, float, float, int] | None = None
+    for step in range(50, 100):
+        eps0 = per_record * step / 100.0
+        b = float(spurious_threshold(1.0 / eps0, fanout)) if threshold is None else float(threshold)
+        t = _smallest_discount(eps0, b, per_record)
+        if t is None:
+            continue
+        cost = levels * t + b + 2.0 / eps0
+        if best is None or cost < best[0]:
+            best = (cost, eps0, b, t)
+    if best is None:  # a very large threshold: fall back to the paper's split, which always fits
+        return improved_accounting(epsilon=epsilon, max_contributions=k, fanout=fanout,
+                                   threshold=threshold, calibration="theorem3")
+    _cost, eps0, b, t = best
+    loss = improved_privacy_loss(eps0, b, t)
     return PrefixAccounting(
-        method="improved", epsilon=2.0 * max_contributions * eps0, max_contributions=max_contributions,
-        levels=0, scale=scale, threshold=b, discount=t, epsilon_level=eps0,
-        paper="seed 003 §3, Figure 2, Theorem 3 (2ε-DP), Appendix A; group privacy over k records")
+        method="improved", epsilon=epsilon, max_contributions=k, levels=0, scale=1.0 / eps0,
+        threshold=b, discount=t, epsilon_level=eps0, loss=k * loss,
+        paper=paper + " (tight: ε₀ + Σ_j h(jt) per record, improved_privacy_loss)")
 
 
-def direct_accounting(*, epsilon: float, max_depth: int, max_contributions: int = 1) -> PrefixAccounting:
-    """Direct synthesis (Section 4): root + ``maxdepth`` levels at scale ``k(maxdepth+1)/ε``."""
+def direct_accounting(*, epsilon: float, max_depth: int, max_contributions: int = 1, fanout: int = 2,
+                      prune: bool = True) -> PrefixAccounting:
+    """Direct synthesis (Section 4): root + ``maxdepth`` levels at scale ``k(maxdepth+1)/ε``.
+
+    ``prune`` (default): a child keeps a share of its parent's allocation only if its noisy count
+    reaches ``threshold = spurious_threshold(scale, fanout)`` (public parameters only); without
+    it every valid child takes part in ``Center`` (the paper's Figure 4).
+    """
     _check_pos("epsilon", epsilon)
     _check_pos("max_depth", max_depth, integer=True)
     _check_pos("max_contributions", max_contributions, integer=True)
     levels = max_depth + 1
     eps_level = epsilon / levels
+    scale = max_contributions / eps_level
     return PrefixAccounting(
         method="direct", epsilon=levels * eps_level, max_contributions=max_contributions,
-        levels=max_depth, scale=max_contributions / eps_level, epsilon_level=eps_level,
-        paper="seed 003 §4, Figures 3-4 (R = maxdepth/ε per level, plus the root count)")
+        levels=max_depth, scale=scale, epsilon_level=eps_level,
+        threshold=float(spurious_threshold(scale, fanout)) if prune else None,
+        paper="seed 003 §4, Figures 3-4 (R = maxdepth/ε per level, plus the root count)"
+              + ("; pruned Center (post-processing)" if prune else ""))
 
 
 # -- counting -----------------------------------------------------------------------------------------
@@ -224,6 +343,7 @@ class LevelRelease:
     prefixes: np.ndarray
     counts: np.ndarray
     leaf: np.ndarray
+    dropped: int = 0  # direct: allocation of parents whose children all fell below the threshold
 
     def __len__(self) -> int:
         return int(self.counts.size)
@@ -490,28 +610,59 @@ def direct_step(state: LevelState, idx: np.ndarray, cnt: np.ndarray, codec: KeyC
     """One level of Figure 3: noisy child counts centred on each node's allocated count.
 
     At the root (``depth == 0``) the node's count is first measured: noisy total, clipped at 0.
-    Children with allocation 1, terminal children and the last level are leaves; allocation ≥ 2
-    continues.
+    With ``acct.threshold`` (pruned Center) only children whose noisy count reaches it share the
+    allocation (:func:`prune_and_center`); a node with none drops its allocation (an internal
+    prefix is no key: ``LevelRelease.dropped``). Children with allocation 1, terminal children
+    and the last level are leaves; allocation ≥ 2 continues.
     """
     a = codec.fanout
     counts = dense_counts(len(state), a, idx, cnt)
     valid = codec.valid_children(state.prefixes)
     alloc = state.carry
-    released: list[LevelRelease] = []
     if state.depth == 0:
         total = counts.sum() + discrete_laplace(rs.child("root"), acct.scale, 1)
         alloc = np.maximum(total, 0).astype(np.int64)
     noisy = counts + discrete_laplace(rs.child("level"), acct.scale, counts.shape)
     start = rs.child("start").integers(a, len(state)) if len(state) else np.zeros(0, np.int64)
-    sub = center(alloc, noisy, valid, start).ravel()
+    whole = codec.is_complete(state.prefixes) if state.depth else np.ones(len(state), bool)
+    sub, dropped = prune_and_center(alloc, noisy, valid, start, acct.threshold, whole)
+    sub = sub.ravel()
     kids = children_of(state.prefixes, a)
     terminal = codec.is_terminal(kids) | last
     expand = (sub >= 2) & ~terminal
     leaf = (sub >= 1) & ~expand
     keep = expand | leaf
     nxt = _sorted_state(state.depth + 1, kids[expand], sub[expand])
-    released.append(_release(state.depth + 1, kids[keep], sub[keep], leaf[keep]))
-    return nxt, released[0]
+    rel = _release(state.depth + 1, kids[keep], sub[keep], leaf[keep])
+    rel.dropped = dropped
+    return nxt, rel
+
+
+def prune_and_center(alloc: np.ndarray, noisy: np.ndarray, valid: np.ndarray, start: np.ndarray,
+                     threshold: float | None, whole: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+    """Allocate each row's count over its children (post-processing of noisy counts only).
+
+    ``threshold=None``: the paper's :func:`center` over every valid child. Otherwise only
+    children with ``noisy ≥ threshold`` take part (clipped, then moved one unit at a time round
+    robin until they sum to the parent's allocation). A row where no child reaches it falls back
+    to :func:`center` over every valid child when the row's node is itself a whole key
+    (``whole``: spatial cells, hierarchy nodes, the root), else (a text prefix, which is no key)
+    allocates nothing and its allocation is returned as dropped. A child without records
+    reaches the threshold with probability ``P(Z ≥ threshold)`` only, so noise alone rarely
+    gets mass.
+    """
+    if threshold is None:
+        return center(alloc, noisy, valid, start), 0
+    alloc = np.asarray(alloc, dtype=np.int64)
+    keep = valid & (noisy >= threshold)
+    alive = keep.any(axis=1)
+    fallback = ~alive & (np.ones_like(alive) if whole is None else np.asarray(whole, bool))
+    keep[fallback] = valid[fallback]
+    used = alive | fallback
+    sub = np.zeros_like(noisy, dtype=np.int64)
+    if np.any(used):
+        sub[used] = center(alloc[used], noisy[used], keep[used], start[used])
+    return sub, int(alloc[~used].sum())
 
 
 def release_to_table(rel: LevelRelease, codec: KeyCodec) -> pa.Table:
@@ -534,10 +685,10 @@ def leaves_to_keys(rel: LevelRelease, codec: KeyCodec, rs: RandomSource,
     """
     m = rel.leaf & (rel.counts > 0)
     pre, cnt = rel.prefixes[m], rel.counts[m]
-    dropped = 0
+    dropped = int(rel.dropped)
     if complete_only:
         ok = codec.is_complete(pre) if pre.shape[1] else np.zeros(pre.shape[0], bool)
-        dropped = int(cnt[~ok].sum())
+        dropped += int(cnt[~ok].sum())
         pre, cnt = pre[ok], cnt[ok]
     rows = np.repeat(pre, cnt, axis=0)
     return codec.decode(rows, rs), dropped
@@ -570,19 +721,23 @@ class _LevelStepFn(beam.DoFn):
         self._seed, self._step, self._depth, self._last = seed, step, depth, last
 
     def process(self, counts, state: LevelState, window=beam.DoFn.WindowParam):
-        yield from self._advance(counts, state, window)
+        yield from self._emit(*self.step(counts, state, window))
 
-    def _advance(self, counts, state: LevelState, window):
+    def step(self, counts: tuple[np.ndarray, np.ndarray], state: LevelState, window: Any
+             ) -> tuple[LevelState, LevelRelease]:
+        """The level's arithmetic (Beam-free): next frontier and released nodes."""
         idx, cnt = counts
         rs = RandomSource(seed=self._seed).child(self._step, "level", self._depth, *window_labels(window))
         if self._method == "basic":
-            nxt, rel = basic_step(state, idx, cnt, self._codec, acct=self._acct, rs=rs, last=self._last)
-        elif self._method == "improved":
-            nxt, rel = improved_step(state, idx, cnt, self._codec, acct=self._acct, rule=self._rule, rs=rs)
-        else:
-            nxt, rel = direct_step(state, idx, cnt, self._codec, acct=self._acct, rs=rs, last=self._last)
+            return basic_step(state, idx, cnt, self._codec, acct=self._acct, rs=rs, last=self._last)
+        if self._method == "improved":
+            return improved_step(state, idx, cnt, self._codec, acct=self._acct, rule=self._rule, rs=rs)
+        return direct_step(state, idx, cnt, self._codec, acct=self._acct, rs=rs, last=self._last)
+
+    @staticmethod
+    def _emit(nxt: LevelState, rel: LevelRelease):
         yield nxt
-        if len(rel):
+        if len(rel) or rel.dropped:
             yield beam.pvalue.TaggedOutput("release", rel)
 
 
@@ -590,7 +745,7 @@ class _RootStepFn(_LevelStepFn):
     """Level 0: the frontier is the root (no side input)."""
 
     def process(self, counts, window=beam.DoFn.WindowParam):
-        yield from self._advance(counts, root_state(self._codec.symbol_dtype), window)
+        yield from self._emit(*self.step(counts, root_state(self._codec.symbol_dtype), window))
 
 
 @element_types(input=EncodedBatch, output=LevelRelease)
@@ -630,9 +785,28 @@ class _PrefixLevels(beam.PTransform):
             scale=self._acct.scale, key=self._codec.kind, fanout=self._codec.fanout,
             levels=self._levels, discount=self._rule)
 
+    def step_fn(self, depth: int) -> _LevelStepFn:
+        """The DoFn of level ``depth`` (its Beam-free ``step`` does the level's arithmetic)."""
+        fn = _LevelStepFn if depth else _RootStepFn
+        return fn(method=self.method, codec=self._codec, acct=self._acct, rule=self._rule,
+                  seed=self._seed, step=self.label, depth=depth, last=depth == self._levels - 1)
+
+    def run_in_memory(self, codes: np.ndarray) -> list[LevelRelease]:
+        """All levels on one in-memory array of key codes, Beam-free (benchmarks, tests, audits).
+
+        The same level functions and labelled draws as :meth:`expand` on the global window, so a
+        seeded run releases the same tree as the pipeline given the same (bounded) keys.
+        """
+        state = root_state(self._codec.symbol_dtype)
+        releases = []
+        for d in range(self._levels):
+            idx, cnt = child_cells(codes, d, state.keys, self._codec.fanout)
+            state, rel = self.step_fn(d).step((idx, cnt), state, GlobalWindow())
+            releases.append(rel)
+        return releases
+
     def expand(self, batches):
         # batches: EncodedBatch (codes (n, depth) of symbols), contribution-bounded
-        step = self.label
         state = None
         releases = []
         for d in range(self._levels):
@@ -642,11 +816,8 @@ class _PrefixLevels(beam.PTransform):
             # (cells int64[], counts int64[]) per batch
             counts = combine_globally(partial, SparseCountsCombineFn(), f"Sum{d}")
             # (cells, counts) merged, one per window
-            fn = _LevelStepFn if state is not None else _RootStepFn
-            out = counts | f"Step{d}" >> beam.ParDo(fn(
-                method=self.method, codec=self._codec, acct=self._acct, rule=self._rule,
-                seed=self._seed, step=step, depth=d, last=d == self._levels - 1), *side,
-            ).with_outputs("release", main="state")
+            out = counts | f"Step{d}" >> beam.ParDo(self.step_fn(d), *side).with_outputs(
+                "release", main="state")
             # state: LevelState (frontier at depth d+1); release: LevelRelease
             state = out.state
             releases.append(out.release)
@@ -688,11 +859,13 @@ class DPImprovedPrefixHistogram(_PrefixLevels):
     method = "improved"
 
     def __init__(self, *, codec: KeyCodec, budget: ApproxDP, max_contributions: int = 1,
-                 discount: str = "proportional", threshold: float | None = None, seed: int | None = None,
+                 discount: str = "proportional", threshold: float | None = None,
+                 calibration: str = "tight", seed: int | None = None,
                  accountant: PrivacyAccountant | None = None, label: str | None = None) -> None:
         _check_budget(budget)
         acct = improved_accounting(epsilon=budget.epsilon, max_contributions=max_contributions,
-                                   fanout=codec.fanout, threshold=threshold)
+                                   fanout=codec.fanout, threshold=threshold, depth=codec.depth,
+                                   calibration=calibration)
         super().__init__(codec=codec, acct=acct, levels=codec.depth, rule=discount, seed=seed,
                          accountant=accountant, label=label)
 
@@ -709,11 +882,14 @@ class DPDirectPrefixSynthesis(_PrefixLevels):
     method = "direct"
 
     def __init__(self, *, codec: KeyCodec, budget: ApproxDP, max_depth: int | None = None,
-                 max_contributions: int = 1, seed: int | None = None,
+                 max_contributions: int = 1, prune: bool = True, seed: int | None = None,
                  accountant: PrivacyAccountant | None = None, label: str | None = None) -> None:
         depth = codec.depth if max_depth is None else max_depth
         _check_budget(budget)
-        acct = direct_accounting(epsilon=budget.epsilon, max_depth=depth, max_contributions=max_contributions)
+        if not isinstance(prune, bool):
+            raise TypeError(f"prune ({prune!r}) must be True or False")
+        acct = direct_accounting(epsilon=budget.epsilon, max_depth=depth, max_contributions=max_contributions,
+                                 fanout=codec.fanout, prune=prune)
         super().__init__(codec=codec, acct=acct, levels=depth, seed=seed, accountant=accountant, label=label)
 
 
@@ -819,6 +995,27 @@ class DecodeLeaves(beam.PTransform):
         return releases | "Decode" >> beam.ParDo(
             _DecodeLeavesFn(self._codec, self._seed, "decode", self._complete))
         # -> pyarrow.Table with the codec's output columns
+
+
+def synthetic_keys(releases: Sequence[LevelRelease], codec: KeyCodec, *, seed: int | None = None,
+                   restore: int | None = None, step: str = "decode") -> tuple[dict[str, np.ndarray], int]:
+    """Beam-free :class:`DecodeLeaves` on the global window: decoded keys and dropped mass.
+
+    Same draws as the pipeline (``seed``, ``step``, depth, window labels); ``restore`` is the
+    improved method's ``t`` for :func:`restore_discount` (post-processing).
+    """
+    rels = restore_discount(list(releases), restore) if restore else list(releases)
+    seed = run_seed(seed)
+    parts: list[dict[str, np.ndarray]] = []
+    dropped = 0
+    for rel in rels:
+        rs = RandomSource(seed=seed).child(step, rel.depth, *window_labels(GlobalWindow()))
+        cols, lost = leaves_to_keys(rel, codec, rs)
+        parts.append(cols)
+        dropped += lost
+    out = {c: np.concatenate([p[c] for p in parts]) if parts else np.zeros(0, object)
+           for c in codec.output_columns}
+    return out, dropped
 
 
 def synth_sizes(releases: Sequence[LevelRelease]) -> int:

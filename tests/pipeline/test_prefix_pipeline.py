@@ -57,10 +57,16 @@ def test_direct_with_zero_noise_allocates_exactly():
     codec = TextKeyCodec(column="q", max_length=3, alphabet="abc")
     with mock.patch.object(P, "discrete_laplace", _zero_noise):
         with BeamTestPipeline(options=_opts()) as p:
-            rel = p | beam.Create(_batches(codec, WORDS)) | P.DPDirectPrefixSynthesis(
-                codec=codec, budget=PureDP(epsilon=1.0), seed=1)
+            batches = p | beam.Create(_batches(codec, WORDS))
+            rel = batches | P.DPDirectPrefixSynthesis(codec=codec, budget=PureDP(epsilon=1.0), prune=False, seed=1)
             keys = rel | P.DecodeLeaves(codec=codec, seed=1) | beam.FlatMap(lambda t: t.column("q").to_pylist())
             assert_that(keys, equal_to(["ab"] * 40 + ["abc"] * 30 + ["b"] * 25 + ["ca"] * 3))
+            # pruned (default): 'c' (3 < threshold 6) takes no share; the root's 98 go to 'a' and 'b'
+            pruned = (batches | "Pruned" >> P.DPDirectPrefixSynthesis(codec=codec, budget=PureDP(epsilon=1.0), seed=1)
+                      | "Decode2" >> P.DecodeLeaves(codec=codec, seed=1)
+                      | "Keys2" >> beam.FlatMap(lambda t: t.column("q").to_pylist()))
+            assert_that(pruned | beam.combiners.Count.Globally(), equal_to([98]), label="total kept")
+            assert_that(pruned | beam.Distinct(), equal_to(["ab", "abc", "b"]), label="only keys")
 
 
 def test_improved_runs_per_window_with_seeded_streams():
@@ -73,10 +79,11 @@ def test_improved_runs_per_window_with_seeded_streams():
             with BeamTestPipeline(options=_opts()) as p:
                 items = [window.TimestampedValue(b, 1) for b in first] + [
                     window.TimestampedValue(b, 15) for b in second]
+                tree = P.DPImprovedPrefixHistogram(codec=codec, budget=PureDP(epsilon=4.0),
+                                                   threshold=5, discount="skip", seed=3)
                 rel = (p | beam.Create(items) | "Fixed" >> beam.WindowInto(DeclaredWindows(start=0, end=20, size=10))
-                       | P.DPImprovedPrefixHistogram(codec=codec, budget=PureDP(epsilon=4.0),
-                                                     threshold=5, discount="skip", seed=3))
-                t = P.improved_accounting(epsilon=4.0, threshold=5).discount
+                       | tree)
+                t = tree.accounting.discount
                 leaves = (rel | "Global" >> beam.WindowInto(window.GlobalWindows())
                           | beam.FlatMap(_leaf_rows(codec)))
                 # each window is its own tree: 'ab$' lost t at the root, 'a' and 'ab' splits

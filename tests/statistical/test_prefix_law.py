@@ -2,7 +2,8 @@
 
 Every record is the same string, so each released cell is an exact count plus noise:
 * improved: the leaf ``a$`` is released as ``n - 2t + Z`` (the root split removes ``t``, the
-  split of ``a`` removes ``owed + t = 2t``), ``Z`` discrete Laplace of scale ``2k/ε``;
+  split of ``a`` removes ``owed + t = 2t``), ``Z`` discrete Laplace of scale ``1/ε₀`` (``2k/ε``
+  with the paper's calibration, less with the tight one);
 * basic: the internal node ``a`` is released as ``n + Z``, scale ``k/ε_level``, and its leaf
   ``a$`` as ``n + Z'`` with the re-measurement scale ``k/ε_final``;
 * direct: the root allocation is ``n + Z`` with scale ``k(maxdepth + 1)/ε``.
@@ -54,9 +55,15 @@ def _check(z, scale):
         assert discrete_gof_pvalue(z, lambda k, f=factor: discrete_laplace_pmf(k, scale * f)) < P_THRESHOLD
 
 
-def test_improved_leaf_is_discounted_count_plus_noise_at_2k_over_epsilon():
-    acct = P.improved_accounting(epsilon=0.8, max_contributions=2, fanout=CODEC.fanout)
-    assert acct.scale == pytest.approx(2 * 2 / 0.8)
+@pytest.mark.parametrize("calibration", ["tight", "theorem3"])
+def test_improved_leaf_is_discounted_count_plus_noise_at_one_over_eps0(calibration):
+    acct = P.improved_accounting(epsilon=0.8, max_contributions=2, fanout=CODEC.fanout, depth=CODEC.depth,
+                                 calibration=calibration)
+    assert acct.scale == pytest.approx(1 / acct.epsilon_level)
+    if calibration == "theorem3":
+        assert acct.scale == pytest.approx(2 * 2 / 0.8)
+    else:  # less noise for the same budget
+        assert acct.scale < 2 * 2 / 0.8 and acct.loss <= 0.8
     z = _samples("improved", acct, "a$", 10_000) - (N - 2 * acct.discount)
     _check(z, acct.scale)
 

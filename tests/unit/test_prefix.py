@@ -28,20 +28,100 @@ def test_basic_accounting_is_corollary_2_plus_second_pass(k, depth):
 
 
 @pytest.mark.parametrize("k", [1, 4])
-def test_improved_accounting_is_theorem_3_and_depth_free(k):
-    a = P.improved_accounting(epsilon=1.0, max_contributions=k, fanout=39)
+def test_improved_accounting_theorem3_calibration_is_the_papers(k):
+    a = P.improved_accounting(epsilon=1.0, max_contributions=k, fanout=39, calibration="theorem3")
     eps0 = 1.0 / (2 * k)
     assert a.scale == pytest.approx(1 / eps0)
     assert a.discount >= a.threshold + math.log(2) / eps0  # t >= b + ln2/ε₀
     assert a.epsilon == pytest.approx(2 * k * eps0) == pytest.approx(1.0)  # 2ε₀ per record, × k
-    # depth-independent: the same spend for keys of any depth
-    spends = []
+
+
+@pytest.mark.parametrize("k", [1, 4])
+@pytest.mark.parametrize("epsilon", [0.1, 1.0, 10.0])
+def test_improved_accounting_tight_fits_the_budget_and_beats_the_paper(k, epsilon):
+    a = P.improved_accounting(epsilon=epsilon, max_contributions=k, fanout=39, depth=21)
+    old = P.improved_accounting(epsilon=epsilon, max_contributions=k, fanout=39, calibration="theorem3")
+    per_record = P.improved_privacy_loss(a.epsilon_level, a.threshold, a.discount)
+    assert a.epsilon == epsilon and a.loss == pytest.approx(k * per_record) and a.loss <= epsilon + 1e-12
+    assert a.scale == pytest.approx(1 / a.epsilon_level)
+    # less noise, and fewer records removed per split, than the paper's split of the same budget
+    assert a.scale < old.scale and a.discount < old.discount and a.threshold <= old.threshold
+    # the threshold keeps noise-only children rare: (fanout - 1)·P(Z ≥ b) ≤ 1/2
+    assert 38 * (1 - discrete_laplace_cdf(a.threshold - 1, a.scale)) <= P.SPURIOUS_RATE + 1e-12
+    # depth-free guarantee: any declared depth spends within the budget
     for max_length in (3, 60):
-        acct = PrivacyAccountant(total=PureDP(epsilon=1.0))
+        acct = PrivacyAccountant(total=PureDP(epsilon=epsilon))
         P.DPImprovedPrefixHistogram(codec=TextKeyCodec(column="q", max_length=max_length),
-                                    budget=PureDP(epsilon=1.0), max_contributions=k, accountant=acct)
-        spends.append(acct.spent_epsilon)
-    assert spends[0] == spends[1] == pytest.approx(1.0)
+                                    budget=PureDP(epsilon=epsilon), max_contributions=k, accountant=acct)
+        assert acct.spent_epsilon == pytest.approx(epsilon)
+
+
+def test_improved_privacy_loss_is_the_papers_bound_read_tightly():
+    # the paper's parameters: ε₀ + Σ_j h(jt) < 2ε₀ (Theorem 3's bound is loose)
+    a = P.improved_accounting(epsilon=1.0, fanout=39, calibration="theorem3")
+    loss = P.improved_privacy_loss(a.epsilon_level, a.threshold, a.discount)
+    assert a.epsilon_level < loss < 2 * a.epsilon_level
+    # t < b: the path terms at jt < b cost ε₀ each
+    assert P.improved_privacy_loss(0.5, 10, 5) > 0.5 * 2
+    with pytest.raises(ValueError, match=r"discount \(0\) must be >= 1"):
+        P.improved_privacy_loss(0.5, 10, 0)
+    with pytest.raises(ValueError, match=r"calibration \('x'\) must be one of"):
+        P.improved_accounting(epsilon=1.0, calibration="x")
+
+
+_ALPHABET, _LENGTH = "ab", 3
+
+
+def _exact_worst_log_ratio(first: dict, second: dict, eps0: float, b: int, t: int) -> float:
+    """max over every released tree of log P[tree | first] / P[tree | second] (skip discount).
+
+    Exact: the probability of a tree is a product over its nodes (split: P(count + Z ≥ b);
+    leaf: the probability of its released value, every value below b; terminal nodes: any
+    value), so the maximum over trees is a recursion over nodes choosing split or leaf.
+    """
+    def log_surv(m):  # log P(Z >= m)
+        return math.log(1 - discrete_laplace_cdf(m - 1, 1 / eps0))
+
+    def raw(data, node):
+        if node.endswith("$"):
+            return data.get(node[:-1], 0)
+        return sum(c for s, c in data.items() if s.startswith(node))
+
+    def best(node, ea, oa, eb, ob):
+        if node.endswith("$"):
+            return eps0 * abs(ea - eb)  # terminal: the released value, any integer
+        kids = [node + ch for ch in _ALPHABET] * (len(node) < _LENGTH) + [node + "$"]
+        ra = np.array([[raw(first, k) for k in kids]])
+        rb = np.array([[raw(second, k) for k in kids]])
+        rem_a = P.allocate_discount(ra, np.array([oa]), t, "skip", None)[0]
+        rem_b = P.allocate_discount(rb, np.array([ob]), t, "skip", None)[0]
+        split = 0.0 if node == "" else log_surv(b - ea) - log_surv(b - eb)
+        for i, k in enumerate(kids):
+            split += best(k, int(ra[0, i] - rem_a[i]), int(rem_a[i]), int(rb[0, i] - rem_b[i]), int(rem_b[i]))
+        if node == "":
+            return split  # the root always splits
+        leaf = max(eps0 * (abs(y - eb) - abs(y - ea)) for y in range(min(ea, eb, b) - 5, b))
+        return max(leaf, split)
+
+    return best("", 0, 0, 0, 0)
+
+
+@pytest.mark.parametrize("eps0, b, t", [(0.92, 5, 6), (0.7, 4, 4), (0.5, 15, 17)])
+def test_improved_privacy_loss_is_attained_and_never_exceeded_on_small_trees(eps0, b, t):
+    """Every released tree of neighbouring inputs (one record added or removed), exactly."""
+    claim = P.improved_privacy_loss(eps0, b, t)
+    rng = np.random.default_rng(7)
+    strings = ["", "a", "b", "aa", "ab", "ba", "bb", "aab", "aba", "bab", "bbb"]
+    worst = 0.0
+    for _ in range(60):
+        data = {str(s): int(rng.integers(0, 4 * t)) for s in rng.choice(strings, size=rng.integers(1, 5))}
+        other = dict(data)
+        extra = str(rng.choice(strings))
+        other[extra] = other.get(extra, 0) + 1
+        worst = max(worst, _exact_worst_log_ratio(data, other, eps0, b, t),
+                    _exact_worst_log_ratio(other, data, eps0, b, t))
+    assert worst <= claim + 1e-9
+    assert worst >= claim - 0.05  # the bound is (nearly) attained: the claim is not loose
 
 
 def test_direct_accounting_is_maxdepth_over_epsilon_per_level():
@@ -63,18 +143,22 @@ def _log_ratio_sum(eps0: float, b: float, t: float, steps: int = 4000) -> float:
 
 
 @pytest.mark.parametrize("epsilon, k", [(0.1, 1), (1.0, 1), (1.0, 3), (10.0, 1)])
-def test_theorem_3_bound_holds_for_the_discrete_noise_and_fails_without_discount(epsilon, k):
-    a = P.improved_accounting(epsilon=epsilon, max_contributions=k, fanout=39)
+@pytest.mark.parametrize("calibration", ["tight", "theorem3"])
+def test_theorem_3_bound_holds_for_the_discrete_noise_and_fails_without_discount(epsilon, k, calibration):
+    a = P.improved_accounting(epsilon=epsilon, max_contributions=k, fanout=39, calibration=calibration)
     eps0 = a.epsilon_level
-    # internal path nodes (add case) cost at most 2ε₀ in total, whatever the depth
-    assert _log_ratio_sum(eps0, a.threshold, a.discount) <= 2 * eps0 + 1e-9
+    # internal path nodes (add case) cost at most the per-record budget, whatever the depth
+    assert _log_ratio_sum(eps0, a.threshold, a.discount) <= epsilon / k + 1e-9
     # the leaf term (remove case) costs at most ε₀: one step of the discrete Laplace cdf
     scale = 1 / eps0
     xs = np.arange(-50, int(a.threshold) + 50)
     leaf = (discrete_laplace_cdf(a.threshold - xs, scale) / discrete_laplace_cdf(a.threshold - xs - 1, scale))
     assert np.log(leaf).max() <= eps0 + 1e-9
-    # without a discount the path cost grows with depth: the check above can fail
-    assert _log_ratio_sum(eps0, a.threshold, 1.0, steps=int(a.threshold) * 4) > 2 * eps0
+    # with a smaller discount the path cost grows with depth: the check above can fail
+    if a.threshold > 1:
+        assert _log_ratio_sum(eps0, a.threshold, 1.0, steps=int(a.threshold) * 4) > epsilon / k
+    if calibration == "tight" and a.discount > a.threshold:  # the smallest discount that fits
+        assert P.improved_privacy_loss(eps0, a.threshold, a.discount - 1) > epsilon / k
 
 
 @pytest.mark.parametrize("bad, message", [
