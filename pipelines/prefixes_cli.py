@@ -55,6 +55,7 @@ from beamsynth.schemas.schema import EncodedBatch
 from beamsynth.transforms.budget import PrivacyAccountant, PureDP
 from beamsynth.transforms.conventions import display_items, element_types
 from beamsynth.transforms.prefix import (
+    CALIBRATIONS,
     DISCOUNTS,
     DecodeLeaves,
     DPBasicPrefixHistogram,
@@ -152,7 +153,8 @@ class EncodeKeys(beam.PTransform):
 def make_transform(*, method: str, codec: KeyCodec, epsilon: float, max_contributions: int,
                    seed: int | None, accountant: PrivacyAccountant, max_depth: int | None = None,
                    discount: str = "proportional", threshold: float | None = None,
-                   final_fraction: float = 0.25) -> beam.PTransform:
+                   final_fraction: float = 0.25, calibration: str = "tight",
+                   prune: bool = True) -> beam.PTransform:
     """The method's PTransform; spends the budget on ``accountant`` now (build time)."""
     budget = PureDP(epsilon=epsilon)
     if method == "basic":
@@ -161,11 +163,12 @@ def make_transform(*, method: str, codec: KeyCodec, epsilon: float, max_contribu
                                       threshold=threshold, seed=seed, accountant=accountant)
     if method == "improved":
         return DPImprovedPrefixHistogram(codec=codec, budget=budget, max_contributions=max_contributions,
-                                         discount=discount, threshold=threshold, seed=seed,
-                                         accountant=accountant)
+                                         discount=discount, threshold=threshold, calibration=calibration,
+                                         seed=seed, accountant=accountant)
     if method == "direct":
         return DPDirectPrefixSynthesis(codec=codec, budget=budget, max_depth=max_depth,
-                                       max_contributions=max_contributions, seed=seed, accountant=accountant)
+                                       max_contributions=max_contributions, prune=prune, seed=seed,
+                                       accountant=accountant)
     raise ValueError(f"method ({method!r}) must be one of {METHODS}")
 
 
@@ -342,6 +345,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "of the released tree) before writing synthetic keys")
     g.add_argument("--final-fraction", type=float, default=0.25,
                    help="basic: share of ε for re-measuring the leaves (default 0.25)")
+    g.add_argument("--calibration", choices=CALIBRATIONS, default="tight",
+                   help="improved: noise/threshold/discount from the exact worst-case loss (tight, "
+                        "default) or the paper's Theorem 3 split (theorem3)")
+    g.add_argument("--no-prune", dest="prune", action="store_false",
+                   help="direct: Center over every child (the paper's Figure 4) instead of only the "
+                        "children whose noisy count reaches the public threshold")
     preflight.add_check_arguments(p)
     p.set_defaults(func=_run)
 
@@ -358,8 +367,10 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     if args.method == "improved":
         method_args["discount"] = args.discount
         method_args["restore"] = args.restore_discount
+        method_args["calibration"] = args.calibration
     if args.method == "direct":
         method_args.pop("threshold")
+        method_args["prune"] = args.prune
     quiet = getattr(args, "quiet", False)
     if not quiet:
         print(f"beamsynth prefixes: {args.method} on {args.input} ({codec.kind}, ε={args.epsilon:g})",

@@ -103,7 +103,7 @@ def test_cli_text_end_to_end(tmp_path):
     out = str(tmp_path / "out.csv")
     rc = main(["--quiet", "prefixes", inp, "--kind", "text", "--column", "query", "--max-length", "4",
                "--method", "improved", "--epsilon", "8", "--output", out, "--privacy-id", "user_id",
-               "--max-contributions", "5", "--seed", "2", "--restore-discount"])
+               "--max-contributions", "5", "--seed", "2", "--restore-discount", "--calibration", "theorem3"])
     assert rc == 0
     man = json.loads((tmp_path / "out.csv.manifest.json").read_text())
     assert man["release"]["details"]["restore_discount"] is True
@@ -112,6 +112,7 @@ def test_cli_text_end_to_end(tmp_path):
     assert op["rows_dropped_by_bound"] == 16  # the bound of 5 per user (51 encoded rows, 7 users)
     assert rel["budget"]["spent"]["epsilon"] == 8.0
     assert rel["details"]["accounting"]["max_contributions"] == 5
+    assert rel["details"]["accounting"]["scale"] == 2 * 5 / 8  # the paper's ε₀ = ε/(2k)
     synth = (tmp_path / "out.csv").read_text().splitlines()
     assert synth[0] == "query" and all(len(s) <= 4 for s in synth[1:])
     assert (tmp_path / "out.csv.tree.csv").read_text().startswith("depth,prefix,count,leaf")
@@ -133,6 +134,7 @@ def test_cli_spatial_and_bad_arguments(tmp_path, capsys):
     assert ((vals >= 0) & (vals <= 1)).all()
     man = json.loads((tmp_path / "pts.csv.manifest.json").read_text())
     assert man["operational"]["rows_rejected"] == 1
+    assert man["release"]["details"]["accounting"]["threshold"] > 0  # pruned Center by default
     rc = main(["prefixes", inp, "--kind", "spatial", "--columns", "x,y", "--box", "0,1", "--method", "improved",
                "--epsilon", "1", "--output", out])
     assert rc == 2
