@@ -69,7 +69,7 @@ from beamsynth.transforms.noise import (
     run_seed,
 )
 from beamsynth.transforms.privbayes import DPPrivBayes, PrivBayesModel, spend_privbayes
-from beamsynth.transforms.refine import RAKE_ITERATIONS, RefinedModel, rake_weights
+from beamsynth.transforms.refine import SAMPLE_RAKE_ITERATIONS, RefinedModel, rake_weights
 from beamsynth.transforms.synthesis import SynthesisModel
 from beamsynth.transforms.synthesis import _CountRowsFn as _CountRowsFn  # record count CombineFn
 
@@ -133,7 +133,7 @@ REJECT_NOISY_THRESHOLD = "below_noisy_threshold"
 _LOG2E = 1.0 / math.log(2.0)
 _BELOW_ONE = float(np.nextafter(1.0, 0.0))
 _POISSON_TABLE_MAX = 10_000_000  # inversion table size limit (above: scipy's ppf, slower)
-GENERATOR_POOL_ROWS = 200_000
+GENERATOR_POOL_ROWS = 100_000  # Adult ε=1, seeds 1-3: same accuracy/AUC as 200,000 (0.816/0.855), 2.7x faster
 GENERATOR_MAX_PARENTS = 3
 GENERATOR_MAX_CONFIGS = 2_000
 GENERATOR_MAX_CELLS = 1_000_000  # a fitted conditional table never exceeds this many cells
@@ -1286,7 +1286,7 @@ def model_sample(model: SynthesisModel, rows: int, rs: RandomSource) -> tuple[np
     """``(records, weights, network order)`` describing a released model (post-processing).
 
     A refined PrivBayes model is its network's records raked to the released targets (the
-    weighted pool its own sampler uses); a plain network is sampled ancestrally. The order is the
+    weighted pool its own sampler uses, with its sweeps); a plain network is sampled ancestrally. The order is the
     network's sampling (topological) order, or the schema order for other models.
     """
     shape = tuple(int(s) for s in model.shape)
@@ -1294,7 +1294,7 @@ def model_sample(model: SynthesisModel, rows: int, rs: RandomSource) -> tuple[np
     order = [x for x, _ in base.structure] if isinstance(base, PrivBayesModel) else list(range(len(shape)))
     if isinstance(model, RefinedModel) and model.targets:
         pool = base.sample_codes(rows, rs.child("pool"))
-        return pool, rake_weights(pool, shape, model.targets, RAKE_ITERATIONS), order
+        return pool, rake_weights(pool, shape, model.targets, SAMPLE_RAKE_ITERATIONS), order
     return model.sample_codes(rows, rs.child("pool")), None, order
 
 
