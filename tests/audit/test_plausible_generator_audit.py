@@ -1,11 +1,14 @@
 """Audit of the PrivBayes-generator path of ``--method plausible``: the guarantee keeps its shape.
 
-* Empirical: one invocation of Mechanism 1 with a seed-resampling network (the generator the
-  PrivBayes path builds, a fixed function of a model learned on disjoint data) and the fast
-  grouped count the pipeline runs (``group_keys`` / ``lookup_counts`` / ``fast_plausible_counts``),
-  on hard neighbouring seed sets: the Clopper–Pearson lower bound on ε stays below Theorem 1's
-  ε₁, and the same audit on Privacy Test 1 (no noisy threshold) certifies more than ε₁ (the audit
-  is not vacuous). False-failure rate ≤ AUDIT_ALPHA = 1e-4 per pair; seeded.
+* Empirical: invocations of Mechanism 1 with a seed-resampling network (the generator the
+  PrivBayes path builds, a fixed function of a model learned on disjoint data) through the
+  privacy test's own fast-path DoFns (``_KeyCountsFn`` → ``_MergeKeyCountsFn`` →
+  ``_KeyCandidatesFn`` → ``_FastTestFn``: hashed shards, grouped seed counts, lookup, noisy
+  threshold), called directly without a runner, on hard neighbouring seed sets: the
+  Clopper–Pearson lower bound on ε stays below Theorem 1's ε₁, and the same audit on Privacy
+  Test 1 (no noisy threshold) certifies more than ε₁ (the audit is not vacuous). Each candidate
+  of a batch is one independent invocation (its own uniform seed, its own threshold draw).
+  False-failure rate ≤ AUDIT_ALPHA = 1e-4 per pair; seeded.
 * Accounting: the plan (no data read) of ``--generator privbayes`` charges the PrivBayes spends
   under ``plausible.model.*`` plus ``plausible.candidates`` = (C·ε₁, C·δ₁ + δ_tail), and the
   manifest's ``side_by_side`` rows are exactly Theorem 1's (ε₁, δ₁), the charged C·ε₁, and C·ε₁
@@ -16,9 +19,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from apache_beam.transforms.window import GlobalWindow
 
 from beamsynth.pipelines.synthesize import SynthesisConfig, plan_synthesis
-from beamsynth.schemas.schema import load_schema
+from beamsynth.schemas.schema import EncodedBatch, load_schema
 from beamsynth.transforms import plausible as P
 from beamsynth.transforms.audit import AuditCase, NeighbourPair, audit_pair
 from beamsynth.transforms.noise import RandomSource
@@ -46,21 +50,39 @@ def _generator() -> P.NetworkGenerator:
 GEN = _generator()
 
 
-def _release(seeds: np.ndarray, runs: int, rs: RandomSource, *, randomized: bool) -> np.ndarray:
-    """``runs`` independent invocations: a uniform seed, the generator, the fast count, the test.
-    Returns the released rows (−1 rows for a candidate that failed)."""
-    out = np.full((runs, len(SHAPE)), -1, dtype=np.int64)
+SHARDS = 4
+
+
+def _released(seeds: np.ndarray, runs: int, rs: RandomSource, *, randomized: bool) -> int:
+    """How many of ``runs`` independent invocations release their candidate: uniform seeds, the
+    generator, then the pipeline's fast-path DoFns on hashed shards (no runner)."""
     if len(seeds) == 0:
-        return out
-    y, _ = GEN.generate(seeds[rs.child("seed").integers(len(seeds), runs)], rs.child("generate"))
-    cols = GEN.copied_columns()
-    uk, cnt = P._unique_counts(P.group_keys(seeds, cols, SHAPE), np.ones(len(seeds), np.int64))
-    kp = P.fast_plausible_counts(P.lookup_counts(uk, cnt, P.group_keys(y, cols, SHAPE)), n_seeds=len(seeds),
-                                 max_check=None, max_plausible=None, rs=rs.child("check"))
-    passed, _ = P.privacy_test(kp, k=K, epsilon0=EPS0 if randomized else None,
-                               rs=rs.child("test") if randomized else None)
-    out[passed] = y[passed]
-    return out
+        return 0
+    y, logp = GEN.generate(seeds[rs.child("seed").integers(len(seeds), runs)], rs.child("generate"))
+    counts: dict[int, list] = {}
+    for shard, kc in P._KeyCountsFn(SHARDS).process(EncodedBatch(seeds), GEN):
+        counts.setdefault(shard, []).append(kc)
+    merge = P._MergeKeyCountsFn()
+    keyed: dict[int, list] = {}
+    for shard, ck in P._KeyCandidatesFn(SHARDS).process(P.CandidateBatch(y, logp, "audit"), GEN):
+        keyed.setdefault(shard, []).append(ck)
+    test = P._FastTestFn(k=K, epsilon0=EPS0 if randomized else None, max_plausible=None, max_check=None,
+                         seed=int(rs.child("test-seed").integers(2**62, 1)[0]))
+    released = 0
+    for shard, cands in keyed.items():
+        table = merge.extract_output(merge.add_input(merge.create_accumulator(), counts[shard][0])) \
+            if shard in counts else None
+        for out in test.process((shard, {"counts": [table], "candidates": cands}), len(seeds),
+                                window=GlobalWindow()):
+            if isinstance(out, EncodedBatch):
+                released += len(out)
+    return released
+
+
+def _release_bits(seeds: np.ndarray, runs: int, rs: RandomSource, *, randomized: bool) -> np.ndarray:
+    """One 0/1 per invocation (the invocations are i.i.d., so only the count matters)."""
+    r = _released(seeds, runs, rs, randomized=randomized)
+    return np.r_[np.ones(r), np.zeros(runs - r)]
 
 
 def _case(randomized: bool) -> AuditCase:
@@ -72,9 +94,9 @@ def _case(randomized: bool) -> AuditCase:
     )
     return AuditCase(
         name="plausible, seed-resampling network generator" + ("" if randomized else " (Test 1)"),
-        epsilon=EPS1, delta=DELTA1, run=lambda d, rs: _release(d, 1, rs, randomized=randomized)[0],
-        pairs=pairs, statistic=lambda r, p: float(r[0] >= 0), thresholds=(1,),
-        batch=lambda d, p, n, rs: _release(d, n, rs, randomized=randomized)[:, 0] >= 0)
+        epsilon=EPS1, delta=DELTA1, run=lambda d, rs: _release_bits(d, 1, rs, randomized=randomized)[0],
+        pairs=pairs, statistic=lambda r, p: float(r), thresholds=(1,),
+        batch=lambda d, p, n, rs: _release_bits(d, n, rs, randomized=randomized))
 
 
 @pytest.mark.parametrize("i", [0, 1])
