@@ -87,8 +87,11 @@ class PlausibleSynthesis(beam.PTransform):
     The ``rejected`` candidates were generated from private seeds and failed the test: count them,
     **never write them**. The tables come out in :class:`OrderReleased` order (``order_shards``
     public shards by value, each sorted then permuted with the run's randomness), so the written
-    file's row order does not depend on the input order. Privacy: see
-    :mod:`beamsynth.transforms.plausible`.
+    file's row order does not depend on the input order. ``generator``: ``"cfs"`` (the paper's
+    network, :class:`~beamsynth.transforms.plausible.DPPlausibleBayesNet`) or ``"privbayes"``
+    (:class:`~beamsynth.transforms.plausible.DPPrivBayesGenerator` on the two model splits,
+    ``model_rows`` its public size for the sizing); both are seed-resampling networks and take the
+    fast path. Privacy: see :mod:`beamsynth.transforms.plausible`.
     """
 
     def __init__(self, *, schema: Schema, rows, budget: PureDP, k: int, gamma: float,
