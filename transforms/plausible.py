@@ -13,12 +13,16 @@ Pipeline (one composite transform per mechanism, arithmetic in the Beam-free fun
    pass of pairwise counts over ``D_T``; parameters by sampling Dirichlet posteriors over noisy
    conditional counts of ``D_P`` (Section 3.4), the noise of a parent configuration derived lazily
    from a **secret** HMAC key. Everything after the two measurements is post-processing.
+   Or :class:`DPPrivBayesGenerator` — the PrivBayes model (``transforms/privbayes.py``, with its
+   refinement and its own accounting) on ``D_T ∪ D_P``, turned by post-processing into a
+   :class:`NetworkGenerator` (:func:`privbayes_generator`). Both are
+   :class:`SeedResamplingNetwork` s: ``Pr{y = M(d)} = 1[y_C = d_C]·Π_{resampled i} P(y_i | y_Π_i)``.
 3. :class:`GenerateCandidates` — Mechanism 1 (Section 2): seeds drawn uniformly from ``D_S``
    (Poissonized: seed ``d`` yields ``Poisson(rows/|D_S|)`` candidates), the last ``ω`` attributes of a
    topological order resampled, the rest copied (Section 3.1).
 4. :class:`PlausibleDeniabilityFilter` — Privacy Test 1 (deterministic) or 2 (randomized threshold)
    with two outputs, ``released`` and ``rejected`` (Section 2.2). A generic path works for any
-   :class:`PlausibleModel`; the fast path for the seed-resampling model groups candidates and seed
+   :class:`PlausibleModel`; the fast path for seed-resampling networks groups candidates and seed
    records by their copied-attribute values (no candidate × record cross product).
 
 Privacy (add/remove one privacy unit, contributions bounded to one record per unit before this
@@ -30,6 +34,10 @@ stage; with ``max_contributions = c`` every sensitivity below is multiplied by `
   Laplace of scale ``m/ε`` on every cell (sequential composition over the ``m`` tables);
 * ``D_T``, ``D_P`` and ``D_S`` are disjoint and a unit's part depends only on the unit, so the model is
   ε-DP by parallel composition (structure and parameters each get the full model ε);
+* with the PrivBayes generator, the model is PrivBayes's ε on ``D_T ∪ D_P`` (its own sequential
+  composition, ``docs/privbayes.md``); the generator fitted to it is post-processing;
+* Theorem 1 conditions on the model, which is a function of ``D_T ∪ D_P`` only, so it holds for
+  either generator when a unit of ``D_S`` changes;
 * the release of one candidate by Privacy Test 2 is ``(ε0 + ln(1 + γ/t), exp(-ε0(k - t)))``-DP
   (Theorem 1, :func:`theorem1_guarantee`); the ``Poisson(rows)`` invocations compose sequentially
   and are charged over a public bound ``C`` (:func:`candidate_release_cost`). Test 1 has no DP
