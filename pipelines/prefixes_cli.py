@@ -154,7 +154,7 @@ def make_transform(*, method: str, codec: KeyCodec, epsilon: float, max_contribu
                    seed: int | None, accountant: PrivacyAccountant, max_depth: int | None = None,
                    discount: str = "proportional", threshold: float | None = None,
                    final_fraction: float = 0.25, calibration: str = "tight",
-                   prune: bool = True) -> beam.PTransform:
+                   prune: bool = True, terminal_budget: bool = True) -> beam.PTransform:
     """The method's PTransform; spends the budget on ``accountant`` now (build time)."""
     budget = PureDP(epsilon=epsilon)
     if method == "basic":
@@ -167,8 +167,8 @@ def make_transform(*, method: str, codec: KeyCodec, epsilon: float, max_contribu
                                          seed=seed, accountant=accountant)
     if method == "direct":
         return DPDirectPrefixSynthesis(codec=codec, budget=budget, max_depth=max_depth,
-                                       max_contributions=max_contributions, prune=prune, seed=seed,
-                                       accountant=accountant)
+                                       max_contributions=max_contributions, prune=prune,
+                                       terminal_budget=terminal_budget, seed=seed, accountant=accountant)
     raise ValueError(f"method ({method!r}) must be one of {METHODS}")
 
 
@@ -351,6 +351,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--no-prune", dest="prune", action="store_false",
                    help="direct: Center over every child (the paper's Figure 4) instead of only the "
                         "children whose noisy count reaches the public threshold")
+    g.add_argument("--no-terminal-budget", dest="terminal_budget", action="store_false",
+                   help="direct: measure end-of-string cells at the same scale as every other cell "
+                        "instead of giving them the budget the record's shorter path leaves unused")
     preflight.add_check_arguments(p)
     p.set_defaults(func=_run)
 
@@ -371,6 +374,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     if args.method == "direct":
         method_args.pop("threshold")
         method_args["prune"] = args.prune
+        method_args["terminal_budget"] = args.terminal_budget
     quiet = getattr(args, "quiet", False)
     if not quiet:
         print(f"beamsynth prefixes: {args.method} on {args.input} ({codec.kind}, ε={args.epsilon:g})",
