@@ -143,7 +143,8 @@ METHODS: dict[str, tuple[str, dict[str, object], bool]] = {
     "improved+restore": ("improved", {}, True),
     "improved/theorem3": ("improved", {"calibration": "theorem3"}, False),  # before: the paper's split
     "direct": ("direct", {}, False),
-    "direct/unpruned": ("direct", {"prune": False}, False),  # before: Center over every child
+    "direct/unpruned": ("direct", {"prune": False, "terminal_budget": False}, False),  # before: the paper's
+    "direct/uniform": ("direct", {"terminal_budget": False}, False),  # pruned, every cell at k(maxdepth+1)/ε
 }
 
 

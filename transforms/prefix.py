@@ -91,6 +91,7 @@ __all__ = [
     "default_threshold",
     "dense_counts",
     "direct_accounting",
+    "direct_scales",
     "direct_step",
     "improved_accounting",
     "improved_privacy_loss",
@@ -126,6 +127,7 @@ class PrefixAccounting:
     epsilon_level: float | None = None
     epsilon_final: float | None = None
     loss: float | None = None  # improved (tight): the exact worst-case loss per unit, ≤ epsilon
+    terminal_budget: bool | None = None  # direct: terminal cells get what a shorter path leaves
     paper: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -288,12 +290,19 @@ def improved_accounting(*, epsilon: float, max_contributions: int = 1, fanout: i
 
 
 def direct_accounting(*, epsilon: float, max_depth: int, max_contributions: int = 1, fanout: int = 2,
-                      prune: bool = True) -> PrefixAccounting:
+                      prune: bool = True, terminal_budget: bool = True) -> PrefixAccounting:
     """Direct synthesis (Section 4): root + ``maxdepth`` levels at scale ``k(maxdepth+1)/ε``.
 
     ``prune`` (default): a child keeps a share of its parent's allocation only if its noisy count
     reaches ``threshold = spurious_threshold(scale, fanout)`` (public parameters only); without
     it every valid child takes part in ``Center`` (the paper's Figure 4).
+
+    ``terminal_budget`` (default): a *terminal* cell (a text key's end-of-string child, or any
+    cell at the key's full depth) holds only records whose path ends there, so it gets the
+    budget their shorter path leaves unused: ``ε_T(d) = ε − d·ε_level`` at level ``d``
+    (:func:`direct_scales`). Every record then spends ``ε_root + (d − 1)·ε_level + ε_T(d) = ε``
+    if its key ends at level ``d`` and ``(maxdepth + 1)·ε_level = ε`` otherwise (adaptive
+    sequential composition along the record's one path of cells; parallel within a level).
     """
     _check_pos("epsilon", epsilon)
     _check_pos("max_depth", max_depth, integer=True)
@@ -305,8 +314,28 @@ def direct_accounting(*, epsilon: float, max_depth: int, max_contributions: int 
         method="direct", epsilon=levels * eps_level, max_contributions=max_contributions,
         levels=max_depth, scale=scale, epsilon_level=eps_level,
         threshold=float(spurious_threshold(scale, fanout)) if prune else None,
+        terminal_budget=bool(terminal_budget),
         paper="seed 003 §4, Figures 3-4 (R = maxdepth/ε per level, plus the root count)"
-              + ("; pruned Center (post-processing)" if prune else ""))
+              + ("; pruned Center (post-processing)" if prune else "")
+              + ("; terminal cells: the path's unused budget" if terminal_budget else ""))
+
+
+def direct_scales(acct: PrefixAccounting, depth: int, fanout: int) -> tuple[float, float, float | None, float | None]:
+    """Noise scales and thresholds of level ``depth`` (1..maxdepth) of direct synthesis.
+
+    ``(scale, terminal_scale, threshold, terminal_threshold)``: non-terminal cells use
+    ``k/ε_level``; terminal cells ``k/ε_T(d)`` with ``ε_T(d) = ε − d·ε_level =
+    (maxdepth + 1 − d)·ε_level`` when ``acct.terminal_budget``, else the same scale. Thresholds
+    (pruned Center only) follow :func:`spurious_threshold` of each scale.
+    """
+    if not 1 <= depth <= acct.levels:
+        raise ValueError(f"depth ({depth!r}) must be in [1, {acct.levels}]")
+    eps_level = float(acct.epsilon_level or 0.0)
+    share = (acct.levels + 1 - depth) if acct.terminal_budget else 1
+    terminal_scale = acct.max_contributions / (share * eps_level)
+    if acct.threshold is None:
+        return acct.scale, terminal_scale, None, None
+    return acct.scale, terminal_scale, acct.threshold, float(spurious_threshold(terminal_scale, fanout))
 
 
 # -- counting -----------------------------------------------------------------------------------------
@@ -622,13 +651,17 @@ def direct_step(state: LevelState, idx: np.ndarray, cnt: np.ndarray, codec: KeyC
     if state.depth == 0:
         total = counts.sum() + discrete_laplace(rs.child("root"), acct.scale, 1)
         alloc = np.maximum(total, 0).astype(np.int64)
-    noisy = counts + discrete_laplace(rs.child("level"), acct.scale, counts.shape)
+    kids = children_of(state.prefixes, a)
+    cell_terminal = codec.is_terminal(kids).reshape(counts.shape)
+    scale, t_scale, thr, t_thr = direct_scales(acct, state.depth + 1, a)
+    noisy = counts + np.where(cell_terminal, discrete_laplace(rs.child("terminal"), t_scale, counts.shape),
+                              discrete_laplace(rs.child("level"), scale, counts.shape))
     start = rs.child("start").integers(a, len(state)) if len(state) else np.zeros(0, np.int64)
     whole = codec.is_complete(state.prefixes) if state.depth else np.ones(len(state), bool)
-    sub, dropped = prune_and_center(alloc, noisy, valid, start, acct.threshold, whole)
+    thresholds = None if thr is None else np.where(cell_terminal, t_thr, thr)
+    sub, dropped = prune_and_center(alloc, noisy, valid, start, thresholds, whole)
     sub = sub.ravel()
-    kids = children_of(state.prefixes, a)
-    terminal = codec.is_terminal(kids) | last
+    terminal = cell_terminal.ravel() | last
     expand = (sub >= 2) & ~terminal
     leaf = (sub >= 1) & ~expand
     keep = expand | leaf
@@ -639,11 +672,12 @@ def direct_step(state: LevelState, idx: np.ndarray, cnt: np.ndarray, codec: KeyC
 
 
 def prune_and_center(alloc: np.ndarray, noisy: np.ndarray, valid: np.ndarray, start: np.ndarray,
-                     threshold: float | None, whole: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+                     threshold: float | np.ndarray | None, whole: np.ndarray | None = None
+                     ) -> tuple[np.ndarray, int]:
     """Allocate each row's count over its children (post-processing of noisy counts only).
 
-    ``threshold=None``: the paper's :func:`center` over every valid child. Otherwise only
-    children with ``noisy ≥ threshold`` take part (clipped, then moved one unit at a time round
+    ``threshold=None``: the paper's :func:`center` over every valid child. Otherwise (a number,
+    or one per cell) only children with ``noisy ≥ threshold`` take part (clipped, then moved one unit at a time round
     robin until they sum to the parent's allocation). A row where no child reaches it falls back
     to :func:`center` over every valid child when the row's node is itself a whole key
     (``whole``: spatial cells, hierarchy nodes, the root), else (a text prefix, which is no key)
@@ -874,22 +908,27 @@ class DPDirectPrefixSynthesis(_PrefixLevels):
     """Direct data synthesis with ``Center`` (seed 003 §4, Figures 3, 4).
 
     Neighbours: add/remove one unit (≤ k records). Sensitivity k per level; discrete Laplace scale
-    ``k(maxdepth + 1)/ε`` on the root total and on every child count of ``maxdepth`` levels →
-    ``(ε, 0)``-DP. Allocations (``Center``) are post-processing. Output: ``PCollection[LevelRelease]``
-    (allocated counts of all nodes; leaves carry the synthetic multiplicities).
+    ``k(maxdepth + 1)/ε`` on the root total and on every non-terminal child count of ``maxdepth``
+    levels; terminal cells (end of string, full depth) at level ``d`` get scale
+    ``k/((maxdepth + 1 − d)·ε_level)`` (``terminal_budget``; each record's path of cells still
+    sums to ε) → ``(ε, 0)``-DP. Allocations (pruned ``Center``) are post-processing. Output:
+    ``PCollection[LevelRelease]`` (allocated counts of all nodes; leaves carry the synthetic
+    multiplicities).
     """
 
     method = "direct"
 
     def __init__(self, *, codec: KeyCodec, budget: ApproxDP, max_depth: int | None = None,
-                 max_contributions: int = 1, prune: bool = True, seed: int | None = None,
-                 accountant: PrivacyAccountant | None = None, label: str | None = None) -> None:
+                 max_contributions: int = 1, prune: bool = True, terminal_budget: bool = True,
+                 seed: int | None = None, accountant: PrivacyAccountant | None = None,
+                 label: str | None = None) -> None:
         depth = codec.depth if max_depth is None else max_depth
         _check_budget(budget)
-        if not isinstance(prune, bool):
-            raise TypeError(f"prune ({prune!r}) must be True or False")
+        for name, value in (("prune", prune), ("terminal_budget", terminal_budget)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{name} ({value!r}) must be True or False")
         acct = direct_accounting(epsilon=budget.epsilon, max_depth=depth, max_contributions=max_contributions,
-                                 fanout=codec.fanout, prune=prune)
+                                 fanout=codec.fanout, prune=prune, terminal_budget=terminal_budget)
         super().__init__(codec=codec, acct=acct, levels=depth, seed=seed, accountant=accountant, label=label)
 
 

@@ -397,3 +397,54 @@ def test_restore_discount_gives_back_t_per_split_from_released_values_only():
     assert after["ab$"] == round(before["ab$"] * (1 + t / m + 2 * t / before["ab$"]))
     assert after["c$"] == round(before["c$"] * (1 + t / m + t / before["c$"]))
     assert P.restore_discount(rels, 0) == rels
+
+
+# -- direct: terminal budgets and pruned Center -------------------------------------------------------
+def test_direct_terminal_cells_spend_what_the_records_path_leaves():
+    a = P.direct_accounting(epsilon=1.0, max_depth=6, fanout=5)
+    e = a.epsilon_level
+    for d in range(1, 7):
+        scale, t_scale, thr, t_thr = P.direct_scales(a, d, 5)
+        assert scale == pytest.approx(1 / e) == a.scale
+        # a key ending at level d: the root, d - 1 non-terminal cells and its terminal cell
+        assert e + (d - 1) * e + 1 / t_scale == pytest.approx(1.0)
+        assert t_thr <= thr == a.threshold
+    assert 7 * e == pytest.approx(1.0)  # a key running past max_depth: the root and 6 cells
+    k3 = P.direct_accounting(epsilon=1.0, max_depth=6, fanout=5, max_contributions=3)
+    assert P.direct_scales(k3, 2, 5)[1] == pytest.approx(3 * P.direct_scales(a, 2, 5)[1])
+    uniform = P.direct_accounting(epsilon=1.0, max_depth=6, fanout=5, terminal_budget=False)
+    assert P.direct_scales(uniform, 2, 5)[1] == uniform.scale
+    assert P.direct_scales(P.direct_accounting(epsilon=1.0, max_depth=6, prune=False), 2, 5)[2:] == (None, None)
+    with pytest.raises(ValueError, match=r"depth \(7\) must be in \[1, 6\]"):
+        P.direct_scales(a, 7, 5)
+
+
+def test_prune_and_center_shares_among_survivors_and_drops_prefixes_without_any():
+    alloc = np.array([10, 7, 5, 4])
+    noisy = np.array([[8, 1, 3], [2, 2, 1], [9, 0, -1], [0, 1, 2]])
+    valid = np.ones((4, 3), bool)
+    start = np.zeros(4, np.int64)
+    whole = np.array([False, False, True, True])
+    sub, dropped = P.prune_and_center(alloc, noisy, valid, start, 3, whole)
+    assert sub[0, 1] == 0 and sub[0].sum() == 10 and (sub[0, [0, 2]] > 0).all()  # survivors only
+    assert (sub[1] == 0).all() and dropped == 7  # a text prefix with no survivor: dropped
+    assert sub[2].tolist() == [5, 0, 0]
+    assert sub[3].sum() == 4  # a whole key (cell, root) without survivors: the paper's Center
+    per_cell = np.array([[3, 3, 10]] * 4)  # a stricter threshold on the last (terminal) column
+    sub2, _ = P.prune_and_center(alloc, noisy, valid, start, per_cell, whole)
+    assert sub2[0].tolist() == [10, 0, 0]
+    plain, none = P.prune_and_center(alloc, noisy, valid, start, None)
+    assert none == 0 and (plain == P.center(alloc, noisy, valid, start)).all()
+
+
+def test_run_in_memory_is_seeded_and_direct_keeps_only_complete_keys():
+    c = TextKeyCodec(column="q", max_length=4, alphabet="abc")
+    codes = c.encode_strings(["ab"] * 300 + ["abc"] * 200 + ["b"] * 150 + ["c"] * 2)
+    tree = P.DPDirectPrefixSynthesis(codec=c, budget=PureDP(epsilon=2.0), seed=5, label="Prefixes")
+    rels = tree.run_in_memory(codes)
+    again = tree.run_in_memory(codes)  # seeded: the same labelled draws every time
+    assert all((x.prefixes == y.prefixes).all() and (x.counts == y.counts).all() for x, y in zip(rels, again))
+    keys, dropped = P.synthetic_keys(rels, c, seed=5)
+    assert set(keys["q"]) <= {"ab", "abc", "b", "c"}  # complete keys only: no fragment such as 'a'
+    assert {"ab", "abc", "b"} <= set(keys["q"])
+    assert len(keys["q"]) + dropped == rels[0].counts.sum() + sum(r.dropped for r in rels[:1])
