@@ -18,8 +18,8 @@ schema; nothing about the columns is hard-coded here. The steps, all in ONE Beam
 3. **Parse.** UTF-8 decoding and ``json.loads`` per line; a line that is not UTF-8 or not a JSON
    object goes to the dead letters (reason ``not UTF-8 ...``, ``invalid JSON ...``), it never
    crashes the run.
-4. **Clean** with ordinary Beam steps: keep only the fields the schema declares (and the privacy
-   id), then route events with no declared value at all to the dead letters (reason ``no declared
+4. **Clean** with ordinary Beam steps: keep only the fields the schema declares (by name or by
+   Parquet field name, e.g. ``education_num``) and the privacy id, then route events with no declared value at all to the dead letters (reason ``no declared
    values``) — a filter that loses no row silently. Each record is judged alone, so adding or
    removing one event changes the used events by at most that event.
 5. **Make private.** ``job.private(schema)`` encodes the events against the declared domains
@@ -29,7 +29,9 @@ schema; nothing about the columns is hard-coded here. The steps, all in ONE Beam
    a synthetic table (``bs.PrivBayes``), a CatHist histogram of one column (``bs.Histogram``;
    default: the declared categorical column with the largest domain — a public property), 2-way
    marginals (``bs.Marginals``; default: up to three disjoint pairs of declared columns with small
-   domains, chosen from the schema only) and a DP record count (``bs.Count``).
+   domains, chosen from the schema only; one-way tables when no pair is small enough) and a DP
+   record count (``bs.Count``). The privacy unit is ``--privacy-id`` or the schema's
+   ``privacy_id``, else one event.
 7. **Write** with Beam's own sinks: one Parquet file per release (``beam.io.WriteToParquet`` with
    ``bs.arrow_schema(...)``, ``num_shards=1`` and ``shard_name_template=""`` so the file names do
    not depend on the data), the dead letters as JSON lines (``rejected.jsonl``: **private**, keep
@@ -59,8 +61,6 @@ import apache_beam as beam
 from apache_beam.io import fileio
 
 import beamsynth as bs
-from beamsynth.runners.options import UnknownOptionError, check_pipeline_args
-from beamsynth.runners.presets import options_for
 
 SOURCE = "events"
 DEFAULT_FRACTIONS = {"synthetic": 0.6, "histogram": 0.15, "marginals": 0.2, "count": 0.05}
@@ -100,7 +100,7 @@ def histogram_column(schema: bs.Schema) -> str:
     return max(cats, key=lambda c: c.cells).name
 
 
-def default_pairs(schema: bs.Schema, *, exclude: Iterable[str] = ()) -> list[tuple[str, str]]:
+def default_pairs(schema: bs.Schema, *, exclude: Iterable[str] = ()) -> list[tuple[str, ...]]:
     """Up to ``MAX_PAIRS`` disjoint pairs of declared columns, in declaration order, each with a
     declared table of at most ``MAX_PAIR_CELLS`` cells (from the schema only, never the data)."""
     skip = set(exclude)
@@ -118,6 +118,23 @@ def default_pairs(schema: bs.Schema, *, exclude: Iterable[str] = ()) -> list[tup
         if len(pairs) == MAX_PAIRS:
             break
     return pairs
+
+
+def default_marginals(schema: bs.Schema, histogram: str) -> list[tuple[str, ...]]:
+    """Pairs (:func:`default_pairs`, avoiding the histogram column if it can); when no pair is
+    small enough (one column, or only huge domains), the one-way tables of up to ``MAX_PAIRS``
+    columns with the smallest declared domains."""
+    pairs = default_pairs(schema, exclude=[histogram]) or default_pairs(schema)
+    if pairs:
+        return pairs
+    smallest = sorted(schema.columns, key=lambda c: c.cells)[:MAX_PAIRS]
+    return [(c.name,) for c in smallest if c.cells <= 50 * MAX_PAIR_CELLS]
+
+
+def field_names(schema: bs.Schema) -> frozenset[str]:
+    """Names an event may use for a declared column: the declared name and its Parquet/Avro field
+    name (``education-num`` or ``education_num``), as ``job.private`` accepts both."""
+    return frozenset(schema.names) | frozenset(f.name for f in bs.arrow_schema(schema))
 
 
 def file_part(name: str) -> str:
@@ -156,12 +173,16 @@ def parse_line(item: tuple[int | None, bytes], *, columns: frozenset[str],
         return
     cleaned = {k: v for k, v in event.items() if k in columns or k == privacy_id}
     # undeclared fields dropped
-    if all(cleaned.get(c) is None or cleaned.get(c) == "" for c in columns):
+    if all(_blank(v) for k, v in cleaned.items() if k != privacy_id):
         yield beam.pvalue.TaggedOutput(BAD, dead_letter(line, "no declared values", position))
         return
     if position is not None:
         cleaned[POSITION_FIELD] = position
     yield cleaned
+
+
+def _blank(value: Any) -> bool:
+    return value is None or (isinstance(value, str) and value == "")
 
 
 def dead_letter(element: str, reason: str, position: int | None = None) -> dict[str, Any]:
@@ -184,14 +205,15 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--tolerance", type=float, default=None,
                     help="CatHist ρ (default: the column's declared open.tolerance, else 0.9)")
     ap.add_argument("--marginals", nargs="+", default=None, metavar="A,B",
-                    help="2-way marginals, e.g. --marginals age,sex race,income")
+                    help="marginals (2-way, or 1-way A), e.g. --marginals age,sex race,income")
     ap.add_argument("--fractions", default=None, type=parse_fractions,
                     help="split of ε, e.g. synthetic=0.6,histogram=0.15,marginals=0.2,count=0.05")
     ap.add_argument("--line-numbers", action="store_true",
                     help="read with fileio.MatchFiles/ReadMatches (one worker per file) so every "
                          "dead letter carries its line number")
     ap.add_argument("--degree", type=int, default=1, help="PrivBayes network degree")
-    ap.add_argument("--privacy-id", default=None, help="field naming a person")
+    ap.add_argument("--privacy-id", default=None,
+                    help="field naming a person (default: the schema's privacy_id, if any)")
     ap.add_argument("--max-contributions", type=int, default=1,
                     help="events kept per person (with --privacy-id)")
     return ap
@@ -207,15 +229,15 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
         pairs = []
         for item in args.marginals:
             pair = tuple(x.strip() for x in item.split(","))
-            if len(pair) != 2 or any(x not in schema.names for x in pair):
-                raise ValueError(f"--marginals item {item!r} must be two declared columns A,B; "
-                                 f"columns: {schema.names}")
+            if len(pair) not in (1, 2) or any(x not in schema.names for x in pair):
+                raise ValueError(f"--marginals item {item!r} must be one or two declared columns "
+                                 f"A,B; columns: {schema.names}")
             pairs.append(pair)
     else:
-        pairs = default_pairs(schema, exclude=[hist]) or default_pairs(schema)
+        pairs = default_marginals(schema, hist)
     if not pairs:
-        raise ValueError(f"schema {schema.name!r} has no pair of columns with a declared table of "
-                         f"≤ {MAX_PAIR_CELLS} cells; name pairs with --marginals")
+        raise ValueError(f"schema {schema.name!r} has no column with a declared table of "
+                         f"≤ {50 * MAX_PAIR_CELLS} cells; name marginals with --marginals")
     tolerance = args.tolerance
     if tolerance is None and schema.column(hist).tolerance is None:
         tolerance = DEFAULT_TOLERANCE
@@ -228,8 +250,9 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
 def build(p: beam.Pipeline, args: argparse.Namespace, chosen: dict[str, Any]) -> bs.PrivacyJob:
     """Wire the whole job into ``p``; every spend happens here, before any data is read."""
     schema, shares, out = chosen["schema"], chosen["shares"], args.output
-    unit = (bs.PrivacyUnit(id_column=args.privacy_id, max_contributions=args.max_contributions)
-            if args.privacy_id else None)
+    privacy_id = args.privacy_id or schema.privacy_id
+    unit = (bs.PrivacyUnit(id_column=privacy_id, max_contributions=args.max_contributions)
+            if privacy_id else None)
     job = bs.PrivacyJob(epsilon=args.epsilon, privacy_unit=unit, seed=args.seed,
                         name=f"etl_job {schema.name}")
 
@@ -244,14 +267,12 @@ def build(p: beam.Pipeline, args: argparse.Namespace, chosen: dict[str, Any]) ->
     # (line number or None, bytes of one line): decoded per line, so a bad byte is a dead
     # letter, not a crashed run
     parsed = lines | "ParseAndClean" >> beam.FlatMap(
-        parse_line, columns=frozenset(schema.names), privacy_id=args.privacy_id).with_outputs(
+        parse_line, columns=field_names(schema), privacy_id=privacy_id).with_outputs(
         BAD, main="events")
     # events: dict of declared fields; bad: dead-letter dict
     # A parse/filter rejection is a record read and rejected before job.private sees it: add it
     # to the job's exact counts, so the manifest's read = used + rejected + dropped by the bound.
-    job.count_outputs.append(parsed[BAD] | "CountParseRejected" >> beam.FlatMap(
-        lambda _: [(SOURCE, "read", 1), (SOURCE, "rejected", 1)]))
-    # (source, field, 1): exact, private (manifest's operational part)
+    job.count_rejected(parsed[BAD], source=SOURCE)
     private = parsed["events"] | "MakePrivate" >> job.private(
         schema, source=SOURCE, position_field=POSITION_FIELD if args.line_numbers else None)
 
@@ -272,9 +293,9 @@ def build(p: beam.Pipeline, args: argparse.Namespace, chosen: dict[str, Any]) ->
 
     write(synthetic, "synthetic", bs.arrow_schema(schema))
     write(hist, f"histogram_{file_part(chosen['histogram'])}", bs.arrow_schema(hist))
-    for a, b in chosen["pairs"]:
-        rows = tables[f"{a},{b}"]
-        write(rows, f"marginal_{file_part(a)}__{file_part(b)}", bs.arrow_schema(rows))
+    for pair in chosen["pairs"]:
+        rows = tables[",".join(pair)]
+        write(rows, "marginal_" + "__".join(file_part(c) for c in pair), bs.arrow_schema(rows))
     write(count, "count", bs.arrow_schema(count))
 
     # dead letters (private): this script's parse/filter rejections + job.private's
@@ -292,9 +313,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, beam_args = parser.parse_known_args(argv)
     try:  # a mistyped flag (--rowz 10) is refused, never silently handed to Beam
-        check_pipeline_args(beam_args, own_flags=[o for a in parser._actions
-                                                  for o in a.option_strings if o.startswith("--")])
-    except UnknownOptionError as exc:
+        bs.check_pipeline_args(beam_args, own_flags=[o for a in parser._actions
+                                                     for o in a.option_strings if o.startswith("--")])
+    except bs.UnknownOptionError as exc:
         parser.error(str(exc))   # exit 2
     chosen = plan(args)
     total = sum(chosen["fractions"].values())
@@ -302,7 +323,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           + ", ".join(f"{k} {f:g} (ε={chosen['shares'][k]:.4g})"
                       for k, f in chosen["fractions"].items()) + f"; fractions sum {total:g}")
     print(f"histogram column {chosen['histogram']!r}; marginals {chosen['pairs']}")
-    p = beam.Pipeline(options=options_for(beam_args))
+    p = beam.Pipeline(options=bs.pipeline_options(beam_args))
     job = build(p, args, chosen)     # raises here, before the pipeline runs, if E is overspent
     os.makedirs(args.output, exist_ok=True)
     p.run().wait_until_finish()

@@ -154,6 +154,22 @@ class PrivacyJob:
         """``records | job.private(schema)``: a :class:`MakePrivate` step of this job."""
         return MakePrivate(job=self, schema=schema, **kwargs)
 
+    def count_rejected(self, dead_letters: beam.PCollection, *, source: str) -> None:
+        """Count records rejected *before* ``job.private`` (a parse or filter step of your own) in
+        the manifest's exact counts of ``source``: each element of ``dead_letters`` is one record
+        read and rejected, so ``read = used + rejected + dropped by the bound`` still holds. Call
+        it before ``bs.WriteManifest``; the counts are private, like every operational count."""
+        if self._frozen is not None:
+            raise ValueError(f"count_rejected({source!r}) is called after {self._frozen!r} took "
+                             "the job's manifest; call it before bs.WriteManifest")
+        if not isinstance(source, str) or not source:
+            raise ValueError(f"source ({source!r}) must be a non-empty string")
+        if not isinstance(dead_letters, beam.PCollection):
+            raise TypeError(f"dead_letters must be a PCollection, got {type(dead_letters).__name__}")
+        self.count_outputs.append(dead_letters | f"CountRejected[{source}]" >> beam.FlatMap(
+            lambda _, s=source: [(s, "read", 1), (s, "rejected", 1)]))
+        # (source, field, 1): exact, private
+
     def step_seed(self, step: str) -> int | None:
         """The seed of one step: ``None`` in secure mode (each transform draws its own run secret),
         else an int derived from the job seed and the step name, so two steps never share noise."""
