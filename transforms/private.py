@@ -391,6 +391,15 @@ class MakePrivate(beam.PTransform):
     def default_label(self) -> str:
         return f"MakePrivate({self._layout.schema.name})"
 
+    def type_check_inputs(self, pvalueish: Any) -> None:
+        """Beam's check of ``INPUT_TYPES``, plus schema'd rows typed as generated NamedTuples
+        (``ReadFromParquet(as_rows=True)``, ``to_pcollection``), which are no ``beam.Row``
+        subclass to Beam but are read by field name like one."""
+        hint = getattr(pvalueish, "element_type", None)
+        if isinstance(hint, type) and issubclass(hint, tuple) and hasattr(hint, "_fields"):
+            return
+        super().type_check_inputs(pvalueish)
+
     def display_data(self) -> dict[str, Any]:
         unit = self._job.unit
         return {"schema": self._layout.schema.name, "columns": len(self._layout.schema.columns),
