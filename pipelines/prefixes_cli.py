@@ -154,7 +154,7 @@ def make_transform(*, method: str, codec: KeyCodec, epsilon: float, max_contribu
                    seed: int | None, accountant: PrivacyAccountant, max_depth: int | None = None,
                    discount: str = "proportional", threshold: float | None = None,
                    final_fraction: float = 0.25, calibration: str = "tight",
-                   prune: bool = True, terminal_budget: bool = True) -> beam.PTransform:
+                   prune: bool | None = None, terminal_budget: bool = True) -> beam.PTransform:
     """The method's PTransform; spends the budget on ``accountant`` now (build time)."""
     budget = PureDP(epsilon=epsilon)
     if method == "basic":
@@ -348,9 +348,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--calibration", choices=CALIBRATIONS, default="tight",
                    help="improved: noise/threshold/discount from the exact worst-case loss (tight, "
                         "default) or the paper's Theorem 3 split (theorem3)")
-    g.add_argument("--no-prune", dest="prune", action="store_false",
-                   help="direct: Center over every child (the paper's Figure 4) instead of only the "
-                        "children whose noisy count reaches the public threshold")
+    g.add_argument("--no-prune", dest="prune", action="store_const", const=False, default=None,
+                   help="direct, text keys: Center over every child (the paper's Figure 4) instead of "
+                        "only the children whose noisy count reaches the public threshold (by default only "
+                        "text keys are pruned)")
     g.add_argument("--no-terminal-budget", dest="terminal_budget", action="store_false",
                    help="direct: measure end-of-string cells at the same scale as every other cell "
                         "instead of giving them the budget the record's shorter path leaves unused")

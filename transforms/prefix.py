@@ -297,6 +297,11 @@ def direct_accounting(*, epsilon: float, max_depth: int, max_contributions: int 
     reaches ``threshold = spurious_threshold(scale, fanout)`` (public parameters only); without
     it every valid child takes part in ``Center`` (the paper's Figure 4).
 
+    ``DPDirectPrefixSynthesis`` prunes text keys by default (``prune=None``), where an internal
+    prefix is no key; spatial cells and hierarchy nodes are whole keys, and Center over every
+    child keeps their mass where it was measured (EMD at ε = 1 on 200k points: 0.98× resampling
+    unpruned vs 1.06× pruned).
+
     ``terminal_budget`` (default): a *terminal* cell (a text key's end-of-string child, or any
     cell at the key's full depth) holds only records whose path ends there, so it gets the
     budget their shorter path leaves unused: ``ε_T(d) = ε − d·ε_level`` at level ``d``
@@ -919,11 +924,13 @@ class DPDirectPrefixSynthesis(_PrefixLevels):
     method = "direct"
 
     def __init__(self, *, codec: KeyCodec, budget: ApproxDP, max_depth: int | None = None,
-                 max_contributions: int = 1, prune: bool = True, terminal_budget: bool = True,
+                 max_contributions: int = 1, prune: bool | None = None, terminal_budget: bool = True,
                  seed: int | None = None, accountant: PrivacyAccountant | None = None,
                  label: str | None = None) -> None:
         depth = codec.depth if max_depth is None else max_depth
         _check_budget(budget)
+        if prune is None:  # text: an internal prefix is no key; cells and hierarchy nodes are
+            prune = codec.kind == "text"
         for name, value in (("prune", prune), ("terminal_budget", terminal_budget)):
             if not isinstance(value, bool):
                 raise TypeError(f"{name} ({value!r}) must be True or False")

@@ -134,7 +134,7 @@ def test_cli_spatial_and_bad_arguments(tmp_path, capsys):
     assert ((vals >= 0) & (vals <= 1)).all()
     man = json.loads((tmp_path / "pts.csv.manifest.json").read_text())
     assert man["operational"]["rows_rejected"] == 1
-    assert man["release"]["details"]["accounting"]["threshold"] > 0  # pruned Center by default
+    assert "threshold" not in man["release"]["details"]["accounting"]  # cells are keys: no pruning
     rc = main(["prefixes", inp, "--kind", "spatial", "--columns", "x,y", "--box", "0,1", "--method", "improved",
                "--epsilon", "1", "--output", out])
     assert rc == 2
