@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -62,10 +63,14 @@ def make_input(path: str, rows: int) -> str:
 
 
 class RssMonitor:
-    """Peak RSS (MiB) of every descendant of this process, sampled every ``every`` seconds."""
+    """Peak RSS (MiB) and CPU seconds (user + system, as last sampled) of every descendant of
+    this process, sampled every ``every`` seconds. CPU seconds hardly depend on the machine's
+    load, unlike wall time, so they compare runs made at different loads."""
 
-    def __init__(self, every: float = 0.5) -> None:
+    def __init__(self, every: float = 0.5, status: str | None = None) -> None:
         self.peak: dict[int, tuple[str, float]] = {}
+        self.cpu: dict[int, float] = {}
+        self._status, self._written = status, 0.0
         self._every, self._stop = every, threading.Event()
         self._me = psutil.Process()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -77,11 +82,23 @@ class RssMonitor:
                 try:
                     rss = p.memory_info().rss / 2**20
                     name = " ".join(p.cmdline()[1:4])[:60]
+                    times = p.cpu_times()
                 except psutil.Error:
                     continue
+                self.cpu[p.pid] = times.user + times.system
                 if rss > self.peak.get(p.pid, ("", 0.0))[1]:
                     self.peak[p.pid] = (name, rss)
+            if self._status and time.monotonic() - self._written > 10:
+                self._write_status()
             self._stop.wait(self._every)
+
+    def _write_status(self) -> None:
+        """Peaks and CPU so far (for a run stopped before its end)."""
+        self._written = time.monotonic()
+        with open(self._status, "w", encoding="utf-8") as fh:
+            json.dump({"time": time.strftime("%H:%M:%S"), "load": os.getloadavg(),
+                       "cpu_seconds": sum(self.cpu.values()),
+                       "peak_rss_mib": {str(k): v for k, v in self.peak.items()}}, fh, indent=1)
 
     def stop(self) -> dict[int, tuple[str, float]]:
         self._stop.set()
@@ -89,19 +106,21 @@ class RssMonitor:
         return self.peak
 
 
-def run(inp: str, out: str, runner: list[str]) -> tuple[float, dict[int, tuple[str, float]]]:
-    """Wall seconds and per-process peak RSS of one ``synthesize --method privbayes`` run."""
+def run(inp: str, out: str, runner: list[str],
+        status: str | None = None) -> tuple[float, dict[int, tuple[str, float]], float]:
+    """Wall seconds, per-process peak RSS and total CPU seconds of one ``synthesize --method
+    privbayes`` run."""
     cmd = [sys.executable, "-m", "beamsynth.pipelines.cli", "synthesize", inp, "--schema", "adult",
            "--epsilon", "1", "--method", "privbayes", "--seed", "7", "--output", out, "--quiet",
            *runner]
-    mon = RssMonitor()
+    mon = RssMonitor(status=status)
     t = time.perf_counter()
     proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     wall = time.perf_counter() - t
     peak = mon.stop()
     if proc.returncode != 0:
         raise RuntimeError(f"synthesize failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return wall, peak
+    return wall, peak, sum(mon.cpu.values())
 
 
 def sha256(path: str) -> str:
@@ -118,10 +137,12 @@ def main() -> None:
     ap.add_argument("--runners", nargs="+", default=["direct-multi", "dask"],
                     choices=["direct-multi", "dask"])
     ap.add_argument("--keep", help="folder for inputs/outputs (default: a temp folder, removed)")
+    ap.add_argument("--status", help="JSON file rewritten every 10 s with the running run's peak "
+                                     "RSS per process and CPU seconds so far")
     args = ap.parse_args()
     folder = args.keep or tempfile.mkdtemp(prefix="scale_10m_")
     os.makedirs(folder, exist_ok=True)
-    results: dict[tuple[str, int], tuple[float, str]] = {}
+    results: dict[tuple[str, int], tuple[float, str, float]] = {}
     try:
         for rows in args.rows:
             inp = os.path.join(folder, f"adult_{rows}.csv")
@@ -131,12 +152,13 @@ def main() -> None:
             for name in args.runners:
                 extra = ["--runner", name]
                 out = os.path.join(folder, f"out_{name}_{rows}.csv")
-                load = os.getloadavg()[0]
-                wall, peak = run(inp, out, extra)
+                load = "/".join(f"{x:.1f}" for x in os.getloadavg())
+                wall, peak, cpu = run(inp, out, extra, args.status)
                 digest = sha256(out)
-                results[(name, rows)] = (wall, digest)
-                print(f"{name:13s} {wall:8.1f} s  load {load:.1f}->{os.getloadavg()[0]:.1f}  "
-                      f"sha256 {digest[:16]}", flush=True)
+                results[(name, rows)] = (wall, digest, cpu)
+                after = "/".join(f"{x:.1f}" for x in os.getloadavg())
+                print(f"{name:13s} {wall:8.1f} s wall  {cpu:8.1f} s CPU  load (1/5/15 min) {load} -> "
+                      f"{after}  sha256 {digest[:16]}", flush=True)
                 for pid, (what, rss) in sorted(peak.items(), key=lambda kv: -kv[1][1]):
                     if rss >= 50:
                         print(f"    pid {pid:7d} peak RSS {rss:8.0f} MiB  {what}")
@@ -148,7 +170,8 @@ def main() -> None:
         for rows in args.rows:
             if rows != base and (name, rows) in results:
                 r = results[(name, rows)][0] / results[(name, base)][0]
-                print(f"{name}: time at {rows:,} / time at {base:,} = {r:.2f}x "
+                c = results[(name, rows)][2] / max(results[(name, base)][2], 1e-9)
+                print(f"{name}: time at {rows:,} / time at {base:,} = {r:.2f}x wall, {c:.2f}x CPU "
                       f"(rows ratio {rows / base:.0f}x)")
     if len(args.runners) == 2:
         for rows in args.rows:

@@ -35,8 +35,18 @@ Windows: every ``ParDo`` subclass runs as a ParDo (Beam's runner skipped ``Windo
 the bags, so a windowed ``GroupByKey`` / combine gives one result per window (probe
 ``FixedWindows``). Elements of a ``Create`` get Beam's minimum timestamp.
 
-A ``Create`` is split into up to 64 partitions (Beam's default packed 128 elements into one
-partition, so a few input files were all read by one task); ``--dask_npartitions`` /
+Combines are **lifted** (:class:`_LiftCombinePerKey`, as Beam's DirectRunner does): every
+``CombinePerKey`` (``CombineGlobally`` included) with non-merging windows runs as a per-bundle
+partial combine, a ``GroupByKey`` of the accumulators, and the final merge. Beam's DaskRunner grouped
+every input element of a combine under its key, so ``CombineGlobally`` gathered the whole data
+set (every ``EncodedBatch``) in one task: a worker's peak memory grew with the input (1M Adult
+rows: 755 MiB against 405 MiB on the DirectRunner).
+
+A ``Create`` is split into one partition per element, up to 256 partitions (Beam's default
+packed 128 elements into one partition, so a few input files were all read by one task); a task
+holds every output of its partition between two steps, so one file part per task (16 MiB of CSV
+by default: up to 4 GiB of input) keeps a worker's peak memory independent of the input size
+(with 64, a 10M-row Adult CSV had 68 parts, some tasks read two); ``--dask_npartitions`` /
 ``--dask_partition_size`` win. All five probes of :mod:`beamsynth.runners.probes` are correct
 on this runner (``tests/pipeline/test_runners.py``).
 """
@@ -53,10 +63,11 @@ from apache_beam import pvalue
 from apache_beam.metrics.execution import MetricsContainer
 from apache_beam.metrics.metric import MetricResults
 from apache_beam.options.pipeline_options import PipelineOptions
-from apache_beam.pipeline import AppliedPTransform, PipelineVisitor
+from apache_beam.pipeline import AppliedPTransform, PipelineVisitor, PTransformOverride
 from apache_beam.runners.common import Receiver
 from apache_beam.runners.direct.direct_metrics import DirectMetrics
 from apache_beam.runners.runner import PipelineResult, PipelineRunner, PipelineState
+from apache_beam.transforms.combiners import LiftedCombinePerKey
 from apache_beam.transforms.window import GlobalWindow, TimestampedValue, WindowFn
 from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
@@ -65,7 +76,7 @@ __all__ = ["BEAMSYNTH_DASK_RUNNER", "DaskRunner", "DaskRunnerResult"]
 
 BEAMSYNTH_DASK_RUNNER = "beamsynth.runners.dask_runner.DaskRunner"
 _METRICS = "__beamsynth_metrics__"  # tag of a bundle's metric updates (Beam tags are user names)
-_MAX_CREATE_PARTITIONS = 64
+_MAX_CREATE_PARTITIONS = 256
 
 
 def _windowed(item: Any, window_fn: WindowFn | None) -> WindowedValue:
@@ -189,6 +200,27 @@ def _group_value(kv: tuple[Any, list[Any]]) -> tuple[Any, list[Any]]:
     GroupAlsoByWindow step that follows (``ReifyWindows`` put each value in its window)."""
     key, items = kv
     return key, [_value(item)[1] for item in items]
+
+
+class _LiftCombinePerKey(PTransformOverride):
+    """``CombinePerKey`` → partial combine per bundle + ``GroupByKey`` of accumulators + merge
+    (Beam's ``LiftedCombinePerKey``, the DirectRunner's override), for non-merging windows: the
+    partial combine keeps one accumulator per (key, window), so a global combine moves one
+    accumulator per bundle instead of every element."""
+
+    def matches(self, applied_ptransform: AppliedPTransform) -> bool:
+        if not isinstance(applied_ptransform.transform, beam.CombinePerKey):
+            return False
+        main = applied_ptransform.inputs[0]
+        return not main.windowing.windowfn.is_merging()
+
+    def get_replacement_transform_for_applied_ptransform(
+            self, applied_ptransform: AppliedPTransform) -> beam.PTransform:
+        transform = applied_ptransform.transform
+        try:
+            return LiftedCombinePerKey(transform.fn, transform.args, transform.kwargs)
+        except NotImplementedError:  # 10 or more side-input arguments: left as it is
+            return transform
 
 
 class _BagVisitor(PipelineVisitor):
@@ -351,7 +383,7 @@ class DaskRunner(PipelineRunner):
                                                                     current_only=True)
         bag_kwargs = DaskOptions._extract_bag_kwargs(dask_options)
         client = distributed.Client(**dask_options)
-        pipeline.replace_all(dask_overrides())
+        pipeline.replace_all([_LiftCombinePerKey(), *dask_overrides()])  # lift before GBKs
         visitor = _BagVisitor(bag_kwargs)
         pipeline.visit(visitor)
         sizes = [leaf.map_partitions(_size) for leaf in visitor.leaves()]

@@ -227,6 +227,34 @@ def test_beamsynth_dask_runner_reports_beam_metrics(dask_address):
     assert sum(c.committed for c in found["counters"]) == 10
 
 
+def test_beamsynth_dask_runner_lifts_combines(dask_address):
+    """``CombineGlobally`` runs as partial combines per bundle + a ``GroupByKey`` of accumulators
+    (Beam's DaskRunner grouped every element under one key: a worker held the whole input)."""
+    from apache_beam.metrics.metric import Metrics, MetricsFilter
+    from apache_beam.transforms.combiners import LiftedCombinePerKey
+
+    def record(total):
+        Metrics.counter("probe", "total").inc(total)
+        return total
+
+    options = options_for(["--runner", "dask", f"--dask_client_address={dask_address}",
+                           "--dask_npartitions=3"])
+    p = beam.Pipeline(options=options)
+    _ = p | beam.Create(range(10)) | beam.CombineGlobally(sum) | beam.Map(record)
+    result = p.run()
+    result.wait_until_finish()
+    found = result.metrics().query(MetricsFilter().with_namespace("probe").with_name("total"))
+    assert sum(c.committed for c in found["counters"]) == 45
+    kinds = []
+
+    class Kinds(beam.pipeline.PipelineVisitor):
+        def enter_composite_transform(self, node):
+            kinds.append(type(node.transform))
+
+    p.visit(Kinds())  # the run replaced the graph's transforms in place
+    assert LiftedCombinePerKey in kinds and beam.CombinePerKey not in kinds
+
+
 def test_probes_are_correct_on_the_direct_runner():
     results = check_runner(PipelineOptions(["--direct_running_mode=in_memory"]))
     assert {name: ok for name, (ok, _) in results.items()} == dict.fromkeys(PROBES, True)
