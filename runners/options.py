@@ -194,12 +194,15 @@ def suggest_flag(flag: str, candidates: Sequence[str]) -> str | None:
     return norm[match[0]] if match else None
 
 
-def check_pipeline_args(args: Sequence[str], *, own_flags: Sequence[str] = ()) -> None:
+def check_pipeline_args(args: Sequence[str], *, own_flags: Sequence[str] = (),
+                        allow_beamsynth_options: bool = False) -> None:
     """Refuse any argument Beam would not parse as a pipeline option.
 
     Args:
       args: what the CLI did not consume (``["--runner", "dask", "--rowz", "10"]``).
       own_flags: the subcommand's own flags, offered as suggestions (``--rows`` for ``--rowz``).
+      allow_beamsynth_options: accept ``--beamsynth_*`` options (a Python job that reads them with
+        ``privacy_job_from_options``); by default they are refused naming the CLI flag to use.
 
     Raises:
       UnknownOptionError: the first unknown option (or stray value), naming it, with the closest
@@ -210,7 +213,7 @@ def check_pipeline_args(args: Sequence[str], *, own_flags: Sequence[str] = ()) -
         return
     for arg in args:
         name = arg.split("=", 1)[0]
-        if name.startswith("--") and name[2:] in CLI_EQUIVALENTS:
+        if name.startswith("--") and name[2:] in CLI_EQUIVALENTS and not allow_beamsynth_options:
             raise UnknownOptionError(
                 f"{name} is a pipeline option for Beam jobs that use beamsynth from Python; "
                 f"on the command line use {CLI_EQUIVALENTS[name[2:]]}")

@@ -125,6 +125,13 @@ class DeclaredWindows(beam_window.FixedWindows):
             return None
         return list(range(self.declared_start, self.declared_end, self.seconds))
 
+    def start_labels(self) -> list[str] | None:
+        """Every declared window's start as ISO 8601 UTC, as in the ``window_start`` field of API
+        output rows (``None`` when the range is open-ended): the names of per-window files, known
+        before any data is read."""
+        starts = self.window_starts()
+        return None if starts is None else [iso_seconds(t) for t in starts]
+
     def contains(self, timestamp: Any) -> bool:
         """Whether an event time (epoch seconds) lies in a declared window."""
         t = float(timestamp)

@@ -8,6 +8,7 @@ by ``<!-- slow -->`` are marked slow.
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -17,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "beam-api.md"
 README = ROOT / "README.md"
 ADULT = ROOT / "examples" / "data" / "adult" / "adult.csv"
+WINDOWS_SNIPPET = "days.start_labels()"
 _BLOCK = re.compile(r"(<!-- slow -->\s*\n)?```python\n(.*?)```", re.S)
 
 
@@ -30,6 +32,8 @@ def _doc_cases():
     setup = blocks[0][0]
     cases = []
     for i, (code, slow) in enumerate(blocks[1:], start=1):
+        if WINDOWS_SNIPPET in code:  # run, and its files checked, by test_windows_snippet_...
+            continue
         title = code.strip().splitlines()[0][:40]
         marks = [pytest.mark.slow] if slow else []
         cases.append(pytest.param(setup + "\n" + code, id=f"doc{i}", marks=marks))
@@ -60,6 +64,45 @@ def test_the_page_has_a_snippet_per_mechanism():
     for code, _ in snippets(DOC)[1:]:
         if "job.private(" in code:
             assert "dead_letters" in code, code[:200]  # examples never drop the dead letters
+
+
+def _internal_imports(code: str) -> list[str]:
+    """Modules under ``beamsynth.`` (not the root package) that ``code`` imports."""
+    found = []
+    for node in ast.walk(ast.parse(code)):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                 [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+        found += [n for n in names if n.startswith("beamsynth.")]
+    return found
+
+
+def test_the_page_and_the_etl_example_import_nothing_but_the_root_package():
+    example = (ROOT / "examples" / "etl_job.py").read_text(encoding="utf-8")
+    assert _internal_imports(example) == []
+    assert "import beamsynth as bs" in example
+    for code, _ in snippets(DOC):
+        assert _internal_imports(code) == [], code[:200]
+    assert _internal_imports("from beamsynth.runners.presets import options_for") == [
+        "beamsynth.runners.presets"]  # the check can fail
+
+
+def test_windows_snippet_writes_one_file_per_declared_day(sandbox):
+    blocks = snippets(DOC)
+    (code,) = [c for c, _ in blocks if WINDOWS_SNIPPET in c]
+    exec(compile(blocks[0][0] + "\n" + code, str(DOC), "exec"), {"__name__": "__snippet__"})
+    import json
+
+    import pyarrow.parquet as pq
+
+    files = sorted(p.name for p in (sandbox / "out" / "windows").glob("*.parquet"))
+    assert files == [f"sex_income.2024-01-0{d}.parquet" for d in (1, 2, 3)]
+    for name in files:
+        table = pq.read_table(sandbox / "out" / "windows" / name)
+        assert table.column_names == ["window_start", "sex", "income", "noisy_count"]
+        assert table.num_rows == 4 and len(set(table.column("window_start").to_pylist())) == 1
+    manifest = json.loads((sandbox / "out" / "windows" / "manifest.json").read_text())
+    assert len(manifest["release"]["details"]["windows"]["per_window"]) == 3
+    assert manifest["operational"]["rows_rejected"] == 1  # the sandbox's one bad row
 
 
 @pytest.mark.parametrize("code", _doc_cases())
