@@ -81,11 +81,13 @@ def test_every_mechanism_on_arrow_tables_and_rows_and_dicts_from_files(files, tm
 
 
 @pytest.mark.slow
-def test_correlated_synthesizers_on_arrow_tables(files):
+@pytest.mark.parametrize("kind", ["arrow", "dicts"])
+def test_correlated_synthesizers_on_arrow_tables_and_dicts(files, kind):
     job = bs.PrivacyJob(epsilon=100.0, delta=1e-4, seed=3)
     with beam.Pipeline(options=_opts()) as p:
-        private = (p | beam.io.ReadFromParquetBatched(files["parquet"])
-                   | job.private(SCHEMA, source="arrow"))
+        source = (p | beam.io.ReadFromParquetBatched(files["parquet"]) if kind == "arrow"
+                  else p | beam.Create(_records()))
+        private = source | job.private(SCHEMA, source=kind)
         private.dead_letters | "Bad" >> beam.Map(print)
         for name, t in [("pb", bs.PrivBayes(epsilon=1.0, rows=30)),
                         ("sbhg", bs.SBHG(epsilon=1.0, delta=1e-6, rows=30)),
