@@ -5,7 +5,8 @@ not available here, so this benchmark builds stand-ins of the same shape from re
 
 * keys: the proper nouns of the wamerican word list (capitalised entries never written in lower
   case: names, places), folded to lower case, letters only, 2–12 characters, ranked by their
-  real wordfreq frequency (``/work/shared/data/text``, README there);
+  real wordfreq frequency (``/work/shared/data/text``, README there); ``long`` keeps the 8–12
+  letter ones only (each split costs a frequent key about ``t`` records per level);
 * persons: lognormal activity weights (as ``query_log_1m.csv``), rows drawn in proportion; each
   person has one surname drawn with probability ∝ ``frequency^gamma``; every further row of a
   person repeats it with probability ``repeat`` (else an independent draw: a log of look-ups);
@@ -58,6 +59,7 @@ class StandIn:
     rows: int = 200_000
     gamma: float = 1.0  # probability ∝ frequency^gamma (flatter < 1 < steeper)
     repeat: float = 0.5  # a person's further rows repeat their surname with this probability
+    min_length: int = 2  # keys shorter than this are left out of the list (stress long keys)
 
 
 STANDINS = {s.name: s for s in (
@@ -68,6 +70,7 @@ STANDINS = {s.name: s for s in (
     StandIn("lookups", repeat=0.0),
     StandIn("small", persons=40_000, rows=71_000),
     StandIn("large", persons=400_000, rows=714_000),
+    StandIn("long", repeat=0.0, min_length=8),
 )}
 
 
@@ -84,6 +87,7 @@ def surname_list(data: Path = DATA) -> pd.DataFrame:
 def make_standin(spec: StandIn, names: pd.DataFrame, seed: int) -> pd.DataFrame:
     """``(person, surname)`` rows of one stand-in (every person has at least one row)."""
     rng = np.random.default_rng(seed)
+    names = names[names["word"].str.len() >= spec.min_length].reset_index(drop=True)
     w = names["frequency"].to_numpy() ** spec.gamma
     w /= w.sum()
     activity = np.exp(1.5 * rng.standard_normal(spec.persons))

@@ -23,15 +23,19 @@ Accounting per method (functions :func:`basic_accounting`, :func:`improved_accou
   (Section 2.3's second pass) uses fresh noise of scale ``k/ε_final`` on every leaf (a partition)
   → ``ε_final``. Total ``B·ε_level + ε_final`` (Corollary 2's ``εB`` plus the second pass).
 * **improved** (Section 3, Figure 2, Theorem 3; Appendix A): record-level ``ε₀``, noise scale
-  ``1/ε₀``, threshold ``b``, stable discount ``t = ⌈b + ln 2/ε₀⌉`` removed before every split
-  (implicitly, folded into the children's counts, Appendix A's remark). Theorem 3: ``2ε₀``-DP for
-  one record, **independent of depth**; the proof goes through for discrete Laplace because its
-  survival function is log-concave and ``log(1/p(-t)) ≤ ε₀(b + t) + ln 2``. Only the split
-  decisions and the leaves' noisy counts are released (internal counts would cost ``ε₀`` per
-  level). A unit of ``k`` records: group privacy, ``2kε₀``; we set ``ε₀ = ε/(2k)``.
+  ``1/ε₀``, threshold ``b``, stable discount ``t`` removed before every split (implicitly, folded
+  into the children's counts, Appendix A's remark). Theorem 3: ``2ε₀``-DP for one record with
+  ``t = ⌈b + ln 2/ε₀⌉``, **independent of depth**. Read tightly, the proof gives
+  ``ε₀ + Σ_{j≥1} h(jt)`` (:func:`improved_privacy_loss`; about ``1.12ε₀`` for the paper's
+  parameters), and the default ``calibration="tight"`` picks ``(ε₀, b, t)`` that spend ``ε/k``
+  per record by that formula (:func:`improved_accounting`); ``"theorem3"`` keeps the paper's
+  ``ε₀ = ε/(2k)``. Only the split decisions and the leaves' noisy counts are released (internal
+  counts would cost ``ε₀`` per level). A unit of ``k`` records: group privacy.
 * **direct** (Section 4, Figures 3, 4): the root total and ``maxdepth`` levels of children counts
   are measured, ``maxdepth + 1`` levels, each scale ``k(maxdepth + 1)/ε`` (the paper's
-  ``R = maxdepth/ε``, plus the root count) → ``ε`` total. ``Center`` is post-processing.
+  ``R = maxdepth/ε``, plus the root count) → ``ε`` total; end-of-string (terminal) cells get the
+  budget their records' shorter path leaves unused (:func:`direct_scales`). ``Center`` — pruned
+  to children whose noisy count reaches a public threshold for text keys — is post-processing.
 
 Discounts (Section 3 and Appendix A), all applied implicitly: each node carries the number of
 records its ancestors removed from its subtree ("owed"), and a split spreads ``owed + t`` over the

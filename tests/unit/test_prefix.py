@@ -448,3 +448,17 @@ def test_run_in_memory_is_seeded_and_direct_keeps_only_complete_keys():
     assert set(keys["q"]) <= {"ab", "abc", "b", "c"}  # complete keys only: no fragment such as 'a'
     assert {"ab", "abc", "b"} <= set(keys["q"])
     assert len(keys["q"]) + dropped == rels[0].counts.sum() + sum(r.dropped for r in rels[:1])
+
+
+def test_spurious_threshold_is_the_smallest_with_half_a_noise_child_per_split():
+    for scale, fanout in ((1.09, 39), (22.0, 39), (4.0, 3), (0.1, 2)):
+        b = P.spurious_threshold(scale, fanout)
+        tail = (fanout - 1) * (1 - discrete_laplace_cdf(np.array([b, b - 1]) - 1, scale))
+        assert tail[0] <= P.SPURIOUS_RATE + 1e-12
+        assert b == 1 or tail[1] > P.SPURIOUS_RATE
+    c = TextKeyCodec(column="q", max_length=3)
+    with pytest.raises(TypeError, match=r"prune \('yes'\) must be True or False"):
+        P.DPDirectPrefixSynthesis(codec=c, budget=PureDP(epsilon=1.0), prune="yes")
+    assert P.DPDirectPrefixSynthesis(codec=c, budget=PureDP(epsilon=1.0)).accounting.threshold is not None
+    sc = SpatialKeyCodec(columns=("x", "y"), box=((0, 1), (0, 1)), depth=3)
+    assert P.DPDirectPrefixSynthesis(codec=sc, budget=PureDP(epsilon=1.0)).accounting.threshold is None
