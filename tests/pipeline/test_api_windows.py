@@ -140,6 +140,8 @@ def test_undeclared_windows_triggers_and_mixed_windowings_are_refused_when_built
     assert str(err.value).startswith(
         "C: trigger Repeatedly(AfterCount(10)) (allowed lateness 0s) can fire more than once per "
         "window, so the number of releases would depend on the data")
+    declared = plain | "Declared" >> beam.WindowInto(WINDOWS)  # windowed upstream: accepted
+    assert (declared | "W" >> bs.PrivacyJob(epsilon=1.0).private(SCHEMA)).windows == WINDOWS
     job = bs.PrivacyJob(epsilon=1.0)
     _ = plain | "D" >> job.private(SCHEMA, windows=WINDOWS)
     with pytest.raises(ValueError) as err:
