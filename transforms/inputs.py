@@ -21,7 +21,8 @@ PCollection is unordered, so without such a field the position is ``None``: Beam
 deterministic index, and numbering them by arrival would depend on the runner.
 
 Elements are buffered per bundle up to ``batch_rows`` rows (an Arrow element counts its rows) and
-encoded column by column with :meth:`Schema.encode_columns`, so no Python object per row travels
+encoded column by column, each distinct value once per worker (:mod:`~beamsynth.transforms.column_memo`:
+the same codes and reasons as :meth:`Schema.encode_columns`), so no Python object per row travels
 between steps.
 """
 
@@ -44,11 +45,11 @@ from apache_beam.utils.windowed_value import WindowedValue
 from beamsynth.schemas.keys import KeyCodec
 from beamsynth.schemas.schema import (
     NULL_CODE_REASON,
-    Column,
     EncodedBatch,
     Schema,
     avro_field_name,
 )
+from beamsynth.transforms.column_memo import SchemaMemo
 from beamsynth.transforms.conventions import display_items, element_types
 
 __all__ = [
@@ -150,29 +151,38 @@ def _object_array(values: list[Any]) -> np.ndarray:
     return arr
 
 
-def _record_columns(records: Sequence[Mapping[str, Any]], names: Sequence[str]
-                    ) -> dict[str, pd.Series]:
-    """Column ``name`` of every record (None when absent); a field may also be spelled as its
+def _record_column(records: Sequence[Mapping[str, Any]], name: str) -> list[Any]:
+    """Field ``name`` of every record (None when absent); a field may also be spelled as its
     identifier form (``education_num`` for ``education-num``), looked up only where needed."""
-    try:  # fast path: every record has every field under its declared name (one C call each)
-        get = operator.itemgetter(*names)
-        rows = [get(r) for r in records]
-        columns = list(zip(*rows)) if len(names) > 1 else [tuple(rows)]
-        if not records:
-            columns = [() for _ in names]
-        return {n: pd.Series(_object_array(list(c)), dtype=object, copy=False)
-                for n, c in zip(names, columns)}
+    try:  # fast path: every record has the field under its declared name (one C loop)
+        return list(map(operator.itemgetter(name), records))
     except (KeyError, TypeError):
         pass
-    cols = {}
-    for name in names:
-        values = [r.get(name) for r in records]
-        alias = avro_field_name(name)  # Beam field names are identifiers (education_num)
-        if alias != name and None in values:
-            values = [r.get(alias) if v is None and name not in r else v
-                      for v, r in zip(values, records)]
-        cols[name] = pd.Series(_object_array(values), dtype=object, copy=False)
-    return cols
+    values = [r.get(name) for r in records]
+    alias = avro_field_name(name)  # Beam field names are identifiers (education_num)
+    if alias != name and None in values:
+        values = [r.get(alias) if v is None and name not in r else v
+                  for v, r in zip(values, records)]
+    return values
+
+
+class _RecordColumns(dict):
+    """``{field: values}`` of a list of records, each column gathered on first use, so a column
+    that the memo encodes straight from the records is never built."""
+
+    def __init__(self, records: Sequence[Mapping[str, Any]]) -> None:
+        super().__init__()
+        self.records = records
+
+    def __missing__(self, name: str) -> list[Any]:
+        values = self[name] = _record_column(self.records, name)
+        return values
+
+
+def _as_series(values: Sequence[Any]) -> pd.Series:
+    if isinstance(values, pd.Series):
+        return values
+    return pd.Series(_object_array(list(values)), dtype=object, copy=False)
 
 
 def _present(record: Mapping[str, Any], name: str) -> bool:
@@ -193,39 +203,26 @@ def _dead(source: str, position: int | None, reason: str, element: Any) -> beam.
     return beam.Row(source=source, position=position, reason=reason, element=_short_json(element))
 
 
-def _encode_column(column: Column, values: pd.Series) -> tuple[np.ndarray, dict[int, str]]:
-    """:meth:`Column.encode` of each distinct value once, mapped back to the rows.
-
-    Dicts from JSON carry one string object per row, so hashing them once here (factorize) and
-    encoding the few distinct values beats encoding every row (same codes and reasons).
-    """
-    idx, uniques = pd.factorize(values, use_na_sentinel=True)
-    distinct = np.empty(len(uniques) + 1, dtype=object)  # the last one stands for null
-    distinct[:-1] = uniques
-    idx = np.where(idx < 0, len(uniques), idx)
-    cells, why = column.encode(pd.Series(distinct, dtype=object, copy=False))
-    reasons: dict[int, str] = {}
-    if why:
-        bad = np.flatnonzero(np.isin(idx, np.fromiter(why, dtype=np.int64, count=len(why))))
-        reasons = {int(row): why[int(idx[row])] for row in bad}
-    return cells[idx], reasons
-
-
-def _encode_schema(schema: Schema, series: Mapping[str, pd.Series], n: int
-                   ) -> tuple[EncodedBatch, list[tuple[int, str]]]:
-    """:meth:`Schema.encode_columns` with distinct values encoded once (same batch, reasons)."""
+def _encode_schema(schema: Schema, series: Mapping[str, Sequence[Any]], n: int,
+                   memo: SchemaMemo | None = None) -> tuple[EncodedBatch, list[tuple[int, str]]]:
+    """:meth:`Schema.encode_columns` with distinct values encoded once per worker (``memo``; same
+    batch, same reasons)."""
+    memo = SchemaMemo(schema) if memo is None else memo
     dtype = np.int32 if all(c.cells < 2**31 for c in schema.columns) else np.int64
     codes = np.empty((n, len(schema.columns)), dtype=dtype)
     reasons: dict[int, str] = {}
+    records = series.records if isinstance(series, _RecordColumns) else None
     for j, col in enumerate(schema.columns):
-        cells, why = _encode_column(col, series[col.name])
+        done = None if records is None else memo.encode_records(j, records, col.name)
+        cells, why = memo.encode(j, series[col.name]) if done is None else done
         codes[:, j] = cells
         for i, r in why.items():
             reasons.setdefault(i, r)
     pids = None
     if schema.privacy_id is not None:
         pids = np.empty(n, dtype=object)
-        for i, v in enumerate(series[schema.privacy_id].tolist()):
+        raw_ids = series[schema.privacy_id]
+        for i, v in enumerate(raw_ids.tolist() if isinstance(raw_ids, pd.Series) else raw_ids):
             if v is None or (isinstance(v, float) and v != v) or (isinstance(v, str) and not v.strip()):
                 reasons.setdefault(i, f"privacy id column {schema.privacy_id!r} is empty")
                 pids[i] = ""
@@ -239,15 +236,15 @@ def _encode_schema(schema: Schema, series: Mapping[str, pd.Series], n: int
     return EncodedBatch(codes, pids), sorted(reasons.items())
 
 
-def _encode_columns(layout: KeyLayout, series: Mapping[str, pd.Series], n: int
-                    ) -> tuple[EncodedBatch, dict[int, str]]:
+def _encode_columns(layout: KeyLayout, series: Mapping[str, Sequence[Any]], n: int,
+                    memo: SchemaMemo | None = None) -> tuple[EncodedBatch, dict[int, str]]:
     """Encode raw columns (schema cells, then key symbols); ``{row: reason}`` for bad rows."""
     schema = layout.schema
-    batch, bad = _encode_schema(schema, series, n)
+    batch, bad = _encode_schema(schema, series, n, memo)
     reasons = dict(bad)
     key_parts = []
     for name, codec in layout.keys.items():
-        codes, key_bad = codec.encode({c: series[c] for c in codec.input_columns})
+        codes, key_bad = codec.encode({c: _as_series(series[c]) for c in codec.input_columns})
         ok = np.ones(n, dtype=bool)
         for i, why in key_bad:
             ok[i] = False
@@ -278,13 +275,13 @@ def _drop_rows(batch: EncodedBatch, reasons: Mapping[int, str], already: set[int
     return EncodedBatch(batch.codes[keep], None if batch.pids is None else batch.pids[keep])
 
 
-def _encode_records(layout: KeyLayout, records: list[Mapping[str, Any]]
-                    ) -> tuple[EncodedBatch, dict[int, str]]:
+def _encode_records(layout: KeyLayout, records: list[Mapping[str, Any]],
+                    memo: SchemaMemo | None = None) -> tuple[EncodedBatch, dict[int, str]]:
     """Encode mappings column-wise; returns good rows and ``{index: reason}`` for bad ones."""
     n = len(records)
     names = _wanted(layout)
-    series = _record_columns(records, names)
-    batch, reasons = _encode_columns(layout, series, n)
+    series = _RecordColumns(records)
+    batch, reasons = _encode_columns(layout, series, n, memo)
     for i, why in list(reasons.items()):  # name a missing field as missing, not as null
         if why.endswith(NULL_CODE_REASON) and "'" in why:
             col = why.split("'")[1]
@@ -302,21 +299,26 @@ def _encode_records(layout: KeyLayout, records: list[Mapping[str, Any]]
 
 
 def encode_elements(layout: KeyLayout, elements: Sequence[Any], *, source: str,
-                    position_field: str | None = None
+                    position_field: str | None = None, memo: SchemaMemo | None = None
                     ) -> tuple[list[EncodedBatch], list[beam.Row]]:
     """Encode a list of elements (Beam-free): encoded batches and dead-letter rows.
 
     Arrow tables and record batches are encoded column-wise without per-row Python objects
     (rows are materialized only for the dead letters' text); mappings and rows are gathered
-    column by column.
+    column by column. ``memo`` (one per worker) remembers the codes of distinct values across
+    calls; without it each call starts afresh (same result).
     """
+    memo = SchemaMemo(layout.schema) if memo is None else memo
     batches: list[EncodedBatch] = []
     dead: list[beam.Row] = []
     records: list[Mapping[str, Any]] = []
+    if set(map(type, elements)) == {dict}:  # the common case (json.loads): no per-element checks
+        records, elements = list(elements), []
     for element in elements:
         if isinstance(element, (pa.Table, pa.RecordBatch)):
             try:
-                b, d = _encode_arrow(layout, element, source=source, position_field=position_field)
+                b, d = _encode_arrow(layout, element, source=source, position_field=position_field,
+                                     memo=memo)
             except Exception as exc:  # noqa: BLE001 - a broken table is one bad element
                 b, d = _concat(layout, []), [_dead(
                     source, None, f"cannot encode Arrow element: {type(exc).__name__}: {exc}",
@@ -332,22 +334,22 @@ def encode_elements(layout: KeyLayout, elements: Sequence[Any], *, source: str,
         records.append(record)
     if records:
         try:
-            b, reasons = _encode_records(layout, records)
+            b, reasons = _encode_records(layout, records, memo)
         except Exception:  # noqa: BLE001 - one odd element must not fail its neighbours
-            b, reasons = _encode_one_by_one(layout, records)
+            b, reasons = _encode_one_by_one(layout, records, memo)
         batches.append(b)
         dead += [_dead(source, _position(records[i], position_field), why, dict(records[i]))
                  for i, why in sorted(reasons.items())]
     return batches, dead
 
 
-def _encode_one_by_one(layout: KeyLayout, records: list[Mapping[str, Any]]
+def _encode_one_by_one(layout: KeyLayout, records: list[Mapping[str, Any]], memo: SchemaMemo
                        ) -> tuple[EncodedBatch, dict[int, str]]:
     """Fallback when a batch fails as a whole: each record alone, failures dead-lettered."""
     parts, reasons = [], {}
     for i, r in enumerate(records):
         try:
-            b, why = _encode_records(layout, [r])
+            b, why = _encode_records(layout, [r], memo)
         except Exception as exc:  # noqa: BLE001
             reasons[i] = f"cannot encode element: {type(exc).__name__}: {exc}"
             continue
@@ -367,7 +369,8 @@ def _concat(layout: KeyLayout, parts: list[EncodedBatch]) -> EncodedBatch:
 
 
 def _encode_arrow(layout: KeyLayout, table: pa.Table | pa.RecordBatch, *, source: str,
-                  position_field: str | None) -> tuple[EncodedBatch, list[beam.Row]]:
+                  position_field: str | None, memo: SchemaMemo | None = None
+                  ) -> tuple[EncodedBatch, list[beam.Row]]:
     """An Arrow element, column-wise; rows are materialized only for dead letters."""
     n = table.num_rows
     have = set(table.schema.names)
@@ -389,7 +392,7 @@ def _encode_arrow(layout: KeyLayout, table: pa.Table | pa.RecordBatch, *, source
         else:  # a missing field is null in every row (rejected where the column is required)
             series[name] = pd.Series([None] * n, dtype=object)
             missing.append(name)
-    batch, reasons = _encode_columns(layout, series, n)
+    batch, reasons = _encode_columns(layout, series, n, memo)
     if not reasons:
         return batch, []
     for i, why in list(reasons.items()):
@@ -415,15 +418,20 @@ class _EncodeFn(beam.DoFn):
         self._read = Metrics.counter(METRICS_NAMESPACE, "elements_read")
         self._rejected = Metrics.counter(METRICS_NAMESPACE, "elements_rejected")
 
+    def setup(self) -> None:
+        self._memo = SchemaMemo(self._layout.schema)  # codes of distinct values, per worker
+
     def start_bundle(self) -> None:
         self._buffer: list[Any] = []
         self._rows = 0
 
     def process(self, element: Any):
+        # not a generator: nothing to iterate per element until a batch is full
         self._buffer.append(element)
-        self._rows += _element_rows(element)
+        self._rows += 1 if type(element) is dict else _element_rows(element)
         if self._rows >= self._batch_rows:
-            yield from self._flush()
+            return self._flush()
+        return None
 
     def finish_bundle(self):
         for out in self._flush():
@@ -438,7 +446,7 @@ class _EncodeFn(beam.DoFn):
         if not elements:
             return
         batches, dead = encode_elements(self._layout, elements, source=self._source,
-                                        position_field=self._position)
+                                        position_field=self._position, memo=self._memo)
         self._read.inc(read)
         self._rejected.inc(len(dead))
         yield beam.pvalue.TaggedOutput("stats", EncodeStats(read, len(dead)))
