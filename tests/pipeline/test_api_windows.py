@@ -174,3 +174,25 @@ def test_stock_dask_runner_is_refused_and_beamsynths_accepted_when_built():
         _ = ours | "W" >> beam.Create([{"sex": "F"}]) | "P" >> bs.PrivacyJob(epsilon=1.0).private(
             SCHEMA, windows=WINDOWS)
     assert str(err.value).startswith("P: declared windows were not tested on the DaskRunner")
+
+
+@pytest.mark.slow
+def test_seeded_windowed_release_is_the_same_on_two_processes(tmp_path):
+    def run(args: list[str], folder) -> list[str]:
+        job = bs.PrivacyJob(epsilon=30.0, seed=11)
+        with beam.Pipeline(options=bs.pipeline_options(args)) as p:
+            private = (p | beam.Create(_stamped()) | "Stamp" >> beam.Map(lambda tv: tv)
+                       | job.private(SCHEMA, windows=WINDOWS))
+            private.dead_letters | "Bad" >> beam.Map(print)
+            outs = [private | bs.Count(epsilon=10.0),
+                    (private | bs.Marginals(marginals=[("sex", "city")], epsilon=10.0))["sex,city"],
+                    private | bs.IndependentSynthesis(epsilon=10.0, rows=5)]
+            _ = (outs | beam.Flatten() | beam.Map(lambda r: json.dumps(r._asdict()))
+                 | beam.io.WriteToText(str(folder / "rows"), shard_name_template=""))
+        return sorted((folder / "rows").read_text().splitlines())
+
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    one = run([], tmp_path / "one")
+    assert one == run(["--runner", "direct-multi", "--direct_num_workers=2"], tmp_path / "two")
+    assert len(one) == 3 * (1 + 8 + 5)
