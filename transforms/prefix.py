@@ -233,11 +233,22 @@ def spurious_threshold(scale: float, fanout: int, rate: float = SPURIOUS_RATE) -
 
 
 def _smallest_discount(eps0: float, b: float, budget: float) -> int | None:
+    """Smallest ``t ≥ max(1, ⌈b⌉)`` with ``improved_privacy_loss ≤ budget`` (decreasing in t)."""
     lo = max(1, int(math.ceil(b)))
-    for t in range(lo, lo + 64 + int(8 / eps0)):
-        if improved_privacy_loss(eps0, b, t) <= budget:
-            return t
-    return None
+    if eps0 >= budget:
+        return None
+    hi = lo
+    while improved_privacy_loss(eps0, b, hi) > budget:
+        if hi > 64 * lo + int(64 / eps0):
+            return None
+        hi *= 2
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if improved_privacy_loss(eps0, b, mid) <= budget:
+            hi = mid
+        else:
+            lo = mid + 1
+    return hi
 
 
 def improved_accounting(*, epsilon: float, max_contributions: int = 1, fanout: int = 2,
