@@ -12,12 +12,29 @@ schema (public partitions), one record per privacy unit, ε split equally over t
   from the dict by the declared domain's ``encode`` (what the schema declares; values outside go
   to no partition).
 
-Times are whole pipeline runs (construction + run), wall and process CPU; the ratio is PipelineDP
-/ beamsynth measured in this run. Setup of the peer (apache-beam at the project's version)::
+Times are whole pipeline runs (construction + run), wall and process CPU, medians of
+``--repeat`` runs of each tool (interleaved); the ratio is PipelineDP / beamsynth measured in this
+run. The released PCollections end in a sink that reads every release: ``--sink one`` (default)
+flattens each tool's 15 outputs into one ``Count.Globally``; ``--sink each`` puts a
+``Count.Globally`` on each of the 15 outputs (as before 2026-11-24), which adds the same 15 combine
+stages to both pipelines (~0.3 s CPU each on the DirectRunner). Setup of the peer (apache-beam at
+the project's version)::
 
     python -m venv /tmp/peer-pdp-h5
     /tmp/peer-pdp-h5/bin/pip install pipeline-dp==0.3.1 apache-beam==<the project's version>
     nice -n 10 python benchmarks/api_vs_pipelinedp.py --peer-python /tmp/peer-pdp-h5/bin/python
+
+Measured 2026-11-24 (2 shared cores; CPU is the steadier figure), ε = 1, medians:
+
+=======  ====  ===========  =======================  ==============  ===================
+rows     sink  load1        beamsynth CPU s          PipelineDP CPU  speed-up CPU (wall)
+=======  ====  ===========  =======================  ==============  ===================
+48,842   each  12.1         9.21 (before, 1 run)     98.6 (1 run)    10.7x (10.0x)
+48,842   one   8.0-10.2     4.13 (3 runs 4.02-4.14)  95.1 (2 runs)   23.0x (21.9x)
+=======  ====  ===========  =======================  ==============  ===================
+
+"before" is the tree before the memoized dict encoding and the one-step marginal rows
+(2026-11-24); the same run with ``--sink each`` after them: see the commit messages.
 """
 
 from __future__ import annotations
@@ -25,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import tempfile
 import time
@@ -85,7 +103,18 @@ def _encoder(spec: dict):
     return encode
 
 
-def run_beamsynth(path: str, epsilon: float) -> tuple[float, float]:
+def _sink(outputs: list, sink: str) -> None:
+    """Read every release: one ``Count.Globally`` over all of them, or one per output."""
+    import apache_beam as beam
+
+    if sink == "each":
+        for i, pc in enumerate(outputs):
+            _ = pc | f"N{i}" >> beam.combiners.Count.Globally()
+    else:
+        _ = tuple(outputs) | "All" >> beam.Flatten() | "N" >> beam.combiners.Count.Globally()
+
+
+def run_beamsynth(path: str, epsilon: float, sink: str) -> tuple[float, float]:
     """(wall, CPU) seconds of the public-API pipeline."""
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
@@ -100,11 +129,11 @@ def run_beamsynth(path: str, epsilon: float) -> tuple[float, float]:
         private = dicts | job.private(schema)
         private.dead_letters | "Bad" >> beam.combiners.Count.Globally()
         tables = private | bs.Marginals(marginals=[(c,) for c in schema.names], epsilon=epsilon)
-        _ = [pc | f"N{i}" >> beam.combiners.Count.Globally() for i, pc in enumerate(tables.values())]
+        _sink(list(tables.values()), sink)
     return time.perf_counter() - t, time.process_time() - c
 
 
-def run_pipelinedp(path: str, specs_path: str, epsilon: float) -> tuple[float, float]:
+def run_pipelinedp(path: str, specs_path: str, epsilon: float, sink: str) -> tuple[float, float]:
     """(Runs inside the peer venv.) (wall, CPU) seconds of the PipelineDP pipeline."""
     import apache_beam as beam
     import pipeline_dp
@@ -120,13 +149,15 @@ def run_pipelinedp(path: str, specs_path: str, epsilon: float) -> tuple[float, f
         params = pipeline_dp.AggregateParams(
             noise_kind=pipeline_dp.NoiseKind.LAPLACE, metrics=[pipeline_dp.Metrics.COUNT],
             max_partitions_contributed=1, max_contributions_per_partition=1)
-        for j, (name, encode, cells) in enumerate(columns):
+        outputs = []
+        for name, encode, cells in columns:
             extractors = pipeline_dp.DataExtractors(
                 privacy_id_extractor=lambda r: r["row"],
                 partition_extractor=lambda r, name=name, encode=encode: encode(r[name]),
                 value_extractor=lambda r: 0)
-            _ = (engine.aggregate(dicts, params, extractors, public_partitions=list(range(cells)))
-                 | f"Count{j}" >> beam.combiners.Count.Globally())
+            outputs.append(engine.aggregate(dicts, params, extractors,
+                                            public_partitions=list(range(cells))))
+        _sink(outputs, sink)
         accountant.compute_budgets()
     return time.perf_counter() - t, time.process_time() - c
 
@@ -135,27 +166,45 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--load", type=int, default=1, help="copies of the 48,842 Adult rows")
     ap.add_argument("--epsilon", type=float, default=1.0)
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each tool (medians)")
+    ap.add_argument("--peer-repeat", type=int, default=None,
+                    help="runs of PipelineDP (default: --repeat)")
+    ap.add_argument("--sink", choices=["one", "each"], default="one")
     ap.add_argument("--peer-python", default="/tmp/peer-pdp-h5/bin/python")
     ap.add_argument("--peer", nargs=2, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.peer:  # inside the PipelineDP virtualenv
-        wall, cpu = run_pipelinedp(args.peer[0], args.peer[1], args.epsilon)
+        wall, cpu = run_pipelinedp(args.peer[0], args.peer[1], args.epsilon, args.sink)
         print(json.dumps({"seconds": wall, "cpu_seconds": cpu}))
         return
+    peer_repeat = args.repeat if args.peer_repeat is None else args.peer_repeat
+    ours: list[tuple[float, float]] = []
+    peer: list[tuple[float, float]] = []
+    loads = []
     with tempfile.TemporaryDirectory() as folder:
         path = make_jsonl(args.load, folder)
         specs = os.path.join(folder, "columns.json")
         with open(specs, "w", encoding="utf-8") as fh:
             json.dump(column_specs(), fh)
-        ours = run_beamsynth(path, args.epsilon)
-        res = subprocess.run([args.peer_python, __file__, "--epsilon", str(args.epsilon),
-                              "--peer", path, specs], capture_output=True, text=True, check=True)
-        peer = json.loads(res.stdout.strip().splitlines()[-1])
+        for i in range(max(args.repeat, peer_repeat)):  # interleaved: load changes hit both
+            if i < args.repeat:
+                ours.append(run_beamsynth(path, args.epsilon, args.sink))
+            if i < peer_repeat:
+                res = subprocess.run([args.peer_python, __file__, "--epsilon", str(args.epsilon),
+                                      "--sink", args.sink, "--peer", path, specs],
+                                     capture_output=True, text=True, check=True)
+                out = json.loads(res.stdout.strip().splitlines()[-1])
+                peer.append((out["seconds"], out["cpu_seconds"]))
+            loads.append(os.getloadavg()[0])
+    (ow, oc), (pw, pc) = ([statistics.median(x) for x in zip(*runs)] for runs in (ours, peer))
     rows = 48_842 * args.load
-    print(f"rows={rows} load1={os.getloadavg()[0]:.2f} (same JSONL file, same dicts)")
-    print(f"beamsynth public API : wall {ours[0]:8.2f} s, CPU {ours[1]:8.2f} s")
-    print(f"PipelineDP 0.3.1     : wall {peer['seconds']:8.2f} s, CPU {peer['cpu_seconds']:8.2f} s")
-    print(f"speed-up = {peer['seconds'] / ours[0]:.1f}x wall, {peer['cpu_seconds'] / ours[1]:.1f}x CPU")
+    print(f"rows={rows} sink={args.sink} repeat={args.repeat}/{peer_repeat} "
+          f"load1={min(loads):.2f}-{max(loads):.2f} (same JSONL file, same dicts; medians)")
+    print(f"beamsynth public API : wall {ow:8.2f} s, CPU {oc:8.2f} s  "
+          f"(CPU runs {', '.join(f'{c:.2f}' for _, c in ours)})")
+    print(f"PipelineDP 0.3.1     : wall {pw:8.2f} s, CPU {pc:8.2f} s  "
+          f"(CPU runs {', '.join(f'{c:.2f}' for _, c in peer)})")
+    print(f"speed-up = {pw / ow:.1f}x wall, {pc / oc:.1f}x CPU")
 
 
 if __name__ == "__main__":
