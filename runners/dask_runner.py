@@ -202,6 +202,29 @@ def _group_value(kv: tuple[Any, list[Any]]) -> tuple[Any, list[Any]]:
     return key, [_value(item)[1] for item in items]
 
 
+def _round_robin(partition: Iterable[Any], npartitions: int) -> list[tuple[int, Any]]:
+    """``(position mod npartitions, item)`` for every item of a partition."""
+    return [(i % npartitions, item) for i, item in enumerate(partition)]
+
+
+def _first(pair: tuple[int, Any]) -> int:
+    return pair[0]
+
+
+def _items(partition: Iterable[tuple[int, list[tuple[int, Any]]]]) -> list[Any]:
+    return [item for _key, pairs in partition for _k, item in pairs]
+
+
+def _spread(bag: Any) -> Any:
+    """A ``Reshuffle``: the bag's items dealt round robin over its partitions (Beam's DaskRunner
+    made it the identity, so the sampling shards planned from one model all stayed in the one task
+    holding the model: one worker sampled every shard and held every sampled table)."""
+    n = bag.npartitions
+    if n <= 1:
+        return bag
+    return bag.map_partitions(_round_robin, n).groupby(_first, npartitions=n).map_partitions(_items)
+
+
 class _LiftCombinePerKey(PTransformOverride):
     """``CombinePerKey`` → partial combine per bundle + ``GroupByKey`` of accumulators + merge
     (Beam's ``LiftedCombinePerKey``, the DirectRunner's override), for non-merging windows: the
@@ -233,7 +256,12 @@ class _BagVisitor(PipelineVisitor):
         self.consumed: set[pvalue.PCollection] = set()
 
     def visit_transform(self, node: AppliedPTransform) -> None:
-        from apache_beam.runners.dask.overrides import _Create, _Flatten, _GroupByKeyOnly
+        from apache_beam.runners.dask.overrides import (
+            _Create,
+            _Flatten,
+            _GroupByKeyOnly,
+            _Reshuffle,
+        )
 
         inputs = [i for i in node.inputs if not isinstance(i, pvalue.PBegin)]
         self.consumed.update(inputs)
@@ -247,6 +275,8 @@ class _BagVisitor(PipelineVisitor):
         elif kind is _GroupByKeyOnly:
             grouped = self.bags[inputs[0]].groupby(_group_key).map(_group_value)
             self._set(outputs, grouped)
+        elif kind is _Reshuffle:
+            self._set(outputs, _spread(self.bags[inputs[0]]))
         elif kind is _Flatten:
             import dask.bag as db
 
