@@ -34,7 +34,7 @@ import pandas as pd
 from apache_beam.options.pipeline_options import PipelineOptions
 
 import beamsynth as bs
-from beamsynth.pipelines.io import ReadRecords
+from beamsynth.pipelines.io.read import ReadRecords
 from beamsynth.transforms.budget import PureDP
 from beamsynth.transforms.measure import DPMarginals
 

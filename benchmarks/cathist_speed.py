@@ -29,7 +29,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beamsynth.pipelines.io import ReadRecords
+from beamsynth.pipelines.io.read import ReadRecords
 from beamsynth.schemas.domains import CategoricalDomain, ProductDomain
 from beamsynth.schemas.schema import Column, Schema
 from beamsynth.transforms.budget import PureDP

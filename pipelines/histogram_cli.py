@@ -31,16 +31,9 @@ import apache_beam as beam
 import pyarrow as pa
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beamsynth.pipelines.io import (
-    METRICS_NAMESPACE,
-    ReadRecords,
-    WriteTables,
-    ensure_parent,
-    rejected_path,
-    write_rejected,
-)
-from beamsynth.pipelines.manifest import build_manifest, manifest_path, write_json_atomic
-from beamsynth.pipelines.preflight import (
+from beamsynth.pipelines.io.dead_letters import write_rejected
+from beamsynth.pipelines.io.manifest import build_manifest, manifest_path, write_json_atomic
+from beamsynth.pipelines.io.preflight import (
     Required,
     add_check_arguments,
     check_noise_scales,
@@ -48,7 +41,10 @@ from beamsynth.pipelines.preflight import (
     cli_report,
     count_line,
 )
-from beamsynth.pipelines.single_file import remove_temp_folders_on_failure
+from beamsynth.pipelines.io.read import ReadRecords
+from beamsynth.pipelines.io.records import METRICS_NAMESPACE, rejected_path
+from beamsynth.pipelines.io.single_file import remove_temp_folders_on_failure
+from beamsynth.pipelines.io.write import WriteTables, ensure_parent
 from beamsynth.pipelines.synthesize import counter_value
 from beamsynth.pipelines.synthesize_cli import pipeline_options
 from beamsynth.schemas.domains import CategoricalDomain, IntegerDomain, ProductDomain, StringDomain

@@ -23,7 +23,7 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from beamsynth.pipelines.manifest import build_manifest
+from beamsynth.pipelines.io.manifest import build_manifest
 from beamsynth.pipelines.methods import get_method
 from beamsynth.pipelines.synthesize import SynthesisConfig, SynthesisPlan, synthesize_batches
 from beamsynth.schemas.schema import EncodedBatch

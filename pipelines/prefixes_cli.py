@@ -26,20 +26,14 @@ import numpy as np
 import pyarrow as pa
 from apache_beam.metrics import Metrics
 
-from beamsynth.pipelines import preflight
-from beamsynth.pipelines.io import (
-    METRICS_NAMESPACE,
-    RawBlock,
-    ReadRawBlocks,
-    Rejected,
-    WriteTables,
-    _row_text,
-    ensure_parent,
-    rejected_path,
-    write_rejected,
-)
-from beamsynth.pipelines.manifest import build_manifest, manifest_path, write_json_atomic
-from beamsynth.pipelines.single_file import remove_temp_folders_on_failure
+from beamsynth.pipelines.io import preflight
+from beamsynth.pipelines.io.dead_letters import write_rejected
+from beamsynth.pipelines.io.encode import _row_text
+from beamsynth.pipelines.io.manifest import build_manifest, manifest_path, write_json_atomic
+from beamsynth.pipelines.io.read import ReadRawBlocks
+from beamsynth.pipelines.io.records import METRICS_NAMESPACE, RawBlock, Rejected, rejected_path
+from beamsynth.pipelines.io.single_file import remove_temp_folders_on_failure
+from beamsynth.pipelines.io.write import WriteTables, ensure_parent
 from beamsynth.pipelines.synthesize import counter_value
 from beamsynth.schemas.keys import (
     DEFAULT_ALPHABET,

@@ -45,8 +45,11 @@ from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beamsynth.pipelines import filesystem as fs
-from beamsynth.pipelines.io import METRICS_NAMESPACE, WriteTables, arrow_schema_for, rejected_path
+from beamsynth.pipelines.io import filesystem as fs
+from beamsynth.pipelines.io.manifest import SEEDED_NOTE, build_manifest, write_json_atomic
+from beamsynth.pipelines.io.preflight import check_table_inputs
+from beamsynth.pipelines.io.records import METRICS_NAMESPACE, rejected_path
+from beamsynth.pipelines.io.write import WriteTables
 from beamsynth.pipelines.ledger import (
     RELEASE_MARKER,
     LedgerError,
@@ -55,9 +58,7 @@ from beamsynth.pipelines.ledger import (
     PrivacyLedger,
     temp_folder,
 )
-from beamsynth.pipelines.manifest import SEEDED_NOTE, build_manifest, write_json_atomic
 from beamsynth.pipelines.methods import get_method
-from beamsynth.pipelines.preflight import check_table_inputs
 from beamsynth.pipelines.progress import Progress
 from beamsynth.pipelines.synthesize import (
     SynthesisConfig,
@@ -68,6 +69,7 @@ from beamsynth.pipelines.synthesize import (
 )
 from beamsynth.runners.presets import is_beam_dask
 from beamsynth.schemas.schema import Schema, avro_field_name, load_schema
+from beamsynth.schemas.tables import arrow_schema_for
 from beamsynth.transforms.budget import BudgetExceededError
 
 __all__ = [
@@ -676,7 +678,7 @@ def _plan_histogram(cfg: ReleaseConfig, t: TableSpec) -> LedgerSpend:
 def _run_histogram_table(cfg: ReleaseConfig, t: TableSpec, tmp: str, options: PipelineOptions,
                          progress: Progress) -> dict[str, Any]:
     from beamsynth.pipelines.histogram_cli import run_histogram
-    from beamsynth.pipelines.manifest import manifest_path
+    from beamsynth.pipelines.io.manifest import manifest_path
 
     out = fs.join(tmp, "public", f"{t.name}.{t.formats[0]}")
     manifest = run_histogram(_histogram_config(cfg, t, out), options)

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from beamsynth.pipelines.filesystem import exists, is_local, join, read_text, write_text_atomic
+from beamsynth.pipelines.io.filesystem import exists, is_local, join, read_text, write_text_atomic
 from beamsynth.pipelines.ledger import lifetime_text
 from beamsynth.pipelines.quality import encode_frame, marginal_table, ml_efficacy, quality_report
 from beamsynth.schemas.schema import Column, Schema, avro_field_name
@@ -117,7 +117,7 @@ def cell_labels(column: Column) -> list[str]:
 
 def read_table(path: str, *, max_rows: int | None = None) -> pd.DataFrame:
     """Read a csv/jsonl/avro/parquet table as strings (CSV: no NA guessing)."""
-    from beamsynth.pipelines.io import detect_format
+    from beamsynth.pipelines.io.records import detect_format
 
     fmt = detect_format(path)
     if not is_local(path):  # any Beam file system: a (decompressed) stream

@@ -55,10 +55,10 @@ from apache_beam.transforms import window as beam_window
 from apache_beam.transforms.periodicsequence import PeriodicImpulse
 from apache_beam.utils.timestamp import Duration
 
-from beamsynth.pipelines import filesystem as fs
-from beamsynth.pipelines.io import METRICS_NAMESPACE
-from beamsynth.pipelines.manifest import build_manifest, manifest_path, write_json_atomic
-from beamsynth.pipelines.single_file import (
+from beamsynth.pipelines.io import filesystem as fs
+from beamsynth.pipelines.io.manifest import build_manifest, manifest_path, write_json_atomic
+from beamsynth.pipelines.io.records import METRICS_NAMESPACE
+from beamsynth.pipelines.io.single_file import (
     TEMP_PREFIX,
     _PartCodec,
     _WritePartFn,
@@ -353,7 +353,7 @@ class WindowedSynthesis(beam.PTransform):
 
     def remove_temp_folders(self) -> list[str]:
         """Delete the windows' temporary part folders left by a failed run; returns them (see
-        :func:`~beamsynth.pipelines.single_file.remove_temp_folders_on_failure`)."""
+        :func:`~beamsynth.pipelines.io.single_file.remove_temp_folders_on_failure`)."""
         folder, _ = FileSystems.split(self._output)
         pattern = FileSystems.join(folder, f"{TEMP_PREFIX}*-{self._run_id}", "*")
         found = sorted({FileSystems.split(m.path)[0]

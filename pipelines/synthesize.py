@@ -19,24 +19,23 @@ import pyarrow as pa
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beamsynth.pipelines.io import (
+from beamsynth.pipelines.io.dead_letters import write_rejected
+from beamsynth.pipelines.io.manifest import build_manifest, manifest_path, write_json_atomic
+from beamsynth.pipelines.io.preflight import check_noise_scales
+from beamsynth.pipelines.io.read import ReadRecords
+from beamsynth.pipelines.io.records import (
     DEFAULT_SPLIT_BYTES,
     METRICS_NAMESPACE,
-    ReadRecords,
-    WriteTables,
-    arrow_schema_for,
-    ensure_parent,
     record_lines_note,
     rejected_path,
-    write_rejected,
 )
-from beamsynth.pipelines.manifest import build_manifest, manifest_path, write_json_atomic
+from beamsynth.pipelines.io.single_file import remove_temp_folders_on_failure
+from beamsynth.pipelines.io.write import WriteTables, ensure_parent
 from beamsynth.pipelines.methods import Method, get_method
-from beamsynth.pipelines.preflight import check_noise_scales
 from beamsynth.pipelines.progress import Progress, RowProgressFn
-from beamsynth.pipelines.single_file import remove_temp_folders_on_failure
 from beamsynth.runners.presets import is_dask
 from beamsynth.schemas.schema import Schema
+from beamsynth.schemas.tables import arrow_schema_for
 from beamsynth.transforms.budget import BudgetExceededError, PrivacyAccountant, as_budget
 from beamsynth.transforms.synthesis import DEFAULT_SHARD_ROWS, DPCount, SampleSynthetic
 from beamsynth.transforms.units import BoundContributions

@@ -9,10 +9,8 @@ import sys
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beamsynth.pipelines.io import DEFAULT_SPLIT_BYTES, ReadRecords, rejected_path
-from beamsynth.pipelines.manifest import manifest_path
-from beamsynth.pipelines.methods import METHODS, _load_optional_methods
-from beamsynth.pipelines.preflight import (
+from beamsynth.pipelines.io.manifest import manifest_path
+from beamsynth.pipelines.io.preflight import (
     add_check_arguments,
     allowed_columns,
     check_noise_scales,
@@ -22,6 +20,9 @@ from beamsynth.pipelines.preflight import (
     method_advice,
     schema_requirements,
 )
+from beamsynth.pipelines.io.read import ReadRecords
+from beamsynth.pipelines.io.records import DEFAULT_SPLIT_BYTES, rejected_path
+from beamsynth.pipelines.methods import METHODS, _load_optional_methods
 from beamsynth.pipelines.progress import Progress
 from beamsynth.pipelines.synthesize import SynthesisConfig, plan_synthesis, run_synthesis
 from beamsynth.schemas.schema import load_schema

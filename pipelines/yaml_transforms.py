@@ -49,17 +49,18 @@ import pyarrow as pa
 from apache_beam.transforms.window import IntervalWindow
 from apache_beam.typehints.row_type import RowTypeConstraint
 
-from beamsynth.pipelines.io import (
-    METRICS_NAMESPACE,
-    RawBlock,
-    Rejected,
-    arrow_schema_for,
-    encode_block,
+from beamsynth.pipelines.io.encode import encode_block
+from beamsynth.pipelines.io.manifest import (
+    SECURE_NOTE,
+    SEEDED_NOTE,
+    build_manifest,
+    write_json_atomic,
 )
-from beamsynth.pipelines.manifest import SECURE_NOTE, SEEDED_NOTE, build_manifest, write_json_atomic
+from beamsynth.pipelines.io.records import METRICS_NAMESPACE, RawBlock, Rejected
 from beamsynth.pipelines.stream import EMPTY_WINDOW_METHODS, empty_batch, window_output_path
 from beamsynth.pipelines.synthesize import SynthesisConfig, plan_synthesis, synthesize_batches
 from beamsynth.schemas.schema import EncodedBatch, Schema, avro_field_name, load_schema
+from beamsynth.schemas.tables import arrow_schema_for
 from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, as_budget
 from beamsynth.transforms.conventions import display_items
 from beamsynth.transforms.measure import combine_globally

@@ -5,7 +5,7 @@
   schema, never from data).
 * :func:`label_part` / :func:`part_label`: a stable identity (window and sampling shard) stored in
   a table's schema metadata, which orders the table in a single-file write
-  (:mod:`beamsynth.pipelines.single_file`).
+  (:mod:`beamsynth.pipelines.io.single_file`).
 
 They live here, below both ``transforms/`` (sampling labels its tables) and ``pipelines/``
 (writers read the labels), so neither layer imports the other.

@@ -1,7 +1,7 @@
 """Broken variants of the readers: the reading rules before issue 15, kept so that the stability
 audits (test_stability.py, test_neighbour_formats.py) can show they catch them.
 
-Each function has the signature of the reader it replaces in ``beamsynth.pipelines.io``
+Each function has the signature of the reader it replaces in ``beamsynth.pipelines.io.read``
 (``_iter_csv``, ``_iter_jsonl``, ``_iter_avro``, ``_iter_parquet``), so a test can monkeypatch it
 in and run the real CLI. :data:`BROKEN_READERS` names what each one breaks.
 """
@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 from apache_beam.io.filesystems import FileSystems
 
-from beamsynth.pipelines.io import RawBlock, Rejected
+from beamsynth.pipelines.io.records import RawBlock, Rejected
 
 __all__ = ["BROKEN_READERS", "avro_stops_at_corrupt_block", "csv_quote_swallows_lines",
            "jsonl_union_of_keys", "parquet_stops_at_corrupt_page"]

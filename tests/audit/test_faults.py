@@ -24,8 +24,8 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.util import BeamAssertException, assert_that
 
 from beamsynth.pipelines import synthesize as synth_mod
-from beamsynth.pipelines.io import ReadRecords
-from beamsynth.pipelines.manifest import manifest_path, write_json_atomic
+from beamsynth.pipelines.io.manifest import manifest_path, write_json_atomic
+from beamsynth.pipelines.io.read import ReadRecords
 from beamsynth.pipelines.synthesize import SynthesisConfig, run_synthesis
 from beamsynth.schemas.schema import EncodedBatch
 from beamsynth.transforms.budget import PureDP
@@ -191,7 +191,7 @@ def test_interrupted_manifest_write_keeps_the_old_file(tmp_path, monkeypatch):
     path = str(tmp_path / "out.manifest.json")
     write_json_atomic(path, {"version": "old"})
 
-    from beamsynth.pipelines import filesystem as filesystem_mod
+    from beamsynth.pipelines.io import filesystem as filesystem_mod
 
     real_create = filesystem_mod._create
 
@@ -229,7 +229,7 @@ def test_failed_rename_keeps_the_old_file(tmp_path, monkeypatch):
 
 _WRITER = textwrap.dedent("""
     import sys
-    from beamsynth.pipelines.manifest import write_json_atomic
+    from beamsynth.pipelines.io.manifest import write_json_atomic
     path = sys.argv[1]
     big = ["x" * 100] * 20000
     i = 0

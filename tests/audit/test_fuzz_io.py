@@ -28,7 +28,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from beamsynth.pipelines.io import MAX_RECORD_LINES_LIMIT, Rejected, encode_block, iter_raw_blocks
+from beamsynth.pipelines.io.encode import encode_block
+from beamsynth.pipelines.io.read import iter_raw_blocks
+from beamsynth.pipelines.io.records import MAX_RECORD_LINES_LIMIT, Rejected
 from beamsynth.schemas.schema import load_schema
 
 pytestmark = pytest.mark.audit

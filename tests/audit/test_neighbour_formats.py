@@ -28,15 +28,12 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-import beamsynth.pipelines.io as io_module
+import beamsynth.pipelines.io.read as io_module
 from beamsynth.pipelines.cli import main
-from beamsynth.pipelines.io import (
-    Rejected,
-    encode_block,
-    iter_avro_blocks,
-    iter_raw_blocks,
-    read_avro_header,
-)
+from beamsynth.pipelines.io.encode import encode_block
+from beamsynth.pipelines.io.read import iter_raw_blocks
+from beamsynth.pipelines.io.read_avro import iter_avro_blocks, read_avro_header
+from beamsynth.pipelines.io.records import Rejected
 from beamsynth.schemas.schema import load_schema
 from tests.audit.broken_readers import BROKEN_READERS
 

@@ -28,8 +28,10 @@ from typing import Any
 
 import pytest
 
-import beamsynth.pipelines.io as io_module
-from beamsynth.pipelines.io import RawBlock, Rejected, encode_block, iter_raw_blocks
+import beamsynth.pipelines.io.read as io_module
+from beamsynth.pipelines.io.encode import encode_block
+from beamsynth.pipelines.io.read import iter_raw_blocks
+from beamsynth.pipelines.io.records import RawBlock, Rejected
 from beamsynth.schemas.schema import load_schema
 from tests.audit.broken_readers import BROKEN_READERS
 

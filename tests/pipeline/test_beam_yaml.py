@@ -201,7 +201,7 @@ def test_bad_row_without_error_handling_is_counted_not_fatal_and_seed_is_marked(
     a warning when built, the manifest's randomness, a counter of its rows."""
     import apache_beam as beam
 
-    from beamsynth.pipelines.manifest import SEEDED_NOTE
+    from beamsynth.pipelines.io.manifest import SEEDED_NOTE
 
     secret = "purple-SECRET-4711"
     rows = [beam.Row(color="red", age=str(20 + i)) for i in range(12)]

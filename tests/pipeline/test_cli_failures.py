@@ -16,8 +16,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from beamsynth.pipelines import preflight
 from beamsynth.pipelines.cli import main
+from beamsynth.pipelines.io import preflight
 
 ADULT = Path(__file__).resolve().parents[2] / "examples" / "data" / "adult" / "adult.csv"
 LINES = ADULT.read_text(encoding="utf-8").splitlines()
@@ -192,7 +192,7 @@ def test_prefixes_and_histogram_wrong_column(tmp_path, out, capsys):
 
 # -- item 6 (part): noise scales at build time, a closed stdout ------------------------------------------
 def test_tiny_epsilon_refused_when_built(tmp_path, out, capsys, monkeypatch):
-    from beamsynth.pipelines import io as bio
+    from beamsynth.pipelines.io import read as bio
 
     def explode(*a, **k):
         raise AssertionError("data was read")

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from beamsynth.pipelines.cli import main
-from beamsynth.pipelines.io import rejected_path
+from beamsynth.pipelines.io.records import rejected_path
 
 ADULT = Path(__file__).resolve().parents[2] / "examples" / "data" / "adult" / "adult.csv"
 

@@ -6,9 +6,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from beamsynth.pipelines import io as bio
 from beamsynth.pipelines.cli import main
-from beamsynth.pipelines.manifest import SECURE_NOTE
+from beamsynth.pipelines.io import read as bio
+from beamsynth.pipelines.io.manifest import SECURE_NOTE
 from beamsynth.pipelines.synthesize import SynthesisConfig, run_synthesis
 from beamsynth.schemas.schema import load_schema
 from beamsynth.transforms.budget import BudgetExceededError

@@ -17,10 +17,12 @@ import apache_beam as beam
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beamsynth.pipelines import single_file
-from beamsynth.pipelines.io import ReadRecords, Rejected, rejected_path, write_rejected
-from beamsynth.pipelines.manifest import manifest_path
-from beamsynth.pipelines.single_file import (
+from beamsynth.pipelines.io import single_file
+from beamsynth.pipelines.io.dead_letters import write_rejected
+from beamsynth.pipelines.io.manifest import manifest_path
+from beamsynth.pipelines.io.read import ReadRecords
+from beamsynth.pipelines.io.records import Rejected, rejected_path
+from beamsynth.pipelines.io.single_file import (
     TEMP_PREFIX,
     WriteSortedLines,
     _MergeRunsFn,
@@ -133,7 +135,7 @@ def test_rejected_file_is_ordered_by_source_and_row_and_has_the_old_lines(tmp_pa
 
 
 def test_rejected_sort_key_orders_rows_numerically():
-    from beamsynth.pipelines.io import _rejected_sort_key
+    from beamsynth.pipelines.io.dead_letters import _rejected_sort_key
 
     rs = [Rejected("b.csv", 2, "r"), Rejected("a.csv", 10, "r"), Rejected("a.csv", 9, "r"),
           Rejected("a.csv", None, "unreadable"), Rejected("a.csv.gz", 1, "r")]
@@ -301,7 +303,8 @@ def test_several_dead_letter_inputs_are_merged_into_one_ordered_file(tmp_path):
 
 
 def _split_read_dead_letters(src: str, out: str, *, renumber_in_writer: bool) -> bytes:
-    from beamsynth.pipelines.io import EncodeBlocks, ReadRawBlocks
+    from beamsynth.pipelines.io.encode import EncodeBlocks
+    from beamsynth.pipelines.io.read import ReadRawBlocks
 
     with beam.Pipeline(options=PipelineOptions(OPTIONS)) as p:
         if renumber_in_writer:
@@ -329,7 +332,8 @@ def test_split_read_dead_letters_renumbered_while_merging(tmp_path):
 
 
 def test_renumbering_with_incomplete_part_counts_raises():
-    from beamsynth.pipelines.io import PartCount, _keyed_json, _renumber_lines
+    from beamsynth.pipelines.io.dead_letters import _keyed_json, _renumber_lines
+    from beamsynth.pipelines.io.records import PartCount
 
     rewrite = _renumber_lines([PartCount("a.csv", 0, 10, 11), PartCount("a.csv", 2, 10, 10)])
     key, line = _keyed_json(Rejected("a.csv", 3, "domain", line=3, part=2))

@@ -15,7 +15,8 @@ import pandas as pd
 import pytest
 
 from beamsynth.pipelines.cli import main
-from beamsynth.pipelines.io import encode_block, iter_raw_blocks
+from beamsynth.pipelines.io.encode import encode_block
+from beamsynth.pipelines.io.read import iter_raw_blocks
 from beamsynth.schemas.schema import load_schema
 
 ROOT = Path(__file__).resolve().parents[2]

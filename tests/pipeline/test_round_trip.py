@@ -20,7 +20,9 @@ import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 
 from beamsynth.pipelines.cli import main
-from beamsynth.pipelines.io import WriteTables, encode_block, iter_raw_blocks
+from beamsynth.pipelines.io.encode import encode_block
+from beamsynth.pipelines.io.read import iter_raw_blocks
+from beamsynth.pipelines.io.write import WriteTables
 from beamsynth.schemas.schema import load_schema
 from beamsynth.schemas.tables import arrow_schema_for
 from beamsynth.transforms.noise import RandomSource

@@ -20,10 +20,12 @@ import pyarrow.parquet as pq
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beamsynth.pipelines.io import WriteTables, arrow_schema_for, table_to_csv_text
-from beamsynth.pipelines.single_file import label_part, part_label
+from beamsynth.pipelines.io.formats import table_to_csv_text
+from beamsynth.pipelines.io.single_file import label_part, part_label
+from beamsynth.pipelines.io.write import WriteTables
 from beamsynth.pipelines.synthesize import SynthesisConfig, build_synthesis, plan_synthesis
 from beamsynth.schemas.schema import load_schema
+from beamsynth.schemas.tables import arrow_schema_for
 from beamsynth.transforms.budget import PureDP
 from beamsynth.transforms.measure import NoisyMarginal
 from beamsynth.transforms.noise import RandomSource

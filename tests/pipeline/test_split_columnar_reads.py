@@ -17,19 +17,12 @@ import pyarrow.parquet as pq
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beamsynth.pipelines.io import (
-    PartCount,
-    RawBlock,
-    Rejected,
-    _PartState,
-    _rejected_sort_key,
-    encode_block,
-    iter_avro_blocks,
-    iter_raw_blocks,
-    number_rejected,
-    plan_parts,
-    read_avro_header,
-)
+from beamsynth.pipelines.io.dead_letters import _rejected_sort_key, number_rejected
+from beamsynth.pipelines.io.encode import encode_block
+from beamsynth.pipelines.io.planning import plan_parts
+from beamsynth.pipelines.io.read import iter_raw_blocks
+from beamsynth.pipelines.io.read_avro import iter_avro_blocks, read_avro_header
+from beamsynth.pipelines.io.records import PartCount, RawBlock, Rejected, _PartState
 from beamsynth.pipelines.synthesize import SynthesisConfig, run_synthesis
 from beamsynth.schemas.schema import load_schema
 

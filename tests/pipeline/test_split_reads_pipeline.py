@@ -15,7 +15,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.util import assert_that
 
 import beamsynth.pipelines.synthesize as syn
-from beamsynth.pipelines.io import ReadRecords
+from beamsynth.pipelines.io.read import ReadRecords
 from beamsynth.pipelines.synthesize import SynthesisConfig, run_synthesis
 from beamsynth.runners.presets import options_for
 from beamsynth.schemas.schema import load_schema
@@ -93,7 +93,9 @@ def _matches(expected, convert):
 
 @pytest.mark.parametrize("single_output", [False, True])
 def test_split_read_records_gives_the_same_batches_and_dead_letters(tmp_path, single_output):
-    from beamsynth.pipelines.io import RawBlock, encode_block, iter_raw_blocks
+    from beamsynth.pipelines.io.encode import encode_block
+    from beamsynth.pipelines.io.read import iter_raw_blocks
+    from beamsynth.pipelines.io.records import RawBlock
 
     path = _input(tmp_path)
     schema = load_schema("adult")
@@ -117,7 +119,8 @@ def test_split_read_records_gives_the_same_batches_and_dead_letters(tmp_path, si
 
 
 def test_unnumbered_dead_letters_renumbered_by_the_writer_match(tmp_path):
-    from beamsynth.pipelines.io import rejected_path, write_rejected
+    from beamsynth.pipelines.io.dead_letters import write_rejected
+    from beamsynth.pipelines.io.records import rejected_path
 
     path = _input(tmp_path)
     schema = load_schema("adult")

@@ -22,8 +22,12 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.transforms import window as beam_window
 
 from beamsynth.pipelines import stream as stream_mod
-from beamsynth.pipelines.manifest import manifest_path
-from beamsynth.pipelines.single_file import TEMP_PREFIX, csv_header, remove_temp_folders_on_failure
+from beamsynth.pipelines.io.manifest import manifest_path
+from beamsynth.pipelines.io.single_file import (
+    TEMP_PREFIX,
+    csv_header,
+    remove_temp_folders_on_failure,
+)
 from beamsynth.pipelines.stream import DAY, WindowedSynthesis
 from beamsynth.pipelines.synthesize import SynthesisConfig, plan_synthesis
 from beamsynth.schemas.schema import load_schema

@@ -7,7 +7,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that, equal_to, is_not_empty
 
-from beamsynth.pipelines.io import ReadRecords
+from beamsynth.pipelines.io.read import ReadRecords
 from beamsynth.schemas.schema import EncodedBatch, load_schema
 from beamsynth.transforms.budget import PureDP
 from beamsynth.transforms.measure import DPMarginals, noisy_marginals

@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from beamsynth.pipelines.io import RawBlock, ReadRecords
+from beamsynth.pipelines.io.read import ReadRecords
+from beamsynth.pipelines.io.records import RawBlock
 from beamsynth.schemas.schema import EncodedBatch, load_schema
 from beamsynth.transforms.coders import ColumnarCoder, estimate_nbytes
 

@@ -117,8 +117,8 @@ def _public_transform_classes() -> dict[str, type]:
     """``{"module.Class": class}`` of every public PTransform defined in transforms/ and pipelines/."""
     found = {}
     for package in (beamsynth.transforms, beamsynth.pipelines):
-        for info in pkgutil.iter_modules(package.__path__):
-            module = importlib.import_module(f"{package.__name__}.{info.name}")
+        for info in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):  # subpackages too
+            module = importlib.import_module(info.name)
             for name, obj in vars(module).items():
                 if (inspect.isclass(obj) and issubclass(obj, beam.PTransform)
                         and obj.__module__ == module.__name__ and not name.startswith("_")):
@@ -128,7 +128,7 @@ def _public_transform_classes() -> dict[str, type]:
 
 def test_every_public_ptransform_defines_display_data():
     classes = _public_transform_classes()
-    assert {"beamsynth.transforms.measure.DPMarginals", "beamsynth.pipelines.io.ReadRecords",
+    assert {"beamsynth.transforms.measure.DPMarginals", "beamsynth.pipelines.io.read.ReadRecords",
             "beamsynth.pipelines.stream.WindowedSynthesis"} <= set(classes)  # the search works
     lacking = sorted(n for n, c in classes.items()
                      if c.display_data is beam.PTransform.display_data
@@ -141,16 +141,13 @@ SENTINEL = "sentinel-category-value"
 
 def _factories(tmp_path) -> dict:
     """One instance of every public PTransform whose display data is checked in detail."""
-    from beamsynth.pipelines.io import (
-        EncodeBlocks,
-        NumberRejected,
-        ReadRawBlocks,
-        ReadRecords,
-        WriteTables,
-    )
+    from beamsynth.pipelines.io.dead_letters import NumberRejected
+    from beamsynth.pipelines.io.encode import EncodeBlocks
+    from beamsynth.pipelines.io.read import ReadRawBlocks, ReadRecords
+    from beamsynth.pipelines.io.single_file import WriteSingleFile, WriteSortedLines
+    from beamsynth.pipelines.io.write import WriteTables
     from beamsynth.pipelines.plausible import PlausibleSynthesis
     from beamsynth.pipelines.prefixes_cli import EncodeKeys, make_transform
-    from beamsynth.pipelines.single_file import WriteSingleFile, WriteSortedLines
     from beamsynth.pipelines.stream import WindowedSynthesis, WindowHeartbeat
     from beamsynth.pipelines.synthesize import SynthesisConfig, plan_synthesis
     from beamsynth.pipelines.yaml_transforms import Synthesize

@@ -20,8 +20,8 @@ from apache_beam.io.filesystem import BeamIOError, FileMetadata, MatchResult
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.localfilesystem import LocalFileSystem
 
-from beamsynth.pipelines import filesystem as fs
 from beamsynth.pipelines.cli import main
+from beamsynth.pipelines.io import filesystem as fs
 
 ADULT = Path(__file__).resolve().parents[2] / "examples" / "data" / "adult" / "adult.csv"
 SCHEME = "testfs"

@@ -7,7 +7,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from beamsynth.pipelines.io import Rejected, detect_format, encode_block, iter_raw_blocks
+from beamsynth.pipelines.io.encode import encode_block
+from beamsynth.pipelines.io.read import iter_raw_blocks
+from beamsynth.pipelines.io.records import Rejected, detect_format
 from beamsynth.schemas.schema import load_schema
 
 SCHEMA = {"columns": [

@@ -9,15 +9,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from beamsynth.pipelines.io import (
-    MAX_RECORD_LINES_LIMIT,
-    ReadRawBlocks,
-    Rejected,
-    encode_block,
-    iter_avro_blocks,
-    iter_raw_blocks,
-    read_avro_header,
-)
+from beamsynth.pipelines.io.encode import encode_block
+from beamsynth.pipelines.io.read import ReadRawBlocks, iter_raw_blocks
+from beamsynth.pipelines.io.read_avro import iter_avro_blocks, read_avro_header
+from beamsynth.pipelines.io.records import MAX_RECORD_LINES_LIMIT, Rejected
 from beamsynth.schemas.schema import load_schema
 
 COLS = [

@@ -13,16 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from beamsynth.pipelines import io as bio
-from beamsynth.pipelines.io import (
-    FilePart,
-    PartCount,
-    ReadRawBlocks,
-    Rejected,
-    iter_raw_blocks,
-    number_rejected,
-    plan_parts,
-)
+from beamsynth.pipelines.io import records as bio
+from beamsynth.pipelines.io.dead_letters import number_rejected
+from beamsynth.pipelines.io.planning import plan_parts
+from beamsynth.pipelines.io.read import ReadRawBlocks, iter_raw_blocks
+from beamsynth.pipelines.io.records import FilePart, PartCount, Rejected
 
 
 def _read(path: str, parts: list[FilePart]) -> tuple[list, list]:

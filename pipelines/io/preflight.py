@@ -51,7 +51,7 @@ from typing import Any
 
 from apache_beam.io.filesystems import FileSystems
 
-from beamsynth.pipelines.io import detect_format
+from beamsynth.pipelines.io.records import detect_format
 from beamsynth.schemas.schema import Schema, avro_field_name
 
 __all__ = [

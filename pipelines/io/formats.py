@@ -1,7 +1,7 @@
 """Encoding ``pyarrow`` tables as the bytes of the output formats (Beam-free).
 
-Shared by :class:`~beamsynth.pipelines.io.WriteTables` and the single-file writers of
-:mod:`beamsynth.pipelines.single_file` (which ``io`` uses), so that neither of those two modules
+Shared by :class:`~beamsynth.pipelines.io.write.WriteTables` and the single-file writers of
+:mod:`beamsynth.pipelines.io.single_file` (which ``io`` uses), so that neither of those two modules
 imports the other at module level and they form no import cycle.
 """
 

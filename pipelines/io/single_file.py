@@ -50,10 +50,10 @@ import pyarrow as pa
 from apache_beam.io.filesystem import BeamIOError, CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from beamsynth.pipelines.formats import FORMATS, table_to_csv_text
-from beamsynth.pipelines.formats import avro_records as _avro_records
-from beamsynth.pipelines.formats import csv_escape as _csv_escape
-from beamsynth.pipelines.formats import table_to_jsonl as _table_to_jsonl
+from beamsynth.pipelines.io.formats import FORMATS, table_to_csv_text
+from beamsynth.pipelines.io.formats import avro_records as _avro_records
+from beamsynth.pipelines.io.formats import csv_escape as _csv_escape
+from beamsynth.pipelines.io.formats import table_to_jsonl as _table_to_jsonl
 from beamsynth.schemas.tables import PART_LABEL_KEY, label_part, part_label
 from beamsynth.transforms.conventions import display_items, element_types
 

@@ -7,7 +7,7 @@ A manifest has two parts:
 * ``operational``: **exact** counts of rows read, used and rejected. They are not DP: keep them
   with the data owner and do not publish them with the release.
 
-:func:`write_json_atomic` (from :mod:`beamsynth.pipelines.filesystem`) writes through Beam's
+:func:`write_json_atomic` (from :mod:`beamsynth.pipelines.io.filesystem`) writes through Beam's
 ``FileSystems``: a manifest next to ``gs://bucket/out.csv`` lands in the bucket.
 """
 
@@ -17,7 +17,7 @@ import datetime as _dt
 import platform
 from typing import Any
 
-from beamsynth.pipelines.filesystem import write_json_atomic
+from beamsynth.pipelines.io.filesystem import write_json_atomic
 
 __all__ = ["SECURE_NOTE", "SEEDED_NOTE", "build_manifest", "manifest_path", "write_json_atomic", "versions"]
 
