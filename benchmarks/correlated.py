@@ -74,7 +74,7 @@ def run_beamsynth(schema, train_csv: str, rows: int, epsilon: float, seed: int, 
     (frame None without ``read_back``)."""
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    from beamsynth.pipelines.synthesize import SynthesisConfig, run_synthesis
+    from beamsynth.pipelines.methods.synthesize import SynthesisConfig, run_synthesis
 
     out = os.path.join(out_dir, f"pb_eps{epsilon}_seed{seed}_{sampling}.csv")
     opts: dict = {"input_rows": rows}  # public input size (peers are given n too): model sizing

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from beamsynth.pipelines.prefixes_cli import run_prefixes
+from beamsynth.pipelines.methods.prefixes import run_prefixes
 from beamsynth.schemas.keys import WORLD_BOX, SpatialKeyCodec, prefix_bytes
 from beamsynth.transforms.noise import RandomSource
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from beamsynth.pipelines.prefixes_cli import run_prefixes
+from beamsynth.pipelines.methods.prefixes import run_prefixes
 from beamsynth.schemas.keys import TextKeyCodec
 from beamsynth.transforms import prefix as P
 from beamsynth.transforms.noise import RandomSource

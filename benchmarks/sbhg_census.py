@@ -40,9 +40,9 @@ import numpy as np
 import pandas as pd
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beamsynth.pipelines.methods import METHODS, _load_optional_methods
+from beamsynth.pipelines.methods.registry import METHODS, _load_optional_methods
+from beamsynth.pipelines.methods.synthesize import SynthesisConfig, run_synthesis
 from beamsynth.pipelines.quality import as_codes, encode_frame, quality_report
-from beamsynth.pipelines.synthesize import SynthesisConfig, run_synthesis
 from beamsynth.schemas.schema import load_schema
 
 NLTCS = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "nist2021_encoded" / "nltcs.csv"

@@ -107,8 +107,8 @@ def synth_sbhg(schema, codes, epsilon, seed, sizing):
 
     from apache_beam.options.pipeline_options import PipelineOptions
 
+    from beamsynth.pipelines.methods.synthesize import SynthesisConfig, run_synthesis
     from beamsynth.pipelines.quality import as_codes
-    from beamsynth.pipelines.synthesize import SynthesisConfig, run_synthesis
 
     with tempfile.TemporaryDirectory() as tmp:
         src, out = os.path.join(tmp, "in.csv"), os.path.join(tmp, "out.csv")

@@ -2,7 +2,7 @@
 
 * :class:`Synthesize` (and its named forms :class:`IndependentSynthesis`, :class:`PrivBayes`,
   :class:`SBHG`, :class:`PlausibleDeniability`) runs a registered synthesis method
-  (:mod:`beamsynth.pipelines.methods`) on a :class:`~beamsynth.transforms.private.PrivateCollection`
+  (:mod:`beamsynth.pipelines.methods.registry`) on a :class:`~beamsynth.transforms.private.PrivateCollection`
   and returns synthetic records as schema'd ``beam.Row``s. Its ε (and δ) is spent on the job's
   accountant when it is applied, under step names ``<label>/<part>``; with ``rows=None`` a DP
   record count takes ``count_fraction`` of its ε.
@@ -24,8 +24,12 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from beamsynth.pipelines.io.manifest import build_manifest
-from beamsynth.pipelines.methods import get_method
-from beamsynth.pipelines.synthesize import SynthesisConfig, SynthesisPlan, synthesize_batches
+from beamsynth.pipelines.methods.registry import get_method
+from beamsynth.pipelines.methods.synthesize import (
+    SynthesisConfig,
+    SynthesisPlan,
+    synthesize_batches,
+)
 from beamsynth.schemas.schema import EncodedBatch
 from beamsynth.transforms.budget import ApproxDP, PureDP, as_budget
 from beamsynth.transforms.outputs import record_type, table_rows

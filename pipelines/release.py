@@ -7,7 +7,7 @@ formats, the release folder and the privacy ledger with a budget policy per data
 :func:`load_release_config` validates the whole file **before any data is read** — unknown keys,
 schemas and their domains, methods, per-column options, overspend — and reports problems with the
 YAML path (``tables[1].columns.age.epsilon``). :func:`plan_release` then builds every table's
-:class:`~beamsynth.pipelines.synthesize.SynthesisPlan` (all spends are made here, by the methods
+:class:`~beamsynth.pipelines.methods.synthesize.SynthesisPlan` (all spends are made here, by the methods
 themselves), and :func:`run_release` reserves the spends in the
 :class:`~beamsynth.pipelines.ledger.PrivacyLedger`, runs the pipelines into a hidden temp folder,
 publishes it with one atomic rename and commits the reservation.
@@ -58,9 +58,9 @@ from beamsynth.pipelines.ledger import (
     PrivacyLedger,
     temp_folder,
 )
-from beamsynth.pipelines.methods import get_method
-from beamsynth.pipelines.progress import Progress
-from beamsynth.pipelines.synthesize import (
+from beamsynth.pipelines.methods.progress import Progress
+from beamsynth.pipelines.methods.registry import get_method
+from beamsynth.pipelines.methods.synthesize import (
     SynthesisConfig,
     SynthesisPlan,
     build_synthesis,
@@ -649,7 +649,7 @@ def plan_release(cfg: ReleaseConfig, *, output_root: str | None = None) -> Relea
 
 
 def _histogram_config(cfg: ReleaseConfig, t: TableSpec, output: str) -> Any:
-    from beamsynth.pipelines.histogram_cli import HistogramConfig
+    from beamsynth.pipelines.methods.histogram import HistogramConfig
 
     return HistogramConfig(
         input=list(t.inputs) if len(t.inputs) > 1 else t.inputs[0],  # type: ignore[arg-type]
@@ -677,8 +677,8 @@ def _plan_histogram(cfg: ReleaseConfig, t: TableSpec) -> LedgerSpend:
 
 def _run_histogram_table(cfg: ReleaseConfig, t: TableSpec, tmp: str, options: PipelineOptions,
                          progress: Progress) -> dict[str, Any]:
-    from beamsynth.pipelines.histogram_cli import run_histogram
     from beamsynth.pipelines.io.manifest import manifest_path
+    from beamsynth.pipelines.methods.histogram import run_histogram
 
     out = fs.join(tmp, "public", f"{t.name}.{t.formats[0]}")
     manifest = run_histogram(_histogram_config(cfg, t, out), options)

@@ -21,7 +21,7 @@ Records stamped outside the declared range never create a window: they go to the
 output (an exact operational count, not DP) and are dropped. Only methods whose measurements emit
 on an empty window are accepted (:data:`EMPTY_WINDOW_METHODS`).
 
-Budget: the :class:`~beamsynth.pipelines.synthesize.SynthesisPlan` spends its budget once, at
+Budget: the :class:`~beamsynth.pipelines.methods.synthesize.SynthesisPlan` spends its budget once, at
 build time, **per window**: every window's release costs the plan's total (ε, δ) and its
 manifest lists the same spends. Randomness of window ``w`` is drawn from
 ``(seed, step, ..., w.start, w.end)``, so a seeded stream gives the same releases on any runner.
@@ -64,7 +64,7 @@ from beamsynth.pipelines.io.single_file import (
     _WritePartFn,
     join_part_files,
 )
-from beamsynth.pipelines.synthesize import SynthesisPlan, synthesize_batches
+from beamsynth.pipelines.methods.synthesize import SynthesisPlan, synthesize_batches
 from beamsynth.schemas.schema import EncodedBatch, Schema
 from beamsynth.transforms.conventions import display_items, element_types
 from beamsynth.transforms.units import BoundContributions
@@ -308,7 +308,7 @@ class WindowedSynthesis(beam.PTransform):
     """Per-window DP synthesis of timestamped ``EncodedBatch`` input; one release per window.
 
     Args:
-      plan: from :func:`~beamsynth.pipelines.synthesize.plan_synthesis`; its budget is the budget
+      plan: from :func:`~beamsynth.pipelines.methods.synthesize.plan_synthesis`; its budget is the budget
         **of each window** (spent once, at build time). Its method must be one of
         :data:`EMPTY_WINDOW_METHODS`.
       output: synthetic file pattern (``.csv``); window files are ``window_output_path(output, w)``.

@@ -22,9 +22,9 @@ from beamsynth.pipelines.io.preflight import (
 )
 from beamsynth.pipelines.io.read import ReadRecords
 from beamsynth.pipelines.io.records import DEFAULT_SPLIT_BYTES, rejected_path
-from beamsynth.pipelines.methods import METHODS, _load_optional_methods
-from beamsynth.pipelines.progress import Progress
-from beamsynth.pipelines.synthesize import SynthesisConfig, plan_synthesis, run_synthesis
+from beamsynth.pipelines.methods.progress import Progress
+from beamsynth.pipelines.methods.registry import METHODS, _load_optional_methods
+from beamsynth.pipelines.methods.synthesize import SynthesisConfig, plan_synthesis, run_synthesis
 from beamsynth.schemas.schema import load_schema
 
 __all__ = ["add_parser", "pipeline_options"]

@@ -57,8 +57,12 @@ from beamsynth.pipelines.io.manifest import (
     write_json_atomic,
 )
 from beamsynth.pipelines.io.records import METRICS_NAMESPACE, RawBlock, Rejected
+from beamsynth.pipelines.methods.synthesize import (
+    SynthesisConfig,
+    plan_synthesis,
+    synthesize_batches,
+)
 from beamsynth.pipelines.stream import EMPTY_WINDOW_METHODS, empty_batch, window_output_path
-from beamsynth.pipelines.synthesize import SynthesisConfig, plan_synthesis, synthesize_batches
 from beamsynth.schemas.schema import EncodedBatch, Schema, avro_field_name, load_schema
 from beamsynth.schemas.tables import arrow_schema_for
 from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, as_budget

@@ -23,10 +23,10 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.util import BeamAssertException, assert_that
 
-from beamsynth.pipelines import synthesize as synth_mod
 from beamsynth.pipelines.io.manifest import manifest_path, write_json_atomic
 from beamsynth.pipelines.io.read import ReadRecords
-from beamsynth.pipelines.synthesize import SynthesisConfig, run_synthesis
+from beamsynth.pipelines.methods import synthesize as synth_mod
+from beamsynth.pipelines.methods.synthesize import SynthesisConfig, run_synthesis
 from beamsynth.schemas.schema import EncodedBatch
 from beamsynth.transforms.budget import PureDP
 from beamsynth.transforms.faults import FailOnceFn, InjectedFault, recorded_element

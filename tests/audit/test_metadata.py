@@ -16,7 +16,7 @@ import json
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beamsynth.pipelines.synthesize import SynthesisConfig, run_synthesis
+from beamsynth.pipelines.methods.synthesize import SynthesisConfig, run_synthesis
 from beamsynth.transforms.noise import RandomSource
 from tests.audit.cases import AUDITS, BROKEN, SCHEMA
 

@@ -45,7 +45,7 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
 import beamsynth.pipelines.ledger as ledger_mod
-import beamsynth.pipelines.plausible as plausible_pipeline
+import beamsynth.pipelines.methods.plausible as plausible_pipeline
 import beamsynth.pipelines.release as release_mod
 from beamsynth.pipelines.ledger import (
     LedgerBudgetExceededError,
@@ -54,8 +54,8 @@ from beamsynth.pipelines.ledger import (
     PrivacyLedger,
     format_ledger,
 )
+from beamsynth.pipelines.methods.synthesize import SynthesisConfig, run_synthesis
 from beamsynth.pipelines.release import ReleaseConfigError, load_release_config, run_release
-from beamsynth.pipelines.synthesize import SynthesisConfig, run_synthesis
 from beamsynth.schemas.schema import load_schema
 from beamsynth.transforms.noise import RandomSource
 from beamsynth.transforms.plausible import ordered_release

@@ -31,8 +31,8 @@ import apache_beam as beam
 import pandas as pd
 import pytest
 
-from beamsynth.pipelines import plausible as pipelines_plausible
 from beamsynth.pipelines.cli import main
+from beamsynth.pipelines.methods import plausible as pipelines_plausible
 from beamsynth.transforms import (
     cathist,
     measure,

@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from beamsynth.pipelines.methods import IndependentMethod
-from beamsynth.pipelines.synthesize import SynthesisConfig, run_synthesis
+from beamsynth.pipelines.methods.registry import IndependentMethod
+from beamsynth.pipelines.methods.synthesize import SynthesisConfig, run_synthesis
 from beamsynth.schemas.schema import load_schema
 from beamsynth.transforms.budget import PrivacyAccountant, PureDP
 from beamsynth.transforms.noise import RandomSource

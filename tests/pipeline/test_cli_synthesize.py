@@ -9,7 +9,7 @@ import pytest
 from beamsynth.pipelines.cli import main
 from beamsynth.pipelines.io import read as bio
 from beamsynth.pipelines.io.manifest import SECURE_NOTE
-from beamsynth.pipelines.synthesize import SynthesisConfig, run_synthesis
+from beamsynth.pipelines.methods.synthesize import SynthesisConfig, run_synthesis
 from beamsynth.schemas.schema import load_schema
 from beamsynth.transforms.budget import BudgetExceededError
 

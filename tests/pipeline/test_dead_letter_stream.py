@@ -28,7 +28,7 @@ from beamsynth.pipelines.io.single_file import (
     _MergeRunsFn,
     remove_temp_folders,
 )
-from beamsynth.pipelines.synthesize import SynthesisConfig, run_synthesis
+from beamsynth.pipelines.methods.synthesize import SynthesisConfig, run_synthesis
 from beamsynth.schemas.schema import load_schema
 from beamsynth.transforms.faults import InjectedFault
 

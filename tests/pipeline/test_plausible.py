@@ -158,7 +158,7 @@ def _explode(*_a, **_k):
 
 def test_overspending_plausible_raises_before_reading_data(tmp_path, monkeypatch, capsys):
     import beamsynth.pipelines.io.read as io_mod
-    import beamsynth.pipelines.synthesize as syn
+    import beamsynth.pipelines.methods.synthesize as syn
     from beamsynth.pipelines.cli import main
 
     monkeypatch.setattr(syn, "ReadRecords", _explode)

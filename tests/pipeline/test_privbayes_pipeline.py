@@ -13,8 +13,8 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that
 
+from beamsynth.pipelines.methods.synthesize import SynthesisConfig, run_synthesis
 from beamsynth.pipelines.quality import encode_frame
-from beamsynth.pipelines.synthesize import SynthesisConfig, run_synthesis
 from beamsynth.schemas.schema import EncodedBatch, load_schema
 from beamsynth.transforms.budget import PrivacyAccountant, PureDP
 from beamsynth.transforms.privbayes import DPPrivBayes, PrivBayesModel, PrivBayesSynthesizer
@@ -194,7 +194,7 @@ def test_refined_synthesizer_emits_codes_in_every_domain():
 
 @pytest.mark.parametrize("option", ["refine_rounds", "refine_groups", "refine_fraction"])
 def test_cli_zero_refine_option_is_refused_when_the_pipeline_is_built(option):
-    from beamsynth.pipelines.synthesize import plan_synthesis
+    from beamsynth.pipelines.methods.synthesize import plan_synthesis
 
     cfg = SynthesisConfig(input="in.csv", schema=SCHEMA, output="out.csv", epsilon=1.0,
                           method="privbayes", rows=10, options={option: 0})

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beamsynth.pipelines.synthesize import SynthesisConfig, run_synthesis
+from beamsynth.pipelines.methods.synthesize import SynthesisConfig, run_synthesis
 from beamsynth.schemas.schema import load_schema
 from beamsynth.transforms.privbayes import SIZE_COUNT_FRACTION
 

@@ -29,7 +29,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from beamsynth.pipelines.io.formats import table_to_csv_text
 from beamsynth.pipelines.io.read import ReadRecords
-from beamsynth.pipelines.synthesize import SynthesisConfig, run_synthesis
+from beamsynth.pipelines.methods.synthesize import SynthesisConfig, run_synthesis
 from beamsynth.runners.presets import BEAM_DASK_RUNNER, DASK_RUNNER, options_for
 from beamsynth.runners.probes import PROBES, AppendToFolderFn, check_runner, read_folder, run_probe
 from beamsynth.schemas.schema import load_schema

@@ -23,7 +23,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from beamsynth.pipelines.io.formats import table_to_csv_text
 from beamsynth.pipelines.io.single_file import label_part, part_label
 from beamsynth.pipelines.io.write import WriteTables
-from beamsynth.pipelines.synthesize import SynthesisConfig, build_synthesis, plan_synthesis
+from beamsynth.pipelines.methods.synthesize import SynthesisConfig, build_synthesis, plan_synthesis
 from beamsynth.schemas.schema import load_schema
 from beamsynth.schemas.tables import arrow_schema_for
 from beamsynth.transforms.budget import PureDP
@@ -206,7 +206,7 @@ def test_sampling_and_writing_memory_is_flat_in_rows(tmp_path):
 
 def test_synthesize_file_is_byte_identical_across_worker_counts(tmp_path):
     """Seeded ``synthesize`` writes the same bytes (row order included) in 1 and 2 processes."""
-    from beamsynth.pipelines.synthesize import run_synthesis
+    from beamsynth.pipelines.methods.synthesize import run_synthesis
     from beamsynth.runners.presets import options_for
 
     src = tmp_path / "in.csv"

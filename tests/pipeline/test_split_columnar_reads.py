@@ -23,7 +23,7 @@ from beamsynth.pipelines.io.planning import plan_parts
 from beamsynth.pipelines.io.read import iter_raw_blocks
 from beamsynth.pipelines.io.read_avro import iter_avro_blocks, read_avro_header
 from beamsynth.pipelines.io.records import PartCount, RawBlock, Rejected, _PartState
-from beamsynth.pipelines.synthesize import SynthesisConfig, run_synthesis
+from beamsynth.pipelines.methods.synthesize import SynthesisConfig, run_synthesis
 from beamsynth.schemas.schema import load_schema
 
 ADULT = Path(__file__).resolve().parents[2] / "examples" / "data" / "adult" / "adult.csv"

@@ -14,9 +14,9 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.util import assert_that
 
-import beamsynth.pipelines.synthesize as syn
+import beamsynth.pipelines.methods.synthesize as syn
 from beamsynth.pipelines.io.read import ReadRecords
-from beamsynth.pipelines.synthesize import SynthesisConfig, run_synthesis
+from beamsynth.pipelines.methods.synthesize import SynthesisConfig, run_synthesis
 from beamsynth.runners.presets import options_for
 from beamsynth.schemas.schema import load_schema
 

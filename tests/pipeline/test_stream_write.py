@@ -28,8 +28,8 @@ from beamsynth.pipelines.io.single_file import (
     csv_header,
     remove_temp_folders_on_failure,
 )
+from beamsynth.pipelines.methods.synthesize import SynthesisConfig, plan_synthesis
 from beamsynth.pipelines.stream import DAY, WindowedSynthesis
-from beamsynth.pipelines.synthesize import SynthesisConfig, plan_synthesis
 from beamsynth.schemas.schema import load_schema
 from beamsynth.transforms.faults import InjectedFault
 

@@ -18,7 +18,8 @@ from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms import trigger
 from apache_beam.transforms import window as beam_window
 
-from beamsynth.pipelines.plausible import PlausibleMethod
+from beamsynth.pipelines.methods.plausible import PlausibleMethod
+from beamsynth.pipelines.methods.synthesize import SynthesisConfig, plan_synthesis
 from beamsynth.pipelines.stream import (
     DAY,
     EMPTY_WINDOW_METHODS,
@@ -26,7 +27,6 @@ from beamsynth.pipelines.stream import (
     WindowHeartbeat,
     window_output_path,
 )
-from beamsynth.pipelines.synthesize import SynthesisConfig, plan_synthesis
 from beamsynth.schemas.schema import EncodedBatch, load_schema
 from beamsynth.transforms.budget import PureDP
 from beamsynth.transforms.cathist import DPCategoricalHistogram

@@ -146,10 +146,10 @@ def _factories(tmp_path) -> dict:
     from beamsynth.pipelines.io.read import ReadRawBlocks, ReadRecords
     from beamsynth.pipelines.io.single_file import WriteSingleFile, WriteSortedLines
     from beamsynth.pipelines.io.write import WriteTables
-    from beamsynth.pipelines.plausible import PlausibleSynthesis
-    from beamsynth.pipelines.prefixes_cli import EncodeKeys, make_transform
+    from beamsynth.pipelines.methods.plausible import PlausibleSynthesis
+    from beamsynth.pipelines.methods.prefixes import EncodeKeys, make_transform
+    from beamsynth.pipelines.methods.synthesize import SynthesisConfig, plan_synthesis
     from beamsynth.pipelines.stream import WindowedSynthesis, WindowHeartbeat
-    from beamsynth.pipelines.synthesize import SynthesisConfig, plan_synthesis
     from beamsynth.pipelines.yaml_transforms import Synthesize
     from beamsynth.transforms.cathist import DPCategoricalHistogram, SampleCategoricalColumn
     from beamsynth.transforms.inputs import EncodeElements, KeyLayout

@@ -8,8 +8,8 @@ import re
 import pytest
 from scipy.stats import poisson
 
-from beamsynth.pipelines.plausible import TAIL_DELTA_FRACTION
-from beamsynth.pipelines.synthesize import SynthesisConfig, plan_synthesis
+from beamsynth.pipelines.methods.plausible import TAIL_DELTA_FRACTION
+from beamsynth.pipelines.methods.synthesize import SynthesisConfig, plan_synthesis
 from beamsynth.schemas.schema import load_schema
 from beamsynth.transforms.budget import BudgetExceededError
 from beamsynth.transforms.plausible import (

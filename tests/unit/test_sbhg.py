@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import mutual_info_score
 
-from beamsynth.pipelines.sbhg_method import SBHGMethod
+from beamsynth.pipelines.methods.sbhg import SBHGMethod
 from beamsynth.schemas.schema import load_schema
 from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, PureDP
 from beamsynth.transforms.noise import RandomSource, discrete_laplace_cdf

@@ -3,7 +3,7 @@ when a public row count is too small for the hashed tables; decided at build tim
 
 import pytest
 
-from beamsynth.pipelines.sbhg_method import SBHGMethod
+from beamsynth.pipelines.methods.sbhg import SBHGMethod
 from beamsynth.schemas.schema import load_schema
 from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant
 from beamsynth.transforms.privbayes import SIZING_THETA

@@ -31,8 +31,8 @@ from beamsynth.pipelines.io.records import (
 )
 from beamsynth.pipelines.io.single_file import remove_temp_folders_on_failure
 from beamsynth.pipelines.io.write import WriteTables, ensure_parent
-from beamsynth.pipelines.methods import Method, get_method
-from beamsynth.pipelines.progress import Progress, RowProgressFn
+from beamsynth.pipelines.methods.progress import Progress, RowProgressFn
+from beamsynth.pipelines.methods.registry import Method, get_method
 from beamsynth.runners.presets import is_dask
 from beamsynth.schemas.schema import Schema
 from beamsynth.schemas.tables import arrow_schema_for

@@ -15,7 +15,7 @@ from typing import Any
 import apache_beam as beam
 import pyarrow as pa
 
-from beamsynth.pipelines.methods import Method, register
+from beamsynth.pipelines.methods.registry import Method, register
 from beamsynth.schemas.schema import EncodedBatch, Schema
 from beamsynth.transforms.budget import ApproxDP, BudgetExceededError, PureDP
 from beamsynth.transforms.conventions import display_items, element_types
@@ -462,7 +462,9 @@ class PlausibleMethod(Method):
     def collect_metrics(self, result: Any) -> None:
         names = ["plausible_candidates", "plausible_tested", "plausible_released",
                  f"plausible_rejected_{REJECT_BELOW_K}", f"plausible_rejected_{REJECT_NOISY_THRESHOLD}"]
-        from beamsynth.pipelines.synthesize import counter_value  # synthesize imports this module
+        from beamsynth.pipelines.methods.synthesize import (
+            counter_value,  # synthesize imports this module
+        )
 
         for n in names:
             value = counter_value(result, n)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from beamsynth.pipelines.methods import Method, register
-from beamsynth.pipelines.privbayes_method import add_input_rows_argument
+from beamsynth.pipelines.methods.privbayes import add_input_rows_argument
+from beamsynth.pipelines.methods.registry import Method, register
 from beamsynth.transforms.budget import ApproxDP, PureDP
 from beamsynth.transforms.sbhg import (
     DEFAULT_MI_COUNT_CAP,

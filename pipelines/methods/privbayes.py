@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from beamsynth.pipelines.methods import Method, register
+from beamsynth.pipelines.methods.registry import Method, register
 from beamsynth.transforms.privbayes import (
     AUTO_EXACT_MAX_COLUMNS,
     DEFAULT_DEGREE,
@@ -133,7 +133,9 @@ class PrivBayesMethod(Method):
         plan = self._transform.plan
         if plan.sizing is None or plan.sizing.rows is not None:
             return
-        from beamsynth.pipelines.synthesize import counter_value  # synthesize imports this module
+        from beamsynth.pipelines.methods.synthesize import (
+            counter_value,  # synthesize imports this module
+        )
 
         for k in range(plan.degree + 1):
             value = counter_value(result, f"privbayes_degree_{k}")

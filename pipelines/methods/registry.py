@@ -141,7 +141,7 @@ def get_method(name: str) -> type[Method]:
 
 # Methods living in their own modules register themselves on import. Adding one: append its
 # module here.
-_METHOD_MODULES: list[str] = ["beamsynth.pipelines.sbhg_method", "beamsynth.pipelines.plausible", "beamsynth.pipelines.privbayes_method"]
+_METHOD_MODULES: list[str] = ["beamsynth.pipelines.methods.sbhg", "beamsynth.pipelines.methods.plausible", "beamsynth.pipelines.methods.privbayes"]
 
 
 def _load_optional_methods() -> None:
