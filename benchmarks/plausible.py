@@ -314,8 +314,8 @@ def target(generators, seeds, *, model_eps=1.0, rows=3000, k=50, gamma=4.0, eps0
     sys.path.insert(0, os.path.dirname(__file__))
     from correlated import evaluate, load_dataset
 
-    from beamsynth.pipelines.plausible import TAIL_DELTA_FRACTION
-    from beamsynth.pipelines.synthesize import SynthesisConfig, run_synthesis
+    from beamsynth.pipelines.methods.plausible import TAIL_DELTA_FRACTION
+    from beamsynth.pipelines.methods.synthesize import SynthesisConfig, run_synthesis
 
     schema, train, test = load_dataset("adult")
     test_codes, _ = encode_frame(schema, test)

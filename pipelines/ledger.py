@@ -54,7 +54,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from beamsynth.pipelines import filesystem as fs
+from beamsynth.pipelines.io import filesystem as fs
 
 __all__ = [
     "format_budget",

@@ -105,7 +105,7 @@ def _check_release(cfg) -> int:
 def _run_ledger(args: argparse.Namespace, beam_args: list[str]) -> int:
     import os
 
-    from beamsynth.pipelines.filesystem import require_local
+    from beamsynth.pipelines.io.filesystem import require_local
 
     require_local(args.ledger, "ledger")  # a SQLite file: gs://... is refused (exit 2)
     if not os.path.exists(args.ledger):

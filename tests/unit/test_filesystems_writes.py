@@ -249,9 +249,9 @@ def test_windowed_releases_stream_through_filesystems(testfs):
     from apache_beam.options.pipeline_options import PipelineOptions
     from apache_beam.transforms import window as beam_window
 
-    from beamsynth.pipelines.single_file import remove_temp_folders_on_failure
+    from beamsynth.pipelines.io.single_file import remove_temp_folders_on_failure
+    from beamsynth.pipelines.methods.synthesize import SynthesisConfig, plan_synthesis
     from beamsynth.pipelines.stream import DAY, WindowedSynthesis
-    from beamsynth.pipelines.synthesize import SynthesisConfig, plan_synthesis
     from beamsynth.schemas.schema import load_schema
 
     t0 = int(dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc).timestamp())
