@@ -1,7 +1,7 @@
 """Correlated synthesis benchmark: beamsynth PrivBayes vs DataSynthesizer and smartnoise MST.
 
 Quality (per ε and seed): average TVD over all 1-way, all 2-way and 100 seeded random 3-way
-marginals over the declared cells (``beamsynth.pipelines.quality``), and gradient-boosting
+marginals over the declared cells (``beamsynth.pipelines.releases.quality``), and gradient-boosting
 accuracy/AUC for a binary target trained on synthetic rows and tested on real ones; wall time of
 fit + sample. Adult: synthesize from the train split, evaluate on the test split. ACS national2019:
 synthesize from the file, evaluate against the same file (there is no split), no ML target.
@@ -110,7 +110,7 @@ def peer_result(peer: str, dataset: str, epsilon: float, seed: int, peer_dir: Pa
 
 def evaluate(schema, test_codes: np.ndarray, synth, target, positive, seed: int) -> dict:
     """TVD1/2/3 (+ accuracy/AUC if a target is given) of synthetic data against real test codes."""
-    from beamsynth.pipelines.quality import as_codes, ml_efficacy, quality_report
+    from beamsynth.pipelines.releases.quality import as_codes, ml_efficacy, quality_report
 
     codes = as_codes(schema, synth)
     q = quality_report(schema, test_codes, codes, n_three_way=100, seed=0)
@@ -121,7 +121,7 @@ def evaluate(schema, test_codes: np.ndarray, synth, target, positive, seed: int)
 
 
 def quality_main(a: argparse.Namespace) -> int:
-    from beamsynth.pipelines.quality import encode_frame, ml_efficacy, quality_report
+    from beamsynth.pipelines.releases.quality import encode_frame, ml_efficacy, quality_report
 
     schema, train, test = load_dataset(a.dataset)
     spec = DATASETS[a.dataset]

@@ -45,7 +45,7 @@ import time
 import numpy as np
 import pandas as pd
 
-from beamsynth.pipelines.quality import encode_frame
+from beamsynth.pipelines.releases.quality import encode_frame
 from beamsynth.schemas.schema import load_schema
 from beamsynth.transforms import plausible as P
 from beamsynth.transforms.measure import count_marginals

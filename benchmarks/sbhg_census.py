@@ -14,7 +14,7 @@ Metrics (evaluation reads the real data in the clear: benchmark only):
   (all 10,660 triples of 41 columns if ``--triples 0``); also the share of (record, triple)
   pairs that are unseen;
 * TVD over all 1-way and 2-way marginals and 100 random 3-way marginals
-  (:func:`beamsynth.pipelines.quality.quality_report`); L1 = 2·TVD;
+  (:func:`beamsynth.pipelines.releases.quality.quality_report`); L1 = 2·TVD;
 * wall time of the whole ``synthesize`` pipeline (read, measure, fit, sample, write);
 * as in the paper's §4, on small-dimensional data: the L1 distance between the full real and
   synthetic histograms (and the TVD) on NLTCS (16 binary columns, 21,574 rows).
@@ -42,7 +42,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from beamsynth.pipelines.methods.registry import METHODS, _load_optional_methods
 from beamsynth.pipelines.methods.synthesize import SynthesisConfig, run_synthesis
-from beamsynth.pipelines.quality import as_codes, encode_frame, quality_report
+from beamsynth.pipelines.releases.quality import as_codes, encode_frame, quality_report
 from beamsynth.schemas.schema import load_schema
 
 NLTCS = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "nist2021_encoded" / "nltcs.csv"

@@ -13,7 +13,7 @@ schema ``benchmarks/schemas/pums_small.yaml``, evaluated against itself, target 
 ACS national2019 (27k rows, schema ``acs_national``, evaluated against itself, no target).
 ``sbhg`` / ``sbhg-off`` (hash size from n·ε, or the fixed ``--top-r 2``) run the real pipeline
 on the DirectRunner (slow; small inputs only). Metrics: TVD over all 1-way, all 2-way and 100 random 3-way marginals, GBM accuracy/AUC
-(``beamsynth.pipelines.quality``).
+(``beamsynth.pipelines.releases.quality``).
 
     nice -n 10 python benchmarks/small_data.py --inputs adult1000,adult5000,pums --epsilons 0.5,1,2
 """
@@ -37,7 +37,7 @@ HERE = Path(__file__).resolve().parent
 
 def load_input(name: str):
     """(schema, input codes, evaluation codes, target, positive) of one named input."""
-    from beamsynth.pipelines.quality import encode_frame
+    from beamsynth.pipelines.releases.quality import encode_frame
     from beamsynth.schemas.schema import load_schema
 
     if name.startswith("adult"):
@@ -108,7 +108,7 @@ def synth_sbhg(schema, codes, epsilon, seed, sizing):
     from apache_beam.options.pipeline_options import PipelineOptions
 
     from beamsynth.pipelines.methods.synthesize import SynthesisConfig, run_synthesis
-    from beamsynth.pipelines.quality import as_codes
+    from beamsynth.pipelines.releases.quality import as_codes
 
     with tempfile.TemporaryDirectory() as tmp:
         src, out = os.path.join(tmp, "in.csv"), os.path.join(tmp, "out.csv")
@@ -131,7 +131,7 @@ def _decode(schema, codes):
 
 
 def run(a: argparse.Namespace) -> list[dict]:
-    from beamsynth.pipelines.quality import ml_efficacy, quality_report
+    from beamsynth.pipelines.releases.quality import ml_efficacy, quality_report
     from beamsynth.transforms.noise import RandomSource
 
     rows = []

@@ -6,13 +6,15 @@ import argparse
 import json
 import sys
 
-from beamsynth.pipelines.ledger import LedgerError, PrivacyLedger, format_budget, format_ledger
-from beamsynth.pipelines.release import (
-    RELEASE_CONFIG_SCHEMA,
-    Progress,
-    load_release_config,
-    run_release,
+from beamsynth.pipelines.methods.progress import Progress
+from beamsynth.pipelines.releases.config import RELEASE_CONFIG_SCHEMA, load_release_config
+from beamsynth.pipelines.releases.ledger import (
+    LedgerError,
+    PrivacyLedger,
+    format_budget,
+    format_ledger,
 )
+from beamsynth.pipelines.releases.release import run_release
 
 __all__ = ["add_parser"]
 
@@ -82,11 +84,11 @@ def _check_release(cfg) -> int:
     """Plan the spends and ask the ledger whether it would take them now (reserving nothing).
 
     A night already published or running, a privacy-unit clash or an overspend raises
-    :class:`~beamsynth.pipelines.ledger.LedgerError` (the CLI prints it and exits 2).
+    :class:`~beamsynth.pipelines.releases.ledger.LedgerError` (the CLI prints it and exits 2).
     """
     import os
 
-    from beamsynth.pipelines.release import plan_release, run_key
+    from beamsynth.pipelines.releases.release import plan_release, run_key
 
     plan = plan_release(cfg)
     for s in plan.spends:
@@ -124,7 +126,7 @@ def _run_ledger(args: argparse.Namespace, beam_args: list[str]) -> int:
 
 
 def _run_report(args: argparse.Namespace, beam_args: list[str]) -> int:
-    from beamsynth.pipelines.report import build_report
+    from beamsynth.pipelines.releases.report import build_report
     from beamsynth.schemas.schema import load_schema
 
     if beam_args:

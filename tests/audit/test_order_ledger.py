@@ -44,18 +44,19 @@ import pandas as pd
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
-import beamsynth.pipelines.ledger as ledger_mod
 import beamsynth.pipelines.methods.plausible as plausible_pipeline
-import beamsynth.pipelines.release as release_mod
-from beamsynth.pipelines.ledger import (
+import beamsynth.pipelines.releases.ledger as ledger_mod
+import beamsynth.pipelines.releases.release as release_mod
+from beamsynth.pipelines.methods.synthesize import SynthesisConfig, run_synthesis
+from beamsynth.pipelines.releases.config import ReleaseConfigError, load_release_config
+from beamsynth.pipelines.releases.ledger import (
     LedgerBudgetExceededError,
     LedgerPolicy,
     LedgerSpend,
     PrivacyLedger,
     format_ledger,
 )
-from beamsynth.pipelines.methods.synthesize import SynthesisConfig, run_synthesis
-from beamsynth.pipelines.release import ReleaseConfigError, load_release_config, run_release
+from beamsynth.pipelines.releases.release import run_release
 from beamsynth.schemas.schema import load_schema
 from beamsynth.transforms.noise import RandomSource
 from beamsynth.transforms.plausible import ordered_release

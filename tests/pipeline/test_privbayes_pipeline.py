@@ -14,7 +14,7 @@ from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that
 
 from beamsynth.pipelines.methods.synthesize import SynthesisConfig, run_synthesis
-from beamsynth.pipelines.quality import encode_frame
+from beamsynth.pipelines.releases.quality import encode_frame
 from beamsynth.schemas.schema import EncodedBatch, load_schema
 from beamsynth.transforms.budget import PrivacyAccountant, PureDP
 from beamsynth.transforms.privbayes import DPPrivBayes, PrivBayesModel, PrivBayesSynthesizer

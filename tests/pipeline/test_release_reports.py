@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from beamsynth.pipelines.cli import main
-from beamsynth.pipelines.report import (
+from beamsynth.pipelines.releases.report import (
     PRIVATE_BANNER,
     cramers_v_matrix,
     discrete_laplace_interval,
@@ -199,7 +199,7 @@ def test_cramers_v_of_copies_and_of_independent_columns() -> None:
 
 @needs_report_deps
 def test_network_is_drawn_from_edges_or_privbayes_structure() -> None:
-    from beamsynth.pipelines.report import _network
+    from beamsynth.pipelines.releases.report import _network
 
     assert _network({"model": "independent marginals"}, ["a", "b"]) is None
     for desc in ({"edges": [["a", "b"]]}, {"structure": [["a", []], ["b", ["a"]]]}):
@@ -208,7 +208,7 @@ def test_network_is_drawn_from_edges_or_privbayes_structure() -> None:
 
 
 def test_public_report_reads_declared_noise_scales() -> None:
-    from beamsynth.pipelines.report import _spend_rows
+    from beamsynth.pipelines.releases.report import _spend_rows
 
     rows = _spend_rows([
         {"step": "row_count", "mechanism": "discrete Laplace", "epsilon": 0.1, "delta": 0,

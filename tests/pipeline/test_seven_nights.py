@@ -20,8 +20,13 @@ from pathlib import Path
 import pytest
 
 from beamsynth.pipelines.cli import main
-from beamsynth.pipelines.ledger import LedgerBudgetExceededError, LedgerError, PrivacyLedger
-from beamsynth.pipelines.release import load_release_config, run_release
+from beamsynth.pipelines.releases.config import load_release_config
+from beamsynth.pipelines.releases.ledger import (
+    LedgerBudgetExceededError,
+    LedgerError,
+    PrivacyLedger,
+)
+from beamsynth.pipelines.releases.release import run_release
 
 ADULT = Path(__file__).resolve().parents[2] / "examples" / "data" / "adult" / "adult.csv"
 
@@ -94,7 +99,7 @@ def _cli(root: Path, night: int, data: Path) -> list[str]:
 def _stuck_cli(root: Path, night: int, data: Path) -> list[str]:
     """The release CLI with its table step blocked: it reserves, then never publishes."""
     args = _cli(root, night, data)[3:]
-    code = ("import sys, time; import beamsynth.pipelines.release as r; "
+    code = ("import sys, time; import beamsynth.pipelines.releases.release as r; "
             "r._run_table = lambda *a, **k: time.sleep(3600); "
             f"from beamsynth.pipelines.cli import main; sys.exit(main({args!r}))")
     return [sys.executable, "-c", code]

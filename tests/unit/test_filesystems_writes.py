@@ -165,7 +165,7 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(testfs, monkeypatch
 
 
 def test_the_ledger_must_stay_local(tmp_path):
-    from beamsynth.pipelines.release import ReleaseConfigError, load_release_config
+    from beamsynth.pipelines.releases.config import ReleaseConfigError, load_release_config
 
     cfg = {"name": "n", "folder": f"{SCHEME}://rel/n", "budget": {"epsilon": 1},
            "ledger": {"path": "gs://bucket/ledger.sqlite", "policies": {"s": {"epsilon": 5}}},
@@ -289,7 +289,7 @@ def test_ledger_reconciles_release_folders_on_the_file_system(testfs, tmp_path):
     import subprocess
     import sys
 
-    from beamsynth.pipelines.ledger import (
+    from beamsynth.pipelines.releases.ledger import (
         RELEASE_MARKER,
         LedgerPolicy,
         LedgerSpend,

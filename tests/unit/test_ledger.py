@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from beamsynth.pipelines.ledger import (
+from beamsynth.pipelines.releases.ledger import (
     RELEASE_MARKER,
     LedgerBudgetExceededError,
     LedgerError,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from beamsynth.pipelines.cli import main
-from beamsynth.pipelines.ledger import PrivacyLedger
+from beamsynth.pipelines.releases.ledger import PrivacyLedger
 
 ADULT = Path(__file__).resolve().parents[2] / "examples" / "data" / "adult" / "adult.csv"
 REMOTE = ["gs://bucket/ledger.sqlite", "s3://bucket/l.sqlite", "file:///tmp/l.sqlite"]

@@ -160,7 +160,8 @@ def test_option_validation_messages(opts, msg):
 @pytest.mark.parametrize("allow", [False, True])
 def test_release_refuses_the_deterministic_test_even_with_the_flag(tmp_path, allow):
     """A ledger-backed release publishes DP outputs only: no finite charge covers Test 1."""
-    from beamsynth.pipelines.release import ReleaseConfigError, load_release_config, plan_release
+    from beamsynth.pipelines.releases.config import ReleaseConfigError, load_release_config
+    from beamsynth.pipelines.releases.release import plan_release
 
     data = tmp_path / "in.csv"
     data.write_text("age,sex\n30,Male\n", encoding="utf-8")
@@ -178,7 +179,8 @@ def test_release_refuses_the_deterministic_test_even_with_the_flag(tmp_path, all
 
 
 def test_release_ledger_is_charged_the_candidate_release(tmp_path):
-    from beamsynth.pipelines.release import load_release_config, plan_release
+    from beamsynth.pipelines.releases.config import load_release_config
+    from beamsynth.pipelines.releases.release import plan_release
 
     data = tmp_path / "in.csv"
     data.write_text("age,sex\n30,Male\n", encoding="utf-8")

@@ -1,4 +1,4 @@
-"""Unit tests for beamsynth.pipelines.quality (exact arithmetic on tiny tables)."""
+"""Unit tests for beamsynth.pipelines.releases.quality (exact arithmetic on tiny tables)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from beamsynth.pipelines.quality import (
+from beamsynth.pipelines.releases.quality import (
     as_codes,
     encode_frame,
     marginal_table,

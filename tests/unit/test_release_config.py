@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from beamsynth.pipelines.release import (
+from beamsynth.pipelines.releases.config import (
     RELEASE_CONFIG_SCHEMA,
     ReleaseConfigError,
     load_release_config,
-    plan_release,
 )
+from beamsynth.pipelines.releases.release import plan_release
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "release_adult.yaml"
@@ -131,8 +131,8 @@ def test_json_schema_accepts_the_example_and_rejects_unknown_keys() -> None:
 
 
 def test_existing_folder_unknown_to_the_ledger_is_refused_and_released(tmp_path: Path) -> None:
-    from beamsynth.pipelines.ledger import PrivacyLedger
-    from beamsynth.pipelines.release import run_release
+    from beamsynth.pipelines.releases.ledger import PrivacyLedger
+    from beamsynth.pipelines.releases.release import run_release
 
     cfg = load_release_config(_base(tmp_path), date="2026-01-01")
     Path(cfg.folder).mkdir()
@@ -143,8 +143,8 @@ def test_existing_folder_unknown_to_the_ledger_is_refused_and_released(tmp_path:
 
 def test_a_failing_run_aborts_its_reservation_and_leaves_no_temp_folder(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from beamsynth.pipelines import release as release_mod
-    from beamsynth.pipelines.ledger import PrivacyLedger
+    from beamsynth.pipelines.releases import release as release_mod
+    from beamsynth.pipelines.releases.ledger import PrivacyLedger
 
     def boom(*_a, **_k):
         raise RuntimeError("worker lost")

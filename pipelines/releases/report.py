@@ -3,7 +3,7 @@
 * :func:`private_report_html` compares a real table with a synthetic one over the schema's
   declared cells: per-column distributions, pairwise association heatmaps (Cramér's V), the
   learned network (when the model's ``describe()`` exposes ``edges``), TVD per marginal and a
-  train-on-synthetic/test-on-real check (metrics from :mod:`beamsynth.pipelines.quality`). It
+  train-on-synthetic/test-on-real check (metrics from :mod:`beamsynth.pipelines.releases.quality`). It
   **contains private statistics** of the real data and says so at the top: for the data owner only.
 * :func:`public_report_html` is built **only from released DP outputs** — ``release.json`` (every
   spend with its mechanism and noise scale, the released row counts) and the synthetic tables — and
@@ -29,8 +29,13 @@ import numpy as np
 import pandas as pd
 
 from beamsynth.pipelines.io.filesystem import exists, is_local, join, read_text, write_text_atomic
-from beamsynth.pipelines.ledger import lifetime_text
-from beamsynth.pipelines.quality import encode_frame, marginal_table, ml_efficacy, quality_report
+from beamsynth.pipelines.releases.ledger import lifetime_text
+from beamsynth.pipelines.releases.quality import (
+    encode_frame,
+    marginal_table,
+    ml_efficacy,
+    quality_report,
+)
 from beamsynth.schemas.schema import Column, Schema, avro_field_name
 from beamsynth.transforms.measure import count_marginals
 from beamsynth.transforms.noise import RandomSource

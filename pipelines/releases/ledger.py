@@ -4,7 +4,7 @@ The ledger is one SQLite file shared by every release of a portal. Each data sou
 policy (a lifetime total, or a rolling window of ``window_days``); a release **reserves** its spend
 before any data is read and is refused when the reservation would exceed the policy.
 
-Life of a release (see :func:`beamsynth.pipelines.release.run_release`)::
+Life of a release (see :func:`beamsynth.pipelines.releases.release.run_release`)::
 
     reserve()   BEGIN IMMEDIATE: reconcile stale reservations, check the policy, insert
                 the release as ``pending`` with its spends            → nothing read yet
