@@ -5,7 +5,7 @@ seeded by 1000, as ``benchmarks/workers_scale.py``; public-data resampling for a
 a privacy mechanism). Both sides run as fresh processes (interpreter start and imports included)
 doing the same work:
 
-* beamsynth: ``python -m beamsynth.pipelines.cli synthesize IN --schema adult --epsilon 1
+* beamsynth: ``python -m beamsynth.pipelines.cli.main synthesize IN --schema adult --epsilon 1
   --method independent --seed 7 --output OUT`` (default runner, as a user types it);
 * baseline (``--baseline IN OUT``): ``pandas.read_csv`` → ``Schema.encode_columns`` (the declared
   domains, with reasons) → ``np.bincount`` per column → discrete Laplace noise from
@@ -30,7 +30,7 @@ baseline under the load, so read the CPU ratio); seeded outputs byte-identical b
     nice -n 10 python benchmarks/e2e_independent.py                   # 1M rows, 3 repeats
     nice -n 10 python benchmarks/e2e_independent.py --rows 200000 --repeat 1
     nice -n 10 python benchmarks/e2e_independent.py --before /tmp/old   # /tmp/old/beamsynth/...
-    python -m cProfile -o /tmp/e2e.prof -m beamsynth.pipelines.cli synthesize ...   # profile
+    python -m cProfile -o /tmp/e2e.prof -m beamsynth.pipelines.cli.main synthesize ...   # profile
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def timed(cmd: list[str], pythonpath: str | None = None) -> tuple[float, float]:
 
 
 def beamsynth_cmd(inp: str, out: str, extra: list[str]) -> list[str]:
-    return [sys.executable, "-m", "beamsynth.pipelines.cli", "synthesize", inp, "--schema", "adult",
+    return [sys.executable, "-m", "beamsynth.pipelines.cli.main", "synthesize", inp, "--schema", "adult",
             "--epsilon", str(EPSILON), "--method", "independent", "--seed", "7", "--output", out,
             "--quiet", *extra]
 

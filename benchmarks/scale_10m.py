@@ -131,7 +131,7 @@ def run(inp: str, out: str, runner: list[str],
         status: str | None = None) -> tuple[float, dict[int, tuple[str, float]], float]:
     """Wall seconds, per-process peak RSS and total CPU seconds of one ``synthesize --method
     privbayes`` run."""
-    cmd = [sys.executable, "-m", "beamsynth.pipelines.cli", "synthesize", inp, "--schema", "adult",
+    cmd = [sys.executable, "-m", "beamsynth.pipelines.cli.main", "synthesize", inp, "--schema", "adult",
            "--epsilon", "1", "--method", "privbayes", "--seed", "7", "--output", out, "--quiet",
            *runner]
     mon = RssMonitor(status=status)

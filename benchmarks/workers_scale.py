@@ -3,7 +3,7 @@
 Input: ``--files`` CSV files of ``--rows`` rows each, resampled i.i.d. from the bundled Adult
 data (numpy PCG64 seeded by file number: the same files on every run; public-data resampling
 for a benchmark, not a privacy mechanism). Each configuration runs the real CLI
-(``python -m beamsynth.pipelines.cli synthesize ... --method independent --seed 7``) in a fresh
+(``python -m beamsynth.pipelines.cli.main synthesize ... --method independent --seed 7``) in a fresh
 process, alternating 1 and 2 workers, ``--repeat`` times; medians are printed with the ratio
 measured in the same run (goal: 2 workers ≥ 1.6× faster), the CPU seconds of every process of
 the run (runner process and SDK worker processes, sampled from /proc every 0.2 s), the cores
@@ -117,7 +117,7 @@ def run_once(inputs: list[str], out: str, workers: int, extra: list[str]) -> tup
     """Wall seconds of one CLI run and the CPU seconds per process (plus ``others``: cores used
     on average by processes outside the run while it ran)."""
     glob = os.path.join(os.path.dirname(inputs[0]), "adult_*.csv")
-    cmd = [sys.executable, "-m", "beamsynth.pipelines.cli", "synthesize", glob, "--schema", "adult",
+    cmd = [sys.executable, "-m", "beamsynth.pipelines.cli.main", "synthesize", glob, "--schema", "adult",
            "--epsilon", "1", "--method", "independent", "--seed", "7", "--output", out,
            "--runner", "direct-multi", f"--direct_num_workers={workers}", *extra]
     busy = busy_seconds()

@@ -2,7 +2,7 @@
 domain with CatHist (seed 000, Algorithm 1; :mod:`beamsynth.transforms.cathist`).
 :func:`run_histogram` spends the budget, runs the pipeline and writes OUT (one row per released
 category with its noisy count), ``OUT.rejected.jsonl`` and ``OUT.manifest.json`` (the spend
-with τ, ρ and n). The command line is :mod:`beamsynth.pipelines.histogram_cli`.
+with τ, ρ and n). The command line is :mod:`beamsynth.pipelines.cli.histogram`.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 (:mod:`beamsynth.schemas.keys`), contributions bounded per privacy unit, one of seed 003's
 algorithms (:mod:`beamsynth.transforms.prefix`), then ``OUT`` (synthetic keys), ``OUT.tree.csv``
 (the released prefix tree), ``OUT.rejected.jsonl`` and ``OUT.manifest.json``
-(:func:`run_prefixes`). The command line is :mod:`beamsynth.pipelines.prefixes_cli`.
+(:func:`run_prefixes`). The command line is :mod:`beamsynth.pipelines.cli.prefixes`.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 import beamsynth.pipelines.io.read as io_module
-from beamsynth.pipelines.cli import main
+from beamsynth.pipelines.cli.main import main
 from beamsynth.pipelines.io.encode import encode_block
 from beamsynth.pipelines.io.read import iter_raw_blocks
 from beamsynth.pipelines.io.read_avro import iter_avro_blocks, read_avro_header

@@ -314,7 +314,7 @@ def test_public_outputs_of_a_release_name_no_path_host_or_user(tmp_path, monkeyp
 
 @pytest.mark.parametrize("command", ["histogram", "prefixes"])
 def test_histogram_and_prefix_files_do_not_depend_on_the_input_order(tmp_path, command):
-    from beamsynth.pipelines.cli import main
+    from beamsynth.pipelines.cli.main import main
 
     words = tmp_path / "words.txt"
     words.write_text("".join(f"v{i:02d}\n" for i in range(LEVELS)), encoding="utf-8")

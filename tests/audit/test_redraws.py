@@ -31,7 +31,7 @@ import apache_beam as beam
 import pandas as pd
 import pytest
 
-from beamsynth.pipelines.cli import main
+from beamsynth.pipelines.cli.main import main
 from beamsynth.pipelines.methods import plausible as pipelines_plausible
 from beamsynth.transforms import (
     cathist,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from beamsynth.pipelines.cli import main
+from beamsynth.pipelines.cli.main import main
 from beamsynth.pipelines.io.records import rejected_path
 
 ADULT = Path(__file__).resolve().parents[2] / "examples" / "data" / "adult" / "adult.csv"

@@ -6,7 +6,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from beamsynth.pipelines.cli import main
+from beamsynth.pipelines.cli.main import main
 from beamsynth.pipelines.io import read as bio
 from beamsynth.pipelines.io.manifest import SECURE_NOTE
 from beamsynth.pipelines.methods.synthesize import SynthesisConfig, run_synthesis

@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from beamsynth.pipelines.cli import main
+from beamsynth.pipelines.cli.main import main
 
 ADULT = Path(__file__).resolve().parents[2] / "examples" / "data" / "adult" / "adult.csv"
 _VOLATILE = {"seconds", "created", "inputs", "release_id"}  # wall time, timestamps, run ids

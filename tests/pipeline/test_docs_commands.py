@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from beamsynth.pipelines.cli import main
+from beamsynth.pipelines.cli.main import main
 from beamsynth.pipelines.io.encode import encode_block
 from beamsynth.pipelines.io.read import iter_raw_blocks
 from beamsynth.schemas.schema import load_schema

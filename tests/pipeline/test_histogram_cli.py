@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from beamsynth.pipelines.cli import main
-from beamsynth.pipelines.histogram_cli import parse_domain
+from beamsynth.pipelines.cli.histogram import parse_domain
+from beamsynth.pipelines.cli.main import main
 
 WORDS = [f"w{i}" for i in range(500)]
 

@@ -116,7 +116,7 @@ def _adult_head(tmp_path, n=6000):
 def test_synthesize_cli_plausible_writes_released_rows_and_manifest(tmp_path):
     import pandas as pd
 
-    from beamsynth.pipelines.cli import main
+    from beamsynth.pipelines.cli.main import main
 
     src = _adult_head(tmp_path)
     out = tmp_path / "out.csv"
@@ -159,7 +159,7 @@ def _explode(*_a, **_k):
 def test_overspending_plausible_raises_before_reading_data(tmp_path, monkeypatch, capsys):
     import beamsynth.pipelines.io.read as io_mod
     import beamsynth.pipelines.methods.synthesize as syn
-    from beamsynth.pipelines.cli import main
+    from beamsynth.pipelines.cli.main import main
 
     monkeypatch.setattr(syn, "ReadRecords", _explode)
     monkeypatch.setattr(io_mod, "iter_raw_blocks", _explode)
@@ -181,7 +181,7 @@ def test_overspending_plausible_raises_before_reading_data(tmp_path, monkeypatch
 
 
 def test_non_dp_release_is_flagged_in_the_manifest(tmp_path):
-    from beamsynth.pipelines.cli import main
+    from beamsynth.pipelines.cli.main import main
 
     src = _adult_head(tmp_path, 3000)
     out = tmp_path / "out.csv"

@@ -10,7 +10,7 @@ from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms import window
 
-from beamsynth.pipelines.cli import main
+from beamsynth.pipelines.cli.main import main
 from beamsynth.schemas.keys import SpatialKeyCodec, TextKeyCodec
 from beamsynth.schemas.schema import EncodedBatch
 from beamsynth.transforms import prefix as P

@@ -141,7 +141,7 @@ def test_cli_sampling_option_reaches_the_model(tmp_path):
 def test_cli_refine_flag_controls_the_refinement_spends(tmp_path):
     """``--pb-refine-pairs 0``: only the network's two spends; default: four, summing to the
     method's budget (total ε minus the row count)."""
-    from beamsynth.pipelines.cli import main
+    from beamsynth.pipelines.cli.main import main
 
     df = pd.read_csv(ADULT, dtype=str, keep_default_na=False, nrows=1000)
     src = tmp_path / "in.csv"

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from beamsynth.pipelines.cli import main
+from beamsynth.pipelines.cli.main import main
 from beamsynth.pipelines.releases.report import (
     PRIVATE_BANNER,
     cramers_v_matrix,

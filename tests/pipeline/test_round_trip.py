@@ -19,7 +19,7 @@ import pyarrow as pa
 import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 
-from beamsynth.pipelines.cli import main
+from beamsynth.pipelines.cli.main import main
 from beamsynth.pipelines.io.encode import encode_block
 from beamsynth.pipelines.io.read import iter_raw_blocks
 from beamsynth.pipelines.io.write import WriteTables

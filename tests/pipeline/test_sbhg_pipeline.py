@@ -10,7 +10,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import BeamAssertException, assert_that
 
-from beamsynth.pipelines.cli import main
+from beamsynth.pipelines.cli.main import main
 from beamsynth.pipelines.methods.synthesize import SynthesisConfig, run_synthesis
 from beamsynth.schemas.schema import EncodedBatch, load_schema
 from beamsynth.transforms.budget import ApproxDP, PureDP

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from beamsynth.pipelines.cli import main
+from beamsynth.pipelines.cli.main import main
 from beamsynth.pipelines.releases.config import load_release_config
 from beamsynth.pipelines.releases.ledger import (
     LedgerBudgetExceededError,
@@ -92,7 +92,7 @@ def _run(root: Path, night: int, data: Path) -> dict:
 
 
 def _cli(root: Path, night: int, data: Path) -> list[str]:
-    return [sys.executable, "-m", "beamsynth.pipelines.cli", "--quiet", "release",
+    return [sys.executable, "-m", "beamsynth.pipelines.cli.main", "--quiet", "release",
             str(_config(root, night, data)), "--date", _date(night)]
 
 
@@ -101,7 +101,7 @@ def _stuck_cli(root: Path, night: int, data: Path) -> list[str]:
     args = _cli(root, night, data)[3:]
     code = ("import sys, time; import beamsynth.pipelines.releases.release as r; "
             "r._run_table = lambda *a, **k: time.sleep(3600); "
-            f"from beamsynth.pipelines.cli import main; sys.exit(main({args!r}))")
+            f"from beamsynth.pipelines.cli.main import main; sys.exit(main({args!r}))")
     return [sys.executable, "-c", code]
 
 
@@ -139,7 +139,7 @@ def test_seven_nights(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert proc.returncode == -signal.SIGKILL
     assert not folder(3).exists()
     assert [s for _, s in _states(ledger_path)] == ["committed", "committed", "pending"]
-    shown = subprocess.run([sys.executable, "-m", "beamsynth.pipelines.cli", "ledger", "show",
+    shown = subprocess.run([sys.executable, "-m", "beamsynth.pipelines.cli.main", "ledger", "show",
                             str(ledger_path)], capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0 and "spent ε=3 of lifetime ε=5 (ε=2 left)" in shown.stdout
     assert "lifetime total ε=3 over 3 release(s)" in shown.stdout  # the pending night counts

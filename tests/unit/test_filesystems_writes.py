@@ -20,7 +20,7 @@ from apache_beam.io.filesystem import BeamIOError, FileMetadata, MatchResult
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.localfilesystem import LocalFileSystem
 
-from beamsynth.pipelines.cli import main
+from beamsynth.pipelines.cli.main import main
 from beamsynth.pipelines.io import filesystem as fs
 
 ADULT = Path(__file__).resolve().parents[2] / "examples" / "data" / "adult" / "adult.csv"

@@ -4,7 +4,14 @@ Rules:
 
 * ``transforms/`` (cores and PTransforms) never imports ``pipelines/`` or ``runners/``;
 * ``schemas/`` imports nothing else of beamsynth (it is the bottom layer);
-* no import cycle among beamsynth modules, function-level imports included.
+* no import cycle among beamsynth modules, function-level imports included (``transforms/``
+  too: ``privbayes`` imports ``refine``, never the reverse);
+* ``pipelines/`` is layered ``io`` < ``methods`` < ``releases`` < ``cli``: a subpackage imports only
+  those before it; the modules at the top of ``pipelines/`` (``job``, ``stream``,
+  ``yaml_transforms``, ``schema_draft``) stand on ``io`` and ``methods``, and nothing but ``cli``
+  imports ``cli``;
+* no import cycle between packages (each ``pipelines/`` subpackage and top module counted as one);
+* every ``pipelines/`` subpackage's ``__init__`` docstring names each of its modules.
 
 Imports under ``if TYPE_CHECKING:`` are annotations only (never executed) and are not counted:
 ``schemas/domains.py`` names ``RandomSource`` in its signatures that way.
@@ -21,9 +28,16 @@ ROOT = Path(__file__).resolve().parents[2]
 # source folder -> the package it installs as (pyproject.toml [tool.setuptools] package-dir)
 PACKAGES = {"transforms": "beamsynth.transforms", "schemas": "beamsynth.schemas",
             "pipelines": "beamsynth.pipelines", "runners": "beamsynth.runners", "api": "beamsynth"}
+P = "beamsynth.pipelines"
+SUBPACKAGES = (f"{P}.io", f"{P}.methods", f"{P}.releases", f"{P}.cli")  # bottom to top
+TOP_MODULES = (f"{P}.job", f"{P}.stream", f"{P}.yaml_transforms", f"{P}.schema_draft")
 FORBIDDEN = {
     "beamsynth.transforms": ("beamsynth.pipelines", "beamsynth.runners"),
     "beamsynth.schemas": ("beamsynth.transforms", "beamsynth.pipelines", "beamsynth.runners"),
+    f"{P}.io": (f"{P}.methods", f"{P}.releases", f"{P}.cli", *TOP_MODULES),
+    f"{P}.methods": (f"{P}.releases", f"{P}.cli", *TOP_MODULES),
+    f"{P}.releases": (f"{P}.cli", *TOP_MODULES),
+    **{top: (f"{P}.releases", f"{P}.cli") for top in TOP_MODULES},
 }
 
 
@@ -140,11 +154,38 @@ def graph() -> dict[str, dict[str, int]]:
     return import_graph(_modules())
 
 
+def package_of(module: str) -> str:
+    """The node of ``module`` in the package graph: its ``pipelines/`` subpackage, or the module
+    itself at the top of ``pipelines/``, or its installed folder (``beamsynth.transforms``, ...)."""
+    for sub in SUBPACKAGES:
+        if module == sub or module.startswith(sub + "."):
+            return sub
+    if module.startswith(P + "."):
+        return ".".join(module.split(".")[:3])
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[1:2] and parts[1] in PACKAGES else module
+
+
+def package_graph(graph: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    """``graph`` with every module replaced by :func:`package_of` (edges inside a node dropped)."""
+    out: dict[str, dict[str, int]] = {}
+    for name, edges in graph.items():
+        node = out.setdefault(package_of(name), {})
+        for target, line in edges.items():
+            if package_of(target) != package_of(name):
+                node.setdefault(package_of(target), line)
+    return out
+
+
 def test_the_package_is_found(graph):
-    # a wrong ROOT or folder map would make both checks below pass vacuously
-    assert {"beamsynth.transforms.noise", "beamsynth.schemas.schema", "beamsynth.pipelines.cli",
+    # a wrong ROOT or folder map would make the checks below pass vacuously
+    assert {"beamsynth.transforms.noise", "beamsynth.schemas.schema", "beamsynth.pipelines.cli.main",
+            "beamsynth.pipelines.io.read", "beamsynth.pipelines.methods.registry",
+            "beamsynth.pipelines.releases.release", "beamsynth.pipelines.job",
             "beamsynth.runners.presets"} <= set(graph)
     assert "beamsynth.schemas.schema" in graph["beamsynth.transforms.measure"]
+    assert "beamsynth.transforms.refine" in graph["beamsynth.transforms.privbayes"]
+    assert {f"{P}.io", f"{P}.methods"} <= set(package_graph(graph)[f"{P}.releases"])
 
 
 def test_no_layer_violations(graph):
@@ -153,6 +194,19 @@ def test_no_layer_violations(graph):
 
 def test_no_import_cycles(graph):
     assert find_cycles(graph) == []
+
+
+def test_no_import_cycles_between_packages(graph):
+    assert find_cycles(package_graph(graph)) == []
+
+
+def test_every_pipelines_subpackage_names_its_modules():
+    for sub in SUBPACKAGES:
+        folder = ROOT / "pipelines" / sub.rsplit(".", 1)[1]
+        doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text(encoding="utf-8"))) or ""
+        missing = [p.stem for p in sorted(folder.glob("*.py"))
+                   if p.stem != "__init__" and f"{sub}.{p.stem}" not in doc]
+        assert missing == [], f"{sub}/__init__.py docstring does not name {missing}"
 
 
 # -- the checks themselves can fail ---------------------------------------------------------------
@@ -165,7 +219,7 @@ def test_imports_found_at_every_depth_but_not_type_checking():
         "else:\n"
         "    import beamsynth.transforms.budget\n"
         "def f():\n"
-        "    from beamsynth.pipelines.io import ReadRecords\n"
+        "    from beamsynth.pipelines.io.read import ReadRecords\n"
         "class C:\n"
         "    def g(self):\n"
         "        try:\n"
@@ -174,8 +228,8 @@ def test_imports_found_at_every_depth_but_not_type_checking():
         "            pass\n"
     )
     names = {n for n, _ in imported_names(source)}
-    assert {"beamsynth.schemas.schema", "beamsynth.transforms.budget", "beamsynth.pipelines.io",
-            "beamsynth.pipelines.io.ReadRecords", "beamsynth.runners.presets"} <= names
+    assert {"beamsynth.schemas.schema", "beamsynth.transforms.budget", "beamsynth.pipelines.io.read",
+            "beamsynth.pipelines.io.read.ReadRecords", "beamsynth.runners.presets"} <= names
     assert "beamsynth.transforms.noise" not in names
 
 
@@ -193,4 +247,25 @@ def test_cycle_and_violation_detection_on_a_made_up_graph():
     assert layer_violations(graph) == [
         "beamsynth.schemas.s:7 imports beamsynth.transforms.noise",
         "beamsynth.transforms.b:9 imports beamsynth.pipelines.io",
+    ]
+
+
+def test_pipelines_layers_and_package_cycles_on_a_made_up_graph():
+    graph = {
+        "beamsynth.pipelines.io.read": {"beamsynth.pipelines.cli.main": 5},
+        "beamsynth.pipelines.cli.main": {"beamsynth.pipelines.io.planning": 2,
+                                         "beamsynth.pipelines.releases.release": 3},
+        "beamsynth.pipelines.io.planning": {},
+        "beamsynth.pipelines.releases.release": {"beamsynth.pipelines.methods.registry": 8},
+        "beamsynth.pipelines.methods.registry": {"beamsynth.pipelines.stream": 4},
+        "beamsynth.pipelines.stream": {"beamsynth.pipelines.methods.synthesize": 6},
+        "beamsynth.pipelines.methods.synthesize": {},
+    }
+    assert find_cycles(graph) == []  # no module cycle ...
+    assert sorted(find_cycles(package_graph(graph))) == [  # ... but two between packages
+        ["beamsynth.pipelines.cli", "beamsynth.pipelines.io"],
+        ["beamsynth.pipelines.methods", "beamsynth.pipelines.stream"]]
+    assert layer_violations(graph) == [
+        "beamsynth.pipelines.io.read:5 imports beamsynth.pipelines.cli.main",
+        "beamsynth.pipelines.methods.registry:4 imports beamsynth.pipelines.stream",
     ]

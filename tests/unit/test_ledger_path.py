@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from beamsynth.pipelines.cli import main
+from beamsynth.pipelines.cli.main import main
 from beamsynth.pipelines.releases.ledger import PrivacyLedger
 
 ADULT = Path(__file__).resolve().parents[2] / "examples" / "data" / "adult" / "adult.csv"

@@ -204,7 +204,7 @@ def test_only_direct_and_dask_presets_claim_to_have_run_here():
 
 
 def test_cli_uses_the_presets():
-    from beamsynth.pipelines.synthesize_cli import pipeline_options
+    from beamsynth.pipelines.cli.synthesize import pipeline_options
 
     opts = pipeline_options(["--runner", "direct-multi"])
     assert opts.view_as(DirectOptions).direct_num_workers == 2

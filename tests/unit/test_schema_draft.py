@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from beamsynth.pipelines.cli import main
+from beamsynth.pipelines.cli.main import main
 from beamsynth.pipelines.io.encode import encode_block
 from beamsynth.pipelines.io.read import iter_raw_blocks
 from beamsynth.pipelines.schema_draft import draft_schema, nice_step, read_dictionary

@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from beamsynth.pipelines.cli import main
+from beamsynth.pipelines.cli.main import main
 from beamsynth.schemas.schema import Normalization, SchemaError, load_schema
 
 WORDS = ["smith", "johnson", "garcia", "müller", "straße", "o'brien"]

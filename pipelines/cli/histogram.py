@@ -24,6 +24,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
+from beamsynth.pipelines.cli.synthesize import pipeline_options
 from beamsynth.pipelines.io.manifest import manifest_path
 from beamsynth.pipelines.io.preflight import (
     Required,
@@ -35,7 +36,6 @@ from beamsynth.pipelines.io.preflight import (
 from beamsynth.pipelines.io.read import ReadRecords
 from beamsynth.pipelines.io.records import rejected_path
 from beamsynth.pipelines.methods.histogram import HistogramConfig, run_histogram
-from beamsynth.pipelines.synthesize_cli import pipeline_options
 from beamsynth.schemas.domains import CategoricalDomain, IntegerDomain, ProductDomain, StringDomain
 from beamsynth.schemas.schema import Column, Schema, load_schema
 

@@ -71,7 +71,7 @@ def _run_release(args: argparse.Namespace, beam_args: list[str]) -> int:
     cfg = load_release_config(args.config, date=args.date)
     if args.check:
         return _check_release(cfg)
-    from beamsynth.pipelines.synthesize_cli import pipeline_options
+    from beamsynth.pipelines.cli.synthesize import pipeline_options
 
     release = run_release(cfg, pipeline_options(beam_args), progress=progress)
     if not progress.quiet:

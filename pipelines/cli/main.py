@@ -22,11 +22,11 @@ from beamsynth.runners.options import UnknownOptionError, check_pipeline_args
 __all__ = ["main", "build_parser"]
 
 _COMMAND_MODULES = [
-    "beamsynth.pipelines.synthesize_cli",
-    "beamsynth.pipelines.schema_cli",
-    "beamsynth.pipelines.histogram_cli",
-    "beamsynth.pipelines.release_cli",
-    "beamsynth.pipelines.prefixes_cli",
+    "beamsynth.pipelines.cli.synthesize",
+    "beamsynth.pipelines.cli.schema",
+    "beamsynth.pipelines.cli.histogram",
+    "beamsynth.pipelines.cli.release",
+    "beamsynth.pipelines.cli.prefixes",
 ]
 
 

@@ -150,7 +150,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
-    from beamsynth.pipelines.synthesize_cli import pipeline_options
+    from beamsynth.pipelines.cli.synthesize import pipeline_options
 
     codec = build_codec(args)
     method_args: dict[str, Any] = {"threshold": args.threshold}
