@@ -332,7 +332,7 @@ def _sample_shard(schema: Schema, seed: int | None, shard_id: int, n: int, model
     rs = RandomSource(seed=seed).child("sample", shard_id, *labels)
     codes = model.sample_codes(n, rs.child("codes"))
     table = codes_to_table(schema, codes, rs.child("values"))
-    # the shard's identity orders it in a single-file output (pipelines/single_file.py)
+    # the shard's identity orders it in a single-file output (pipelines/io/single_file.py)
     return label_part(table, shard_label(shard_id, labels))
 
 

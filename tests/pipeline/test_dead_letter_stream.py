@@ -2,7 +2,7 @@
 
 ``write_rejected`` used Beam's ``WriteToText(num_shards=1)``, which groups every rejected row under
 one key (held in memory by the DirectRunner). Now rows never cross a shuffle
-(``WriteSortedLines`` in ``pipelines/single_file.py``), the file is ordered by (source, row,
+(``WriteSortedLines`` in ``pipelines/io/single_file.py``), the file is ordered by (source, row,
 line), and a failed run leaves no temporary folder behind.
 """
 

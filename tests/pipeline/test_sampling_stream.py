@@ -1,7 +1,7 @@
 """Synthetic rows stream from sampling to the output file: no shuffle of rows, bounded memory.
 
 ``WriteTables`` (one file) writes each table to a part file where it is produced and only groups
-part paths (``pipelines/single_file.py``); sampling shards are labelled so the file's row order is
+part paths (``pipelines/io/single_file.py``); sampling shards are labelled so the file's row order is
 fixed by (window, shard). Issue 4: peak memory of ``synthesize`` flat in the number of rows.
 """
 
