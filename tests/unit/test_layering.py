@@ -11,7 +11,8 @@ Rules:
   ``yaml_transforms``, ``schema_draft``) stand on ``io`` and ``methods``, and nothing but ``cli``
   imports ``cli``;
 * no import cycle between packages (each ``pipelines/`` subpackage and top module counted as one);
-* every ``pipelines/`` subpackage's ``__init__`` docstring names each of its modules.
+* every ``pipelines/`` subpackage's ``__init__`` docstring names each of its modules, and every
+  package folder is listed in ``pyproject.toml`` (else a wheel ships without it).
 
 Imports under ``if TYPE_CHECKING:`` are annotations only (never executed) and are not counted:
 ``schemas/domains.py`` names ``RandomSource`` in its signatures that way.
@@ -269,3 +270,13 @@ def test_pipelines_layers_and_package_cycles_on_a_made_up_graph():
         "beamsynth.pipelines.io.read:5 imports beamsynth.pipelines.cli.main",
         "beamsynth.pipelines.methods.registry:4 imports beamsynth.pipelines.stream",
     ]
+
+
+def test_every_package_folder_is_packaged():
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from 3.11")
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
+    assert {tool["package-dir"][p] for p in PACKAGES.values()} == set(PACKAGES)
+    found = {".".join([PACKAGES[folder], *init.parent.relative_to(ROOT / folder).parts]).rstrip(".")
+             for folder in PACKAGES for init in (ROOT / folder).rglob("__init__.py")}
+    assert {"beamsynth.pipelines.io", "beamsynth.pipelines.cli"} <= found
+    assert sorted(found - set(tool["packages"])) == []
