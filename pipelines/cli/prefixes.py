@@ -35,10 +35,7 @@ from beamsynth.schemas.keys import (
     load_key_spec,
     load_tree,
 )
-from beamsynth.transforms.prefix import (
-    CALIBRATIONS,
-    DISCOUNTS,
-)
+from beamsynth.transforms.prefix import CALIBRATIONS, DISCOUNTS
 
 __all__ = [
     "add_parser",

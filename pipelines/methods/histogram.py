@@ -17,9 +17,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from beamsynth.pipelines.io.dead_letters import write_rejected
 from beamsynth.pipelines.io.manifest import build_manifest, manifest_path, write_json_atomic
-from beamsynth.pipelines.io.preflight import (
-    check_noise_scales,
-)
+from beamsynth.pipelines.io.preflight import check_noise_scales
 from beamsynth.pipelines.io.read import ReadRecords
 from beamsynth.pipelines.io.records import METRICS_NAMESPACE, rejected_path
 from beamsynth.pipelines.io.single_file import remove_temp_folders_on_failure

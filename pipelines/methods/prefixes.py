@@ -27,9 +27,7 @@ from beamsynth.pipelines.io.records import METRICS_NAMESPACE, RawBlock, Rejected
 from beamsynth.pipelines.io.single_file import remove_temp_folders_on_failure
 from beamsynth.pipelines.io.write import WriteTables, ensure_parent
 from beamsynth.pipelines.methods.synthesize import counter_value
-from beamsynth.schemas.keys import (
-    KeyCodec,
-)
+from beamsynth.schemas.keys import KeyCodec
 from beamsynth.schemas.schema import EncodedBatch
 from beamsynth.transforms.budget import PrivacyAccountant, PureDP
 from beamsynth.transforms.conventions import display_items, element_types

@@ -19,9 +19,7 @@ import yaml
 
 from beamsynth.pipelines.io import filesystem as fs
 from beamsynth.pipelines.methods.registry import get_method
-from beamsynth.pipelines.releases.ledger import (
-    LedgerPolicy,
-)
+from beamsynth.pipelines.releases.ledger import LedgerPolicy
 from beamsynth.schemas.schema import Schema, avro_field_name, load_schema
 
 __all__ = [
