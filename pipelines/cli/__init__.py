@@ -6,7 +6,10 @@
 * one module per command: :mod:`~beamsynth.pipelines.cli.synthesize` (also ``pipeline_options``,
   the Beam options of every command), :mod:`~beamsynth.pipelines.cli.schema`,
   :mod:`~beamsynth.pipelines.cli.histogram`, :mod:`~beamsynth.pipelines.cli.prefixes`,
-  :mod:`~beamsynth.pipelines.cli.release` (``release``, ``ledger``, ``report``).
+  :mod:`~beamsynth.pipelines.cli.release` (``release``, ``ledger``, ``report``);
+* :mod:`~beamsynth.pipelines.cli.console`: the input-check options every command shares
+  (``--allow-empty``, ``--warn-rejected``, ``--fail-on-rejected``) and what goes to the operator's
+  console after a run (honest counts, the rejected-rows warning, method advice).
 
 The pipelines themselves live in :mod:`beamsynth.pipelines.methods` and
 :mod:`beamsynth.pipelines.releases`; nothing below this package imports it.

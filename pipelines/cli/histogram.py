@@ -24,15 +24,10 @@ import dataclasses
 import sys
 from pathlib import Path
 
+from beamsynth.pipelines.cli.console import add_check_arguments, cli_checks, cli_report, count_line
 from beamsynth.pipelines.cli.synthesize import pipeline_options
 from beamsynth.pipelines.io.manifest import manifest_path
-from beamsynth.pipelines.io.preflight import (
-    Required,
-    add_check_arguments,
-    cli_checks,
-    cli_report,
-    count_line,
-)
+from beamsynth.pipelines.io.preflight import Required
 from beamsynth.pipelines.io.read import ReadRecords
 from beamsynth.pipelines.io.records import rejected_path
 from beamsynth.pipelines.methods.histogram import HistogramConfig, run_histogram

@@ -20,6 +20,7 @@ from typing import Any
 
 import apache_beam as beam
 
+from beamsynth.pipelines.cli import console
 from beamsynth.pipelines.io import preflight
 from beamsynth.pipelines.io.manifest import manifest_path
 from beamsynth.pipelines.io.read import ReadRawBlocks
@@ -142,7 +143,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--no-terminal-budget", dest="terminal_budget", action="store_false",
                    help="direct: measure end-of-string cells at the same scale as every other cell "
                         "instead of giving them the budget the record's shorter path leaves unused")
-    preflight.add_check_arguments(p)
+    console.add_check_arguments(p)
     p.set_defaults(func=_run)
 
 
@@ -176,15 +177,15 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
         raw = p | "Read" >> ReadRawBlocks(args.input)
         _ = raw["blocks"] | "Encode" >> EncodeKeys(codec=codec, privacy_id=args.privacy_id)
 
-    preflight.cli_checks("prefixes", args, options, required=required, read=read)
+    console.cli_checks("prefixes", args, options, required=required, read=read)
     manifest = run_prefixes(input=args.input, codec=codec, method=args.method, epsilon=args.epsilon,
                             output=args.output, privacy_id=args.privacy_id,
                             max_contributions=args.max_contributions, seed=args.seed,
                             options=options, **method_args)
     op, rel = manifest["operational"], manifest["release"]
-    preflight.cli_report("prefixes", args, op, rejected_path(args.output))
+    console.cli_report("prefixes", args, op, rejected_path(args.output))
     if not quiet:
-        print(f"  {preflight.count_line(op)} → {rel['rows_out']} synthetic keys in {args.output}, tree in "
+        print(f"  {console.count_line(op)} → {rel['rows_out']} synthetic keys in {args.output}, tree in "
               f"{tree_path(args.output)}", file=sys.stderr)
         for s in rel["budget"]["spends"]:
             print(f"  spent ε={s['epsilon']:g} on {s['step']} ({s['mechanism']})", file=sys.stderr)

@@ -9,17 +9,16 @@ import sys
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beamsynth.pipelines.io.manifest import manifest_path
-from beamsynth.pipelines.io.preflight import (
+from beamsynth.pipelines.cli.console import (
     add_check_arguments,
     allowed_columns,
-    check_noise_scales,
     cli_checks,
     cli_report,
     count_line,
     method_advice,
-    schema_requirements,
 )
+from beamsynth.pipelines.io.manifest import manifest_path
+from beamsynth.pipelines.io.preflight import check_noise_scales, schema_requirements
 from beamsynth.pipelines.io.read import ReadRecords
 from beamsynth.pipelines.io.records import DEFAULT_SPLIT_BYTES, rejected_path
 from beamsynth.pipelines.methods.progress import Progress

@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from beamsynth.pipelines.cli import console
 from beamsynth.pipelines.cli.main import main
 from beamsynth.pipelines.io import preflight
 
@@ -296,10 +297,10 @@ def test_fail_on_rejected(half_bad, out, capsys):
 
 def test_warning_threshold_is_the_option():
     op = {"rows_read": 40, "rows_rejected": 10}
-    assert preflight.rejection_report(op, "/nonexistent.jsonl", warn=0.3) is None
-    assert preflight.rejection_report(op, "/nonexistent.jsonl", warn=0.2).startswith(
+    assert console.rejection_report(op, "/nonexistent.jsonl", warn=0.3) is None
+    assert console.rejection_report(op, "/nonexistent.jsonl", warn=0.2).startswith(
         "warning: 10 of 40 rows (25.0%) were rejected (more than --warn-rejected 0.2)")
-    assert preflight.count_line({"rows_read": 40, "rows_rejected": 10, "rows_dropped_by_bound": 20,
+    assert console.count_line({"rows_read": 40, "rows_rejected": 10, "rows_dropped_by_bound": 20,
                                  "rows_used": 10}) == (
         "rows read 40, rejected 10, dropped by the contribution bound 20, used 10")
 
@@ -318,7 +319,7 @@ def test_allow_empty_releases_from_header_only(tmp_path, out, capsys):
     ("plausible", 2.0, 3000, 15, False), ("privbayes", 1.0, None, 15, False),
 ])
 def test_method_advice_rule(method, eps, rows, columns, advised):
-    got = preflight.method_advice(method=method, epsilon=eps, rows=rows, columns=columns)
+    got = console.method_advice(method=method, epsilon=eps, rows=rows, columns=columns)
     assert (got is not None) == advised
 
 
@@ -367,7 +368,7 @@ def test_rejection_report_groups_reasons_without_values(tmp_path):
               f"column {i} (char {i - 1})"} for i in range(1, 8)]
             + [{"source": "in.jsonl", "row": 9, "line": None, "reason": "column 'a': value 'x' is outside"}])
     dead.write_text("".join(json.dumps(r) + "\n" for r in recs), encoding="utf-8")
-    report = preflight.rejection_report({"rows_read": 10, "rows_rejected": 8}, str(dead), top=2)
+    report = console.rejection_report({"rows_read": 10, "rows_rejected": 8}, str(dead), top=2)
     assert report.splitlines()[1:] == [
         "  7 × invalid JSON: Expecting value: line … column … (char …)  (e.g. in.jsonl:line 1; in.jsonl:line 2; "
         "in.jsonl:line 3) — is the file JSON Lines (one object per line)?",
