@@ -164,7 +164,7 @@ def synthesize(keys: pd.Series, codec: TextKeyCodec, mname: str, epsilon: float,
 
 def run_beam(rows: pd.DataFrame, codec: TextKeyCodec, method: str, epsilon: float, seed: int) -> tuple[pd.Series, float]:
     """One run of ``beamsynth prefixes`` (DirectRunner) on the stand-in: counts and seconds."""
-    from beamsynth.pipelines.prefixes_cli import run_prefixes
+    from beamsynth.pipelines.methods.prefixes import run_prefixes
 
     tmp = Path(tempfile.mkdtemp(prefix="prefix_surnames_"))
     src = tmp / "log.csv"

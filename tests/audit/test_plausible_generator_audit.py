@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from apache_beam.transforms.window import GlobalWindow
 
-from beamsynth.pipelines.synthesize import SynthesisConfig, plan_synthesis
+from beamsynth.pipelines.methods.synthesize import SynthesisConfig, plan_synthesis
 from beamsynth.schemas.schema import EncodedBatch, load_schema
 from beamsynth.transforms import plausible as P
 from beamsynth.transforms.audit import AuditCase, NeighbourPair, audit_pair
