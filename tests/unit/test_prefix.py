@@ -462,3 +462,20 @@ def test_spurious_threshold_is_the_smallest_with_half_a_noise_child_per_split():
     assert P.DPDirectPrefixSynthesis(codec=c, budget=PureDP(epsilon=1.0)).accounting.threshold is not None
     sc = SpatialKeyCodec(columns=("x", "y"), box=((0, 1), (0, 1)), depth=3)
     assert P.DPDirectPrefixSynthesis(codec=sc, budget=PureDP(epsilon=1.0)).accounting.threshold is None
+
+
+def test_tight_calibration_keeps_a_long_key_the_papers_split_discounts_away():
+    """A 9-letter key held by 70 units dominates every prefix: each split takes about t from it
+    (9 splits + its end-of-string leaf). t = 17 (theorem3, ε = 1) leaves nothing; t = 6 leaves ~10."""
+    c = TextKeyCodec(column="q", max_length=9, alphabet="abcdefghijklmnopqrstuvwxyz")
+    codes = c.encode_strings(["manhattan"] * 70 + ["paris"] * 40)
+    found = {}
+    for calibration in ("tight", "theorem3"):
+        hits = 0
+        for seed in range(6):
+            tree = P.DPImprovedPrefixHistogram(codec=c, budget=PureDP(epsilon=1.0), calibration=calibration,
+                                               discount="skip", seed=seed, label="Prefixes")
+            keys, _ = P.synthetic_keys(tree.run_in_memory(codes), c, seed=seed)
+            hits += "manhattan" in set(keys["q"])
+        found[calibration] = hits
+    assert found["tight"] >= 5 and found["theorem3"] == 0, found
