@@ -42,8 +42,32 @@ and feeds both combines (the privbayes candidate counts and the DP row count) th
 accumulators; only accumulators, the model and 50k-row sampling shards cross processes. Every
 stage is linear in the rows, so the ratio stays near 10×.
 
+Dask (2 workers × 1 thread), measured the same day after two runner fixes (tree f024df0):
+Beam's Dask translation had no combiner lifting, so every ``CombineGlobally`` grouped all
+``EncodedBatch`` elements (int32 codes, 60 MB per 1M rows) in one task, and its ``Reshuffle`` was
+the identity, so all sampling shards ran in the one task holding the model, on one worker, which
+also held every sampled table. Now combines are lifted and ``Reshuffle`` deals items round robin.
+
+==============================  ====  =========  =========  ==================  ========  ================
+dask                            rows  wall s     CPU s      peak RSS workers    launcher  sha256
+==============================  ====  =========  =========  ==================  ========  ================
+lifted, shards in one task      1M    760        308        719 / 544 MiB       256 MiB   5d66bd87d105f948
+lifted + spread (load 4.8)      1M    316        247        885 / 751 MiB       255 MiB   5d66bd87d105f948
+lifted + spread, stopped        10M   (7.5 min)  245        808 / 695 MiB       515 MiB   —
+==============================  ====  =========  =========  ==================  ========  ================
+
+Both 1M outputs are the DirectRunner's bytes. The 10M Dask run was stopped after 7.5 minutes
+(load 8-10, still reading: 245 of an estimated 2,500 CPU seconds) because it could not end before
+the session's deadline; its peaks are those of the reading phase only. Not flat yet: the
+launcher, which hosts the dask scheduler, doubled (255 → 515 MiB: its graph has one task per
+partition and step, 7 partitions at 1M, 68 at 10M, and every task carries its step's DoFn; not
+confirmed by a profile), and a worker can hold the outputs of several read tasks at once (a
+ParDo's bundle output stays in memory until both its main-output and metrics selections ran).
+
     nice -n 10 python benchmarks/scale_10m.py --rows 1000000 3000000
     nice -n 10 python benchmarks/scale_10m.py --rows 1000000 10000000 --runners direct-multi
+    nice -n 5 python benchmarks/scale_10m.py --rows 1000000 10000000 --runners dask \
+        --keep /tmp/scale10m --status /tmp/scale10m/status.json
 """
 
 from __future__ import annotations
