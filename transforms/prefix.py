@@ -226,8 +226,16 @@ def spurious_threshold(scale: float, fanout: int, rate: float = SPURIOUS_RATE) -
     ``b ≥ ln(fanout)/ε₀`` for the same reason). Public parameters only.
     """
     q = math.exp(-1.0 / scale)
-    b = 1
-    while (max(fanout, 2) - 1) * q ** b / (1 + q) > rate:
+    log_excess = math.log(max(fanout, 2) - 1) - math.log1p(q) - math.log(rate)
+
+    def fits(b: int) -> bool:  # (fanout - 1)·q^b/(1 + q) ≤ rate, in logs (q^b underflows)
+        return log_excess - b / scale <= 0.0
+
+    # closed form, then a few integer steps against rounding (a loop from 1 would run ~scale times)
+    b = max(1, math.ceil(scale * log_excess))
+    while b > 1 and fits(b - 1):
+        b -= 1
+    while not fits(b):
         b += 1
     return b
 

@@ -219,8 +219,9 @@ def test_tiny_epsilon_histogram_and_prefixes(tmp_path, out, capsys):
                               "scale=1e+20, which the exact samplers cannot draw (exp(-1/scale) rounds "
                               "to 1); raise --epsilon")
     assert main(["prefixes", str(inp), "--column", "name", "--epsilon", "1e-20", "--output", str(out)]) == 2
+    # the improved method's tight calibration: ε₀ = 0.99·ε (scale 1/ε₀), threshold and discount 1
     assert _error(capsys).startswith("beamsynth prefixes: error: step 'prefixes/improved': ε=1e-20 gives "
-                                     "noise scale=2e+20, which the exact samplers cannot draw")
+                                     "noise scale=1.0101e+20, which the exact samplers cannot draw")
     _nothing_written(out)
 
 

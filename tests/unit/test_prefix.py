@@ -456,6 +456,10 @@ def test_spurious_threshold_is_the_smallest_with_half_a_noise_child_per_split():
         tail = (fanout - 1) * (1 - discrete_laplace_cdf(np.array([b, b - 1]) - 1, scale))
         assert tail[0] <= P.SPURIOUS_RATE + 1e-12
         assert b == 1 or tail[1] > P.SPURIOUS_RATE
+    # closed form: a tiny ε (huge scale) answers at once instead of counting b up from 1
+    for scale, fanout in ((1e6, 39), (1e12, 27)):
+        b = P.spurious_threshold(scale, fanout)
+        assert b == math.ceil(scale * math.log((fanout - 1) / (P.SPURIOUS_RATE * (1 + math.exp(-1 / scale)))))
     c = TextKeyCodec(column="q", max_length=3)
     with pytest.raises(TypeError, match=r"prune \('yes'\) must be True or False"):
         P.DPDirectPrefixSynthesis(codec=c, budget=PureDP(epsilon=1.0), prune="yes")
