@@ -30,11 +30,17 @@ Measured 2026-11-24 (2 shared cores; CPU is the steadier figure), ε = 1, median
 rows     sink  load1        beamsynth CPU s          PipelineDP CPU  speed-up CPU (wall)
 =======  ====  ===========  =======================  ==============  ===================
 48,842   each  12.1         9.21 (before, 1 run)     98.6 (1 run)    10.7x (10.0x)
+48,842   each  2.5-2.8      8.02 (3 runs 7.97-8.38)  94.1 (1 run)    11.7x (11.8x)
 48,842   one   8.0-10.2     4.13 (3 runs 4.02-4.14)  95.1 (2 runs)   23.0x (21.9x)
+48,842   one   2.4          3.73 (3 runs 3.65-3.86)  89.4 (1 run)    24.0x (24.0x)
+146,526  one   10.2-12.1    8.09 (3 runs 7.71-8.10)  241.9 (1 run)   29.9x (17.6x)
 =======  ====  ===========  =======================  ==============  ===================
 
-"before" is the tree before the memoized dict encoding and the one-step marginal rows
-(2026-11-24); the same run with ``--sink each`` after them: see the commit messages.
+The first row is the tree before the memoized dict encoding and the one-step marginal rows
+(2026-11-24), the others after. With one ``Count.Globally`` per release (``--sink each``) the 15
+sinks' fixed cost (~0.3 s CPU each, on both sides) is half of beamsynth's time at this size, so
+the ratio stays near 12x; the wall figure at 146,526 rows is the load's (PipelineDP waited 947 s
+wall for 242 s of CPU at load ~11).
 """
 
 from __future__ import annotations
