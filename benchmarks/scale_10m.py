@@ -52,11 +52,17 @@ also held every sampled table. Now combines are lifted and ``Reshuffle`` deals i
 dask                            rows  wall s     CPU s      peak RSS workers    launcher  sha256
 ==============================  ====  =========  =========  ==================  ========  ================
 lifted, shards in one task      1M    760        308        719 / 544 MiB       256 MiB   5d66bd87d105f948
-lifted + spread (load 4.8)      1M    316        247        885 / 751 MiB       255 MiB   5d66bd87d105f948
+lifted + spread                 1M    316        247        885 / 751 MiB       255 MiB   5d66bd87d105f948
+lifted + spread                 3M    592        667        1235 / 715 MiB      308 MiB   056c64e2a571b283
 lifted + spread, stopped        10M   (7.5 min)  245        808 / 695 MiB       515 MiB   —
 ==============================  ====  =========  =========  ==================  ========  ================
 
-Both 1M outputs are the DirectRunner's bytes. The 10M Dask run was stopped after 7.5 minutes
+Loads (1/5/15 min) at start → end: 7.0/8.1/9.4 → 11.5/10.2/9.7 (one task), 4.8/8.3/9.3 →
+4.9/6.4/8.2 (1M), 5.6/8.0/8.3 → 2.2/3.0/5.4 (3M). Both 1M outputs are the DirectRunner's bytes.
+At 3M the time is 1.9× wall and 2.7× CPU the 1M run's, but one worker's peak grew from 885 to
+1,235 MiB, after reading (both workers were at 715 / 683 MiB while reading 3M rows, ``--status``):
+probably dask running ready sampling tasks before their consumers and keeping each task's
+tables until then (a hypothesis, not traced). The 10M Dask run was stopped after 7.5 minutes
 (load 8-10, still reading: 245 of an estimated 2,500 CPU seconds) because it could not end before
 the session's deadline; its peaks are those of the reading phase only. Not flat yet: the
 launcher, which hosts the dask scheduler, doubled (255 → 515 MiB: its graph has one task per
