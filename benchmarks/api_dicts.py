@@ -26,11 +26,12 @@ tree                               load1  csv    api     api / csv   api - sourc
 =================================  =====  =====  ======  ==========  ==============
 before (factorize per batch)       10-15  20.80  48.41   2.33x       17.14 (0.82x) (*)
 after (memoized column encoding)   9.4    19.52  41.65   2.13x       12.90 (0.66x)
+after, quieter machine             2-5    17.23  38.87   2.26x       11.29 (0.66x)
 =================================  =====  =====  ======  ==========  ==============
 
 (*) the before run's ``source`` ended in ``Count.Globally`` (31.27 s); after, ``source`` (dicts
-made and dropped) is 28.75 s = 1.47x csv on its own: reading the JSON lines and ``json.loads``
-cost as much as the whole CSV path, so the strict target (the whole API pipeline within 1.5x of
+made and dropped) is 28.75 s = 1.47x csv on its own (27.59 s = 1.60x at load 2-5): reading the
+JSON lines and ``json.loads`` cost more than the whole CSV path, so the strict target (the whole API pipeline within 1.5x of
 csv) would leave the API ~0.03x of csv. What remains of the API's own cost is mostly the value
 lookups of the encoding (~2 of ~2.6 s per 200k rows when encoding is stubbed out) and one Beam
 step per element.
