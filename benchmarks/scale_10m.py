@@ -57,7 +57,9 @@ lifted + spread                 3M    592        667        1235 / 715 MiB      
 lifted + spread, stopped        10M   (7.5 min)  245        808 / 695 MiB       515 MiB   —
 ==============================  ====  =========  =========  ==================  ========  ================
 
-Loads (1/5/15 min) at start → end: 7.0/8.1/9.4 → 11.5/10.2/9.7 (one task), 4.8/8.3/9.3 →
+A direct-multi 3M run right after (tree f024df0, load 1.5/2.5/5.1 → 3.3/3.4/4.5): 478 s wall,
+446 s CPU, SDK workers 419 / 401 MiB, launcher 213 MiB, sha256 056c64e2a571b283, the same bytes
+as Dask's 3M output. Loads (1/5/15 min) at start → end: 7.0/8.1/9.4 → 11.5/10.2/9.7 (one task), 4.8/8.3/9.3 →
 4.9/6.4/8.2 (1M), 5.6/8.0/8.3 → 2.2/3.0/5.4 (3M). Both 1M outputs are the DirectRunner's bytes.
 At 3M the time is 1.9× wall and 2.7× CPU the 1M run's, but one worker's peak grew from 885 to
 1,235 MiB, after reading (both workers were at 715 / 683 MiB while reading 3M rows, ``--status``):
