@@ -195,6 +195,7 @@ def _peak_traced(rows: int, folder: Path) -> int:
         tracemalloc.stop()
 
 
+@pytest.mark.slow  # a scale test (~17 s)
 def test_sampling_and_writing_memory_is_flat_in_rows(tmp_path):
     """Python-heap peak of sampling + writing 50k rows is within 1.5x that of 5k rows (shards of
     2,500 rows; Beam's grouped single-shard sink, which held every row, fails this)."""

@@ -6,6 +6,7 @@ from pathlib import Path
 import apache_beam as beam
 import numpy as np
 import pandas as pd
+import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import BeamAssertException, assert_that
@@ -83,6 +84,7 @@ def _schema_and_csv(tmp_path, n=3000):
     return path, spath
 
 
+@pytest.mark.slow  # two full SBHG runs (~13 s); SBHG redraws are audited in tests/audit/test_redraws.py
 def test_synthesize_sbhg_same_seed_same_output(tmp_path):
     path, spath = _schema_and_csv(tmp_path)
     outs = []

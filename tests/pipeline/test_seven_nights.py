@@ -110,6 +110,7 @@ def _states(ledger: Path) -> list[tuple[str, str]]:
         return con.execute("SELECT run_key, state FROM releases ORDER BY created").fetchall()
 
 
+@pytest.mark.slow  # seven nightly releases end to end (~21 s)
 @pytest.mark.skipif(not ADULT.exists(), reason="examples/data/adult/adult.csv is not in this checkout")
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs POSIX FIFOs")
 def test_seven_nights(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -188,6 +188,7 @@ def test_unpickled_codes_are_independent_and_copy_is_shallow() -> None:
     _assert_same(copy.deepcopy(batch), batch)
 
 
+@pytest.mark.slow  # starts the 2-process runner (~12 s); tests/pipeline/test_runners.py runs it by default
 def test_survives_reshuffle_on_multi_process_direct_runner() -> None:
     batches = [
         EncodedBatch(np.array([[0, 255], [256, 65535]], dtype=np.int32)),

@@ -90,6 +90,7 @@ def test_quality_report_identical_and_shifted():
     assert marginal_tvds(real, shifted, SCHEMA.shape, [(1, 2)]) == [0.0]
 
 
+@pytest.mark.slow  # fits sklearn models (~20 s on 2 cores)
 def test_ml_efficacy_learns_a_deterministic_rule():
     pytest.importorskip("sklearn")
     rng = np.random.default_rng(1)
