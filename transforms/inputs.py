@@ -431,7 +431,7 @@ class _EncodeFn(beam.DoFn):
         self._rows += 1 if type(element) is dict else _element_rows(element)
         if self._rows >= self._batch_rows:
             return self._flush()
-        return None
+        return ()  # not None: Beam logs a warning for every DoFn whose process returns None
 
     def finish_bundle(self):
         for out in self._flush():
