@@ -17,17 +17,6 @@ from tests.pipeline.test_api import SCHEMA, _records
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def dask_address():
-    """A local dask.distributed cluster with 2 single-threaded worker processes."""
-    distributed = pytest.importorskip("distributed", reason="pip install 'beamsynth[dask]'")
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                       dashboard_address=None)
-    try:
-        yield cluster.scheduler_address
-    finally:
-        cluster.close()
-
 
 def _run(args: list[str], folder: Path) -> tuple[dict, dict, dict]:
     """Count + Marginals + PrivBayes + WriteManifest under one seeded job; sorted JSON lines."""

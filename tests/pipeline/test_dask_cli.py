@@ -29,17 +29,6 @@ _VOLATILE = {"seconds", "created", "inputs", "release_id"}  # wall time, timesta
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def dask_address():
-    """A local dask.distributed cluster with 2 single-threaded worker processes."""
-    distributed = pytest.importorskip("distributed", reason="pip install 'beamsynth[dask]'")
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                       dashboard_address=None)
-    try:
-        yield cluster.scheduler_address
-    finally:
-        cluster.close()
-
 
 @pytest.fixture(scope="module")
 def adult_input(tmp_path_factory) -> str:

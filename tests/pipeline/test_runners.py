@@ -127,20 +127,6 @@ CASES: list[PipelineCase] = [
 ]
 
 
-@pytest.fixture(scope="module")
-def dask_address():
-    """A local dask.distributed cluster with 2 single-threaded worker processes."""
-    distributed = pytest.importorskip("distributed", reason="pip install 'beamsynth[dask]'")
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                       dashboard_address=None)
-    try:
-        yield cluster.scheduler_address
-    finally:
-        # The DaskRunner opens a Client per run and never closes it; close them before the cluster.
-        for client in list(distributed.client._global_clients.values()):
-            client.close()
-        cluster.close()
-
 
 def _options(runner: str, request: pytest.FixtureRequest) -> PipelineOptions:
     if runner == "direct-multi":
