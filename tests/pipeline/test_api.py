@@ -142,6 +142,18 @@ def _check_structure(out: dict, x: str = "") -> None:
                 lambda got: all(ok for ok, _ in got) or pytest.fail(f"undeclared keys {got}"),
                 label=f"{x}KeysInAlphabet")
 
+def _check_correlated_synthesizers(private) -> None:
+    """PrivBayes, SBHG, plausible deniability and Synthesize emit rows with the schema's fields."""
+    for name, t in [("pb", bs.PrivBayes(epsilon=1.0, rows=30)),
+                    ("sbhg", bs.SBHG(epsilon=1.0, delta=1e-6, rows=30)),
+                    ("pd", bs.PlausibleDeniability(epsilon=40.0, delta=1e-6, rows=10)),
+                    ("synth", bs.Synthesize(method="independent", epsilon=0.5))]:
+        synth = private | t
+        assert_that(synth | f"Fields[{name}]" >> beam.Map(lambda r: tuple(r._asdict())),
+                    lambda got: all(f == ("sex", "age_band", "city") for f in got)
+                    or pytest.fail(str(got[:3])), label=f"Schema[{name}]")
+
+
 
 def test_every_mechanism_on_dicts_written_with_standard_sinks(tmp_path):
     job = _job()
@@ -224,14 +236,7 @@ def test_every_mechanism_on_rows_and_a_dataframe_with_the_correlated_synthesizer
                 {**c.to_spec(), "null_values": [""]} for c in SCHEMA.columns]}),
             keys={"name": NAME})
         _check_structure(_apply_all(private))
-        for name, t in [("pb", bs.PrivBayes(epsilon=1.0, rows=30)),
-                        ("sbhg", bs.SBHG(epsilon=1.0, delta=1e-6, rows=30)),
-                        ("pd", bs.PlausibleDeniability(epsilon=40.0, delta=1e-6, rows=10)),
-                        ("synth", bs.Synthesize(method="independent", epsilon=0.5))]:
-            synth = private | t
-            assert_that(synth | f"Fields[{name}]" >> beam.Map(lambda r: tuple(r._asdict())),
-                        lambda got: all(f == ("sex", "age_band", "city") for f in got)
-                        or pytest.fail(str(got[:3])), label=f"Schema[{name}]")
+        _check_correlated_synthesizers(private)
 
 
 @pytest.mark.slow

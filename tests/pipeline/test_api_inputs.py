@@ -21,7 +21,15 @@ import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
 import beamsynth as bs
-from tests.pipeline.test_api import NAME, SCHEMA, _apply_all, _check_structure, _opts, _records
+from tests.pipeline.test_api import (
+    NAME,
+    SCHEMA,
+    _apply_all,
+    _check_correlated_synthesizers,
+    _check_structure,
+    _opts,
+    _records,
+)
 
 
 @pytest.fixture(scope="module")
@@ -89,11 +97,4 @@ def test_correlated_synthesizers_on_arrow_tables_and_dicts(files, kind):
                   else p | beam.Create(_records()))
         private = source | job.private(SCHEMA, source=kind)
         private.dead_letters | "Bad" >> beam.Map(print)
-        for name, t in [("pb", bs.PrivBayes(epsilon=1.0, rows=30)),
-                        ("sbhg", bs.SBHG(epsilon=1.0, delta=1e-6, rows=30)),
-                        ("pd", bs.PlausibleDeniability(epsilon=40.0, delta=1e-6, rows=10)),
-                        ("synth", bs.Synthesize(method="independent", epsilon=0.5))]:
-            synth = private | t
-            assert_that(synth | f"Fields[{name}]" >> beam.Map(lambda r: tuple(r._asdict())),
-                        lambda got: all(f == ("sex", "age_band", "city") for f in got)
-                        or pytest.fail(str(got[:3])), label=f"Schema[{name}]")
+        _check_correlated_synthesizers(private)
