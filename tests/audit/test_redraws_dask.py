@@ -33,7 +33,6 @@ from beamsynth.transforms import noise, sbhg
 from beamsynth.transforms.budget import ApproxDP, PureDP
 from beamsynth.transforms.faults import LoggedSecret, read_stream_log
 from beamsynth.transforms.units import BoundContributions
-from tests.pipeline.test_runners import dask_address  # noqa: F401  (fixture: 2-worker LocalCluster)
 
 pytestmark = [pytest.mark.audit, pytest.mark.slow]
 

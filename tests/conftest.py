@@ -1,4 +1,4 @@
-"""Fixtures shared by the pipeline tests."""
+"""Fixtures shared by the test layers (pipeline and audit)."""
 
 from __future__ import annotations
 
