@@ -336,7 +336,15 @@ def options_for(beam_args: Sequence[str]) -> PipelineOptions:
 
     Raises:
       PresetError: a preset's required option is missing or a value is out of range.
+      TypeError: ``beam_args`` is one string (Beam would split it into characters and silently
+        run on the default runner) or holds something other than strings.
     """
+    if isinstance(beam_args, (str, bytes)):
+        raise TypeError(f"pipeline options take a list of arguments, e.g. "
+                        f"['--runner', 'direct-multi'], not the string {beam_args!r}")
+    bad = [a for a in beam_args if not isinstance(a, str)]
+    if bad:
+        raise TypeError(f"pipeline options must be strings; got {bad[0]!r}")
     argv = expand_args(beam_args)
     if any(a.startswith("--dask_") for a in argv):
         try:  # registers Beam's DaskOptions, so --dask_* options parse without a warning

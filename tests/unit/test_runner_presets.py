@@ -208,3 +208,12 @@ def test_cli_uses_the_presets():
 
     opts = pipeline_options(["--runner", "direct-multi"])
     assert opts.view_as(DirectOptions).direct_num_workers == 2
+
+
+def test_options_for_refuses_one_string():
+    """A preset name passed as one string would be split into characters by Beam and ignored,
+    running the job on the default runner without a word (seen using ``bs.pipeline_options``)."""
+    with pytest.raises(TypeError, match=r"not the string 'direct-multi'"):
+        options_for("direct-multi")
+    with pytest.raises(TypeError, match=r"must be strings; got 2"):
+        options_for(["--direct_num_workers", 2])
