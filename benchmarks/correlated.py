@@ -1,4 +1,4 @@
-"""Correlated synthesis benchmark: beamsynth PrivBayes vs DataSynthesizer and smartnoise MST.
+"""Correlated synthesis benchmark: beamsynth PrivBayes vs DataSynthesizer, smartnoise MST and AIM.
 
 Quality (per ε and seed): average TVD over all 1-way, all 2-way and 100 seeded random 3-way
 marginals over the declared cells (``beamsynth.pipelines.releases.quality``), and gradient-boosting
@@ -11,6 +11,17 @@ DirectRunner, with ``--rows`` = the input size (peers are also given n). Peers r
 virtualenvs through ``benchmarks/peers_correlated.py`` on the same declared cell codes (all columns
 categorical); ``--peers run`` launches missing runs (slow: ~10-20 min each), ``--peers saved``
 only reads outputs saved by earlier runs of the companion script in ``--peer-dir``.
+Peers whose virtualenv is gone and that have no saved runs are skipped with a note.
+
+AIM (private-pgm's ``mechanisms/aim.py``, McKenna et al. 2022) runs in its own virtualenv in
+``$BEAMSYNTH_AIM_DIR`` (default ``/work/aim``; setup: ``../shared/tools/aim/README.md``, never a
+project dependency) on the same declared cell codes: workload all 2-way marginals of at most
+10,000 cells, δ = 1e-9, ``--aim-mms`` (max_model_size, default 80 as in the paper), ``--aim-iters``
+(default 1000), at ``--aim-seeds`` (default 0). ``--peers saved`` copies finished runs of
+``AIM_DIR/out/aim_<dataset>_eps<e>_seed<s>_mms<m>.csv`` (+ ``.json``: seconds and settings) into
+the peer dir; ``--peers run`` runs a missing one (about an hour each on Adult here). AIM's rows
+are named with their settings and time; its seconds are fit + sample inside its process.
+census_kdd (199,523 train rows, 41 columns, target income ≥ 50,000) is evaluated on its test split.
 
     nice -n 10 python benchmarks/correlated.py --dataset adult --peers saved
     nice -n 10 python benchmarks/correlated.py --dataset acs --epsilons 1 --peers none
@@ -30,6 +41,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -45,11 +57,18 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 HERE = Path(__file__).resolve().parent
 PEERS = {"datasynthesizer": "/tmp/peer-ds/bin/python", "mst": "/tmp/peer-mst/bin/python"}
+# AIM (private-pgm mechanisms/aim.py) in its own virtualenv, set up as ../shared/tools/aim/README.md
+# says: AIM_DIR holds venv/, ppgm/ (the repository's HEAD) and run_aim.py; its runs go to AIM_DIR/out
+# as aim_<dataset>_eps<e>_seed<s>_mms<m>.csv + .json (seconds and settings). Never a project dependency.
+AIM_DIR = Path(os.environ.get("BEAMSYNTH_AIM_DIR", "/work/aim"))
+PEER_NAMES = ("datasynthesizer", "mst", "aim")
 DATASETS = {
     "adult": {"schema": "adult", "file": DATA / "adult" / "adult.csv", "target": "income",
               "positive": ">50K"},
     "acs": {"schema": "acs_national", "file": DATA / "acs_nist_sdnist" / "national2019.csv",
             "target": None, "positive": None},
+    "census_kdd": {"schema": "census_kdd", "file": DATA / "census_kdd" / "census_income_kdd.csv.gz",
+                   "target": "income", "positive": "50000+"},
 }
 
 
@@ -108,6 +127,38 @@ def peer_result(peer: str, dataset: str, epsilon: float, seed: int, peer_dir: Pa
     return pd.read_csv(out).to_numpy(dtype=np.int64), float(seconds)
 
 
+def aim_result(dataset: str, epsilon: float, seed: int, peer_dir: Path, mode: str, codes_csv: Path,
+               shape: dict[str, int], mms: float, iters: int) -> tuple[np.ndarray, float, dict] | None:
+    """AIM's synthetic codes, seconds and settings (mms, iters, seed, degree) from ``peer_dir``.
+
+    A finished run of ``AIM_DIR/out`` (e.g. the background queue's) is copied into ``peer_dir``
+    first; with mode ``run`` a missing one is run (``AIM_DIR/venv`` python, ``run_aim.py`` in
+    ``AIM_DIR``: workload all 2-way marginals ≤ 10,000 cells, δ = 1e-9; about an hour per run on
+    Adult at mms 80)."""
+    name = f"aim_eps{epsilon:g}_seed{seed}_mms{mms:g}.csv"
+    out = peer_dir / name
+    meta = Path(str(out) + ".json")
+    done = AIM_DIR / "out" / f"aim_{dataset}_eps{epsilon:g}_seed{seed}_mms{mms:g}.csv"
+    if not meta.is_file() and Path(str(done) + ".json").is_file():
+        shutil.copyfile(done, out)
+        shutil.copyfile(str(done) + ".json", meta)
+    python = AIM_DIR / "venv" / "bin" / "python"
+    if not meta.is_file() and mode == "run" and python.is_file():
+        domain = peer_dir.parent / "domain.json"
+        domain.write_text(json.dumps(shape))
+        cmd = ["nice", "-n", "10", str(python), "run_aim.py", str(codes_csv), str(domain), str(out),
+               f"{epsilon:g}", str(seed), f"{mms:g}", "2", str(iters)]
+        print("running", " ".join(cmd), "in", AIM_DIR, flush=True)
+        subprocess.run(cmd, check=False, cwd=AIM_DIR)
+    if not meta.is_file():
+        return None
+    info = json.loads(meta.read_text())
+    codes = pd.read_csv(out)[list(shape)].to_numpy(dtype=np.int64)
+    settings = {"mms": info.get("mms", mms), "iters": info.get("iters", iters), "seed": info.get("seed", seed),
+                "degree": info.get("degree", 2)}
+    return codes, float(info["seconds"]), settings
+
+
 def evaluate(schema, test_codes: np.ndarray, synth, target, positive, seed: int) -> dict:
     """TVD1/2/3 (+ accuracy/AUC if a target is given) of synthetic data against real test codes."""
     from beamsynth.pipelines.releases.quality import as_codes, ml_efficacy, quality_report
@@ -135,6 +186,8 @@ def quality_main(a: argparse.Namespace) -> int:
     eps_list = [float(e) for e in a.epsilons.split(",")]
     seeds = [int(s) for s in a.seeds.split(",")]
     rows: list[dict] = []
+    skipped: set[str] = set()
+    aim_seeds = {int(x) for x in a.aim_seeds.split(",")}
     real = quality_report(schema, test_codes, train_codes, n_three_way=100, seed=0)
     ref = {"method": "real train vs test", "epsilon": None, "tvd1": real.tvd1, "tvd2": real.tvd2,
            "tvd3": real.tvd3, "seconds": None}
@@ -174,6 +227,9 @@ def quality_main(a: argparse.Namespace) -> int:
                 if a.peers == "none":
                     continue
                 for peer in ("datasynthesizer", "mst"):
+                    if not Path(PEERS[peer]).is_file() and not any(peer_dir.glob(f"{peer}_*.json")):
+                        skipped.add(f"{peer} (no venv at {PEERS[peer]}, no saved runs)")
+                        continue
                     got = peer_result(peer, a.dataset, eps, seed, peer_dir, a.peers, codes_csv)
                     if got is None:
                         continue
@@ -181,6 +237,19 @@ def quality_main(a: argparse.Namespace) -> int:
                     r.update(evaluate(schema, test_codes, got[0], spec["target"], spec["positive"], seed))
                     rows.append(r)
                     print(json.dumps(r), flush=True)
+                if seed in aim_seeds:
+                    got = aim_result(a.dataset, eps, seed, peer_dir, a.peers, codes_csv,
+                                     dict(zip(schema.names, schema.shape)), a.aim_mms, a.aim_iters)
+                    if got is None:
+                        skipped.add(f"aim eps={eps:g} seed={seed} (no run in {peer_dir} or {AIM_DIR / 'out'})")
+                        continue
+                    r = {"method": "aim", "epsilon": eps, "seed": seed, "seconds": got[1],
+                         "settings": got[2]}
+                    r.update(evaluate(schema, test_codes, got[0], spec["target"], spec["positive"], seed))
+                    rows.append(r)
+                    print(json.dumps(r), flush=True)
+    for note in sorted(skipped):
+        print("skipped:", note)
     print_table(rows)
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
@@ -199,7 +268,7 @@ def print_table(rows: list[dict]) -> None:
     print(g.to_string(float_format=lambda v: f"{v:.4f}"))
     print()
     ours = df[df.method == "beamsynth privbayes"].groupby("epsilon")[cols].mean()
-    for peer in ("datasynthesizer", "mst"):
+    for peer in PEER_NAMES:
         theirs = df[df.method == peer].groupby("epsilon")[cols].mean()
         for eps in theirs.index:
             if eps not in ours.index:
@@ -207,7 +276,11 @@ def print_table(rows: list[dict]) -> None:
             o, t = ours.loc[eps], theirs.loc[eps]
             print(f"eps={eps}: vs {peer}: TVD2 ratio {o.tvd2 / t.tvd2:.3f}, TVD3 ratio "
                   f"{o.tvd3 / t.tvd3:.3f} (< 1 = beamsynth better); speed-up "
-                  f"{t.seconds / o.seconds:.1f}x")
+                  f"{t.seconds / o.seconds:.1f}x ({peer} {t.seconds:.0f} s / beamsynth end to end "
+                  f"{o.seconds:.1f} s)")
+    if "settings" in df.columns:
+        for _, r in df[df.method == "aim"].iterrows():
+            print(f"aim run eps={r.epsilon} seed={r.seed}: {r.settings}, {r.seconds:.0f} s")
 
 
 def make_resample(n: int, path: str, seed: int = 0) -> None:
@@ -271,6 +344,9 @@ def main() -> int:
                     help="also run beamsynth with these --pb-sampling modes (e.g. iid), same seeds")
     ap.add_argument("--peers", choices=["none", "saved", "run"], default="saved")
     ap.add_argument("--peer-dir", default=None)
+    ap.add_argument("--aim-mms", type=float, default=80.0, help="AIM max_model_size (MB; paper default 80)")
+    ap.add_argument("--aim-iters", type=int, default=1000, help="AIM max_iters (mirror descent)")
+    ap.add_argument("--aim-seeds", default="0", help="seeds at which AIM runs are read or run")
     ap.add_argument("--out", default=None, help="write all rows as JSON")
     ap.add_argument("--beamsynth-from", default=None,
                     help="reuse beamsynth rows of an earlier --out JSON (re-evaluate peers only)")
