@@ -116,11 +116,13 @@ def holders(rows: pd.DataFrame) -> pd.Series:
     return rows.drop_duplicates().groupby("surname")["person"].size()
 
 
-def bound_one(rows: pd.DataFrame, seed: int) -> pd.Series:
-    """One uniformly random row per person: the kept keys."""
+def bound_one(rows: pd.DataFrame, seed: int, k: int = 1) -> pd.Series:
+    """``k`` uniformly random rows per person (as ``BoundContributions``): the kept keys."""
     rng = np.random.default_rng(seed)
     shuffled = rows.iloc[rng.permutation(len(rows))]
-    return shuffled.drop_duplicates("person")["surname"]
+    if k == 1:
+        return shuffled.drop_duplicates("person")["surname"]
+    return shuffled[shuffled.groupby("person").cumcount() < k]["surname"]
 
 
 def recovery(units: pd.Series, kept_keys: set[str], synth: pd.Series) -> dict[str, float]:
@@ -140,25 +142,29 @@ def recovery(units: pd.Series, kept_keys: set[str], synth: pd.Series) -> dict[st
 TREES = {"basic": P.DPBasicPrefixHistogram, "improved": P.DPImprovedPrefixHistogram,
          "direct": P.DPDirectPrefixSynthesis}
 
-# benchmark name -> (method, transform options, restore the improved discount when decoding)
-METHODS: dict[str, tuple[str, dict[str, object], bool]] = {
-    "basic": ("basic", {}, False),
-    "improved": ("improved", {}, False),
-    "improved+restore": ("improved", {}, True),
-    "improved/theorem3": ("improved", {"calibration": "theorem3"}, False),  # before: the paper's split
-    "direct": ("direct", {}, False),
-    "direct/unpruned": ("direct", {"prune": False, "terminal_budget": False}, False),  # before: the paper's
-    "direct/uniform": ("direct", {"terminal_budget": False}, False),  # pruned, every cell at k(maxdepth+1)/ε
+# benchmark name -> (method, transform options, decoding: restore the improved discount / reduce
+# direct's unresolved mass to the nearest released keys)
+METHODS: dict[str, tuple[str, dict[str, object], dict[str, bool]]] = {
+    "basic": ("basic", {}, {}),
+    "improved": ("improved", {}, {}),
+    "improved+restore": ("improved", {}, {"restore": True}),
+    "improved/theorem3": ("improved", {"calibration": "theorem3"}, {}),  # before: the paper's split
+    "direct": ("direct", {}, {"reduce": True}),  # the default: pruned, terminal budgets, reduce-to-ancestor
+    "direct/noreduce": ("direct", {}, {}),  # before: pruned mass dropped (fewer rows than the noisy total)
+    "direct/unpruned": ("direct", {"prune": False, "terminal_budget": False}, {}),  # before: the paper's
+    "direct/uniform": ("direct", {"terminal_budget": False}, {"reduce": True}),  # every cell at k(maxdepth+1)/ε
 }
 
 
-def synthesize(keys: pd.Series, codec: TextKeyCodec, mname: str, epsilon: float, seed: int) -> pd.Series:
+def synthesize(keys: pd.Series, codec: TextKeyCodec, mname: str, epsilon: float, seed: int,
+               k: int = 1) -> pd.Series:
     """Synthetic key counts of one Beam-free run (``run_in_memory`` + ``synthetic_keys``)."""
-    method, options, restore = METHODS[mname]
-    tree = TREES[method](codec=codec, budget=PureDP(epsilon=epsilon), seed=seed, label="Prefixes", **options)
+    method, options, decode = METHODS[mname]
+    tree = TREES[method](codec=codec, budget=PureDP(epsilon=epsilon), seed=seed, label="Prefixes",
+                         max_contributions=k, **options)
     rels = tree.run_in_memory(codec.encode_strings(keys.tolist()))
-    t = tree.accounting.discount if restore else None
-    cols, _dropped = P.synthetic_keys(rels, codec, seed=seed, restore=t)
+    t = tree.accounting.discount if decode.get("restore") else None
+    cols, _dropped = P.synthetic_keys(rels, codec, seed=seed, restore=t, reduce=decode.get("reduce", False))
     return pd.Series(cols[codec.column]).value_counts()
 
 
@@ -184,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--methods", nargs="+", default=["basic", "improved", "direct"], choices=list(METHODS))
     ap.add_argument("--epsilon", type=float, default=1.0)
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    ap.add_argument("--k", type=int, default=1,
+                    help="rows kept per person (max_contributions; the noise scales with it)")
     ap.add_argument("--max-length", type=int, default=20, help="declared max_length (default 20)")
     ap.add_argument("--alphabet", default=None, help="declared alphabet (default the codec's a-z0-9 space .)")
     ap.add_argument("--beam", action="store_true", help="also time one DirectRunner run per method (base)")
@@ -204,11 +212,11 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 rows = make_standin(STANDINS[sname], names, seed)
             units = holders(rows)
-            kept = bound_one(rows, seed)
+            kept = bound_one(rows, seed, args.k)
             kept_keys = set(kept.unique())
             for mname in args.methods:
                 t0 = time.time()
-                synth = synthesize(kept, codec, mname, args.epsilon, seed)
+                synth = synthesize(kept, codec, mname, args.epsilon, seed, args.k)
                 rec = recovery(units, kept_keys, synth)
                 rec["seconds"] = round(time.time() - t0, 2)
                 results.setdefault(f"{sname}/{mname}", {})[str(seed)] = rec

@@ -75,9 +75,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", type=Path, default=DATA)
     ap.add_argument("--epsilons", type=float, nargs="+", default=[0.1, 1.0, 10.0])
     ap.add_argument("--methods", nargs="+", default=["basic", "improved", "improved+restore", "direct"],
-                    help="improved+restore = improved with --restore-discount")
+                    help="improved+restore = improved with --restore-discount; direct+noreduce = direct "
+                         "with --no-reduce (pruned mass dropped, the previous default)")
     ap.add_argument("--k", type=int, default=1, help="queries kept per user (default 1)")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--seeds", type=int, nargs="+", default=None,
+                    help="several seeds: one row per seed and their mean (default: --seed only)")
     ap.add_argument("--speed-only", action="store_true")
     ap.add_argument("--no-speed", dest="speed", action="store_false")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "out" / "prefix_text.json")
@@ -93,21 +96,34 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(real)} distinct encodable queries, {int(real.sum())} rows")
         hdr = ["method", "eps"] + [f">={lo}" if hi > 10**8 else f"[{lo},{hi})" for lo, hi in BANDS]
         print(" | ".join(hdr + ["never_in_data", "synthetic_rows", "seconds"]))
+        seeds = args.seeds or [args.seed]
         for method in args.methods:
             for eps in args.epsilons:
-                out = os.path.join(tmp, f"{method}_{eps}.csv")
-                t0 = time.time()
-                run_prefixes(input=str(args.data), codec=codec, method=method.split("+")[0], epsilon=eps,
-                             output=out, privacy_id="user_id", max_contributions=args.k, seed=args.seed,
-                             restore=method.endswith("+restore"))
-                secs = time.time() - t0
-                synth = pd.read_csv(out, keep_default_na=False, dtype=str)["query"].value_counts()
-                rec = recovery(real, synth)
-                rec["seconds"] = round(secs, 1)
-                results["rows"][f"{method}/{eps:g}"] = rec  # type: ignore[index]
-                print(" | ".join([method, f"{eps:g}"] + [f"{rec[h]:.3f}" for h in hdr[2:]]
-                                 + [f"{rec['never_in_data']:.4f}", str(rec["synthetic_rows"]), f"{secs:.0f}"]),
-                      flush=True)
+                per_seed = []
+                for seed in seeds:
+                    out = os.path.join(tmp, f"{method}_{eps}_{seed}.csv")
+                    t0 = time.time()
+                    run_prefixes(input=str(args.data), codec=codec, method=method.split("+")[0], epsilon=eps,
+                                 output=out, privacy_id="user_id", max_contributions=args.k, seed=seed,
+                                 restore=method.endswith("+restore"),
+                                 reduce=False if method.endswith("+noreduce") else None)
+                    secs = time.time() - t0
+                    synth = pd.read_csv(out, keep_default_na=False, dtype=str)["query"].value_counts()
+                    rec = recovery(real, synth)
+                    rec["seconds"] = round(secs, 1)
+                    per_seed.append(rec)
+                    name = f"{method}/{eps:g}" + (f"/seed{seed}" if len(seeds) > 1 else "")
+                    results["rows"][name] = rec  # type: ignore[index]
+                    print(" | ".join([method, f"{eps:g}" + (f" s{seed}" if len(seeds) > 1 else "")]
+                                     + [f"{rec[h]:.3f}" for h in hdr[2:]]
+                                     + [f"{rec['never_in_data']:.4f}", str(rec["synthetic_rows"]), f"{secs:.0f}"]),
+                          flush=True)
+                if len(seeds) > 1:
+                    mean = {h: sum(r[h] for r in per_seed) / len(per_seed) for h in per_seed[0]}
+                    results["rows"][f"{method}/{eps:g}/mean"] = mean  # type: ignore[index]
+                    print(" | ".join([method, f"{eps:g} mean"] + [f"{mean[h]:.3f}" for h in hdr[2:]]
+                                     + [f"{mean['never_in_data']:.4f}", f"{mean['synthetic_rows']:.0f}",
+                                        f"{mean['seconds']:.0f}"]), flush=True)
     if not args.speed:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.with_name(args.out.stem + "_" + "_".join(args.methods) + ".json").write_text(

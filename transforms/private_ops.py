@@ -386,8 +386,9 @@ class PrefixTree(PrivateTransform):
         if self._typed:
             return released
         restore = self._tree.accounting.discount if (self._restore and self._method == "improved") else None
-        synthetic = released | "Decode" >> DecodeLeaves(
-            codec=codec, seed=p.job.step_seed(f"{self.label}/decode"), restore_discount=restore)
+        synthetic = released | "Decode" >> DecodeLeaves(  # direct: unresolved mass onto released keys
+            codec=codec, seed=p.job.step_seed(f"{self.label}/decode"), restore_discount=restore,
+            reduce=self._method == "direct")
         # pyarrow.Table of synthetic keys
         return {
             "keys": synthetic | "KeyRows" >> release_rows(p, key_rows, codec,

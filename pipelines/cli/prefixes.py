@@ -143,6 +143,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--no-terminal-budget", dest="terminal_budget", action="store_false",
                    help="direct: measure end-of-string cells at the same scale as every other cell "
                         "instead of giving them the budget the record's shorter path leaves unused")
+    g.add_argument("--no-reduce", dest="reduce", action="store_false",
+                   help="direct: drop unresolved mass (prefixes that are no key) instead of putting it on "
+                        "the nearest released complete keys (post-processing; by default OUT holds the "
+                        "noisy total)")
     console.add_check_arguments(p)
     p.set_defaults(func=_run)
 
@@ -164,6 +168,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
         method_args.pop("threshold")
         method_args["prune"] = args.prune
         method_args["terminal_budget"] = args.terminal_budget
+        method_args["reduce"] = args.reduce
     quiet = getattr(args, "quiet", False)
     if not quiet:
         print(f"beamsynth prefixes: {args.method} on {args.input} ({codec.kind}, ε={args.epsilon:g})",

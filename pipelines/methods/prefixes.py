@@ -161,7 +161,7 @@ def _count_rows(table: pa.Table) -> pa.Table:
 def build_prefix_pipeline(p: beam.Pipeline, *, input: str | Sequence[str], codec: KeyCodec,
                           transform: beam.PTransform, output: str, privacy_id: str | None,
                           max_contributions: int, seed: int | None,
-                          restore_discount: int | None = None) -> dict[str, Any]:
+                          restore_discount: int | None = None, reduce: bool = False) -> dict[str, Any]:
     """Wire read → encode → bound → levels → decode → write into ``p``."""
     raw = p | "Read" >> ReadRawBlocks(input)
     # blocks: RawBlock, rejected: Rejected
@@ -174,7 +174,8 @@ def build_prefix_pipeline(p: beam.Pipeline, *, input: str | Sequence[str], codec
         # EncodedBatch, <= k rows per privacy id
     released = batches | "Prefixes" >> transform
     # LevelRelease per level and window
-    keys = (released | "Synthesize" >> DecodeLeaves(codec=codec, seed=seed, restore_discount=restore_discount)
+    keys = (released | "Synthesize" >> DecodeLeaves(codec=codec, seed=seed, restore_discount=restore_discount,
+                                                    reduce=reduce)
             | "CountOut" >> beam.Map(_count_rows))
     # pyarrow.Table of synthetic keys
     ensure_parent(output)
@@ -189,8 +190,14 @@ def build_prefix_pipeline(p: beam.Pipeline, *, input: str | Sequence[str], codec
 
 def run_prefixes(*, input: str, codec: KeyCodec, method: str, epsilon: float, output: str,
                  privacy_id: str | None = None, max_contributions: int = 1, seed: int | None = None,
-                 options: Any = None, restore: bool = False, **method_args: Any) -> dict[str, Any]:
-    """Build (spending the budget), run, write the manifest; returns the manifest."""
+                 options: Any = None, restore: bool = False, reduce: bool | None = None,
+                 **method_args: Any) -> dict[str, Any]:
+    """Build (spending the budget), run, write the manifest; returns the manifest.
+
+    ``reduce`` (direct only; default on for direct): put unresolved mass on the nearest released
+    complete keys before writing (:func:`~beamsynth.transforms.prefix.reduce_to_ancestor`,
+    post-processing), so ``OUT`` holds the noisy total.
+    """
     from apache_beam.options.pipeline_options import PipelineOptions
 
     if privacy_id is None and max_contributions != 1:
@@ -205,9 +212,13 @@ def run_prefixes(*, input: str, codec: KeyCodec, method: str, epsilon: float, ou
     if restore and method != "improved":
         raise ValueError(f"--restore-discount applies to the improved method, not {method!r}")
     restore_t = transform.accounting.discount if restore else None
+    if reduce is None:
+        reduce = method == "direct"
+    if reduce and method != "direct":
+        raise ValueError(f"reduce-to-ancestor applies to the direct method, not {method!r}")
     build_prefix_pipeline(p, input=input, codec=codec, transform=transform, output=output,
                           privacy_id=privacy_id, max_contributions=max_contributions, seed=seed,
-                          restore_discount=restore_t)
+                          restore_discount=restore_t, reduce=reduce)
     with remove_temp_folders_on_failure(p):  # a failed run leaves no .beamsynth-temp-* folder
         result = p.run()
         result.wait_until_finish()
@@ -219,6 +230,7 @@ def run_prefixes(*, input: str, codec: KeyCodec, method: str, epsilon: float, ou
               "rows_rejected": None if None in rej else sum(rej),  # type: ignore[arg-type]
               "rows_out": counter_value(result, "rows_synthesized"),
               "incomplete_leaf_mass_dropped": counter_value(result, "incomplete_leaf_mass_dropped"),
+              "mass_reduced_to_keys": counter_value(result, "mass_reduced_to_keys") if reduce else None,
               "seconds": round(time.time() - start, 3)}
     spec = codec.to_spec()
     manifest = build_manifest(
@@ -230,7 +242,7 @@ def run_prefixes(*, input: str, codec: KeyCodec, method: str, epsilon: float, ou
         accountant=accountant.to_dict(), seed=seed,
         privacy_unit={"privacy_id": privacy_id, "max_contributions": max_contributions},
         counts=counts, details={"key": spec, "accounting": transform.accounting.to_dict(),
-                                "restore_discount": bool(restore),
+                                "restore_discount": bool(restore), "reduce_to_ancestor": bool(reduce),
                                 "tree_note": "improved: internal nodes carry no count (only split "
                                              "decisions are released); leaves with count <= 0 omitted"})
     write_json_atomic(manifest_path(output), manifest)

@@ -69,6 +69,28 @@ def test_direct_with_zero_noise_allocates_exactly():
             assert_that(pruned | beam.Distinct(), equal_to(["ab", "abc", "b"]), label="only keys")
 
 
+def test_direct_reduce_to_ancestor_writes_the_total_per_window():
+    """'c' (8) splits but neither 'ca' nor 'cb' (4 each) reaches the threshold 6: pruned Center
+    drops the 8; reduce-to-ancestor puts them on the keys below the root, 40 : 25 (largest
+    remainder 5 + 3), so each window writes its released total. Windows are reduced apart."""
+    codec = TextKeyCodec(column="q", max_length=3, alphabet="abc")
+    first = _batches(codec, ["ab"] * 40 + ["b"] * 25 + ["ca"] * 4 + ["cb"] * 4)
+    second = _batches(codec, ["ab"] * 30)
+
+    def stamp(table, w=beam.DoFn.WindowParam):
+        return [(int(w.start), q) for q in table.column("q").to_pylist()]
+
+    with mock.patch.object(P, "discrete_laplace", _zero_noise):
+        with BeamTestPipeline(options=_opts()) as p:
+            items = [window.TimestampedValue(b, 1) for b in first] + [window.TimestampedValue(b, 15) for b in second]
+            rel = (p | beam.Create(items) | beam.WindowInto(DeclaredWindows(start=0, end=20, size=10))
+                   | P.DPDirectPrefixSynthesis(codec=codec, budget=PureDP(epsilon=1.0), seed=1))
+            plain = rel | "Plain" >> P.DecodeLeaves(codec=codec, seed=1) | "P" >> beam.FlatMap(stamp)
+            reduced = rel | "Reduced" >> P.DecodeLeaves(codec=codec, seed=1, reduce=True) | "R" >> beam.FlatMap(stamp)
+            assert_that(plain, equal_to([(0, "ab")] * 40 + [(0, "b")] * 25 + [(10, "ab")] * 30), label="dropped")
+            assert_that(reduced, equal_to([(0, "ab")] * 45 + [(0, "b")] * 28 + [(10, "ab")] * 30), label="reduced")
+
+
 def test_improved_runs_per_window_with_seeded_streams():
     codec = TextKeyCodec(column="q", max_length=3, alphabet="abc")
     first = _batches(codec, ["ab"] * 60)
@@ -118,6 +140,26 @@ def test_cli_text_end_to_end(tmp_path):
     assert (tmp_path / "out.csv.tree.csv").read_text().startswith("depth,prefix,count,leaf")
     rejected = [json.loads(x) for x in (tmp_path / "out.csv.rejected.jsonl").read_text().splitlines()]
     assert len(rejected) == 2 and all("alphabet" in r["reason"] for r in rejected)
+
+
+def test_cli_direct_text_writes_the_noisy_total(tmp_path):
+    """Eight rare 't?q' keys (3 each) are pruned inside 't': reduce-to-ancestor (the default for
+    direct) puts their mass on 'tea'/'ten', so OUT holds the released total (depth-1 allocations)."""
+    rows = "".join(f"{i},{w}\n" for i, w in enumerate(["tea"] * 60 + ["ten"] * 40 + [f"t{c}q" for c in "abcdefgh"] * 3))
+    inp = _write(tmp_path, "q.csv", "user_id,query\n" + rows)
+    out = str(tmp_path / "out.csv")
+    rc = main(["--quiet", "prefixes", inp, "--kind", "text", "--column", "query", "--max-length", "4",
+               "--method", "direct", "--epsilon", "2", "--output", out, "--privacy-id", "user_id", "--seed", "3"])
+    assert rc == 0
+    man = json.loads((tmp_path / "out.csv.manifest.json").read_text())
+    tree = [ln.split(",") for ln in (tmp_path / "out.csv.tree.csv").read_text().splitlines()[1:]]
+    total = sum(int(c) for d, _p, c, _leaf in tree if d == "1")  # the released total
+    written = (tmp_path / "out.csv").read_text().splitlines()[1:]
+    assert len(written) == total == man["release"]["rows_out"]
+    assert set(written) <= {"tea", "ten"} | {f"t{c}q" for c in "abcdefgh"}
+    assert man["release"]["details"]["reduce_to_ancestor"] is True
+    assert man["operational"]["incomplete_leaf_mass_dropped"] == 0
+    assert man["operational"]["mass_reduced_to_keys"] > 0
 
 
 def test_cli_spatial_and_bad_arguments(tmp_path, capsys):

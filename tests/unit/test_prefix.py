@@ -450,6 +450,51 @@ def test_run_in_memory_is_seeded_and_direct_keeps_only_complete_keys():
     assert len(keys["q"]) + dropped == rels[0].counts.sum() + sum(r.dropped for r in rels[:1])
 
 
+def _rel(codec, depth, items):
+    """A hand-made LevelRelease: ``items`` = [(label without '$' mapped by the codec, count, leaf)]."""
+    pre = np.array([[codec.eos if ch == "$" else "abc".index(ch) + 1 for ch in lab] for lab, _c, _l in items],
+                   dtype=codec.symbol_dtype).reshape(len(items), depth)
+    return P.LevelRelease(depth, pre, np.array([c for _l, c, _f in items], np.int64),
+                          np.array([f for _l, _c, f in items], bool))
+
+
+def test_reduce_to_ancestor_puts_unresolved_mass_on_the_nearest_released_keys():
+    c = TextKeyCodec(column="q", max_length=3, alphabet="abc")
+    rels = [_rel(c, 1, [("a", 10, False), ("b", 5, False), ("c", 2, True)]),  # 'b': no child released
+            _rel(c, 2, [("a$", 6, True), ("ab", 4, False)]),
+            _rel(c, 3, [("ab$", 3, True), ("abc", 1, True)])]  # 'abc': an allocation of 1 inside a string
+    rels[1].dropped = 5  # as direct_step records it
+    out, unplaced = P.reduce_to_ancestor(rels, c)
+    leaves = _leaves(c, out)
+    assert unplaced == 0 and leaves["c"] == 0 and leaves["abc"] == 0
+    # 'abc' (1) → the keys below 'ab' (only 'ab$'); 'b' (5) and 'c' (2) → every key, 6 : 3
+    assert leaves["ab$"] == 3 + 1 + 2 and leaves["a$"] == 6 + 5
+    assert leaves["a$"] + leaves["ab$"] == 17  # the released total (depth-1 allocations)
+    assert [r.counts[~r.leaf].tolist() for r in out] == [[10, 5], [4], []]  # internal values kept
+    keys, dropped = P.synthetic_keys(rels, c, reduce=True)
+    assert sorted(set(keys["q"])) == ["a", "ab"] and len(keys["q"]) == 17 and dropped == 0
+    assert P.synthetic_keys(rels, c)[1] == 2 + 5 + 1  # without the pass: dropped
+    # no complete key released at all: everything stays dropped
+    none, lost = P.reduce_to_ancestor([_rel(c, 1, [("a", 4, True), ("b", 3, True)])], c)
+    assert lost == 7 and P.synthetic_keys(none, c)[1] == 7
+    # shares are integers, proportional, exact: largest remainder
+    assert P._spread(np.array([7]), np.array([0, 0, 0]), np.array([1, 1, 1]), 1).tolist() == [3, 2, 2]
+
+
+def test_direct_with_reduce_writes_the_noisy_total_on_keys_it_already_wrote():
+    c = TextKeyCodec(column="q", max_length=6, alphabet="abcdefgh")
+    rng = np.random.default_rng(0)
+    rare = ["".join(rng.choice(list("abcdefgh"), rng.integers(2, 7))) for _ in range(300)]
+    codes = c.encode_strings(["ab", "abc", "bad", "cafe", "h"] * 200 + rare)
+    for seed in range(3):
+        rels = P.DPDirectPrefixSynthesis(codec=c, budget=PureDP(epsilon=1.0), seed=seed).run_in_memory(codes)
+        plain, dropped = P.synthetic_keys(rels, c, seed=seed)
+        reduced, lost = P.synthetic_keys(rels, c, seed=seed, reduce=True)
+        assert dropped > 0 and lost == 0
+        assert len(reduced["q"]) == int(rels[0].counts.sum()) == len(plain["q"]) + dropped
+        assert set(reduced["q"]) == set(plain["q"])  # mass moves onto keys already written
+
+
 def test_spurious_threshold_is_the_smallest_with_half_a_noise_child_per_split():
     for scale, fanout in ((1.09, 39), (22.0, 39), (4.0, 3), (0.1, 2)):
         b = P.spurious_threshold(scale, fanout)
