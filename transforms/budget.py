@@ -26,6 +26,8 @@ __all__ = [
     "PureDP",
     "Spend",
     "as_budget",
+    "zcdp_delta",
+    "zcdp_rho",
 ]
 
 _TOLERANCE = 1e-9  # relative slack for float round-off when spends add up to the total exactly
@@ -239,3 +241,49 @@ class PrivacyAccountant:
             "spent": {"epsilon": self.spent_epsilon, "delta": self.spent_delta},
             "spends": [s.to_dict() for s in self._spends],
         }
+
+
+# -- zero-concentrated DP (issue 18: Gaussian tables, as AIM accounts them) ------------------------
+def zcdp_delta(rho: float, epsilon: float) -> float:
+    """The smallest δ this module certifies for a ρ-zCDP mechanism at ε: Canonne, Kamath &
+    Steinke 2020, Cor. 13, ``δ = min over α > 1 of exp((α−1)(αρ−ε)) / (α−1) · (1 − 1/α)^α``,
+    minimized by golden-section search over ``log(α − 1)`` in ``[−9.2, 9.2]`` (any α gives a
+    valid bound, so the search only loses tightness, never validity). Tighter than Bun &
+    Steinke 2016's ``ε = ρ + 2√(ρ ln(1/δ))``."""
+    if not (rho >= 0 and math.isfinite(rho)) or not (epsilon > 0 and math.isfinite(epsilon)):
+        raise ValueError(f"rho ({rho!r}) must be >= 0 and epsilon ({epsilon!r}) > 0, finite")
+    if rho == 0:
+        return 0.0
+
+    def log_delta(u: float) -> float:  # u = log(α − 1)
+        a = 1.0 + math.exp(u)
+        return (a - 1) * (a * rho - epsilon) - u + a * math.log1p(-1 / a)
+
+    lo, hi = -9.2, 9.2
+    g = (math.sqrt(5) - 1) / 2
+    x1, x2 = hi - g * (hi - lo), lo + g * (hi - lo)
+    f1, f2 = log_delta(x1), log_delta(x2)
+    for _ in range(80):
+        if f1 <= f2:
+            hi, x2, f2 = x2, x1, f1
+            x1 = hi - g * (hi - lo)
+            f1 = log_delta(x1)
+        else:
+            lo, x1, f1 = x1, x2, f2
+            x2 = lo + g * (hi - lo)
+            f2 = log_delta(x2)
+    return min(1.0, math.exp(min(f1, f2, 0.0)))
+
+
+def zcdp_rho(epsilon: float, delta: float) -> float:
+    """The largest ρ (to 10⁻¹² relative) whose ρ-zCDP implies (ε, δ)-DP by :func:`zcdp_delta`
+    (bisection; δ(ρ) grows with ρ). ``zcdp_rho(1, 1e-9)`` = 0.014973, the ρ private-pgm's AIM
+    uses for the same (ε, δ)."""
+    eps, d = _check_epsilon(epsilon), _check_delta(delta)
+    if d == 0:
+        raise ValueError("zCDP needs delta > 0 (pure DP: spend ε directly)")
+    lo, hi = 0.0, eps
+    while hi - lo > 1e-12 * hi:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if zcdp_delta(mid, eps) <= d else (lo, mid)
+    return lo

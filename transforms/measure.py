@@ -30,6 +30,8 @@ from beamsynth.transforms.budget import ApproxDP, PureDP
 from beamsynth.transforms.conventions import display_items, element_types
 from beamsynth.transforms.noise import (
     RandomSource,
+    discrete_gaussian,
+    discrete_gaussian_variance,
     discrete_laplace,
     discrete_laplace_scale,
     run_seed,
@@ -43,6 +45,7 @@ __all__ = [
     "combine_globally",
     "count_marginals",
     "noisy_marginals",
+    "gaussian_marginals",
     "window_labels",
 ]
 
@@ -58,9 +61,11 @@ class NoisyMarginal:
       names: column names.
       shape: cells per axis.
       values: noisy integer counts, shape ``shape`` (may be negative before post-processing).
-      scale: discrete Laplace scale b = sensitivity / ε used on every cell.
+      scale: discrete Laplace scale b = sensitivity / ε used on every cell (``noise`` "discrete
+        Gaussian": its σ, ``Δ₂²/(2σ²)``-zCDP, the ρ in ``meta["rho"]``).
       budget: what this table cost.
       sensitivity: L1 sensitivity of the table (= max contributions per unit).
+      noise: "discrete Laplace" (default) or "discrete Gaussian".
     """
 
     columns: tuple[int, ...]
@@ -71,10 +76,14 @@ class NoisyMarginal:
     budget: ApproxDP
     sensitivity: float = 1.0
     meta: dict[str, Any] = field(default_factory=dict)
+    noise: str = "discrete Laplace"
 
     @property
     def variance(self) -> float:
-        """Noise variance per cell: 2q/(1-q)^2 with q = exp(-1/b)."""
+        """Noise variance per cell: 2q/(1-q)^2 with q = exp(-1/b) (discrete Gaussian: its exact
+        variance, ≤ σ²)."""
+        if self.noise == "discrete Gaussian":
+            return discrete_gaussian_variance(self.scale)
         q = math.exp(-1.0 / self.scale)
         return 2.0 * q / (1.0 - q) ** 2
 
@@ -83,7 +92,7 @@ class NoisyMarginal:
         return {
             "columns": list(self.names),
             "shape": list(self.shape),
-            "noise": "discrete Laplace",
+            "noise": self.noise,
             "scale": self.scale,
             "sensitivity": self.sensitivity,
             **self.budget.to_dict(),
@@ -190,6 +199,32 @@ def noisy_marginals(
                 sensitivity=float(sensitivity),
             )
         )
+    return tuple(out)
+
+
+def gaussian_marginals(
+    counts: Sequence[np.ndarray],
+    *,
+    specs: Sequence[Sequence[int]],
+    names: Sequence[str],
+    sigmas: Sequence[float],
+    rhos: Sequence[float],
+    budgets: Sequence[ApproxDP],
+    sensitivity: float,
+    rs: RandomSource,
+) -> tuple[NoisyMarginal, ...]:
+    """Discrete Gaussian noise of parameter ``sigmas[i]`` on every cell of table ``i``: one
+    table's L2 sensitivity is ``sensitivity`` (a unit's ≤ m records change cells by m in all,
+    L2 ≤ L1 = m), so table ``i`` is ``m²/(2σ_i²)`` = ``rhos[i]``-zCDP (the caller checks the
+    pair); ``budgets[i]`` is that table's own (ε, δ) for reports."""
+    out = []
+    for i, (table, cols, sigma, rho, budget) in enumerate(zip(counts, specs, sigmas, rhos, budgets)):
+        noisy = table.astype(np.int64) + discrete_gaussian(rs.child("marginal", i), float(sigma),
+                                                           table.shape)
+        out.append(NoisyMarginal(
+            columns=tuple(cols), names=tuple(names[c] for c in cols), shape=tuple(table.shape),
+            values=noisy, scale=float(sigma), budget=budget, sensitivity=float(sensitivity),
+            meta={"rho": float(rho)}, noise="discrete Gaussian"))
     return tuple(out)
 
 

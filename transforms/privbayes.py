@@ -71,6 +71,7 @@ build time (``docs/privbayes.md`` "Model size from n̂·ε").
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Sequence
@@ -82,13 +83,14 @@ import numpy as np
 import pyarrow as pa
 
 from beamsynth.schemas.schema import EncodedBatch, Schema
-from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, PureDP
+from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, PureDP, zcdp_rho
 from beamsynth.transforms.consistency import norm_sub
 from beamsynth.transforms.conventions import display_items, element_types
 from beamsynth.transforms.measure import (
     MarginalCountsCombineFn,
     NoisyMarginal,
     combine_globally,
+    gaussian_marginals,
     noisy_marginals,
     window_labels,
 )
@@ -155,6 +157,13 @@ __all__ = [
     "measure_privbayes",
     "family_specs",
     "spend_privbayes",
+    "GAUSSIAN_REFINE_GROUPS",
+    "GAUSSIAN_REFINE_PAIRS",
+    "GAUSSIAN_SHARES",
+    "NOISE_MODES",
+    "ZCDPPlan",
+    "gaussian_plan",
+    "spend_zcdp",
     "split_marginal_budget",
     "marginalize",
     "norm_sub",
@@ -175,6 +184,12 @@ INDIF_SENSITIVITY = 4.0  # per record, add/remove neighbours (see indif_score)
 MAX_CANDIDATE_CELLS = 16_000_000  # exact candidate counts kept in one accumulator
 MAX_FAMILY_CELLS = 2_000_000  # a larger (X, Π) table is never a candidate (declared cells)
 SIZING_MODES = ("auto", "off")
+NOISE_MODES = ("laplace", "gaussian")
+# noise="gaussian" (zCDP, issue 18): shares of ρ and refinement size (docs/privbayes.md "zCDP")
+GAUSSIAN_SHARES = {"structure": 0.03, "marginals": 0.45, "selection": 0.10, "measure": 0.42}
+GAUSSIAN_REFINE_PAIRS = 40
+GAUSSIAN_REFINE_GROUPS = 8
+GAUSSIAN_REFINE_MIN_TABLE_RHO = 2.5e-5  # σ ≤ 141: the std of the Laplace rule's b = 100 tables
 SIZING_THETA = 2.5  # usefulness a k-parent family needs (docs/privbayes.md "Model size from n̂·ε")
 SIZE_COUNT_FRACTION = 0.02  # share of ε for n̂ when no public row count is given
 SIZING_METRICS_NAMESPACE = "beamsynth"
@@ -421,6 +436,36 @@ class NetworkSizing:
 
 # -- budget plan ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
+class ZCDPPlan:
+    """zCDP accounting of a ``noise="gaussian"`` run: the method's (ε, δ) converted to ρ
+    (:func:`~beamsynth.transforms.budget.zcdp_rho`, Canonne-Kamath-Steinke 2020 Cor. 13) and its
+    split. Pure-DP parts (the DP size count, each permute-and-flip step) cost ``ε²/2`` each (Bun
+    & Steinke 2016, Prop. 1.4); a discrete Gaussian table of L2 sensitivity ``m`` costs
+    ``m²/(2σ²)`` (CKS 2020 Thm. 4); the parts add up (zCDP composition, adaptive)."""
+
+    budget: ApproxDP
+    rho: float
+    count_rho: float
+    structure_rho: float
+    marginal_rho: float
+    selection_rho: float
+    measure_rho: float
+
+    @property
+    def spent_rho(self) -> float:
+        return (self.count_rho + self.structure_rho + self.marginal_rho + self.selection_rho
+                + self.measure_rho)
+
+    def details(self) -> dict[str, Any]:
+        """Manifest details."""
+        return {"accounting": "zCDP, converted to (ε, δ) by Canonne-Kamath-Steinke 2020 Cor. 13",
+                "epsilon": self.budget.epsilon, "delta": self.budget.delta, "rho": self.rho,
+                "rho_size_count": self.count_rho, "rho_structure": self.structure_rho,
+                "rho_marginals": self.marginal_rho, "rho_refine_selection": self.selection_rho,
+                "rho_refine_marginals": self.measure_rho, "rho_spent": self.spent_rho}
+
+
+@dataclass(frozen=True)
 class PrivBayesPlan:
     """Data-independent parameters of one PrivBayes run (fixed when the pipeline is built)."""
 
@@ -434,6 +479,7 @@ class PrivBayesPlan:
     exact_degree: bool = False
     refine: RefinePlan | None = None
     sizing: NetworkSizing | None = None
+    zcdp: ZCDPPlan | None = None  # noise="gaussian" (gaussian_plan): zCDP accounting
 
     @property
     def step_epsilon(self) -> float:
@@ -473,6 +519,7 @@ class PrivBayesPlan:
             "refine": None if self.refine is None else self.refine.details(),
             "sizing": None if self.sizing is None
             else self.sizing.details(),
+            **({} if self.zcdp is None else {"noise": "discrete Gaussian", "zcdp": self.zcdp.details()}),
         }
 
 
@@ -608,9 +655,107 @@ def plan_privbayes(
     )
 
 
+def gaussian_plan(plan: PrivBayesPlan, budget: ApproxDP, *, pairs: int = GAUSSIAN_REFINE_PAIRS,
+                  rounds: int = DEFAULT_REFINE_ROUNDS,
+                  groups: int = GAUSSIAN_REFINE_GROUPS) -> PrivBayesPlan:
+    """The zCDP variant of a network ``plan`` (``noise="gaussian"``, issue 18: AIM's accounting).
+
+    ``budget`` (δ > 0) becomes ``ρ = zcdp_rho(ε, δ)``; the DP size count (if planned) keeps its
+    pure ε and costs ``ε_c²/2``; the rest is split by :data:`GAUSSIAN_SHARES`: the structure's
+    ``d−1`` permute-and-flip steps (``ε_step = √(2ρ_s/(d−1))``, same scores and Δ = 4m), the
+    network's tables (discrete Gaussian, ρ split ∝ cells^⅔, :func:`_release_tables`), the
+    refinement's picks (``ε_pick = √(2ρ_sel/pairs)``, Δ = m) and its ``pairs`` coarse tables
+    (discrete Gaussian, ``σ = m/√(2ρ_meas/pairs)``). Under add/remove of one unit of ≤ m records
+    a table's L2 sensitivity is ≤ its L1 sensitivity m. The degree, sizing and structure rules
+    are the Laplace plan's; ``marginal_budget`` and the refinement's ``measure_budget`` become the
+    Laplace-equivalent ε (same noise std), used only for data-independent penalties. Plans of
+    the small-input models (``forest``/``one_way``, if present) stay pure DP (returned as is).
+    """
+    if budget.delta <= 0:
+        raise ValueError("noise='gaussian' needs delta > 0 (zCDP converted to (ε, δ)); got δ = 0")
+    if getattr(plan, "forest", None) is not None or getattr(plan, "one_way_budget", None) is not None:
+        return plan
+    d, m = plan.n_columns, plan.max_contributions
+    rho = zcdp_rho(budget.epsilon, budget.delta)
+    count_rho = 0.0
+    if plan.sizing is not None and plan.sizing.count_budget is not None:
+        count_rho = plan.sizing.count_budget.epsilon ** 2 / 2
+    rest = rho - count_rho
+    if rest <= 0:
+        raise ValueError(f"noise='gaussian': the size count alone exceeds ρ = {rho:.3g}")
+    sh = GAUSSIAN_SHARES
+    refine = None
+    n_pairs = min(pairs, d * (d - 1) // 2, int(sh["measure"] * rest / GAUSSIAN_REFINE_MIN_TABLE_RHO + 1e-9))
+    if plan.refine is None or n_pairs < REFINE_MIN_PAIRS or plan.degree == 0 or d < 2:
+        n_pairs = 0
+    shares = dict(sh)
+    if not n_pairs:  # no refinement: its shares go to the network's tables
+        shares["marginals"] += shares.pop("selection") + shares.pop("measure")
+        shares["selection"] = shares["measure"] = 0.0
+    if plan.structure_budget is None:
+        shares["marginals"] += shares["structure"]
+        shares["structure"] = 0.0
+    structure_rho, marginal_rho = shares["structure"] * rest, shares["marginals"] * rest
+    selection_rho, measure_rho = shares["selection"] * rest, shares["measure"] * rest
+    structure_budget = None
+    if structure_rho > 0:
+        structure_budget = PureDP(epsilon=math.sqrt(2 * structure_rho / (d - 1)) * (d - 1))
+    # Laplace-equivalent ε of the tables (same std: σ = √2·m/ε_t) for the penalties only
+    sigma_eq = m / math.sqrt(2 * marginal_rho / plan.max_tables)
+    marginal_budget = PureDP(epsilon=plan.max_tables * math.sqrt(2) * m / sigma_eq)
+    if n_pairs:
+        sigma_r = m / math.sqrt(2 * measure_rho / n_pairs)
+        refine = RefinePlan(
+            pairs=n_pairs, rounds=min(rounds, n_pairs), groups=groups,
+            selection_budget=PureDP(epsilon=math.sqrt(2 * selection_rho / n_pairs) * n_pairs),
+            measure_budget=PureDP(epsilon=n_pairs * math.sqrt(2) * m / sigma_r),
+            max_contributions=m, sigma=sigma_r, delta=budget.delta)
+    zcdp = ZCDPPlan(budget=budget, rho=rho, count_rho=count_rho, structure_rho=structure_rho,
+                    marginal_rho=marginal_rho, selection_rho=selection_rho, measure_rho=measure_rho)
+    return dataclasses.replace(plan, structure_budget=structure_budget,
+                               marginal_budget=marginal_budget, refine=refine, zcdp=zcdp)
+
+
+def spend_zcdp(accountant: PrivacyAccountant, plan: PrivBayesPlan, prefix: str = "privbayes") -> None:
+    """One (ε, δ) spend for a ``noise="gaussian"`` plan: its parts compose in zCDP, not by adding
+    ε's, so the manifest lists them (mechanism, ρ, σ or ε per step) in the spend's details."""
+    z = plan.zcdp
+    parts: dict[str, Any] = {}
+    if z.count_rho:
+        parts["size_count"] = {"mechanism": "discrete Laplace on the record count (pure ε)",
+                               "epsilon": plan.sizing.count_budget.epsilon, "rho": z.count_rho,
+                               "sensitivity": plan.max_contributions}
+    if plan.structure_budget is not None:
+        parts["structure"] = {"mechanism": "permute-and-flip on InDif − cells·b, greedy network",
+                              "steps": plan.n_columns - 1, "epsilon_per_step": plan.step_epsilon,
+                              "rho": z.structure_rho, "sensitivity": plan.score_sensitivity}
+    parts["marginals"] = {"mechanism": "discrete Gaussian on the chosen (k+1)-way marginals",
+                          "rho": z.marginal_rho, "split": "ρ_i ∝ min(cells_i, 10⁴)^⅔",
+                          "l2_sensitivity_per_table": plan.max_contributions}
+    if plan.refine is not None:
+        parts["refine.selection"] = {
+            "mechanism": "permute-and-flip on ‖T − M‖₁ − cells·b of coarse 2-way tables",
+            "picks": plan.refine.pairs, "epsilon_per_pick": plan.refine.pick_epsilon,
+            "rho": z.selection_rho, "sensitivity": plan.max_contributions}
+        parts["refine.marginals"] = {
+            "mechanism": "discrete Gaussian on the selected coarse 2-way marginals",
+            "tables": plan.refine.pairs, "sigma": plan.refine.sigma, "rho": z.measure_rho,
+            "groups_per_column": plan.refine.groups,
+            "l2_sensitivity_per_table": plan.max_contributions}
+    accountant.spend(
+        f"{prefix}.zcdp", z.budget,
+        mechanism="PrivBayes network + refinement under zCDP (discrete Gaussian tables)",
+        details={**z.details(), "parts": parts, "neighbours": "add/remove one privacy unit",
+                 "paper": "AIM (McKenna et al. 2022) accounting; discrete Gaussian (Canonne, "
+                          "Kamath & Steinke 2020); PrivBayes (Zhang et al. 2014)"})
+
+
 def spend_privbayes(accountant: PrivacyAccountant, plan: PrivBayesPlan, prefix: str = "privbayes") -> None:
     """Record the spends (size count, structure, marginals, refinement) on ``accountant`` (raises
     if overspent)."""
+    if plan.zcdp is not None:
+        spend_zcdp(accountant, plan, prefix)
+        return
     if plan.sizing is not None and plan.sizing.count_budget is not None:
         accountant.spend(
             f"{prefix}.size_count", plan.sizing.count_budget,
@@ -716,9 +861,8 @@ def measure_privbayes(
     specs = family_specs(structure)
     exact = [_family_table(tables, s) for s in specs]
     budgets = split_marginal_budget(plan.marginal_budget, [t.size for t in exact])
-    released = noisy_marginals(
-        exact, specs=specs, names=names, budgets=budgets,
-        sensitivity=float(plan.max_contributions), rs=rs.child("marginals"))
+    released = _release_tables(exact, specs, names, budgets, plan, rs,
+                               None if plan.zcdp is None else plan.zcdp.marginal_rho)
     measurement = PrivBayesMeasurement(tuple((x, tuple(p)) for x, p in structure), released,
                                        sizing=sizing)
     if plan.refine is None:
@@ -749,9 +893,30 @@ def _measure_independent(tables: dict[tuple[int, ...], np.ndarray], shape: Seque
     specs = [(c,) for c in range(len(shape))]
     exact = [_family_table(tables, s) for s in specs]
     budgets = split_marginal_budget(PureDP(epsilon=total), [t.size for t in exact])
-    released = noisy_marginals(exact, specs=specs, names=names, budgets=budgets,
-                               sensitivity=float(plan.max_contributions), rs=rs.child("marginals"))
+    # zCDP plan: the whole planned ρ but the size count's on the 1-way tables
+    released = _release_tables(exact, specs, names, budgets, plan, rs,
+                               None if plan.zcdp is None else plan.zcdp.spent_rho - plan.zcdp.count_rho)
     return PrivBayesMeasurement(tuple((c, ()) for c in range(len(shape))), released, sizing=sizing)
+
+
+def _release_tables(exact: Sequence[np.ndarray], specs: Sequence[tuple[int, ...]],
+                    names: Sequence[str], budgets: Sequence[PureDP], plan: PrivBayesPlan,
+                    rs: RandomSource, rho: float | None) -> tuple[NoisyMarginal, ...]:
+    """The tables with discrete Laplace at ``budgets`` (pure plan), or, with ``rho`` (zCDP plan),
+    discrete Gaussian with ρ split ∝ min(cells, 10⁴)^⅔ (minimizes the expected total L1 noise
+    Σ cells_i·σ_i for Σ m²/(2σ_i²) = ρ; cap as :data:`SPLIT_CELLS_CAP`)."""
+    m = float(plan.max_contributions)
+    if rho is None:
+        return noisy_marginals(exact, specs=specs, names=names, budgets=budgets, sensitivity=m,
+                               rs=rs.child("marginals"))
+    w = np.minimum(np.asarray([t.size for t in exact], dtype=np.float64), SPLIT_CELLS_CAP) ** (2 / 3)
+    rhos = rho * w / w.sum()
+    sigmas = m / np.sqrt(2 * rhos)
+    delta = plan.zcdp.budget.delta
+    table_budgets = [ApproxDP(epsilon=float(r + 2 * math.sqrt(r * math.log(1 / delta))), delta=delta)
+                     for r in rhos]
+    return gaussian_marginals(exact, specs=specs, names=names, sigmas=sigmas, rhos=rhos,
+                              budgets=table_budgets, sensitivity=m, rs=rs.child("marginals"))
 
 
 class PrivBayesMeasureFn(beam.DoFn):
@@ -1057,7 +1222,7 @@ class DPPrivBayes(beam.PTransform):
                  parents: str = "auto", refine_pairs: int = DEFAULT_REFINE_PAIRS,
                  refine_rounds: int = DEFAULT_REFINE_ROUNDS, refine_groups: int = DEFAULT_REFINE_GROUPS,
                  refine_fraction: float = DEFAULT_REFINE_FRACTION, sizing: str = "off",
-                 rows: int | None = None,
+                 rows: int | None = None, noise: str = "laplace",
                  accountant: PrivacyAccountant | None = None, label: str | None = None) -> None:
         super().__init__(label)
         if not isinstance(schema, Schema):
@@ -1077,6 +1242,12 @@ class DPPrivBayes(beam.PTransform):
                                    refine_pairs=refine_pairs, refine_rounds=refine_rounds,
                                    refine_groups=refine_groups, refine_fraction=refine_fraction,
                                    sizing=sizing, rows=rows)
+        if noise not in NOISE_MODES:
+            raise ValueError(f"noise ({noise!r}) must be one of {NOISE_MODES}")
+        if noise == "gaussian":  # zCDP (issue 18): needs δ > 0, refinement sized for it
+            self.plan = gaussian_plan(self.plan, budget, pairs=refine_pairs,
+                                      rounds=refine_rounds, groups=refine_groups)
+        self._delta = budget.delta if self.plan.zcdp is not None else 0.0
         if accountant is not None:
             spend_privbayes(accountant, self.plan)
         self._families = candidate_families(len(schema.shape), self.plan.degree, shape=schema.shape,
@@ -1089,7 +1260,7 @@ class DPPrivBayes(beam.PTransform):
         return display_items(
             mechanism="PrivBayes (permute-and-flip structure, discrete Laplace tables"
                       + (", refinement" if plan.refine is not None else "") + ")",
-            epsilon=self._epsilon, delta=0.0, degree=plan.degree,
+            epsilon=self._epsilon, delta=self._delta, degree=plan.degree,
             structure_epsilon=0.0 if plan.structure_budget is None else plan.structure_budget.epsilon,
             marginal_epsilon=plan.marginal_budget.epsilon,
             refine_pairs=0 if plan.refine is None else plan.refine.pairs,

@@ -54,6 +54,7 @@ and 0.0389/0.0784 with the pair-balanced sampling of :class:`RefinedModel`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,11 +62,12 @@ from typing import Any
 import numpy as np
 
 from beamsynth.transforms.balance import balance_pairs
-from beamsynth.transforms.budget import PrivacyAccountant, PureDP
+from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, PureDP
 from beamsynth.transforms.consistency import norm_sub
 from beamsynth.transforms.measure import NoisyMarginal
 from beamsynth.transforms.noise import (
     RandomSource,
+    discrete_gaussian,
     discrete_laplace,
     discrete_laplace_scale,
     permute_and_flip,
@@ -128,6 +130,11 @@ class RefinePlan:
     max_contributions: int
     pool_rows: int = POOL_ROWS
     rake_iterations: int = RAKE_ITERATIONS
+    # zCDP mode (PrivBayes noise="gaussian"): every table gets discrete Gaussian noise of this σ
+    # (m²/(2σ²)-zCDP each); measure_budget is then the Laplace-equivalent ε (same noise std), used
+    # only for the data-independent selection penalty
+    sigma: float | None = None
+    delta: float = 0.0  # the method's δ (reports each Gaussian table's own (ε, δ))
 
     @property
     def pick_epsilon(self) -> float:
@@ -141,8 +148,20 @@ class RefinePlan:
 
     @property
     def table_scale(self) -> float:
-        """Discrete Laplace scale of every refinement table."""
+        """Discrete Laplace scale of every refinement table (Gaussian mode: the Laplace scale
+        with the same noise std, σ/√2, for the selection penalty)."""
+        if self.sigma is not None:
+            return self.sigma / math.sqrt(2.0)
         return discrete_laplace_scale(sensitivity=self.max_contributions, epsilon=self.table_epsilon)
+
+    @property
+    def table_budget(self) -> ApproxDP:
+        """What one table costs on its own: ``PureDP(table_epsilon)``; Gaussian mode: the
+        (ε, δ) of its ρ at the method's δ (Bun & Steinke 2016, ``ε = ρ + 2√(ρ ln 1/δ)``)."""
+        if self.sigma is None:
+            return PureDP(epsilon=self.table_epsilon)
+        rho = self.max_contributions ** 2 / (2 * self.sigma ** 2)
+        return ApproxDP(epsilon=rho + 2 * math.sqrt(rho * math.log(1 / self.delta)), delta=self.delta)
 
     def per_round(self) -> list[int]:
         """Picks in each round (as even as possible, earlier rounds first)."""
@@ -156,7 +175,10 @@ class RefinePlan:
                 "epsilon_per_pick": self.pick_epsilon,
                 "measure_epsilon": self.measure_budget.epsilon,
                 "epsilon_per_table": self.table_epsilon, "table_scale": self.table_scale,
-                "pool_rows": self.pool_rows, "rake_iterations": self.rake_iterations}
+                "pool_rows": self.pool_rows, "rake_iterations": self.rake_iterations,
+                **({} if self.sigma is None else {"noise": "discrete Gaussian", "sigma": self.sigma,
+                                                  "rho_per_table": self.max_contributions ** 2
+                                                  / (2 * self.sigma ** 2)})}
 
 
 def plan_refinement(budget: PureDP, *, pairs: int = DEFAULT_REFINE_PAIRS,
@@ -434,13 +456,19 @@ def measure_refinement(
             a, b = left.pop(i)
             scores.pop(i)
             t = exact[(a, b)]
-            noisy = t.astype(np.int64) + discrete_laplace(rs.child("measure", pick), scale, t.shape)
+            meta = {"coarse": True, "groups": [groups[a].tolist(), groups[b].tolist()], "round": r}
+            if plan.sigma is None:
+                noisy = t.astype(np.int64) + discrete_laplace(rs.child("measure", pick), scale, t.shape)
+                kind, noise_scale = "discrete Laplace", scale
+            else:  # zCDP mode: L2 sensitivity m (≤ L1), m²/(2σ²)-zCDP per table
+                noisy = t.astype(np.int64) + discrete_gaussian(rs.child("measure", pick), plan.sigma,
+                                                               t.shape)
+                kind, noise_scale = "discrete Gaussian", plan.sigma
+                meta["rho"] = plan.max_contributions ** 2 / (2 * plan.sigma ** 2)
             released.append(NoisyMarginal(
                 columns=(a, b), names=(names[a], names[b]), shape=tuple(t.shape), values=noisy,
-                scale=scale, budget=PureDP(epsilon=plan.table_epsilon),
-                sensitivity=float(plan.max_contributions),
-                meta={"coarse": True, "groups": [groups[a].tolist(), groups[b].tolist()],
-                      "round": r}))
+                scale=noise_scale, budget=plan.table_budget,
+                sensitivity=float(plan.max_contributions), meta=meta, noise=kind))
             # post-processing from here on: the released table and the model only
             prop = target_from_noisy(noisy, estimates[(a, b)], released[-1].variance, total)
             targets.append(RakeTarget((a, b), (groups[a], groups[b]), prop))

@@ -21,6 +21,9 @@ from beamsynth.transforms.privbayes import (
     DEFAULT_SAMPLING,
     DEFAULT_SHRINK,
     DEFAULT_STRUCTURE_FRACTION,
+    GAUSSIAN_REFINE_GROUPS,
+    GAUSSIAN_REFINE_PAIRS,
+    NOISE_MODES,
     PARENT_MODES,
     SAMPLING_MODES,
     SIZING_MODES,
@@ -57,6 +60,7 @@ class PrivBayesMethod(Method):
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
         opts = self.options
+        gaussian = opts.get("pb_noise") == "gaussian"  # zCDP: its own refinement defaults
         self._transform = DPPrivBayes(
             schema=self.schema, budget=self.budget,
             degree=None if opts.get("degree") is None else int(opts["degree"]),
@@ -64,16 +68,17 @@ class PrivBayesMethod(Method):
             shrink=float(DEFAULT_SHRINK if opts.get("shrink") is None else opts["shrink"]),
             sampling=str(opts.get("sampling") or DEFAULT_SAMPLING),
             parents=str(opts.get("parents") or "auto"),
-            refine_pairs=int(DEFAULT_REFINE_PAIRS if opts.get("refine_pairs") is None
-                             else opts["refine_pairs"]),
+            refine_pairs=int((GAUSSIAN_REFINE_PAIRS if gaussian else DEFAULT_REFINE_PAIRS)
+                             if opts.get("refine_pairs") is None else opts["refine_pairs"]),
             refine_rounds=int(DEFAULT_REFINE_ROUNDS if opts.get("refine_rounds") is None
                               else opts["refine_rounds"]),
-            refine_groups=int(DEFAULT_REFINE_GROUPS if opts.get("refine_groups") is None
-                              else opts["refine_groups"]),
+            refine_groups=int((GAUSSIAN_REFINE_GROUPS if gaussian else DEFAULT_REFINE_GROUPS)
+                              if opts.get("refine_groups") is None else opts["refine_groups"]),
             refine_fraction=float(DEFAULT_REFINE_FRACTION if opts.get("refine_fraction") is None
                                   else opts["refine_fraction"]),
             sizing=str(opts.get("pb_sizing") or "auto"),
             rows=None if opts.get("input_rows") is None else int(opts["input_rows"]),
+            noise=str(opts.get("pb_noise") or "laplace"),
             max_contributions=self.max_contributions, seed=self.seed, accountant=self.accountant)
         self._chosen: dict[str, int] = {}
 
@@ -118,6 +123,12 @@ class PrivBayesMethod(Method):
                                      "1-way marginals when n·ε is small (docs/privbayes.md); off "
                                      "keeps the planned degree")
         add_input_rows_argument(parser)
+        if "--pb-noise" not in taken:
+            parser.add_argument("--pb-noise", dest="pb_noise", choices=NOISE_MODES, default=None,
+                                help="privbayes: laplace (default, pure ε-DP) or gaussian (zCDP "
+                                     "converted to (ε, δ): needs --delta > 0; discrete Gaussian "
+                                     f"tables, {GAUSSIAN_REFINE_PAIRS} refinement pairs of "
+                                     f"{GAUSSIAN_REFINE_GROUPS} groups by default; docs/privbayes.md)")
         if "--pb-sampling" not in taken:
             parser.add_argument("--pb-sampling", dest="sampling", choices=SAMPLING_MODES, default=None,
                                 help="privbayes: balanced (refined: rows whose 2-way tables match "

@@ -1,0 +1,99 @@
+"""zCDP pieces of issue 18: the discrete Gaussian sampler, the ρ ↔ (ε, δ) conversion, and the
+``noise="gaussian"`` PrivBayes plan (its ρ parts add up to the budget's ρ, one (ε, δ) spend)."""
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, PureDP, zcdp_delta, zcdp_rho
+from beamsynth.transforms.measure import count_marginals
+from beamsynth.transforms.noise import (
+    RandomSource,
+    discrete_gaussian,
+    discrete_gaussian_pmf,
+    discrete_gaussian_variance,
+)
+from beamsynth.transforms.privbayes import gaussian_plan, plan_privbayes, spend_privbayes
+
+ADULT_SHAPE = (14, 9, 14, 16, 16, 7, 15, 6, 5, 2, 12, 10, 14, 42, 2)
+
+
+@pytest.mark.parametrize("sigma", [0.6, 3.0, 25.0])
+def test_discrete_gaussian_matches_its_pmf(sigma):
+    z = discrete_gaussian(RandomSource(seed=11).child("dg", sigma), sigma, 40_000)
+    assert z.dtype == np.int64
+    k = int(math.ceil(3 * sigma)) + 1  # bins -k..k, the two outer ones hold the tails
+    ks = np.arange(-k, k + 1)
+    obs = np.bincount(np.clip(z, -k, k) + k, minlength=ks.size)
+    exp = discrete_gaussian_pmf(ks, sigma)
+    tail = 0.5 * (1 - exp[1:-1].sum())
+    exp[0] = exp[-1] = tail
+    assert stats.chisquare(obs, exp / exp.sum() * z.size).pvalue > 1e-4
+    assert z.var() == pytest.approx(discrete_gaussian_variance(sigma), rel=0.05)
+
+
+def test_discrete_gaussian_wrong_sigma_is_rejected_and_draws_are_keyed():
+    z = discrete_gaussian(RandomSource(seed=2).child("x"), 3.0, 40_000)
+    ks = np.arange(-30, 31)
+    obs = np.bincount(np.clip(z, -30, 30) + 30, minlength=61)
+    exp = discrete_gaussian_pmf(ks, 3.9) * z.size
+    assert stats.chisquare(obs[5:56], exp[5:56] * obs[5:56].sum() / exp[5:56].sum()).pvalue < 1e-6
+    again = discrete_gaussian(RandomSource(seed=2).child("x"), 3.0, 40_000)
+    assert np.array_equal(z, again)
+    with pytest.raises(ValueError):
+        discrete_gaussian(RandomSource(seed=2), 0.0, 3)
+
+
+def test_zcdp_rho_matches_private_pgm_and_inverts_delta():
+    # AIM (private-pgm cdp_rho) logs 0.014973057673588523 for (1, 1e-9)
+    assert zcdp_rho(1.0, 1e-9) == pytest.approx(0.014973057673588523, rel=1e-9)
+    for eps, delta in ((0.5, 1e-9), (2.0, 1e-6), (5.0, 1e-9)):
+        rho = zcdp_rho(eps, delta)
+        assert zcdp_delta(rho, eps) <= delta * (1 + 1e-9)
+        assert zcdp_delta(rho * 1.001, eps) > delta
+        # tighter than Bun & Steinke's ε = ρ + 2√(ρ ln 1/δ)
+        assert rho + 2 * math.sqrt(rho * math.log(1 / delta)) > eps
+    with pytest.raises(ValueError):
+        zcdp_rho(1.0, 0.0)
+
+
+@pytest.mark.parametrize("rows", [32561, None])
+def test_gaussian_plan_spends_exactly_its_rho(rows):
+    budget = ApproxDP(epsilon=1.0, delta=1e-9)
+    plan = gaussian_plan(plan_privbayes(ADULT_SHAPE, budget, sizing="auto", rows=rows), budget)
+    z, d = plan.zcdp, len(ADULT_SHAPE)
+    assert z.spent_rho == pytest.approx(z.rho, rel=1e-12)
+    # each part's ρ from its mechanism's parameters
+    assert (d - 1) * plan.step_epsilon ** 2 / 2 == pytest.approx(z.structure_rho)
+    assert plan.refine.pairs * plan.refine.pick_epsilon ** 2 / 2 == pytest.approx(z.selection_rho)
+    assert plan.refine.pairs / (2 * plan.refine.sigma ** 2) == pytest.approx(z.measure_rho)
+    if rows is None:
+        assert z.count_rho == pytest.approx(plan.sizing.count_budget.epsilon ** 2 / 2)
+    acc = PrivacyAccountant(total=budget)
+    spend_privbayes(acc, plan)
+    (spend,) = acc.to_dict()["spends"]
+    assert spend["step"] == "privbayes.zcdp" and acc.spent_epsilon == pytest.approx(1.0)
+    assert acc.spent_delta == pytest.approx(1e-9)
+
+
+def test_gaussian_plan_needs_delta():
+    with pytest.raises(ValueError, match="delta"):
+        gaussian_plan(plan_privbayes(ADULT_SHAPE, PureDP(epsilon=1.0)), PureDP(epsilon=1.0))
+
+
+def test_table_l2_sensitivity_is_at_most_m():
+    """Removing one unit's ≤ m records changes a count table by ≤ m in L2 (≤ L1 = m): the σ
+    calibration of the Gaussian tables."""
+    rng = np.random.default_rng(0)
+    shape = (4, 3, 5)
+    codes = rng.integers(0, 3, (200, 3))
+    for m in (1, 3):
+        for _ in range(50):
+            drop = rng.choice(200, m, replace=False)
+            rest = np.delete(codes, drop, axis=0)
+            for spec in ((0,), (0, 1), (0, 1, 2)):
+                a = count_marginals(codes, [spec], shape)[0].astype(float)
+                b = count_marginals(rest, [spec], shape)[0].astype(float)
+                assert np.linalg.norm(a - b) <= m + 1e-12
