@@ -88,7 +88,8 @@ def load_dataset(name: str):
 
 def run_beamsynth(schema, train_csv: str, rows: int, epsilon: float, seed: int, out_dir: str,
                   degree: int | None = None, sampling: str | None = None, method: str = "privbayes",
-                  read_back: bool = True) -> tuple[pd.DataFrame | None, float]:
+                  read_back: bool = True, noise: str | None = None,
+                  delta: float = 0.0) -> tuple[pd.DataFrame | None, float]:
     """The synthesize pipeline end to end on the DirectRunner; returns (synthetic frame, seconds)
     (frame None without ``read_back``)."""
     from apache_beam.options.pipeline_options import PipelineOptions
@@ -101,8 +102,10 @@ def run_beamsynth(schema, train_csv: str, rows: int, epsilon: float, seed: int, 
         opts["degree"] = degree
     if sampling is not None:
         opts["sampling"] = sampling
+    if noise is not None:
+        opts["pb_noise"] = noise
     cfg = SynthesisConfig(input=train_csv, schema=schema, output=out, epsilon=epsilon,
-                          method=method, rows=rows, seed=seed, options=opts)
+                          method=method, rows=rows, seed=seed, options=opts, delta=delta)
     t0 = time.perf_counter()
     run_synthesis(cfg, PipelineOptions(["--runner=DirectRunner"]))
     seconds = time.perf_counter() - t0
@@ -199,10 +202,14 @@ def quality_main(a: argparse.Namespace) -> int:
         train_csv = os.path.join(tmp, "train.csv")
         train[schema.names].to_csv(train_csv, index=False)
         earlier = {}
-        if a.beamsynth_from:
-            for r in json.loads(Path(a.beamsynth_from).read_text()):
-                if r["method"] == "beamsynth privbayes":
+        ours = "beamsynth privbayes" + (" gaussian" if a.pb_noise == "gaussian" else "")
+        for f in (a.beamsynth_from or "").split(","):
+            # beamsynth rows of earlier runs: the main method's are reused, others kept as they are
+            for r in json.loads(Path(f).read_text()) if f else []:
+                if r["method"] == ours:
                     earlier[(r["epsilon"], r["seed"])] = r
+                elif r["method"].startswith("beamsynth") and r["epsilon"] in eps_list:
+                    rows.append(r)
         for eps in eps_list:
             for seed in seeds:
                 for extra in (a.pb_sampling_baseline or "").split(","):
@@ -219,8 +226,11 @@ def quality_main(a: argparse.Namespace) -> int:
                 if (eps, seed) in earlier:
                     r = earlier[(eps, seed)]
                 else:
-                    synth, secs = run_beamsynth(schema, train_csv, len(train), eps, seed, tmp, a.degree)
-                    r = {"method": "beamsynth privbayes", "epsilon": eps, "seed": seed, "seconds": secs}
+                    synth, secs = run_beamsynth(schema, train_csv, len(train), eps, seed, tmp, a.degree,
+                                                noise=a.pb_noise, delta=a.delta)
+                    r = {"method": ours, "epsilon": eps, "seed": seed, "seconds": secs}
+                    if a.pb_noise == "gaussian":
+                        r["delta"] = a.delta
                     r.update(evaluate(schema, test_codes, synth, spec["target"], spec["positive"], seed))
                 rows.append(r)
                 print(json.dumps(r), flush=True)
@@ -267,20 +277,25 @@ def print_table(rows: list[dict]) -> None:
     print()
     print(g.to_string(float_format=lambda v: f"{v:.4f}"))
     print()
-    ours = df[df.method == "beamsynth privbayes"].groupby("epsilon")[cols].mean()
+    for method in ("beamsynth privbayes", "beamsynth privbayes gaussian"):
+        ours = df[df.method == method].groupby("epsilon")[cols].mean()
+        _print_ratios(df, ours, method, cols)
+    if "settings" in df.columns:
+        for _, r in df[df.method == "aim"].iterrows():
+            print(f"aim run eps={r.epsilon} seed={r.seed}: {r.settings}, {r.seconds:.0f} s")
+
+
+def _print_ratios(df: pd.DataFrame, ours: pd.DataFrame, method: str, cols: list[str]) -> None:
     for peer in PEER_NAMES:
         theirs = df[df.method == peer].groupby("epsilon")[cols].mean()
         for eps in theirs.index:
             if eps not in ours.index:
                 continue
             o, t = ours.loc[eps], theirs.loc[eps]
-            print(f"eps={eps}: vs {peer}: TVD2 ratio {o.tvd2 / t.tvd2:.3f}, TVD3 ratio "
+            print(f"eps={eps}: {method} vs {peer}: TVD2 ratio {o.tvd2 / t.tvd2:.3f}, TVD3 ratio "
                   f"{o.tvd3 / t.tvd3:.3f} (< 1 = beamsynth better); speed-up "
                   f"{t.seconds / o.seconds:.1f}x ({peer} {t.seconds:.0f} s / beamsynth end to end "
                   f"{o.seconds:.1f} s)")
-    if "settings" in df.columns:
-        for _, r in df[df.method == "aim"].iterrows():
-            print(f"aim run eps={r.epsilon} seed={r.seed}: {r.settings}, {r.seconds:.0f} s")
 
 
 def make_resample(n: int, path: str, seed: int = 0) -> None:
@@ -344,12 +359,17 @@ def main() -> int:
                     help="also run beamsynth with these --pb-sampling modes (e.g. iid), same seeds")
     ap.add_argument("--peers", choices=["none", "saved", "run"], default="saved")
     ap.add_argument("--peer-dir", default=None)
+    ap.add_argument("--pb-noise", choices=["laplace", "gaussian"], default=None,
+                    help="beamsynth privbayes noise (gaussian: zCDP at --delta, rows named "
+                         "'beamsynth privbayes gaussian')")
+    ap.add_argument("--delta", type=float, default=0.0, help="beamsynth δ (gaussian: AIM's 1e-9)")
     ap.add_argument("--aim-mms", type=float, default=80.0, help="AIM max_model_size (MB; paper default 80)")
     ap.add_argument("--aim-iters", type=int, default=1000, help="AIM max_iters (mirror descent)")
     ap.add_argument("--aim-seeds", default="0", help="seeds at which AIM runs are read or run")
     ap.add_argument("--out", default=None, help="write all rows as JSON")
     ap.add_argument("--beamsynth-from", default=None,
-                    help="reuse beamsynth rows of an earlier --out JSON (re-evaluate peers only)")
+                    help="comma-separated earlier --out JSONs: their rows of this run's beamsynth "
+                         "method are reused, other beamsynth rows kept (re-evaluate peers only)")
     ap.add_argument("--speed", default=None, help="comma-separated row counts for the speed run")
     ap.add_argument("--speed-method", default="privbayes",
                     help="synthesis method of the speed run (e.g. independent)")
