@@ -33,7 +33,7 @@ from beamsynth.pipelines.io.single_file import remove_temp_folders_on_failure
 from beamsynth.pipelines.io.write import WriteTables, ensure_parent
 from beamsynth.pipelines.methods.progress import Progress, RowProgressFn
 from beamsynth.pipelines.methods.registry import Method, get_method
-from beamsynth.runners.presets import is_dask
+from beamsynth.runners.presets import is_beam_dask, is_dask
 from beamsynth.schemas.schema import Schema
 from beamsynth.schemas.tables import arrow_schema_for
 from beamsynth.transforms.budget import BudgetExceededError, PrivacyAccountant, as_budget
@@ -165,7 +165,10 @@ def build_synthesis(p: beam.Pipeline, plan: SynthesisPlan, *,
     if progress_label is not None:
         shown = batches | "Progress" >> beam.ParDo(RowProgressFn(progress_label))
         # EncodedBatch (unchanged), after printing the running row count
-    tables, models, _rows = synthesize_batches(batches, plan, side_input=not dask_safe)
+    # the model as a side input: beamsynth's DaskRunner sends it to each worker once (inside
+    # every shard element, a worker held one copy per sampling partition); Beam's gets it wrong
+    tables, models, _rows = synthesize_batches(batches, plan,
+                                               side_input=not is_beam_dask(p.options))
     # pyarrow.Table of synthetic rows
     tables = tables | "CountOut" >> beam.Map(_count_out).with_output_types(pa.Table)
     # pyarrow.Table (typed: its coder estimates sizes without pickling, transforms/coders.py)
