@@ -10,7 +10,9 @@ given the public row count (``rows`` = the input size, as ``benchmarks/correlate
 Inputs: Adult train-split subsamples (without replacement, one fixed subsample per size;
 evaluated against the Adult test split, target income), the SmartNoise PUMS sample (1,000 rows,
 schema ``benchmarks/schemas/pums_small.yaml``, evaluated against itself, target married) and
-ACS national2019 (27k rows, schema ``acs_national``, evaluated against itself, no target).
+ACS national2019 (27k rows, schema ``acs_national``, evaluated against itself, no target) and
+NLTCS (``nltcs``: 21,574 rows, 16 binary columns, schema ``benchmarks/schemas/nltcs.yaml``;
+``nltcs1000``: a fixed 1,000-row subsample; both evaluated against the whole file, no target).
 ``sbhg`` / ``sbhg-off`` (hash size from n·ε, or the fixed ``--top-r 2``) run the real pipeline
 on the DirectRunner (slow; small inputs only). Metrics: TVD over all 1-way, all 2-way and 100 random 3-way marginals, GBM accuracy/AUC
 (``beamsynth.pipelines.releases.quality``).
@@ -54,6 +56,13 @@ def load_input(name: str):
         df = pd.read_csv(DATA / "pums_smartnoise" / "PUMS.csv", dtype=str, keep_default_na=False)
         codes = encode_frame(schema, df)[0]
         return schema, codes, codes, "married", "1"
+    if name.startswith("nltcs"):
+        schema = load_schema(str(HERE / "schemas" / "nltcs.yaml"))
+        df = pd.read_csv(DATA / "nist2021_encoded" / "nltcs.csv", dtype=str, keep_default_na=False)
+        full = encode_frame(schema, df)[0]
+        n = int(name[len("nltcs"):] or len(full))
+        sub = full[np.random.default_rng(12345).permutation(len(full))[:n]] if n < len(full) else full
+        return schema, sub, full, None, None
     if name == "acs":
         schema = load_schema("acs_national")
         df = pd.read_csv(DATA / "acs_nist_sdnist" / "national2019.csv", dtype=str,
@@ -97,7 +106,8 @@ def synth_privbayes(schema, codes, epsilon, rs, sizing):
     m = measure_privbayes(counts, fams, shape=shape, names=schema.names, plan=plan,
                           rs=rs.child("privbayes"), ordered=ordered_columns(schema))
     model = fit_privbayes(m, shape, schema.names)
-    return model.sample_codes(len(codes), rs.child("sample")), f"k={plan.degree}"
+    size = f"forest r={plan.forest.steps}" if plan.forest is not None else f"k={plan.degree}"
+    return model.sample_codes(len(codes), rs.child("sample")), size
 
 
 def synth_sbhg(schema, codes, epsilon, seed, sizing):

@@ -131,6 +131,12 @@ __all__ = [
     "SIZING_MODES",
     "SIZING_THETA",
     "NetworkSizing",
+    "FOREST_ONE_WAY_FRACTION",
+    "FOREST_STRUCTURE_FRACTION",
+    "FOREST_THETA",
+    "ForestPlan",
+    "plan_forest",
+    "choose_forest",
     "network_usefulness",
     "choose_network_degree",
     "MAX_CANDIDATE_CELLS",
@@ -194,6 +200,9 @@ SIZING_THETA = 2.5  # usefulness a k-parent family needs (docs/privbayes.md "Mod
 SIZE_COUNT_FRACTION = 0.02  # share of ε for n̂ when no public row count is given
 SIZING_METRICS_NAMESPACE = "beamsynth"
 SIZING_CELLS_CAP = 1_000  # a column counts with at most this many cells in the typical family
+FOREST_ONE_WAY_FRACTION = 0.8  # small inputs: share of ε on every column's 1-way table ...
+FOREST_STRUCTURE_FRACTION = 0.1  # ... on choosing the forest's edges (the rest: its 2-way tables)
+FOREST_THETA = 4.0  # usefulness a forest edge's 2-way table needs (n̂·ε_t/(m·cells))
 
 
 # -- scores --------------------------------------------------------------------------------------
@@ -417,8 +426,10 @@ class NetworkSizing:
     def details(self) -> dict[str, Any]:
         """Manifest details: the rule, where n̂ comes from, and (public rows) the decision."""
         out: dict[str, Any] = {
-            "rule": "largest k <= max_degree with n̂·ε/(d·m·g^(k+1)) >= theta, else 0 = independent "
-                    "1-way marginals with the whole ε (AIM-style sizing, PrivBayes θ-usefulness)",
+            "rule": "largest k <= max_degree with n̂·ε/(d·m·g^(k+1)) >= theta, else 0 = every "
+                    "1-way table + a forest of θ-useful pairs (plan_forest), or with no such pair "
+                    "independent 1-way marginals with the whole ε (AIM-style sizing, PrivBayes "
+                    "θ-usefulness)",
             "theta": self.theta, "max_degree": self.max_degree, "epsilon": self.epsilon,
             "rows_source": "public --input-rows" if self.rows is not None
             else "DP count in the measurement step (discrete Laplace, Δ = m)"}
@@ -429,9 +440,165 @@ class NetworkSizing:
             out.update(rows=self.rows, chosen_degree=k,
                        usefulness_k1=network_usefulness(self.rows, self.epsilon, self.shape, 1,
                                                         max_contributions=self.max_contributions),
-                       chosen="independent 1-way marginals (fallback)" if k == 0
+                       chosen="1-way tables + forest of affordable pairs (plan 'forest'; "
+                              "none affordable: independent 1-way marginals)" if k == 0
                        else f"network with {k} parent(s) per column")
         return out
+
+
+# -- the small-input model: 1-way tables + a budget-aware forest -----------------------------------
+@dataclass(frozen=True)
+class ForestPlan:
+    """The model where a network is not θ-useful (issue 18): every column's 1-way table plus a
+    forest of at most ``steps`` edges among the **affordable** pairs (declared 2-way tables of at
+    most ``max_pair_cells`` cells), each edge chosen by permute-and-flip, each chosen edge's
+    2-way table released. Data-independent (from n̂, ε and the declared shape)."""
+
+    steps: int
+    max_pair_cells: int
+    structure_budget: PureDP | None  # None with no step (no affordable pair)
+    one_way_budget: PureDP
+    pair_budget: PureDP | None
+    max_contributions: int = 1
+    rows: float = 0.0
+    theta: float = FOREST_THETA
+
+    @property
+    def step_epsilon(self) -> float:
+        """Permute-and-flip budget of each edge step."""
+        return 0.0 if self.structure_budget is None else self.structure_budget.epsilon / self.steps
+
+    @property
+    def pair_scale(self) -> float:
+        """Discrete Laplace scale of an edge table when ``steps`` tables share the pair budget
+        evenly (the penalty's data-independent scale)."""
+        if self.pair_budget is None:
+            return math.inf
+        return discrete_laplace_scale(sensitivity=self.max_contributions,
+                                      epsilon=self.pair_budget.epsilon / self.steps)
+
+    def details(self) -> dict[str, Any]:
+        """Manifest details."""
+        return {"model": "1-way tables + forest of affordable 2-way tables", "steps": self.steps,
+                "max_pair_cells": self.max_pair_cells, "theta": self.theta,
+                "structure_epsilon": self.step_epsilon * self.steps,
+                "epsilon_per_step": self.step_epsilon,
+                "one_way_epsilon": self.one_way_budget.epsilon,
+                "pair_epsilon": 0.0 if self.pair_budget is None else self.pair_budget.epsilon,
+                "score": "InDif − cells·b (permute-and-flip; a 'no edge' candidate scores 0)"}
+
+
+def _forest_edges(pairs: Sequence[tuple[int, int]], d: int) -> int:
+    """Size of a spanning forest of the graph ``pairs`` on ``d`` columns."""
+    root = list(range(d))
+
+    def find(x: int) -> int:
+        while root[x] != x:
+            root[x] = root[root[x]]
+            x = root[x]
+        return x
+
+    edges = 0
+    for a, b in pairs:
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            root[ra], edges = rb, edges + 1
+    return edges
+
+
+def plan_forest(rows: float, epsilon: float, shape: Sequence[int], *, max_contributions: int = 1,
+                one_way_fraction: float = FOREST_ONE_WAY_FRACTION,
+                structure_fraction: float = FOREST_STRUCTURE_FRACTION,
+                theta: float = FOREST_THETA,
+                max_family_cells: int = MAX_FAMILY_CELLS) -> ForestPlan:
+    """Size the small-input model from public values only (``rows`` public or a DP count).
+
+    ``ε`` is split into ``one_way_fraction`` (every column's 1-way table), ``structure_fraction``
+    (the edge steps) and the rest (the edges' 2-way tables). With ``r`` edges sharing the pair
+    budget evenly, a pair is affordable when its table is θ-useful,
+    ``rows·(ε_pairs/r)/(m·cells) ≥ theta`` (PrivBayes §4.4's usefulness per table, the rule of
+    :func:`network_usefulness` for one declared pair); ``steps`` is the largest ``r ≤ d−1``
+    whose affordable pairs hold a forest of ``r`` edges (0: no pair is affordable, the model is
+    the independent one and gets the whole ε on its 1-way tables).
+    """
+    shape = [int(c) for c in shape]
+    d, m = len(shape), int(max_contributions)
+    eps_s, eps_1 = epsilon * structure_fraction, epsilon * one_way_fraction
+    eps_2 = epsilon - eps_s - eps_1
+    pairs = list(itertools.combinations(range(d), 2))
+
+    def cap(r: int) -> int:
+        return int(min(max(float(rows), 0.0) * eps_2 / r / (m * theta), max_family_cells))
+
+    steps = 0
+    for r in range(d - 1, 0, -1):
+        if _forest_edges([(a, b) for a, b in pairs if shape[a] * shape[b] <= cap(r)], d) >= r:
+            steps = r
+            break
+    if steps == 0:
+        return ForestPlan(0, 0, None, PureDP(epsilon=float(epsilon)), None, m, float(rows), theta)
+    return ForestPlan(steps, cap(steps), PureDP(epsilon=eps_s), PureDP(epsilon=eps_1),
+                      PureDP(epsilon=eps_2), m, float(rows), theta)
+
+
+def choose_forest(tables: dict[tuple[int, ...], np.ndarray], shape: Sequence[int], *,
+                  plan: ForestPlan, rs: RandomSource) -> list[tuple[int, tuple[int, ...]]]:
+    """Private forest over the affordable pairs (the small-input model's structure).
+
+    ``plan.steps`` steps; each picks by permute-and-flip (``plan.step_epsilon``, sensitivity
+    ``4m``: :func:`indif_score`) one pair joining two trees of the forest so far, scored
+    ``InDif(a, b) − cells(a, b)·b`` (``b`` = :attr:`ForestPlan.pair_scale`, data-independent), or
+    the 'no edge' candidate of score 0 (a constant: it adds no sensitivity). Each step is
+    ``step_epsilon``-DP, the structure ``steps·step_epsilon``-DP by sequential composition (the
+    candidate set of a step depends only on earlier outputs). The forest is oriented from its
+    lowest-numbered column of each tree (post-processing). Returns ``[(column, parents), ...]``
+    in sampling order.
+    """
+    d = len(shape)
+    cands = [(a, b) for a, b in itertools.combinations(range(d), 2)
+             if shape[a] * shape[b] <= plan.max_pair_cells]
+    scores = {p: indif_score(_family_table(tables, p)) - family_cells(shape, p) * plan.pair_scale
+              for p in cands}
+    root = list(range(d))
+
+    def find(x: int) -> int:
+        while root[x] != x:
+            x = root[x]
+        return x
+
+    edges: list[tuple[int, int]] = []
+    for step in range(plan.steps):
+        open_pairs = [p for p in cands if find(p[0]) != find(p[1])]
+        if not open_pairs:
+            break
+        pick = permute_and_flip(rs.child("edge", step),
+                                np.asarray([scores[p] for p in open_pairs] + [0.0]),
+                                epsilon=plan.step_epsilon,
+                                sensitivity=INDIF_SENSITIVITY * plan.max_contributions)
+        if pick < len(open_pairs):
+            a, b = open_pairs[pick]
+            edges.append((a, b))
+            root[find(a)] = find(b)
+    adjacent: dict[int, list[int]] = {c: [] for c in range(d)}
+    for a, b in edges:
+        adjacent[a].append(b)
+        adjacent[b].append(a)
+    seen: set[int] = set()
+    order: list[tuple[int, tuple[int, ...]]] = []
+    for top in range(d):
+        if top in seen:
+            continue
+        seen.add(top)
+        order.append((top, ()))
+        queue = [top]
+        while queue:
+            u = queue.pop(0)
+            for v in sorted(adjacent[u]):
+                if v not in seen:
+                    seen.add(v)
+                    order.append((v, (u,)))
+                    queue.append(v)
+    return order
 
 
 # -- budget plan ---------------------------------------------------------------------------------
@@ -480,6 +647,8 @@ class PrivBayesPlan:
     refine: RefinePlan | None = None
     sizing: NetworkSizing | None = None
     zcdp: ZCDPPlan | None = None  # noise="gaussian" (gaussian_plan): zCDP accounting
+    forest: ForestPlan | None = None  # the small-input model (public rows, network not useful)
+    one_way_budget: PureDP | None = None  # every column's 1-way table beside the network's
 
     @property
     def step_epsilon(self) -> float:
@@ -520,6 +689,8 @@ class PrivBayesPlan:
             "sizing": None if self.sizing is None
             else self.sizing.details(),
             **({} if self.zcdp is None else {"noise": "discrete Gaussian", "zcdp": self.zcdp.details()}),
+            "forest": None if self.forest is None else self.forest.details(),
+            "one_way_epsilon": 0.0 if self.one_way_budget is None else self.one_way_budget.epsilon,
         }
 
 
@@ -540,6 +711,7 @@ def plan_privbayes(
     refine_fraction: float = DEFAULT_REFINE_FRACTION,
     sizing: str = "off",
     rows: int | None = None,
+    one_way_fraction: float = 0.0,
 ) -> PrivBayesPlan:
     """Validate parameters and split the budget; lowers ``degree`` (from the declared shape
     only) until the counts of all candidate families (each at most ``max_family_cells`` cells,
@@ -629,12 +801,27 @@ def plan_privbayes(
                              count_budget=count_budget)
         if rows is not None:  # public row count: the size is a build-time decision
             degree = spec.degree(rows)
+    if sized and rows is not None and degree == 0:
+        # not θ-useful as a network: 1-way tables + a forest of affordable pairs (plan_forest),
+        # or, if no pair is affordable, the independent model with the whole ε
+        forest = plan_forest(rows, budget.epsilon, shape, max_contributions=max_contributions,
+                             max_family_cells=max_family_cells)
+        if forest.steps > 0:
+            return PrivBayesPlan(
+                degree=1, structure_budget=forest.structure_budget,
+                marginal_budget=forest.pair_budget, n_columns=len(shape),
+                max_contributions=max_contributions, max_family_cells=max_family_cells,
+                sizing=spec, forest=forest)
     refine = None
     network = budget.epsilon
     if pairs and degree > 0:
         refine = plan_refinement(refine_budget, pairs=pairs, rounds=min(refine_rounds, pairs),
                                  groups=refine_groups, max_contributions=max_contributions)
         network = budget.epsilon - refine.selection_budget.epsilon - refine.measure_budget.epsilon
+    one_way = None
+    if one_way_fraction > 0 and degree > 0 and len(shape) > 1:
+        one_way = PureDP(epsilon=network * float(one_way_fraction))
+        network -= one_way.epsilon
     if len(shape) == 1 or degree == 0:  # nothing to choose: all of it on the 1-way tables
         structure, rest = 0.0, network
     else:
@@ -652,6 +839,7 @@ def plan_privbayes(
             and rest / (len(shape) * max_contributions) >= AUTO_EXACT_MIN_TABLE_EPSILON),
         refine=refine,
         sizing=spec,
+        one_way_budget=one_way,
     )
 
 
@@ -750,6 +938,15 @@ def spend_zcdp(accountant: PrivacyAccountant, plan: PrivBayesPlan, prefix: str =
                           "Kamath & Steinke 2020); PrivBayes (Zhang et al. 2014)"})
 
 
+def _spend_one_way(accountant: PrivacyAccountant, step: str, budget: PureDP, plan: PrivBayesPlan,
+                   model: str) -> None:
+    accountant.spend(
+        step, budget, mechanism="discrete Laplace on every column's 1-way marginal",
+        details={"tables": plan.n_columns, "sensitivity_per_table": plan.max_contributions,
+                 "split": "ε_i ∝ √cells_i (split_marginal_budget)",
+                 "paper": f"consistency with the {model}'s tables (PriView §4.2) is post-processing"})
+
+
 def spend_privbayes(accountant: PrivacyAccountant, plan: PrivBayesPlan, prefix: str = "privbayes") -> None:
     """Record the spends (size count, structure, marginals, refinement) on ``accountant`` (raises
     if overspent)."""
@@ -766,6 +963,27 @@ def spend_privbayes(accountant: PrivacyAccountant, plan: PrivBayesPlan, prefix: 
                      "use": "post-processing: the network degree (choose_network_degree); 0 = "
                             "independent 1-way marginals with the structure/refinement shares",
                      "paper": "AIM budget-aware sizing (McKenna et al. 2022 §4); PrivBayes §4.4"})
+    if plan.forest is not None:
+        forest = plan.forest
+        accountant.spend(
+            f"{prefix}.structure", forest.structure_budget,
+            mechanism="permute-and-flip on InDif − cells·b over affordable pairs, forest edges",
+            details={"steps": forest.steps, "epsilon_per_step": forest.step_epsilon,
+                     "max_pair_cells": forest.max_pair_cells, "no_edge_score": 0.0,
+                     "sensitivity": INDIF_SENSITIVITY * plan.max_contributions,
+                     "neighbours": "add/remove one privacy unit",
+                     "paper": "PrivBayes §4.4 θ-usefulness (affordable pairs); InDif score "
+                              "(PrivSyn §4); permute-and-flip (McKenna & Sheldon 2020)"})
+        _spend_one_way(accountant, f"{prefix}.one_way", forest.one_way_budget, plan, "forest")
+        accountant.spend(
+            f"{prefix}.marginals", forest.pair_budget,
+            mechanism="discrete Laplace on the forest's chosen 2-way marginals",
+            details={"max_tables": forest.steps, "sensitivity_per_table": plan.max_contributions,
+                     "penalty_scale": forest.pair_scale,
+                     "split": "ε_i ∝ √cells_i over the chosen edges' tables; with no edge "
+                              "chosen, the 1-way tables get this share too",
+                     "paper": "PrivBayes §4.2 (noisy conditionals), converted to add/remove counts"})
+        return
     if plan.structure_budget is not None:
         accountant.spend(
             f"{prefix}.structure", plan.structure_budget,
@@ -777,6 +995,8 @@ def spend_privbayes(accountant: PrivacyAccountant, plan: PrivBayesPlan, prefix: 
                      "paper": "PrivBayes Alg. 4 (Zhang et al. 2014); InDif score (PrivSyn §4); "
                               "permute-and-flip (McKenna & Sheldon 2020)"},
         )
+    if plan.one_way_budget is not None:
+        _spend_one_way(accountant, f"{prefix}.one_way", plan.one_way_budget, plan, "network")
     accountant.spend(
         f"{prefix}.marginals", plan.marginal_budget,
         mechanism="discrete Laplace on the chosen (k+1)-way marginals",
@@ -848,7 +1068,15 @@ def measure_privbayes(
         degree = plan.sizing.degree(rows_hat)  # post-processing of the DP count
         sizing = {"rows_hat": rows_hat, "degree": degree, "max_degree": plan.degree}
         if degree == 0:
+            forest = plan_forest(rows_hat, _planned_epsilon(plan), shape,
+                                 max_contributions=plan.max_contributions,
+                                 max_family_cells=plan.max_family_cells)
+            sizing["forest_steps"] = forest.steps
+            if forest.steps > 0:
+                return _measure_forest(tables, shape, names, forest, rs, sizing)
             return _measure_independent(tables, shape, names, plan, rs, sizing)
+    if plan.forest is not None:
+        return _measure_forest(tables, shape, names, plan.forest, rs, None)
     # the penalty uses the scale the tables would get if every column had a family (data-independent)
     scale = plan.penalty * plan.table_scale(plan.max_tables)
     if d > 1 and degree > 0:
@@ -861,6 +1089,10 @@ def measure_privbayes(
     specs = family_specs(structure)
     exact = [_family_table(tables, s) for s in specs]
     budgets = split_marginal_budget(plan.marginal_budget, [t.size for t in exact])
+    if plan.one_way_budget is not None:  # every column's 1-way table as well (∝ √cells)
+        specs = [(c,) for c in range(d)] + specs
+        exact = [_family_table(tables, (c,)) for c in range(d)] + exact
+        budgets = split_marginal_budget(plan.one_way_budget, [int(c) for c in shape]) + budgets
     released = _release_tables(exact, specs, names, budgets, plan, rs,
                                None if plan.zcdp is None else plan.zcdp.marginal_rho)
     measurement = PrivBayesMeasurement(tuple((x, tuple(p)) for x, p in structure), released,
@@ -879,17 +1111,52 @@ def measure_privbayes(
     return PrivBayesMeasurement(measurement.structure, released, refinement, sizing=sizing)
 
 
+def _planned_epsilon(plan: PrivBayesPlan) -> float:
+    """The network ε planned at build time: structure + marginals + refinement shares."""
+    total = plan.marginal_budget.epsilon
+    if plan.structure_budget is not None:
+        total += plan.structure_budget.epsilon
+    if plan.refine is not None:
+        total += plan.refine.selection_budget.epsilon + plan.refine.measure_budget.epsilon
+    if plan.one_way_budget is not None:
+        total += plan.one_way_budget.epsilon
+    return total
+
+
+def _measure_forest(tables: dict[tuple[int, ...], np.ndarray], shape: Sequence[int],
+                    names: Sequence[str], forest: ForestPlan, rs: RandomSource,
+                    sizing: dict[str, Any] | None) -> PrivBayesMeasurement:
+    """The small-input model: the private forest (:func:`choose_forest`), then every column's
+    1-way table (``forest.one_way_budget``, ∝ √cells) and each chosen edge's 2-way table
+    (``forest.pair_budget``, ∝ √cells; with no edge chosen the 1-way tables get it too), all
+    discrete Laplace. Sequential composition: structure + one-way + pairs = the planned ε."""
+    d = len(shape)
+    structure = choose_forest(tables, shape, plan=forest, rs=rs.child("forest"))
+    fams = [(x, *ps) for x, ps in structure if ps]
+    specs = [(c,) for c in range(d)] + fams
+    exact = [_family_table(tables, s) for s in specs]
+    if fams:
+        budgets = (split_marginal_budget(forest.one_way_budget, [int(shape[c]) for c in range(d)])
+                   + split_marginal_budget(forest.pair_budget, [t.size for t in exact[d:]]))
+    else:
+        budgets = split_marginal_budget(
+            PureDP(epsilon=forest.one_way_budget.epsilon + forest.pair_budget.epsilon),
+            [int(shape[c]) for c in range(d)])
+    released = noisy_marginals(exact, specs=specs, names=names, budgets=budgets,
+                               sensitivity=float(forest.max_contributions), rs=rs.child("marginals"))
+    if sizing is not None:
+        sizing = {**sizing, "forest_edges": len(fams)}
+    return PrivBayesMeasurement(tuple((x, tuple(p)) for x, p in structure), released,
+                                sizing=sizing)
+
+
 def _measure_independent(tables: dict[tuple[int, ...], np.ndarray], shape: Sequence[int],
                          names: Sequence[str], plan: PrivBayesPlan, rs: RandomSource,
                          sizing: dict[str, Any]) -> PrivBayesMeasurement:
     """The run-time fallback (degree 0): every column's 1-way table, discrete Laplace, with the
     whole network ε planned at build time (structure + marginals + refinement shares; sequential
     composition, nothing left unspent), split ∝ √cells (:func:`split_marginal_budget`)."""
-    total = plan.marginal_budget.epsilon
-    if plan.structure_budget is not None:
-        total += plan.structure_budget.epsilon
-    if plan.refine is not None:
-        total += plan.refine.selection_budget.epsilon + plan.refine.measure_budget.epsilon
+    total = _planned_epsilon(plan)
     specs = [(c,) for c in range(len(shape))]
     exact = [_family_table(tables, s) for s in specs]
     budgets = split_marginal_budget(PureDP(epsilon=total), [t.size for t in exact])

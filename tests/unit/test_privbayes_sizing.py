@@ -54,12 +54,16 @@ def test_degree_follows_n_epsilon_and_falls_back_to_independent():
 
 def test_plan_with_public_rows_decides_at_build_time():
     eps = PureDP(epsilon=1.0)
+    # no θ-useful network at 1,000 rows: 1-way tables + a forest of affordable pairs
+    # (tests/unit/test_privbayes_forest.py); at 20 rows no pair is affordable: independent
     small = plan_privbayes(ADULT_SHAPE, eps, sizing="auto", rows=1000)
-    assert small.degree == 0 and small.structure_budget is None and small.refine is None
-    assert small.marginal_budget.epsilon == pytest.approx(1.0)  # the whole ε on the 1-way tables
+    assert small.forest is not None and small.refine is None
     d = small.details()["sizing"]
-    assert d["chosen_degree"] == 0 and d["rows"] == 1000 and "fallback" in d["chosen"]
+    assert d["chosen_degree"] == 0 and d["rows"] == 1000 and "forest" in d["chosen"]
     assert "count_epsilon" not in d
+    tiny = plan_privbayes(ADULT_SHAPE, eps, sizing="auto", rows=20)
+    assert tiny.degree == 0 and tiny.structure_budget is None and tiny.refine is None
+    assert tiny.marginal_budget.epsilon == pytest.approx(1.0)  # the whole ε on the 1-way tables
     big = plan_privbayes(ADULT_SHAPE, eps, sizing="auto", rows=30000)
     off = plan_privbayes(ADULT_SHAPE, eps)
     assert big.degree == off.degree == 1 and big.refine == off.refine
