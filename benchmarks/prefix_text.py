@@ -11,6 +11,15 @@ numpy run of the same level-by-level counting and decisions, measured in the sam
 
     nice -n 10 python benchmarks/prefix_text.py            # full table + speed
     nice -n 10 python benchmarks/prefix_text.py --speed-only
+    nice -n 10 python benchmarks/prefix_text.py --epsilons 1 --methods improved direct direct+noreduce \
+        --seeds 1 2 3 --no-speed
+
+Measured 2026-11-24 (ε = 1, k = 1, seeds 1-3, mean; bands by query frequency [1,10) / [10,100) /
+[100,1000) / ≥1000; load 8-17): improved 0.012 / 0.090 / 0.771 / 1.000, never-in-data 0.030,
+51,207 rows; direct (reduce-to-ancestor, the default) 0.000 / 0.005 / 0.133 / 0.977, never-in-data
+0.0047, 81,099 rows = the noisy total of 81,110 users; direct --no-reduce the same recovery,
+never-in-data 0.0034, 47,218 rows. Seconds, one run each back to back at load 9-12: direct 88 s
+wall / 24.8 s CPU, --no-reduce 86 s / 25.8 s (the pass gathers only the released tree).
 """
 
 from __future__ import annotations
