@@ -162,6 +162,22 @@ def test_cli_direct_text_writes_the_noisy_total(tmp_path):
     assert man["operational"]["mass_reduced_to_keys"] > 0
 
 
+def test_cli_direct_reduce_flag_reaches_the_pipeline(tmp_path):
+    inp = _write(tmp_path, "q.csv", "query\nab\n")
+    seen = []
+
+    def fake(**kw):
+        seen.append(kw.get("reduce"))
+        return {"operational": {"rows_read": 1, "rows_rejected": 0, "rows_used": 1},
+                "release": {"rows_out": 1, "budget": {"spends": []}}}
+
+    with mock.patch("beamsynth.pipelines.cli.prefixes.run_prefixes", fake):
+        for flag in ([], ["--no-reduce"]):
+            assert main(["--quiet", "prefixes", inp, "--kind", "text", "--column", "query", "--method", "direct",
+                         "--epsilon", "1", "--output", str(tmp_path / "o.csv"), *flag]) == 0
+    assert seen == [True, False]
+
+
 def test_cli_spatial_and_bad_arguments(tmp_path, capsys):
     rng = np.random.default_rng(0)
     pts = "".join(f"{a:.4f},{b:.4f}\n" for a, b in rng.uniform(0, 1, (200, 2)))
