@@ -312,8 +312,14 @@ def encode_elements(layout: KeyLayout, elements: Sequence[Any], *, source: str,
     batches: list[EncodedBatch] = []
     dead: list[beam.Row] = []
     records: list[Mapping[str, Any]] = []
-    if set(map(type, elements)) == {dict}:  # the common case (json.loads): no per-element checks
+    kinds = set(map(type, elements))
+    if kinds == {dict}:  # the common case (json.loads): no per-element checks
         records, elements = list(elements), []
+    elif len(kinds) == 1 and _named_tuple_type(next(iter(kinds))) and \
+            layout.schema.extra_columns != "reject":  # schema'd rows of one generated type
+        tuples = _encode_tuples(layout, elements, memo, source=source, position_field=position_field)
+        if tuples is not None:
+            return tuples
     for element in elements:
         if isinstance(element, (pa.Table, pa.RecordBatch)):
             try:
@@ -341,6 +347,44 @@ def encode_elements(layout: KeyLayout, elements: Sequence[Any], *, source: str,
         dead += [_dead(source, _position(records[i], position_field), why, dict(records[i]))
                  for i, why in sorted(reasons.items())]
     return batches, dead
+
+
+def _named_tuple_type(kind: type) -> bool:
+    return issubclass(kind, tuple) and isinstance(getattr(kind, "_fields", None), tuple)
+
+
+def _encode_tuples(layout: KeyLayout, elements: Sequence[tuple], memo: SchemaMemo, *, source: str,
+                   position_field: str | None) -> tuple[list[EncodedBatch], list[beam.Row]] | None:
+    """Rows of one generated NamedTuple type (``ReadFromParquet(as_rows=True)``, ``ReadFromCsv``,
+    ``to_pcollection``), column-wise like an Arrow table: the columns are one transpose
+    (``zip(*rows)``, in C), no dict per row; a row becomes a dict only for its dead letter. Each
+    declared field is read under its name, else its identifier form, as :func:`_record_column`
+    reads a row's ``_asdict()``; a field the type lacks is null in every row. ``None`` when the
+    batch fails as a whole (the caller then encodes the rows as mappings, one by one if need be).
+    """
+    fields = type(elements[0])._fields
+    n = len(elements)
+    by_field = dict(zip(fields, zip(*elements))) if n else {}
+    series: dict[str, Sequence[Any]] = {}
+    missing = []
+    for name in _wanted(layout):
+        field = name if name in fields else avro_field_name(name)
+        if field in fields:
+            series[name] = by_field.get(field, ())
+        else:
+            series[name] = [None] * n
+            missing.append(name)
+    try:
+        batch, reasons = _encode_columns(layout, series, n, memo)
+    except Exception:  # noqa: BLE001 - the mapping path judges the rows one by one
+        return None
+    dead = []
+    for i, why in sorted(reasons.items()):
+        if why.endswith(NULL_CODE_REASON) and "'" in why and why.split("'")[1] in missing:
+            why = f"required field {why.split(chr(39))[1]!r} is missing"
+        record = elements[i]._asdict()
+        dead.append(_dead(source, _position(record, position_field), why, dict(record)))
+    return [batch], dead
 
 
 def _encode_one_by_one(layout: KeyLayout, records: list[Mapping[str, Any]], memo: SchemaMemo

@@ -109,3 +109,39 @@ def test_an_unhashable_value_in_a_dict_rejects_only_its_element():
     codes, reasons, _ = _encode([{"sex": ["M"], "age-band": 1}, {"sex": "F", "age-band": 2}])
     assert codes.tolist() == [[0, 2]]
     assert len(reasons) == 1 and reasons[0][1].startswith("cannot encode element: TypeError")
+
+
+def _as_mappings(rows):
+    """The same rows as dicts (the mapping path), for comparison with the tuple path."""
+    return [r._asdict() for r in rows]
+
+
+@pytest.mark.parametrize("fields", [("sex", "age_band", "line"), ("age_band", "line"),
+                                    ("sex", "line"), ("line", "sex", "age_band", "extra")])
+def test_named_tuple_rows_of_one_type_encode_like_their_dicts(fields):
+    """Rows of one generated type are transposed column-wise; codes, dead letters (reasons,
+    positions, element text) and their order equal those of the same rows as dicts."""
+    from collections import namedtuple
+
+    row = namedtuple("Row", fields)
+    values = {"sex": ["M", "F", None, "X", 3, "M"], "age_band": [1, None, 2, 0, "7", True],
+              "line": [1, 2, 3, 4, 5, 6], "extra": ["e"] * 6}
+    rows = [row(*[values[f][i] for f in fields]) for i in range(6)]
+    tuples = _encode(rows, position_field="line")
+    mappings = _encode(_as_mappings(rows), position_field="line")
+    assert tuples[0].tolist() == mappings[0].tolist()
+    assert tuples[1] == mappings[1] and tuples[1]
+    assert [d.element for d in tuples[2]] == [d.element for d in mappings[2]]
+
+
+def test_named_tuple_rows_with_a_privacy_id_keep_it():
+    import dataclasses
+    from collections import namedtuple
+
+    schema = dataclasses.replace(SCHEMA, privacy_id="uid")
+    row = namedtuple("Row", ("uid", "sex", "age_band"))
+    rows = [row("a", "M", 1), row(7, "F", 0), row("", "F", 0), row(None, "M", 2)]
+    for elements in (rows, _as_mappings(rows)):
+        batches, dead = encode_elements(KeyLayout(schema), elements, source="s")
+        assert batches[0].pids.tolist() == ["a", "7"]
+        assert [d.reason for d in dead] == ["privacy id column 'uid' is empty"] * 2
