@@ -134,6 +134,7 @@ __all__ = [
     "FOREST_ONE_WAY_FRACTION",
     "FOREST_STRUCTURE_FRACTION",
     "FOREST_THETA",
+    "NETWORK_THETA",
     "ForestPlan",
     "plan_forest",
     "choose_forest",
@@ -203,6 +204,7 @@ SIZING_CELLS_CAP = 1_000  # a column counts with at most this many cells in the 
 FOREST_ONE_WAY_FRACTION = 0.8  # small inputs: share of ε on every column's 1-way table ...
 FOREST_STRUCTURE_FRACTION = 0.1  # ... on choosing the forest's edges (the rest: its 2-way tables)
 FOREST_THETA = 4.0  # usefulness a forest edge's 2-way table needs (n̂·ε_t/(m·cells))
+NETWORK_THETA = 4.5  # PrivBayes keeps a k = 1 network from here (below: the forest model)
 
 
 # -- scores --------------------------------------------------------------------------------------
@@ -416,7 +418,7 @@ class NetworkSizing:
     max_contributions: int = 1
     rows: int | None = None
     count_budget: PureDP | None = None
-    theta: float = SIZING_THETA
+    theta: float = NETWORK_THETA
 
     def degree(self, rows_hat: float) -> int:
         """The degree for an estimate ``rows_hat`` (public or DP: post-processing)."""
@@ -648,7 +650,6 @@ class PrivBayesPlan:
     sizing: NetworkSizing | None = None
     zcdp: ZCDPPlan | None = None  # noise="gaussian" (gaussian_plan): zCDP accounting
     forest: ForestPlan | None = None  # the small-input model (public rows, network not useful)
-    one_way_budget: PureDP | None = None  # every column's 1-way table beside the network's
 
     @property
     def step_epsilon(self) -> float:
@@ -690,7 +691,6 @@ class PrivBayesPlan:
             else self.sizing.details(),
             **({} if self.zcdp is None else {"noise": "discrete Gaussian", "zcdp": self.zcdp.details()}),
             "forest": None if self.forest is None else self.forest.details(),
-            "one_way_epsilon": 0.0 if self.one_way_budget is None else self.one_way_budget.epsilon,
         }
 
 
@@ -711,7 +711,6 @@ def plan_privbayes(
     refine_fraction: float = DEFAULT_REFINE_FRACTION,
     sizing: str = "off",
     rows: int | None = None,
-    one_way_fraction: float = 0.0,
 ) -> PrivBayesPlan:
     """Validate parameters and split the budget; lowers ``degree`` (from the declared shape
     only) until the counts of all candidate families (each at most ``max_family_cells`` cells,
@@ -818,10 +817,6 @@ def plan_privbayes(
         refine = plan_refinement(refine_budget, pairs=pairs, rounds=min(refine_rounds, pairs),
                                  groups=refine_groups, max_contributions=max_contributions)
         network = budget.epsilon - refine.selection_budget.epsilon - refine.measure_budget.epsilon
-    one_way = None
-    if one_way_fraction > 0 and degree > 0 and len(shape) > 1:
-        one_way = PureDP(epsilon=network * float(one_way_fraction))
-        network -= one_way.epsilon
     if len(shape) == 1 or degree == 0:  # nothing to choose: all of it on the 1-way tables
         structure, rest = 0.0, network
     else:
@@ -839,7 +834,6 @@ def plan_privbayes(
             and rest / (len(shape) * max_contributions) >= AUTO_EXACT_MIN_TABLE_EPSILON),
         refine=refine,
         sizing=spec,
-        one_way_budget=one_way,
     )
 
 
@@ -938,15 +932,6 @@ def spend_zcdp(accountant: PrivacyAccountant, plan: PrivBayesPlan, prefix: str =
                           "Kamath & Steinke 2020); PrivBayes (Zhang et al. 2014)"})
 
 
-def _spend_one_way(accountant: PrivacyAccountant, step: str, budget: PureDP, plan: PrivBayesPlan,
-                   model: str) -> None:
-    accountant.spend(
-        step, budget, mechanism="discrete Laplace on every column's 1-way marginal",
-        details={"tables": plan.n_columns, "sensitivity_per_table": plan.max_contributions,
-                 "split": "ε_i ∝ √cells_i (split_marginal_budget)",
-                 "paper": f"consistency with the {model}'s tables (PriView §4.2) is post-processing"})
-
-
 def spend_privbayes(accountant: PrivacyAccountant, plan: PrivBayesPlan, prefix: str = "privbayes") -> None:
     """Record the spends (size count, structure, marginals, refinement) on ``accountant`` (raises
     if overspent)."""
@@ -974,7 +959,13 @@ def spend_privbayes(accountant: PrivacyAccountant, plan: PrivBayesPlan, prefix: 
                      "neighbours": "add/remove one privacy unit",
                      "paper": "PrivBayes §4.4 θ-usefulness (affordable pairs); InDif score "
                               "(PrivSyn §4); permute-and-flip (McKenna & Sheldon 2020)"})
-        _spend_one_way(accountant, f"{prefix}.one_way", forest.one_way_budget, plan, "forest")
+        accountant.spend(
+            f"{prefix}.one_way", forest.one_way_budget,
+            mechanism="discrete Laplace on every column's 1-way marginal",
+            details={"tables": plan.n_columns, "sensitivity_per_table": plan.max_contributions,
+                     "split": "ε_i ∝ √cells_i (split_marginal_budget)",
+                     "paper": "consistency with the forest's tables (PriView §4.2) is "
+                              "post-processing"})
         accountant.spend(
             f"{prefix}.marginals", forest.pair_budget,
             mechanism="discrete Laplace on the forest's chosen 2-way marginals",
@@ -995,8 +986,6 @@ def spend_privbayes(accountant: PrivacyAccountant, plan: PrivBayesPlan, prefix: 
                      "paper": "PrivBayes Alg. 4 (Zhang et al. 2014); InDif score (PrivSyn §4); "
                               "permute-and-flip (McKenna & Sheldon 2020)"},
         )
-    if plan.one_way_budget is not None:
-        _spend_one_way(accountant, f"{prefix}.one_way", plan.one_way_budget, plan, "network")
     accountant.spend(
         f"{prefix}.marginals", plan.marginal_budget,
         mechanism="discrete Laplace on the chosen (k+1)-way marginals",
@@ -1089,10 +1078,6 @@ def measure_privbayes(
     specs = family_specs(structure)
     exact = [_family_table(tables, s) for s in specs]
     budgets = split_marginal_budget(plan.marginal_budget, [t.size for t in exact])
-    if plan.one_way_budget is not None:  # every column's 1-way table as well (∝ √cells)
-        specs = [(c,) for c in range(d)] + specs
-        exact = [_family_table(tables, (c,)) for c in range(d)] + exact
-        budgets = split_marginal_budget(plan.one_way_budget, [int(c) for c in shape]) + budgets
     released = _release_tables(exact, specs, names, budgets, plan, rs,
                                None if plan.zcdp is None else plan.zcdp.marginal_rho)
     measurement = PrivBayesMeasurement(tuple((x, tuple(p)) for x, p in structure), released,
@@ -1118,8 +1103,6 @@ def _planned_epsilon(plan: PrivBayesPlan) -> float:
         total += plan.structure_budget.epsilon
     if plan.refine is not None:
         total += plan.refine.selection_budget.epsilon + plan.refine.measure_budget.epsilon
-    if plan.one_way_budget is not None:
-        total += plan.one_way_budget.epsilon
     return total
 
 

@@ -13,17 +13,20 @@ from beamsynth.transforms.privbayes import (
     FOREST_ONE_WAY_FRACTION,
     FOREST_STRUCTURE_FRACTION,
     FOREST_THETA,
+    NETWORK_THETA,
     PrivBayesModel,
     candidate_families,
     choose_forest,
     fit_privbayes,
     measure_privbayes,
+    network_usefulness,
     plan_forest,
     plan_privbayes,
     spend_privbayes,
 )
 
 ADULT_SHAPE = (14, 9, 14, 16, 16, 7, 15, 6, 5, 2, 12, 10, 14, 42, 2)
+PUMS_SHAPE = (13, 2, 17, 7, 11, 2)  # benchmarks/schemas/pums_small.yaml
 
 
 def test_plan_forest_shares_and_the_affordable_pair_rule():
@@ -150,3 +153,13 @@ def test_run_time_fallback_uses_the_forest_when_a_pair_is_affordable():
     spent = sum(t.budget.epsilon for t in m.marginals)
     assert spent == pytest.approx(model_eps * (1 - FOREST_STRUCTURE_FRACTION))
     assert fit_privbayes(m, shape).sample_codes(10, RandomSource(seed=1)).shape == (10, 4)
+
+
+def test_network_kept_only_from_network_theta():
+    # PUMS 1k at ε = 1: k = 1 usefulness 4.2 < NETWORK_THETA → the forest; at ε = 2 (8.4) the network
+    u1 = network_usefulness(1000, 1.0, PUMS_SHAPE, 1)
+    assert 4.0 < u1 < NETWORK_THETA < 2 * u1
+    at1 = plan_privbayes(PUMS_SHAPE, PureDP(epsilon=1.0), sizing="auto", rows=1000)
+    at2 = plan_privbayes(PUMS_SHAPE, PureDP(epsilon=2.0), sizing="auto", rows=1000)
+    assert at1.forest is not None and at1.details()["sizing"]["chosen_degree"] == 0
+    assert at2.forest is None and at2.degree == 1 and at2.sizing.theta == NETWORK_THETA
