@@ -140,11 +140,23 @@ class _ParDoSpec:
     sides: list[_SideSpec]
 
 
-def _run_bundle(items: Iterable[Any], spec: _ParDoSpec, *side_values: list) -> list[tuple[Any, Any]]:
+@dataclass
+class _Carried:
+    """A bundle's metric updates riding along its only consumer's input (see :func:`_run_bundle`)."""
+
+    updates: Any
+
+
+def _run_bundle(items: Iterable[Any], spec: _ParDoSpec, carry: bool,
+                *side_values: list) -> list[Any]:
     """One dask partition = one bundle: setup, start, process every item, finish, teardown.
 
     Returns ``(tag, WindowedValue)`` for every output (``finish_bundle``'s included) and one
-    ``(_METRICS, MetricUpdates)`` with the bundle's Beam metrics.
+    ``(_METRICS, MetricUpdates)`` with the bundle's Beam metrics, or with ``carry`` (one output,
+    read only by one ParDo) the main output's ``WindowedValue`` and the metrics as
+    :class:`_Carried` items, which the consumer passes on with its own. A separate metrics task
+    per bundle kept every bundle's outputs in memory until it ran, which dask put near the end:
+    a worker held all sampled tables of a 10M-row run (2,155 MiB against 662 MiB at 1M).
     """
     from apache_beam.runners.common import DoFnContext, DoFnInvoker, DoFnSignature, _OutputHandler
     from apache_beam.runners.worker import statesampler
@@ -170,13 +182,21 @@ def _run_bundle(items: Iterable[Any], spec: _ParDoSpec, *side_values: list) -> l
         with sampler.scoped_state(spec.label, "process", metrics_container=container):
             invoker.invoke_setup()
             invoker.invoke_start_bundle()
+            carried = []
             for item in items:
+                if isinstance(item, _Carried):  # an upstream bundle's metrics
+                    carried.append(item)
+                    continue
                 invoker.invoke_process(_windowed(item, spec.window_fn))
             invoker.invoke_finish_bundle()  # before collecting: its outputs count too
             invoker.invoke_teardown()
     finally:
         statesampler.set_current_tracker(previous)
-    return [*collector.values, (_METRICS, container.get_cumulative())]
+    if carry:
+        return [*(value for tag, value in collector.values if tag is None), *carried,
+                _Carried(container.get_cumulative())]
+    return [*collector.values, *((_METRICS, c.updates) for c in carried),
+            (_METRICS, container.get_cumulative())]
 
 
 def _select(partition: Iterable[tuple[Any, Any]], tag: Any) -> list[Any]:
@@ -318,11 +338,27 @@ class _LiftCombinePerKey(PTransformOverride):
             return transform
 
 
+class _ReadersVisitor(PipelineVisitor):
+    """PCollection → the steps reading it, ``(step, "main" | "side")``."""
+
+    def __init__(self) -> None:
+        self.readers: dict[pvalue.PCollection, list[tuple[AppliedPTransform, str]]] = {}
+
+    def visit_transform(self, node: AppliedPTransform) -> None:
+        for i in node.inputs:
+            if not isinstance(i, pvalue.PBegin):
+                self.readers.setdefault(i, []).append((node, "main"))
+        for si in node.side_inputs:
+            self.readers.setdefault(si.pvalue, []).append((node, "side"))
+
+
 class _BagVisitor(PipelineVisitor):
     """Beam graph → dask bags, one per output PCollection (see the module docstring)."""
 
-    def __init__(self, bag_kwargs: dict[str, Any]) -> None:
+    def __init__(self, bag_kwargs: dict[str, Any],
+                 readers: dict[pvalue.PCollection, list[tuple[AppliedPTransform, str]]]) -> None:
         self._bag_kwargs = bag_kwargs
+        self.readers = readers  # the steps reading each PCollection ("main" or "side")
         self.bags: dict[pvalue.PCollection, Any] = {}
         self.metric_bags: list[Any] = []
         self.consumed: set[pvalue.PCollection] = set()
@@ -408,13 +444,23 @@ class _BagVisitor(PipelineVisitor):
             # graph's task names with other contents (dask: "different run_spec for key")
             side_values.append(dask.delayed(_concat)(*side_bag.to_delayed(optimize_graph=False)))
         spec = _ParDoSpec(transform.fn, transform.label, list(args), kwargs, window_fn, sides)
-        raw = self.bags[inputs[0]].map_partitions(_run_bundle, spec, *side_values)
+        carry = len(outputs) == 1 and self._only_pardo_reads(outputs[0][1])
+        raw = self.bags[inputs[0]].map_partitions(_run_bundle, spec, carry, *side_values)
+        if carry:  # WindowedValue per element, _Carried per bundle: one task chain, no select
+            self.bags[outputs[0][1]] = raw
+            return
         # (tag, WindowedValue) per output element, (_METRICS, MetricUpdates) per bundle
         main_tag = getattr(transform, "_main_tag", None) or None
         self.metric_bags.append(raw.map_partitions(_select, _METRICS))
         for tag, pcoll in outputs:
             want = None if tag is None or tag == main_tag else tag  # main output: untagged
             self.bags[pcoll] = raw.map_partitions(_select, want)
+
+    def _only_pardo_reads(self, pcoll: pvalue.PCollection) -> bool:
+        """Whether one ParDo reads ``pcoll``, as its main input, and nothing else does."""
+        readers = self.readers.get(pcoll, [])
+        return (len(readers) == 1 and readers[0][1] == "main"
+                and isinstance(readers[0][0].transform, beam.ParDo))
 
     def leaves(self) -> list[Any]:
         """Bags of PCollections no step consumes (sinks, progress steps, ...)."""
@@ -500,7 +546,9 @@ class DaskRunner(PipelineRunner):
         bag_kwargs = DaskOptions._extract_bag_kwargs(dask_options)
         client = distributed.Client(**dask_options)
         pipeline.replace_all([_LiftCombinePerKey(), *dask_overrides()])  # lift before GBKs
-        visitor = _BagVisitor(bag_kwargs)
+        readers = _ReadersVisitor()
+        pipeline.visit(readers)
+        visitor = _BagVisitor(bag_kwargs, readers.readers)
         pipeline.visit(visitor)
         sizes = [leaf.map_partitions(_size) for leaf in visitor.leaves()]
         everything = db.concat(sizes + visitor.metric_bags) if sizes or visitor.metric_bags \

@@ -214,6 +214,35 @@ def test_beamsynth_dask_runner_reports_beam_metrics(dask_address):
     assert sum(c.committed for c in found["counters"]) == 10
 
 
+def test_beamsynth_dask_runner_metrics_ride_along_single_reader_chains(dask_address):
+    """A step read by one ParDo only passes its bundles' metrics to it (no metrics task per
+    bundle, which kept every bundle's outputs in memory until it ran): counts stay exact through
+    a carried chain (A -> B), a step with two readers (B), a GroupByKey and a side input."""
+    from apache_beam.metrics.metric import Metrics, MetricsFilter
+
+    def counted(name):
+        def step(x):
+            Metrics.counter("chain", name).inc()
+            return x
+        return step
+
+    options = options_for(["--runner", "dask", f"--dask_client_address={dask_address}",
+                           "--dask_npartitions=4"])
+    p = beam.Pipeline(options=options)
+    b = p | beam.Create(range(12)) | "A" >> beam.Map(counted("a")) | "B" >> beam.Map(counted("b"))
+    _ = (b | "C" >> beam.Map(counted("c")) | beam.Map(lambda x: (x % 3, x)) | beam.GroupByKey()
+         | "E" >> beam.Map(counted("e")))
+    d = b | "D" >> beam.Map(counted("d"))
+    _ = (p | "One" >> beam.Create([0])
+         | "F" >> beam.Map(lambda x, side: counted("f")(len(side)), beam.pvalue.AsList(d)))
+    result = p.run()
+    result.wait_until_finish()
+    got = {name: sum(c.committed for c in result.metrics().query(
+        MetricsFilter().with_namespace("chain").with_name(name))["counters"])
+        for name in "abcdef"}
+    assert got == {"a": 12, "b": 12, "c": 12, "d": 12, "e": 3, "f": 1}
+
+
 def test_beamsynth_dask_runner_lifts_combines(dask_address):
     """``CombineGlobally`` runs as partial combines per bundle + a ``GroupByKey`` of accumulators
     (Beam's DaskRunner grouped every element under one key: a worker held the whole input)."""

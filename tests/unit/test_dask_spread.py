@@ -82,3 +82,28 @@ def test_group_all_groups_every_partition_in_one_task():
 
     got = _group_all([kv(None, 1), kv("a", 2)], [], [kv(None, 3)])
     assert got == [(None, [1, 3]), ("a", [2])]
+
+
+def test_steps_read_by_one_pardo_get_no_metrics_task():
+    """A → B → C: A's and B's bundles hand their metrics to their only reader; only C (a leaf) has
+    a metrics task per bundle (which keeps the bundle's outputs until it runs)."""
+    import apache_beam as beam
+    from apache_beam.runners.dask.overrides import dask_overrides
+
+    from beamsynth.runners.dask_runner import _BagVisitor, _ReadersVisitor
+
+    p = beam.Pipeline()
+    chain = p | beam.Create(range(4)) | "A" >> beam.Map(str) | "B" >> beam.Map(len)
+    _ = chain | "C" >> beam.Map(abs)
+    p.replace_all(dask_overrides())
+    readers = _ReadersVisitor()
+    p.visit(readers)
+    visitor = _BagVisitor({}, readers.readers)
+    p.visit(visitor)
+    assert len(visitor.metric_bags) == 1
+    _ = chain | "D" >> beam.Map(abs)  # B now has two readers: it keeps its own metrics task
+    readers = _ReadersVisitor()
+    p.visit(readers)
+    visitor = _BagVisitor({}, readers.readers)
+    p.visit(visitor)
+    assert len(visitor.metric_bags) == 3
