@@ -72,6 +72,30 @@ partition and step, 7 partitions at 1M, 68 at 10M, and every task carries its st
 confirmed by a profile), and a worker can hold the outputs of several read tasks at once (a
 ParDo's bundle output stays in memory until both its main-output and metrics selections ran).
 
+Dask 10M, measured 2026-11-24 (session 7; a snapshot of tree 5d435be plus the runner's changes,
+run with ``PYTHONPATH`` pointing at it so peers' uncommitted edits could not change the output;
+1M then 10M back to back, nice 5, my tests running beside the 1M run):
+
+==============================  ====  =========  =========  ==================  ========  ================
+dask                            rows  wall s     CPU s      peak RSS workers    launcher  sha256
+==============================  ====  =========  =========  ==================  ========  ================
+data-sized partitions 1b21f22   1M    559        258        662 / 654 MiB       240 MiB   5d66bd87d105f948
+data-sized partitions 1b21f22   10M   1,238      1,895      2,155 / 1,217 MiB   332 MiB   afb7270aa25518df
+==============================  ====  =========  =========  ==================  ========  ================
+
+Loads (1/5/15 min): 12.1/11.9/10.5 at the start, 12.4/13.3/12.0 between the runs, 16.5/15.8/14.5
+at the end. Both outputs are the DirectRunner's bytes (1M: the earlier sessions' digest, so the
+tree's seeded output has not changed; 10M: direct-multi's afb7270aa25518df from tree ea04fbd).
+10M / 1M: 2.22x wall (the 1M run was slowed by tests), **7.34x CPU** (goal ≤ 12x: met). Memory
+was not flat: the workers grew during sampling (peaks sampled every minute from the status file:
+850 MiB at 633 CPU s, 1,448 at 1,379, 2,155 at 1,501). Cause, reproduced on a synthetic chain
+(Create → CombineGlobally → 200 shards → Reshuffle → a 20 MB array per shard → Map → Map, 2 workers):
+every bundle's metric-selection task kept the bundle's whole output in memory until it ran, and
+dask ran those near the end: 20 shards 311 / 368 MiB, 200 shards 2,645 / 3,739 MiB; without the
+metrics tasks 262 / 262 MiB; with them at dask priority 100, 1,906 / 2,345 MiB. The runner now
+passes a bundle's metrics to the step's only ParDo reader (``_Carried``), so linear chains fuse
+into one task: 251 / 253 MiB at 20 shards, 263 / 264 MiB at 200.
+
     nice -n 10 python benchmarks/scale_10m.py --rows 1000000 3000000
     nice -n 10 python benchmarks/scale_10m.py --rows 1000000 10000000 --runners direct-multi
     nice -n 5 python benchmarks/scale_10m.py --rows 1000000 10000000 --runners dask \
