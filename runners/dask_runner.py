@@ -25,7 +25,8 @@ and its ``DaskOptions``, and translates the graph itself:
 * each bundle runs under a Beam ``MetricsContainer``; its cumulative updates travel as one more
   tagged element and are merged in the launcher (:meth:`DaskRunnerResult.metrics`), so Beam
   counters work (5). A task dask re-runs after a lost worker replaces its result, so counts are
-  exact;
+  exact. A step whose output only one ParDo reads hands its updates to that reader instead
+  (:class:`_Carried`), so the chain is one task and no bundle output waits for a metrics task;
 * the run computes **every leaf** bag (steps nobody consumes: sinks, progress steps) plus the
   metrics in one graph, reduced to sizes on the workers so no element travels to the launcher (1).
   dask computes a task shared by several leaves once.
