@@ -679,17 +679,56 @@ def batch_privbayes(data: Records, pair: NeighbourPair, runs: int, rs: RandomSou
                      for i in range(runs)])
 
 
+PRIVBAYES_PAIRS = (
+    NeighbourPair(HEAVY_PAIRS[0].name, HEAVY_PAIRS[0].smaller, HEAVY_PAIRS[0].larger,
+                  {"row": ("red", 30), "city": "x"}),
+    NeighbourPair(PAIRS[2].name, PAIRS[2].smaller, PAIRS[2].larger, {"row": ("OTHER", 0), "city": "x"}))
 register(AuditCase(
     name="privbayes", epsilon=EPSILON, delta=0.0, run=run_privbayes,
-    pairs=(NeighbourPair(HEAVY_PAIRS[0].name, HEAVY_PAIRS[0].smaller, HEAVY_PAIRS[0].larger,
-                         {"row": ("red", 30), "city": "x"}),
-           NeighbourPair(PAIRS[2].name, PAIRS[2].smaller, PAIRS[2].larger, {"row": ("OTHER", 0), "city": "x"})),
-    statistic=_privbayes_stat, thresholds=tuple(range(-2, 7)), runs=600, slow_runs=6000,
+    pairs=PRIVBAYES_PAIRS, statistic=_privbayes_stat, thresholds=tuple(range(-2, 7)), runs=600,
+    slow_runs=6000,
     batch=batch_privbayes,
     # the structure (exponential mechanism) and the table layout it implies are DP outputs; the
     # data-independent part: the plan, and the marginal budget always fully and exactly spent
     public=lambda r: (_privbayes_setup()[0].details(), round(sum(m.budget.epsilon for m in r.marginals), 9),
                       len(r.refinement.tables)),
+))
+
+
+# PrivBayes' small-input model (issue 18): 1-way tables + a private forest of affordable pairs, as
+# chosen by the sizing for a public input size of 2,000 rows (2 steps over the pairs of ≤ 12 cells)
+@functools.lru_cache(maxsize=1)
+def _forest_setup() -> tuple[Any, list[tuple[int, ...]]]:
+    from beamsynth.transforms.privbayes import candidate_families, plan_forest, plan_privbayes
+
+    base = plan_privbayes(SCHEMA.shape, PureDP(epsilon=EPSILON), degree=1, max_contributions=K,
+                          refine_pairs=0)
+    forest = plan_forest(2_000, EPSILON, SCHEMA.shape, max_contributions=K)
+    plan = dataclasses.replace(base, forest=forest, structure_budget=forest.structure_budget,
+                               marginal_budget=forest.pair_budget)
+    return plan, [tuple(f) for f in candidate_families(len(SCHEMA.shape), plan.degree)]
+
+
+def run_privbayes_forest(data: Records, rs: RandomSource) -> Any:
+    """The forest model's measurement core: bound, pair counts, measure_privbayes (plan.forest)."""
+    from beamsynth.transforms.privbayes import measure_privbayes
+
+    batch = data.encoded()
+    codes = batch.codes
+    if len(batch):
+        codes = codes[bound_rows(codes, batch.pids, K, rs.child("bound"))]
+    plan, families = _forest_setup()
+    return measure_privbayes(_count_tables(codes, families), families, shape=SCHEMA.shape,
+                             names=SCHEMA.names, plan=plan, rs=rs.child("privbayes"))
+
+
+register(AuditCase(
+    name="privbayes forest", epsilon=EPSILON, delta=0.0, run=run_privbayes_forest,
+    pairs=PRIVBAYES_PAIRS, statistic=_privbayes_stat, thresholds=tuple(range(-2, 7)), runs=600,
+    slow_runs=6000,
+    # the forest and its table layout are DP outputs; public: the plan, and the tables' ε, always
+    # ε_1 + ε_2 (the 1-way tables take ε_2 too when no edge is chosen)
+    public=lambda r: (_forest_setup()[0].details(), round(sum(m.budget.epsilon for m in r.marginals), 9)),
 ))
 
 
