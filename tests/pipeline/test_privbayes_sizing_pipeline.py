@@ -9,7 +9,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from beamsynth.pipelines.methods.synthesize import SynthesisConfig, run_synthesis
 from beamsynth.schemas.schema import load_schema
-from beamsynth.transforms.privbayes import SIZE_COUNT_FRACTION
+from beamsynth.transforms.privbayes import FOREST_ONE_WAY_FRACTION, SIZE_COUNT_FRACTION
 
 SCHEMA = {"privacy_id": None, "columns": [
     {"name": "a", "type": "categorical", "domain": {"kind": "categorical", "values": ["x", "y", "z"]}},
@@ -37,3 +37,26 @@ def test_tiny_input_falls_back_to_independent_and_the_manifest_records_it(tmp_pa
     # measured 1-way tables only
     assert sizing["chosen_degree_windows"] == {"0": 1}
     assert len(pd.read_csv(out)) > 0
+
+
+def test_small_public_input_runs_the_forest_model_and_lists_its_spends(tmp_path):
+    schema = {"privacy_id": None, "columns": [
+        *SCHEMA["columns"][:2],
+        {"name": "n", "type": "integer", "domain": {"kind": "integer", "low": 0, "high": 29}}]}
+    src = tmp_path / "in.csv"
+    # 300 rows, ε = 1, shape (3, 2, 30): no θ-useful network (300/(3·31.9) < 4.5), but the
+    # 6-cell pair (a, b) is affordable (300·0.1/4 ≥ 6): the forest model with one step
+    src.write_text("a,b,n\n" + "".join(f"{'xyz'[i % 3]},{'pq'[(i % 3) // 2]},{i % 30}\n"
+                                       for i in range(300)), encoding="utf-8")
+    out = tmp_path / "out.csv"
+    manifest = run_synthesis(SynthesisConfig(
+        input=str(src), schema=load_schema(schema), output=str(out), epsilon=1.0,
+        method="privbayes", rows=50, seed=3, options={"input_rows": 300}),
+        PipelineOptions(["--runner=DirectRunner"]))
+    spends = {s["step"]: s for s in manifest["release"]["budget"]["spends"]}
+    assert list(spends) == ["privbayes.structure", "privbayes.one_way", "privbayes.marginals"]
+    assert spends["privbayes.one_way"]["epsilon"] == pytest.approx(FOREST_ONE_WAY_FRACTION)
+    assert manifest["release"]["budget"]["spent"]["epsilon"] == pytest.approx(1.0)
+    details = manifest["release"]["details"]["method"]["privbayes"]
+    assert details["forest"]["steps"] == 1 and details["sizing"]["chosen_degree"] == 0
+    assert len(pd.read_csv(out)) == 50
