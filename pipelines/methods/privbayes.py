@@ -119,9 +119,10 @@ class PrivBayesMethod(Method):
         if "--pb-sizing" not in taken:
             parser.add_argument("--pb-sizing", dest="pb_sizing", choices=SIZING_MODES, default=None,
                                 help="privbayes: auto (default) chooses the degree from ε and the "
-                                     "input size (--input-rows, else a DP count), down to independent "
-                                     "1-way marginals when n·ε is small (docs/privbayes.md); off "
-                                     "keeps the planned degree")
+                                     "input size (--input-rows, else a DP count); when n·ε is "
+                                     "small, every 1-way table plus a forest of the 2-way tables "
+                                     "that size affords, or independent 1-way marginals "
+                                     "(docs/privbayes.md); off keeps the planned degree")
         add_input_rows_argument(parser)
         if "--pb-noise" not in taken:
             parser.add_argument("--pb-noise", dest="pb_noise", choices=NOISE_MODES, default=None,
