@@ -81,6 +81,8 @@ dask                            rows  wall s     CPU s      peak RSS workers    
 ==============================  ====  =========  =========  ==================  ========  ================
 data-sized partitions 1b21f22   1M    559        258        662 / 654 MiB       240 MiB   5d66bd87d105f948
 data-sized partitions 1b21f22   10M   1,238      1,895      2,155 / 1,217 MiB   332 MiB   afb7270aa25518df
++ carried metrics d63d099       1M    709        268        595 / 532 MiB       237 MiB   5d66bd87d105f948
++ carried metrics d63d099       10M   1,622      2,009      797 / 785 MiB       318 MiB   afb7270aa25518df
 ==============================  ====  =========  =========  ==================  ========  ================
 
 Loads (1/5/15 min): 12.1/11.9/10.5 at the start, 12.4/13.3/12.0 between the runs, 16.5/15.8/14.5
@@ -95,6 +97,16 @@ dask ran those near the end: 20 shards 311 / 368 MiB, 200 shards 2,645 / 3,739 M
 metrics tasks 262 / 262 MiB; with them at dask priority 100, 1,906 / 2,345 MiB. The runner now
 passes a bundle's metrics to the step's only ParDo reader (``_Carried``), so linear chains fuse
 into one task: 251 / 253 MiB at 20 shards, 263 / 264 MiB at 200.
+
+With it (same snapshot + d63d099, 1M then 10M, nice 5; load 9.6/10.6/11.8 → 8.1/11.1/11.8 during
+1M, → 5.2/5.9/7.1 at the end of 10M; a peer process at nice -5 took ~65% of one core): 10M / 1M
+= 2.29x wall, **7.50x CPU**; both outputs the DirectRunner's bytes. Workers no longer grow while
+sampling (797 / 785 MiB reached by 760 of 2,009 CPU s, in the read phase, unchanged to the end;
+the run before had 1,061 / 1,370 MiB at 1,251 CPU s and 2,155 at 1,501). Not flat yet: workers
++200-250 MiB and launcher +81 MiB from 1M to 10M. The launcher hosts the scheduler, whose graph
+still grows with the read parts (16 MiB each: 7 at 1M, 68 at 10M); what the workers' read-phase
+growth is was not traced (suspects: several parts' raw blocks held at once, allocator
+fragmentation over 10x more tasks).
 
     nice -n 10 python benchmarks/scale_10m.py --rows 1000000 3000000
     nice -n 10 python benchmarks/scale_10m.py --rows 1000000 10000000 --runners direct-multi
