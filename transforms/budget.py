@@ -26,6 +26,7 @@ __all__ = [
     "PureDP",
     "Spend",
     "as_budget",
+    "zcdp_approx",
     "zcdp_delta",
     "zcdp_rho",
 ]
@@ -244,6 +245,13 @@ class PrivacyAccountant:
 
 
 # -- zero-concentrated DP (issue 18: Gaussian tables, as AIM accounts them) ------------------------
+def zcdp_approx(rho: float, delta: float) -> ApproxDP:
+    """The (ε, δ) a ρ-zCDP part is reported at on its own: Bun & Steinke 2016, Prop. 1.3,
+    ``ε = ρ + 2√(ρ ln(1/δ))`` (looser than :func:`zcdp_delta`, which the total spend uses; for
+    per-table reports only)."""
+    return ApproxDP(epsilon=float(rho + 2 * math.sqrt(rho * math.log(1 / delta))), delta=delta)
+
+
 def zcdp_delta(rho: float, epsilon: float) -> float:
     """The smallest δ this module certifies for a ρ-zCDP mechanism at ε: Canonne, Kamath &
     Steinke 2020, Cor. 13, ``δ = min over α > 1 of exp((α−1)(αρ−ε)) / (α−1) · (1 − 1/α)^α``,

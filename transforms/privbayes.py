@@ -85,7 +85,7 @@ import numpy as np
 import pyarrow as pa
 
 from beamsynth.schemas.schema import EncodedBatch, Schema
-from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, PureDP, zcdp_rho
+from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, PureDP, zcdp_approx, zcdp_rho
 from beamsynth.transforms.consistency import norm_sub
 from beamsynth.transforms.conventions import display_items, element_types
 from beamsynth.transforms.measure import (
@@ -1165,8 +1165,7 @@ def _release_tables(exact: Sequence[np.ndarray], specs: Sequence[tuple[int, ...]
     rhos = rho * w / w.sum()
     sigmas = m / np.sqrt(2 * rhos)
     delta = plan.zcdp.budget.delta
-    table_budgets = [ApproxDP(epsilon=float(r + 2 * math.sqrt(r * math.log(1 / delta))), delta=delta)
-                     for r in rhos]
+    table_budgets = [zcdp_approx(float(r), delta) for r in rhos]
     return gaussian_marginals(exact, specs=specs, names=names, sigmas=sigmas, rhos=rhos,
                               budgets=table_budgets, sensitivity=m, rs=rs.child("marginals"))
 

@@ -62,7 +62,7 @@ from typing import Any
 import numpy as np
 
 from beamsynth.transforms.balance import balance_pairs
-from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, PureDP
+from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, PureDP, zcdp_approx
 from beamsynth.transforms.consistency import norm_sub
 from beamsynth.transforms.measure import NoisyMarginal
 from beamsynth.transforms.noise import (
@@ -160,8 +160,12 @@ class RefinePlan:
         (ε, δ) of its ρ at the method's δ (Bun & Steinke 2016, ``ε = ρ + 2√(ρ ln 1/δ)``)."""
         if self.sigma is None:
             return PureDP(epsilon=self.table_epsilon)
-        rho = self.max_contributions ** 2 / (2 * self.sigma ** 2)
-        return ApproxDP(epsilon=rho + 2 * math.sqrt(rho * math.log(1 / self.delta)), delta=self.delta)
+        return zcdp_approx(self.table_rho, self.delta)
+
+    @property
+    def table_rho(self) -> float:
+        """ρ of one Gaussian table: L2 sensitivity m (≤ L1), ``m²/(2σ²)``-zCDP (0 without σ)."""
+        return 0.0 if self.sigma is None else self.max_contributions ** 2 / (2 * self.sigma ** 2)
 
     def per_round(self) -> list[int]:
         """Picks in each round (as even as possible, earlier rounds first)."""
@@ -177,8 +181,7 @@ class RefinePlan:
                 "epsilon_per_table": self.table_epsilon, "table_scale": self.table_scale,
                 "pool_rows": self.pool_rows, "rake_iterations": self.rake_iterations,
                 **({} if self.sigma is None else {"noise": "discrete Gaussian", "sigma": self.sigma,
-                                                  "rho_per_table": self.max_contributions ** 2
-                                                  / (2 * self.sigma ** 2)})}
+                                                  "rho_per_table": self.table_rho})}
 
 
 def plan_refinement(budget: PureDP, *, pairs: int = DEFAULT_REFINE_PAIRS,
@@ -464,7 +467,7 @@ def measure_refinement(
                 noisy = t.astype(np.int64) + discrete_gaussian(rs.child("measure", pick), plan.sigma,
                                                                t.shape)
                 kind, noise_scale = "discrete Gaussian", plan.sigma
-                meta["rho"] = plan.max_contributions ** 2 / (2 * plan.sigma ** 2)
+                meta["rho"] = plan.table_rho
             released.append(NoisyMarginal(
                 columns=(a, b), names=(names[a], names[b]), shape=tuple(t.shape), values=noisy,
                 scale=noise_scale, budget=plan.table_budget,
