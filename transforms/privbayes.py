@@ -139,6 +139,7 @@ __all__ = [
     "NETWORK_THETA",
     "ForestPlan",
     "plan_forest",
+    "forest_zcdp_epsilon",
     "choose_forest",
     "network_usefulness",
     "choose_network_degree",
@@ -545,6 +546,33 @@ def plan_forest(rows: float, epsilon: float, shape: Sequence[int], *, max_contri
                       PureDP(epsilon=eps_2), m, float(rows), theta)
 
 
+def forest_zcdp_epsilon(rho: float, shape: Sequence[int], *,
+                        one_way_fraction: float = FOREST_ONE_WAY_FRACTION,
+                        structure_fraction: float = FOREST_STRUCTURE_FRACTION) -> float:
+    """The total pure ε ``E`` of a forest plan (:func:`plan_forest`) whose parts cost at most
+    ``rho`` in zCDP: the run-time small-input fallback of a ``noise="gaussian"`` plan.
+
+    Each part is pure DP and an ε-DP part is ``ε²/2``-zCDP (Bun & Steinke 2016, Prop. 1.4); zCDP
+    parts add up. With ``E`` split as in :func:`plan_forest` and :func:`_measure_forest`: the
+    structure's ``r`` steps of ``ε_s/r`` cost ``≤ ε_s²/2``; the 1-way tables (ε ∝ √cells,
+    :func:`split_marginal_budget`, weights ``w``) cost ``ε_1²·Σw²/2``; the edge tables cost
+    ``≤ ε_2²/2`` (one table is the worst split); with no edge chosen the 1-way tables get
+    ``ε_1 + ε_2``. So the cost is at most ``E²·c`` with
+    ``c = (f_s² + max(f_1²·Σw² + f_2², (f_1 + f_2)²·Σw²))/2`` and ``E = √(ρ/c)``. The network's
+    ``_planned_epsilon`` of a zCDP plan is a sum of Laplace-*equivalent* ε (same noise std as
+    the Gaussian tables), not budget: spent as pure ε it cost up to 7× the planned ρ (Adult,
+    ε = 1, δ = 1e-9: ρ 0.109 against 0.0148).
+    """
+    if not (rho > 0 and math.isfinite(rho)):
+        raise ValueError(f"rho ({rho!r}) must be a finite number > 0")
+    w = np.sqrt(np.minimum(np.asarray(shape, dtype=np.float64), SPLIT_CELLS_CAP))
+    sq = float(((w / w.sum()) ** 2).sum())
+    f_s, f_1 = float(structure_fraction), float(one_way_fraction)
+    f_2 = 1.0 - f_s - f_1
+    c = (f_s ** 2 + max(f_1 ** 2 * sq + f_2 ** 2, (f_1 + f_2) ** 2 * sq)) / 2
+    return math.sqrt(rho / c)
+
+
 def choose_forest(tables: dict[tuple[int, ...], np.ndarray], shape: Sequence[int], *,
                   plan: ForestPlan, rs: RandomSource) -> list[tuple[int, tuple[int, ...]]]:
     """Private forest over the affordable pairs (the small-input model's structure).
@@ -908,7 +936,11 @@ def spend_zcdp(accountant: PrivacyAccountant, plan: PrivBayesPlan, prefix: str =
     if z.count_rho:
         parts["size_count"] = {"mechanism": "discrete Laplace on the record count (pure ε)",
                                "epsilon": plan.sizing.count_budget.epsilon, "rho": z.count_rho,
-                               "sensitivity": plan.max_contributions}
+                               "sensitivity": plan.max_contributions,
+                               "fallback": "no θ-useful network at n̂: the forest model (pure-DP "
+                                           "discrete Laplace) with ε = forest_zcdp_epsilon(ρ − "
+                                           "ρ_count) (its parts' Σ ε_i²/2 ≤ that ρ), or independent "
+                                           "discrete Gaussian 1-way tables with that ρ"}
     if plan.structure_budget is not None:
         parts["structure"] = {"mechanism": "permute-and-flip on InDif − cells·b, greedy network",
                               "steps": plan.n_columns - 1, "epsilon_per_step": plan.step_epsilon,
@@ -1059,7 +1091,11 @@ def measure_privbayes(
         degree = plan.sizing.degree(rows_hat)  # post-processing of the DP count
         sizing = {"rows_hat": rows_hat, "degree": degree, "max_degree": plan.degree}
         if degree == 0:
-            forest = plan_forest(rows_hat, _planned_epsilon(plan), shape,
+            # a zCDP plan's network ε are Laplace-equivalents, not budget: the pure-DP forest gets
+            # the ε whose parts cost at most the planned ρ (forest_zcdp_epsilon)
+            forest_eps = (_planned_epsilon(plan) if plan.zcdp is None else forest_zcdp_epsilon(
+                plan.zcdp.spent_rho - plan.zcdp.count_rho, shape))
+            forest = plan_forest(rows_hat, forest_eps, shape,
                                  max_contributions=plan.max_contributions,
                                  max_family_cells=plan.max_family_cells)
             sizing["forest_steps"] = forest.steps
