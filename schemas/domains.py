@@ -15,7 +15,9 @@ Codes used by the vectorized encoders (``encode_many``):
 from __future__ import annotations
 
 import datetime as _dt
+import decimal
 import math
+import numbers
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -239,18 +241,69 @@ class CategoricalDomain(Domain):
 
 # -- numeric ranges ------------------------------------------------------------------------------
 def _parse_numbers(values: Sequence[Any]) -> np.ndarray:
-    """Floats for raw values (NaN where unparseable): Arrow's C++ parser first, pandas as fallback."""
+    """Floats for raw values (NaN where unparseable), **each value judged alone** (stability: no
+    value changes how another parses): text (``str``, bytes) by Arrow's C++ parser after
+    trimming Unicode white space; numbers (``int``, ``float``, numpy numbers, ``Decimal``) by
+    ``float()``; anything else (booleans, complex, containers, ...) is NaN, i.e. malformed."""
     s = values if isinstance(values, pd.Series) else pd.Series(list(values), dtype=object)
-    try:
+    try:  # the common case (CSV, JSON strings): text that Arrow casts as a whole
         arr = pa.array(s, type=pa.string(), from_pandas=True)
         return pc.cast(pc.utf8_trim_whitespace(arr), pa.float64()).to_numpy(zero_copy_only=False)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, UnicodeError):
-        # UnicodeError: strings holding lone surrogates (undecodable input bytes) are not UTF-8.
-        # Non-string values (ints from JSON/Avro) land here; booleans are not numbers (to_numeric
-        # would read True as 1), so they are malformed.
-        is_bool = s.map(lambda v: isinstance(v, (bool, np.bool_))).to_numpy(dtype=bool)
-        num = pd.to_numeric(s.where(~is_bool, None), errors="coerce")
-        return num.to_numpy(dtype=np.float64, na_value=np.nan)
+        pass
+    arr = s.to_numpy(dtype=object)
+    kind = {t: _number_kind(t) for t in set(map(type, arr))}
+    kinds = np.fromiter(map(kind.__getitem__, map(type, arr)), dtype=np.int8, count=arr.size)
+    out = np.full(arr.size, np.nan)
+    for k, parse in ((0, _parse_text), (1, _parse_real)):
+        at = np.flatnonzero(kinds == k)
+        if at.size:
+            out[at] = parse(arr[at])
+    return out
+
+
+def _number_kind(t: type) -> int:
+    """0: text, 1: a number, 2: neither (NaN)."""
+    if issubclass(t, (str, bytes, bytearray, memoryview)):
+        return 0
+    if issubclass(t, (numbers.Real, decimal.Decimal)) and not issubclass(t, (bool, np.bool_)):
+        return 1  # booleans are not numbers (JSON/Avro/Parquet true/false are malformed)
+    return 2
+
+
+def _parse_text(arr: np.ndarray) -> np.ndarray:
+    """Arrow's float parse of each string; a batch Arrow refuses (one unparseable string, a lone
+    surrogate) is split until the strings that fail stand alone (NaN), so the others parse as
+    they would alone."""
+    try:
+        a = pa.array(arr, type=pa.string(), from_pandas=True)
+        return pc.cast(pc.utf8_trim_whitespace(a), pa.float64()).to_numpy(zero_copy_only=False)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, UnicodeError):
+        # UnicodeError: strings holding lone surrogates (undecodable input bytes) are not UTF-8
+        if arr.size <= 1:
+            return np.full(arr.size, np.nan)
+    try:  # each distinct string once
+        codes, uniques = pd.factorize(arr)
+    except TypeError:  # unhashable text (bytearray)
+        codes, uniques = None, arr
+    if uniques.size < arr.size:
+        return _parse_text(np.asarray(uniques, dtype=object))[codes]
+    mid = arr.size // 2
+    return np.concatenate([_parse_text(arr[:mid]), _parse_text(arr[mid:])])
+
+
+def _parse_real(arr: np.ndarray) -> np.ndarray:
+    """``float(v)`` of each number (NaN when it has none, e.g. ``10**400``)."""
+    try:
+        return arr.astype(np.float64)
+    except (TypeError, ValueError, OverflowError):
+        out = np.full(arr.size, np.nan)
+        for i, v in enumerate(arr.tolist()):
+            try:
+                out[i] = float(v)
+            except (TypeError, ValueError, OverflowError):
+                pass
+        return out
 
 
 def _check_edges(edges: Sequence[float], low: float, high: float, what: str) -> np.ndarray:
