@@ -195,7 +195,7 @@ def _position(record: Mapping[str, Any], field: str | None) -> int | None:
     value = record.get(field)
     try:
         return None if value is None else int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # inf: no position, never a crash
         return None
 
 
@@ -325,10 +325,9 @@ def encode_elements(layout: KeyLayout, elements: Sequence[Any], *, source: str,
             try:
                 b, d = _encode_arrow(layout, element, source=source, position_field=position_field,
                                      memo=memo)
-            except Exception as exc:  # noqa: BLE001 - a broken table is one bad element
-                b, d = _concat(layout, []), [_dead(
-                    source, None, f"cannot encode Arrow element: {type(exc).__name__}: {exc}",
-                    {"arrow_rows": element.num_rows, "fields": element.schema.names})]
+            except Exception as exc:  # noqa: BLE001 - only the rows that fail alone are bad
+                b, d = _encode_arrow_split(layout, element, exc, source=source,
+                                           position_field=position_field, memo=memo)
             batches.append(b)
             dead += d
             continue
@@ -432,7 +431,9 @@ def _encode_arrow(layout: KeyLayout, table: pa.Table | pa.RecordBatch, *, source
     for name in wanted:
         field = name if name in have else avro_field_name(name)
         if field in have:
-            series[name] = table.column(field).to_pandas().astype(object)
+            # integer_object_nulls: an int column with a null stays ints (not floats: 7 -> "7.0"
+            # would change other rows' categories and privacy ids)
+            series[name] = table.column(field).to_pandas(integer_object_nulls=True).astype(object)
         else:  # a missing field is null in every row (rejected where the column is required)
             series[name] = pd.Series([None] * n, dtype=object)
             missing.append(name)
@@ -445,6 +446,34 @@ def _encode_arrow(layout: KeyLayout, table: pa.Table | pa.RecordBatch, *, source
     rows = table.to_pylist()
     return batch, [_dead(source, _position(rows[i], position_field), why, rows[i])
                    for i, why in sorted(reasons.items())]
+
+
+def _encode_arrow_split(layout: KeyLayout, table: pa.Table | pa.RecordBatch, error: Exception, *,
+                        source: str, position_field: str | None, memo: SchemaMemo | None
+                        ) -> tuple[EncodedBatch, list[beam.Row]]:
+    """An Arrow element that fails as a whole (``error``), split in halves until the rows that
+    fail stand alone: each of those is one dead letter, every other row encodes as it would
+    alone (stability), and no row is lost."""
+    n = table.num_rows
+    if n <= 1:
+        reason = f"cannot encode Arrow element: {type(error).__name__}: {error}"
+        try:
+            rows = table.to_pylist()
+        except Exception:  # noqa: BLE001 - a value Python cannot hold: the fields, no value
+            rows = [{"arrow_fields": table.schema.names}] * n
+        return _concat(layout, []), [_dead(source, _position(r, position_field), reason, r)
+                                     for r in rows]
+    parts, dead = [], []
+    for half in (table.slice(0, n // 2), table.slice(n // 2)):
+        try:
+            b, d = _encode_arrow(layout, half, source=source, position_field=position_field,
+                                 memo=memo)
+        except Exception as exc:  # noqa: BLE001
+            b, d = _encode_arrow_split(layout, half, exc, source=source,
+                                       position_field=position_field, memo=memo)
+        parts.append(b)
+        dead += d
+    return _concat(layout, parts), dead
 
 
 class _EncodeFn(beam.DoFn):
