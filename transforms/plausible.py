@@ -127,6 +127,7 @@ __all__ = [
     "privacy_test",
     "release_order",
     "release_shards",
+    "seed_shards",
     "split_assignments",
     "symmetrical_uncertainty",
     "theorem1_guarantee",
@@ -1410,22 +1411,51 @@ class DPPrivBayesGenerator(beam.PTransform):
 # =============================================================================================
 # Beam: candidates
 # =============================================================================================
+def seed_shards(codes: np.ndarray, shards: int) -> np.ndarray:
+    """Shard of each seed record from its values alone (equal records share a shard)."""
+    codes = np.asarray(codes)
+    if codes.shape[0] == 0:
+        return np.zeros(0, dtype=np.int64)
+    return _shard_of(codes.astype(np.uint64), shards)
+
+
+class _KeySeedsFn(beam.DoFn):
+    """Seed records → ``(shard, codes)`` per shard present in the batch (shard from the values)."""
+
+    def __init__(self, shards: int) -> None:
+        self._shards = shards
+
+    def process(self, batch: EncodedBatch):
+        sh = seed_shards(batch.codes, self._shards)
+        for s in np.unique(sh).tolist():
+            yield s, batch.codes[sh == s]
+
+
 class _GenerateFn(beam.DoFn):
+    """Every seed of one value shard → candidates, from the stream ``(shard, window)``.
+
+    The seeds are first put in canonical (sorted) order, so the draws depend on the shard's
+    multiset of seeds and the run secret only: two seed batches with equal content (which a
+    content-keyed stream made draw alike) are just equal records here, each with its own draws.
+    """
+
     def __init__(self, seed: int | None, max_batch: int) -> None:
         self._seed, self._max_batch = seed, max_batch
 
-    def process(self, batch: EncodedBatch, model: PlausibleModel, rows: int, n_seeds: int,
+    def process(self, kv, model: PlausibleModel, rows: int, n_seeds: int,
                 window=beam.DoFn.WindowParam):
-        label = _batch_label(batch)
-        rs = RandomSource(seed=self._seed).child("plausible.candidates", label, *window_labels(window))
+        shard, parts = kv
+        codes = np.concatenate(list(parts), axis=0)
+        codes = codes[np.lexsort(codes.T[::-1])] if codes.shape[0] > 1 else codes
+        rs = RandomSource(seed=self._seed).child("plausible.candidates", shard, *window_labels(window))
         lam = float(rows) / max(int(n_seeds), 1)
-        reps = poisson_counts(rs.child("poisson"), lam, len(batch))
-        idx = np.repeat(np.arange(len(batch)), reps)
+        reps = poisson_counts(rs.child("poisson"), lam, codes.shape[0])
+        idx = np.repeat(np.arange(codes.shape[0]), reps)
         for start in range(0, idx.size, self._max_batch):
             part = idx[start:start + self._max_batch]
-            y, logp = model.generate(batch.codes[part], rs.child("generate", start))
+            y, logp = model.generate(codes[part], rs.child("generate", start))
             beam.metrics.Metrics.counter(METRICS_NAMESPACE, "plausible_candidates").inc(len(part))
-            yield CandidateBatch(y, logp, f"{label}:{start}")
+            yield CandidateBatch(y, logp, f"{shard}:{start}")
 
 
 @element_types(input=EncodedBatch, output=CandidateBatch)
@@ -1436,26 +1466,38 @@ class GenerateCandidates(beam.PTransform):
     ``RandomSource``), so the candidates' seeds are i.i.d. uniform over ``D_S`` and their number is
     ``Poisson(rows)``, independent of the data. Which seeds are used is part of Mechanism 1: the
     privacy of the candidates comes from the test (:func:`candidate_release_cost`), never from
-    this step. Input: ``PCollection[EncodedBatch]``
-    of seeds; side inputs: the model, ``rows`` and ``|D_S|`` (singletons).
-    Output: ``PCollection[CandidateBatch]`` of at most ``max_batch`` candidates.
+    this step. The invocations must be independent, so the draws are keyed by a stable identity
+    that no two seeds share: the seeds are grouped into ``shards`` public shards by their values
+    (:func:`seed_shards`) and each shard draws from ``(shard, window)`` over its sorted seeds. Until
+    the eighth session each seed *batch* drew from a stream keyed by its content, and two batches
+    of equal content drew the same candidates and thresholds
+    (``tests/pipeline/test_plausible.py::test_identical_seed_batches_draw_independent_candidates``).
+    Input: ``PCollection[EncodedBatch]`` of seeds; side inputs: the model, ``rows`` and ``|D_S|``
+    (singletons). Output: ``PCollection[CandidateBatch]`` of at most ``max_batch`` candidates.
     """
 
     def __init__(self, *, model, rows, n_seeds, seed: int | None = None, max_batch: int = 50_000,
-                 label: str | None = None) -> None:
+                 shards: int = 32, label: str | None = None) -> None:
         super().__init__(label)
+        if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
+            raise ValueError(f"shards ({shards!r}) must be an int >= 1")
         self._model, self._rows, self._n_seeds = model, rows, n_seeds
-        self._seed, self._max_batch = run_seed(seed), int(max_batch)
+        self._seed, self._max_batch, self._shards = run_seed(seed), int(max_batch), shards
 
     def display_data(self) -> dict[str, Any]:
-        """Batch size only: the candidates' privacy comes from the test that follows."""
+        """Batch size and public shard count only: the candidates' privacy comes from the test."""
         return display_items(mechanism="candidate generation (Mechanism 1, Poissonized)",
-                             max_batch=self._max_batch)
+                             max_batch=self._max_batch, shards=self._shards)
 
     def expand(self, seeds):
-        return seeds | "Generate" >> beam.ParDo(
-            _GenerateFn(self._seed, self._max_batch), beam.pvalue.AsSingleton(self._model),
-            beam.pvalue.AsSingleton(self._rows), beam.pvalue.AsSingleton(self._n_seeds))
+        return (seeds
+                | "KeySeeds" >> beam.ParDo(_KeySeedsFn(self._shards))
+                # (shard, codes[r, m]): equal seeds share a shard
+                | "GroupSeeds" >> beam.GroupByKey()
+                # (shard, [codes, ...]): every seed of the shard and window
+                | "Generate" >> beam.ParDo(
+                    _GenerateFn(self._seed, self._max_batch), beam.pvalue.AsSingleton(self._model),
+                    beam.pvalue.AsSingleton(self._rows), beam.pvalue.AsSingleton(self._n_seeds)))
         # CandidateBatch
 
 

@@ -240,3 +240,31 @@ def test_order_released_output_does_not_depend_on_batching_or_arrival_order():
                    | f"All{name}" >> beam.combiners.ToList()
                    | f"Sort{name}" >> beam.Map(sorted))
             assert_that(got, lambda g: _eq(g, expected), label=f"Check{name}")
+
+
+def test_identical_seed_batches_draw_independent_candidates():
+    """Mechanism 1's invocations must be independent: two seed batches with the same content (a
+    file of repeated blocks, few distinct values, one-row API batches) drew their Poisson counts,
+    candidates and test thresholds from streams keyed by the batch's *content*, so they produced
+    the same candidates twice. Neighbour pair: 2·b identical rows in two batches give an even
+    number of candidates (each candidate doubled) always; 2·b + 1 rows give an odd number about
+    half the time (Poisson(rows)), so the release told them apart with δ ≈ 1/2."""
+    from beamsynth.transforms.plausible import PerturbationModel
+
+    block = _data(300, seed=7)
+    with BeamTestPipeline(options=OPTIONS) as p:
+        seeds = p | "Seeds" >> beam.Create([EncodedBatch(block.copy()), EncodedBatch(block.copy())])
+        model = p | "Model" >> beam.Create([PerturbationModel(shape=SHAPE, p=0.5)])
+        n_seeds = p | "N" >> beam.Create([2 * len(block)])
+        rows = p | "Rows" >> beam.Create([1200])
+        cands = seeds | GenerateCandidates(model=model, rows=rows, n_seeds=n_seeds, seed=3)
+        collected = cands | beam.Map(lambda c: c.codes.tolist()) | beam.combiners.ToList()
+
+        def not_doubled(lists):
+            (parts,) = lists
+            rows_ = [tuple(r) for part in parts for r in part]
+            assert 900 < len(rows_) < 1500  # Poisson(1200)
+            _, mult = np.unique(np.asarray(rows_), axis=0, return_counts=True)
+            assert (mult % 2 == 1).any(), "every candidate drawn twice: the two batches drew alike"
+
+        assert_that(collected, not_doubled)
