@@ -51,9 +51,9 @@ of (category, count) pairs has exactly the brute-force law.
 
 **Empty input.** With no rows, ``a = 0`` and the release is ``K ~ Binomial(n, p)`` random
 categories with ``τ + Geometric`` counts — still ε-DP, and with probability ``ρ(τ)`` empty.
-Windowed input: one release per **declared** window, records or not (:func:`~beamsynth.
-transforms.measure.combine_globally`; other windowing is refused at build time), and one in
-the global window, even on empty input.
+Windowed input: one release per **declared** window, records or not
+(:func:`~beamsynth.transforms.measure.combine_globally`; other windowing is refused at build
+time), and one in the global window, even on empty input.
 """
 
 from __future__ import annotations
