@@ -294,9 +294,24 @@ class PrivateTransform(beam.PTransform):
             self._refuse(left)
         if label is not None:
             self.label = label
+        self._unique_label(left.pipeline)  # before bind: a refused step spends nothing
         self._private = left
         self.bind(left)
         return left.pipeline.apply(self, left.batches)
+
+    def _unique_label(self, pipeline: beam.Pipeline) -> None:
+        """Refuse (or, under ``--auto_unique_labels``, rename) a label already in the pipeline
+        before anything is spent, so the accountant never holds a spend of a step Beam refused."""
+        full = "/".join([pipeline._current_transform().full_label, self.label]).lstrip("/")
+        if full not in pipeline.applied_labels:
+            return
+        if pipeline._options.view_as(StandardOptions).auto_unique_labels:
+            self.label = pipeline._generate_unique_label(self)
+            return
+        name = type(self).__name__
+        raise RuntimeError(f"a step labelled {full!r} is already in the pipeline (nothing was "
+                           f"spent); give this one its own label: private | \"My{name}\" >> "
+                           f"bs.{name}(...)")
 
     def bind(self, private: PrivateCollection) -> None:
         """Validate against the schema and spend on the job (called at build time)."""

@@ -21,8 +21,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import apache_beam as beam
 import pyarrow.parquet as pq
 import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
 
 import beamsynth as bs
 from tests.pipeline.test_etl_job import ROOT, etl_job
@@ -138,3 +140,32 @@ def test_etl_job_on_the_unseen_schema_is_the_same_on_two_processes(acs, tmp_path
     assert sorted(one["rejected.jsonl"].splitlines()) == sorted(two["rejected.jsonl"].splitlines())
     m1, m2 = (json.loads(x["manifest.json"]) for x in (one, two))
     assert m1["operational"] == m2["operational"] and m1["release"]["budget"] == m2["release"]["budget"]
+
+
+def _private_pair(options=None):
+    job = bs.PrivacyJob(epsilon=1.0, seed=1)
+    p = beam.Pipeline(options=options)
+    rows = p | beam.Create([{"sex": "Male", "race": "White"}])
+    return job, rows | job.private(bs.load_schema("adult").select(["sex", "race"]))
+
+
+def test_a_step_label_used_twice_is_refused_before_it_spends():
+    """Written as a user: IndependentSynthesis and Synthesize(method="independent") share the
+    default label; Beam refused the second one only after it had spent (a phantom spend)."""
+    job, private = _private_pair()
+    _ = private | bs.IndependentSynthesis(epsilon=0.3, rows=5)
+    with pytest.raises(RuntimeError, match=r"'Synthesize\[independent\]' is already in the pipeline "
+                       r"\(nothing was spent\); give this one its own label: private \| "
+                       r'"MySynthesize" >> bs.Synthesize'):
+        _ = private | bs.Synthesize(method="independent", epsilon=0.3, rows=5)
+    assert job.accountant.spent_epsilon == pytest.approx(0.3)
+    _ = private | "ByName" >> bs.Synthesize(method="independent", epsilon=0.3, rows=5)
+    assert job.accountant.spent_epsilon == pytest.approx(0.6)
+
+
+def test_auto_unique_labels_give_each_spend_its_own_step():
+    job, private = _private_pair(PipelineOptions(["--auto_unique_labels"]))
+    _ = private | bs.Count(epsilon=0.1)
+    _ = private | bs.Count(epsilon=0.1)
+    steps = [s.step for s in job.accountant.spends]
+    assert len(steps) == 2 and len(set(steps)) == 2 and steps[0] == "Count"  # two seeds, not one
