@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -73,6 +74,8 @@ __all__ = [
 ]
 
 WINDOW_FIELD = "window_start"  # first field of every output row under declared windows
+_SEEDED = "seeded: not for release"  # the manifest's randomness note of a seeded job
+_LOG = logging.getLogger(__name__)
 
 
 def check_epsilon(epsilon: Any, *, name: str = "epsilon") -> float:
@@ -126,7 +129,8 @@ class PrivacyJob:
       delta: total δ (default 0; only δ-spending mechanisms such as SBHG use it).
       privacy_unit: :class:`PrivacyUnit` (default: one record).
       seed: ``None`` (secure noise, the default) or an int for tests and demos only; the manifest
-        then says ``seeded: not for release``.
+        then says ``seeded: not for release`` and a warning is logged when the job is made (a
+        job without ``bs.WriteManifest`` is marked too).
       name: the job's name in the manifest.
     """
 
@@ -143,6 +147,9 @@ class PrivacyJob:
         self.unit = unit
         self.seed = seed
         self.name = str(name)
+        if seed is not None:
+            _LOG.warning("PrivacyJob %r: seed=%d: %s (fixed noise is for tests and demos; the "
+                         "manifest says so)", self.name, seed, _SEEDED)
         self.sources: list[dict[str, Any]] = []   # one entry per private collection
         self.count_outputs: list[beam.PCollection] = []  # (source, field, n) exact, private
         self.mechanisms: list[dict[str, Any]] = []

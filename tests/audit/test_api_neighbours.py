@@ -33,6 +33,7 @@ code before the fix, patched in) that the same check must catch:
 from __future__ import annotations
 
 import json
+import logging
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -237,3 +238,12 @@ def test_api_neighbour_audit_catches_broken_variant(tmp_path: Path, variant: str
     with patch():
         findings = audit_api_neighbours(names, tmp_path)
     assert all(findings[n] for n in names), findings
+
+
+def test_seeded_job_is_marked_when_built(caplog: pytest.LogCaptureFixture) -> None:
+    """Rule 4: a seeded job is marked even when no manifest is written (a warning when built)."""
+    with caplog.at_level(logging.WARNING):
+        bs.PrivacyJob(epsilon=1.0)
+        bs.PrivacyJob(epsilon=1.0, seed=5, name="demo")
+    marks = [r.getMessage() for r in caplog.records if "not for release" in r.getMessage()]
+    assert len(marks) == 1 and "'demo'" in marks[0], marks
