@@ -44,6 +44,7 @@ from beamsynth.schemas.keys import HierarchyKeyCodec as HierarchyKey
 from beamsynth.schemas.keys import SpatialKeyCodec as SpatialKey
 from beamsynth.schemas.keys import TextKeyCodec as TextKey
 from beamsynth.schemas.schema import EncodedBatch, Schema, SchemaError, load_schema
+from beamsynth.schemas.schema import avro_field_name as field_name
 from beamsynth.transforms.budget import ApproxDP, BudgetExceededError, PureDP
 from beamsynth.transforms.cathist import ReleasedHistogram
 from beamsynth.transforms.inputs import DEAD_LETTER_TYPE
@@ -90,6 +91,7 @@ __all__ = [
     "arrow_schema",
     "beamsynth_settings",
     "check_pipeline_args",
+    "field_name",
     "load_schema",
     "pipeline_options",
     "privacy_job_from_options",

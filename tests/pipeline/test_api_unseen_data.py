@@ -169,3 +169,34 @@ def test_auto_unique_labels_give_each_spend_its_own_step():
     _ = private | bs.Count(epsilon=0.1)
     steps = [s.step for s in job.accountant.spends]
     assert len(steps) == 2 and len(set(steps)) == 2 and steps[0] == "Count"  # two seeds, not one
+
+
+def test_parquet_rows_with_field_name_columns_are_read_for_their_declared_columns(tmp_path):
+    """Written as a user on census KDD: ``ReadFromParquet(as_rows=True)`` needs identifier column
+    names, and a hand-made ``replace(" ", "_")`` leaves ``veteran's`` invalid; ``bs.field_name``
+    gives the name Beam takes and ``job.private`` reads for the declared column."""
+    import pyarrow as pa
+    from apache_beam.testing.util import assert_that, equal_to
+
+    schema = bs.load_schema({"name": "kdd_like", "columns": [
+        {"name": "fill inc questionnaire for veteran's admin", "type": "categorical",
+         "domain": {"kind": "categorical", "values": ["No", "Yes", "Not in universe"]}},
+        {"name": "age-years", "type": "integer", "domain": {"kind": "integer", "low": 0, "high": 120}}]})
+    table = pa.table({"fill inc questionnaire for veteran's admin": ["No", "Yes", "No", "Maybe"],
+                      "age-years": [30, 41, 52, 63]})
+    names = [bs.field_name(c) for c in table.column_names]
+    assert names == ["fill_inc_questionnaire_for_veteran_s_admin", "age_years"]
+    assert names == [f.name for f in bs.arrow_schema(schema)]
+    assert all(n.isidentifier() for n in names)
+    pq.write_table(table.rename_columns(names), tmp_path / "kdd.parquet")
+    job = bs.PrivacyJob(epsilon=1.0, seed=2)
+    with beam.Pipeline() as p:
+        rows = p | beam.io.ReadFromParquet(str(tmp_path / "kdd.parquet"), as_rows=True)
+        private = rows | job.private(schema, source="kdd")
+        reasons = private.dead_letters | beam.Map(lambda r: r.reason)
+        assert_that(reasons, equal_to(
+            ["column \"fill inc questionnaire for veteran's admin\": value 'Maybe' is outside "
+             "the declared categorical domain"]))
+        _ = p | bs.WriteManifest(job=job, path=str(tmp_path / "manifest.json"))
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["operational"]["sources"]["kdd"]["used"] == 3

@@ -19,6 +19,7 @@ DOC = ROOT / "docs" / "beam-api.md"
 README = ROOT / "README.md"
 ADULT = ROOT / "examples" / "data" / "adult" / "adult.csv"
 WINDOWS_SNIPPET = "days.start_labels()"
+JSON_SNIPPET = "with_exception_handling()"
 _BLOCK = re.compile(r"(<!-- slow -->\s*\n)?```python\n(.*?)```", re.S)
 
 
@@ -32,7 +33,7 @@ def _doc_cases():
     setup = blocks[0][0]
     cases = []
     for i, (code, slow) in enumerate(blocks[1:], start=1):
-        if WINDOWS_SNIPPET in code:  # run, and its files checked, by test_windows_snippet_...
+        if WINDOWS_SNIPPET in code or JSON_SNIPPET in code:  # run, and checked, by their own tests
             continue
         title = code.strip().splitlines()[0][:40]
         marks = [pytest.mark.slow] if slow else []
@@ -103,6 +104,24 @@ def test_windows_snippet_writes_one_file_per_declared_day(sandbox):
     manifest = json.loads((sandbox / "out" / "windows" / "manifest.json").read_text())
     assert len(manifest["release"]["details"]["windows"]["per_window"]) == 3
     assert manifest["operational"]["rows_rejected"] == 1  # the sandbox's one bad row
+
+
+def test_json_lines_snippet_keeps_bad_lines_as_counted_dead_letters(sandbox):
+    """Written as a user: ``beam.Map(json.loads)`` on a truncated or empty line failed the run;
+    the page now shows Beam's ``with_exception_handling`` + ``job.count_rejected``."""
+    import json
+
+    blocks = snippets(DOC)
+    (code,) = [c for c, _ in blocks if JSON_SNIPPET in c]
+    exec(compile(blocks[0][0] + "\n" + code, str(DOC), "exec"), {"__name__": "__snippet__"})
+    out = sandbox / "out" / "json"
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["operational"]["sources"]["events"] == {
+        "read": 302, "rejected": 2, "dropped_by_bound": 0, "used": 300}
+    (rejected,) = out.glob("rejected*.jsonl")
+    dead = [json.loads(line) for line in rejected.read_text().splitlines()]
+    assert sorted(d["element"] for d in dead) == ["", '{"age": 39, "workclass": ']
+    assert all(d["reason"].startswith("invalid JSON: JSONDecodeError(") for d in dead), dead
 
 
 @pytest.mark.parametrize("code", _doc_cases())
