@@ -41,7 +41,9 @@ schema; nothing about the columns is hard-coded here. The steps, all in ONE Beam
 
 Output files (names fixed in advance): ``synthetic.parquet``, ``histogram_<COL>.parquet``,
 ``marginal_<a>__<b>.parquet`` per pair, ``count.parquet``, ``rejected.jsonl``,
-``manifest.json``. Beam's ``ReadFromText`` gives elements no line number, so by default dead
+``manifest.json``. DIR must not hold other files (an earlier run's releases would sit next to
+this run's): the job refuses it before building. At the end it prints the manifest's exact
+counts, ``events read R = used U + rejected X + dropped by the contribution bound D`` (private). Beam's ``ReadFromText`` gives elements no line number, so by default dead
 letters carry the raw line and ``position: null``; ``--line-numbers`` reads each file whole
 (``fileio.MatchFiles`` + ``ReadMatches``, not split across workers) and numbers every dead letter
 by its line (per file).
@@ -59,6 +61,7 @@ from typing import Any
 
 import apache_beam as beam
 from apache_beam.io import fileio
+from apache_beam.io.filesystems import FileSystems
 
 import beamsynth as bs
 
@@ -192,7 +195,11 @@ def dead_letter(element: str, reason: str, position: int | None = None) -> dict[
 
 def build_parser() -> argparse.ArgumentParser:
     """The script's own options (anything else goes to Beam)."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="Any other --option goes to Beam, e.g. --runner direct-multi (2 processes; "
+               "--direct_num_workers=N), --runner dask; docs/runners.md. A mistyped option is "
+               "refused. Workers log at WARNING unless --default_sdk_harness_log_level is given.")
     ap.add_argument("input", help="JSON-lines events (a path or glob Beam's ReadFromText takes)")
     ap.add_argument("--schema", required=True, help="bundled schema name or YAML/JSON path")
     ap.add_argument("--epsilon", type=float, required=True, help="total ε of the whole job")
@@ -245,6 +252,20 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
     shares = {k: args.epsilon * f for k, f in fractions.items()}
     return {"schema": schema, "histogram": hist, "tolerance": tolerance, "pairs": pairs, "fractions": fractions,
             "shares": shares}
+
+
+def output_files(chosen: dict[str, Any]) -> list[str]:
+    """The names this run writes into DIR, fixed by the plan before any data is read."""
+    return (["synthetic.parquet", f"histogram_{file_part(chosen['histogram'])}.parquet"]
+            + ["marginal_" + "__".join(file_part(c) for c in pair) + ".parquet"
+               for pair in chosen["pairs"]] + ["count.parquet", "rejected.jsonl", "manifest.json"])
+
+
+def stale_files(folder: str, chosen: dict[str, Any]) -> list[str]:
+    """Files already in ``folder`` that this run would not overwrite (an earlier run's)."""
+    if not os.path.isdir(folder):
+        return []
+    return sorted(set(os.listdir(folder)) - set(output_files(chosen)))
 
 
 def build(p: beam.Pipeline, args: argparse.Namespace, chosen: dict[str, Any]) -> bs.PrivacyJob:
@@ -308,6 +329,15 @@ def build(p: beam.Pipeline, args: argparse.Namespace, chosen: dict[str, Any]) ->
     return job
 
 
+def count_summary(manifest_path: str) -> str:
+    """The manifest's exact counts as one line: read = used + rejected + dropped by the bound."""
+    with FileSystems.open(manifest_path) as fh:
+        op = json.loads(fh.read().decode("utf-8"))["operational"]
+    return (f"events read {op['rows_read']} = used {op['rows_used']} + rejected "
+            f"{op['rows_rejected']} (rejected.jsonl) + dropped by the contribution bound "
+            f"{op['rows_dropped_by_bound']}: exact counts, private (manifest 'operational')")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the job; returns 0. Raises ``bs.BudgetExceededError`` before reading on overspending."""
     parser = build_parser()
@@ -318,17 +348,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     except bs.UnknownOptionError as exc:
         parser.error(str(exc))   # exit 2
     chosen = plan(args)
+    stale = stale_files(args.output, chosen)
+    if stale:  # an earlier run's files next to this run's would be read as this run's releases
+        parser.error(f"--output {args.output} holds files this run does not write: "
+                     f"{', '.join(stale)}; use an empty or new folder")
     total = sum(chosen["fractions"].values())
     print(f"schema {chosen['schema'].name}: ε = {args.epsilon} split "
           + ", ".join(f"{k} {f:g} (ε={chosen['shares'][k]:.4g})"
                       for k, f in chosen["fractions"].items()) + f"; fractions sum {total:g}")
     print(f"histogram column {chosen['histogram']!r}; marginals {chosen['pairs']}")
+    if not any(a.startswith("--default_sdk_harness_log_level") for a in beam_args):
+        beam_args = [*beam_args, "--default_sdk_harness_log_level=WARNING"]  # quiet workers
     p = beam.Pipeline(options=bs.pipeline_options(beam_args))
     job = build(p, args, chosen)     # raises here, before the pipeline runs, if E is overspent
     os.makedirs(args.output, exist_ok=True)
     p.run().wait_until_finish()
     print(f"spent ε = {job.accountant.spent_epsilon:.6g} of {args.epsilon}; "
           f"outputs and manifest in {args.output}")
+    print(count_summary(os.path.join(args.output, "manifest.json")))
     return 0
 
 

@@ -98,7 +98,27 @@ def test_etl_job_direct_runner(events, tmp_path, capsys):
     assert etl_job.main(_args(events, out)) == 0
     printed = capsys.readouterr().out
     assert "synthetic 0.6 (ε=0.6)" in printed and "fractions sum 1" in printed
+    # the exact counts a user checks (nothing dropped silently), from the manifest
+    assert ("events read 244 = used 239 + rejected 5 (rejected.jsonl) + dropped by the "
+            "contribution bound 0") in printed
     _check_outputs(out)
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        etl_job.output_files(etl_job.plan(etl_job.build_parser().parse_args(_args(events, out)))))
+
+
+def test_help_names_beam_options_and_a_used_folder_is_refused(events, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        etl_job.main(["--help"])
+    assert "--runner direct-multi" in capsys.readouterr().out
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "marginal_age__sex.parquet").write_bytes(b"an earlier run's release")
+    with pytest.raises(SystemExit) as exc:
+        etl_job.main(_args(events, out))
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "holds files this run does not write: marginal_age__sex.parquet" in err
+    assert sorted(p.name for p in out.iterdir()) == ["marginal_age__sex.parquet"]
 
 
 def test_overspending_split_fails_before_reading(events, tmp_path, monkeypatch):
