@@ -48,6 +48,7 @@ from beamsynth.schemas.schema import (
     EncodedBatch,
     Schema,
     avro_field_name,
+    privacy_id_text,
 )
 from beamsynth.transforms.column_memo import SchemaMemo
 from beamsynth.transforms.conventions import display_items, element_types
@@ -212,8 +213,10 @@ def _encode_schema(schema: Schema, series: Mapping[str, Sequence[Any]], n: int,
     codes = np.empty((n, len(schema.columns)), dtype=dtype)
     reasons: dict[int, str] = {}
     records = series.records if isinstance(series, _RecordColumns) else None
+    rows = {} if records is None else memo.encode_rows(records, schema.names)  # settled columns
     for j, col in enumerate(schema.columns):
-        done = None if records is None else memo.encode_records(j, records, col.name)
+        done = rows.get(j) or (None if records is None else
+                               memo.encode_records(j, records, col.name))
         cells, why = memo.encode(j, series[col.name]) if done is None else done
         codes[:, j] = cells
         for i, r in why.items():
@@ -227,7 +230,7 @@ def _encode_schema(schema: Schema, series: Mapping[str, Sequence[Any]], n: int,
                 reasons.setdefault(i, f"privacy id column {schema.privacy_id!r} is empty")
                 pids[i] = ""
             else:
-                pids[i] = str(v)
+                pids[i] = privacy_id_text(v)
     if reasons:
         keep = np.ones(n, dtype=bool)
         keep[list(reasons)] = False
