@@ -54,6 +54,7 @@ __all__ = [
     "bundled_schema_path",
     "NULL_CODE_REASON",
     "avro_field_name",
+    "privacy_id_text",
 ]
 
 COLUMN_TYPES = ("categorical", "integer", "float", "datetime", "string", "text")
@@ -482,7 +483,7 @@ class Schema:
                     reasons.setdefault(i, f"privacy id column {self.privacy_id!r} is empty")
                     pids[i] = ""
                 else:
-                    pids[i] = str(v)
+                    pids[i] = privacy_id_text(v)
         bad = sorted(reasons.items())
         if bad:
             keep = np.ones(n_rows, dtype=bool)
@@ -519,6 +520,12 @@ class Schema:
             "namespace": "beamsynth.synthetic",
             "fields": fields,
         }
+
+
+def privacy_id_text(value: Any) -> str:
+    """A privacy id as text, one spelling per person: 7, "7" and 7.0 (a JSON or pandas float)
+    are the id "7", so the contribution bound holds per person, not per spelling."""
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
 
 
 def avro_field_name(name: str) -> str:

@@ -200,3 +200,25 @@ def test_parquet_rows_with_field_name_columns_are_read_for_their_declared_column
         _ = p | bs.WriteManifest(job=job, path=str(tmp_path / "manifest.json"))
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert manifest["operational"]["sources"]["kdd"]["used"] == 3
+
+
+def test_one_person_whose_id_arrives_as_int_string_and_float_is_one_unit(tmp_path):
+    """Seen converting PUMS_dup to JSON lines: a producer writes the same id as 7, "7" or 7.0
+    (pandas turns an int column with a null into floats). 7.0 became the id "7.0", a second unit
+    for the same person, so the contribution bound held per spelling, not per person."""
+    unit = bs.PrivacyUnit(id_column="pid", max_contributions=1)
+    job = bs.PrivacyJob(epsilon=1.0, seed=1, privacy_unit=unit)
+    events = [{"pid": pid, "sex": "Male", "race": "White"} for pid in (7, "7", 7.0, 8.0, 8.5)]
+    with beam.Pipeline() as p:
+        private = p | beam.Create(events) | job.private(
+            bs.load_schema("adult").select(["sex", "race"]), source="events")
+        _ = private.dead_letters | beam.Map(print)
+        _ = p | bs.WriteManifest(job=job, path=str(tmp_path / "manifest.json"))
+    counts = json.loads((tmp_path / "manifest.json").read_text())["operational"]["sources"]
+    assert counts["events"] == {"read": 5, "rejected": 0, "dropped_by_bound": 2, "used": 3}
+    # the CLI's JSON-lines reader encodes through Schema.encode_columns: the same ids
+    schema = bs.load_schema({"name": "ids", "privacy_id": "pid", "columns": [
+        {"name": "sex", "type": "categorical",
+         "domain": {"kind": "categorical", "values": ["Female", "Male"]}}]})
+    batch, bad = schema.encode_columns({"sex": ["Male"] * 5, "pid": [e["pid"] for e in events]}, 5)
+    assert bad == [] and list(batch.pids) == ["7", "7", "7", "8", "8.5"]
