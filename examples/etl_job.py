@@ -265,7 +265,8 @@ def stale_files(folder: str, chosen: dict[str, Any]) -> list[str]:
     """Files already in ``folder`` that this run would not overwrite (an earlier run's)."""
     if not os.path.isdir(folder):
         return []
-    return sorted(set(os.listdir(folder)) - set(output_files(chosen)))
+    return sorted(n for n in set(os.listdir(folder)) - set(output_files(chosen))
+                  if not n.startswith("beam-temp-"))  # a crashed run's temp folder is no release
 
 
 def build(p: beam.Pipeline, args: argparse.Namespace, chosen: dict[str, Any]) -> bs.PrivacyJob:
