@@ -28,7 +28,7 @@ from beamsynth.pipelines.io.single_file import remove_temp_folders_on_failure
 from beamsynth.pipelines.io.write import WriteTables, ensure_parent
 from beamsynth.pipelines.methods.synthesize import counter_value
 from beamsynth.schemas.keys import KeyCodec
-from beamsynth.schemas.schema import EncodedBatch
+from beamsynth.schemas.schema import EncodedBatch, privacy_id_text
 from beamsynth.transforms.budget import PrivacyAccountant, PureDP
 from beamsynth.transforms.conventions import display_items, element_types
 from beamsynth.transforms.prefix import (
@@ -93,7 +93,7 @@ def encode_key_block(codec: KeyCodec, privacy_id: str | None, block: RawBlock
     bad: dict[int, str] = {}
     pids = None
     if privacy_id:
-        pids = block.columns[privacy_id].astype(str).to_numpy(dtype=object)
+        pids = block.columns[privacy_id].map(privacy_id_text).to_numpy(dtype=object)  # 7.0 = 7
         nulls = block.columns[privacy_id].isna().to_numpy() | (pids == "")
         bad.update({int(i): f"privacy id {privacy_id!r} is missing" for i in np.flatnonzero(nulls)})
     codes, key_bad = codec.encode(block.columns)

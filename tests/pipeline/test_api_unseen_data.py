@@ -222,3 +222,16 @@ def test_one_person_whose_id_arrives_as_int_string_and_float_is_one_unit(tmp_pat
          "domain": {"kind": "categorical", "values": ["Female", "Male"]}}]})
     batch, bad = schema.encode_columns({"sex": ["Male"] * 5, "pid": [e["pid"] for e in events]}, 5)
     assert bad == [] and list(batch.pids) == ["7", "7", "7", "8", "8.5"]
+
+
+def test_cli_prefixes_count_an_id_written_as_a_float_as_one_unit(tmp_path):
+    from beamsynth.pipelines.cli.main import main
+
+    events = tmp_path / "q.jsonl"
+    events.write_text('{"pid": 7, "q": "ab"}\n{"pid": "7", "q": "ab"}\n{"pid": 7.0, "q": "ab"}\n')
+    out = tmp_path / "keys.csv"
+    assert main(["prefixes", str(events), "--kind", "text", "--column", "q", "--privacy-id", "pid",
+                 "--max-contributions", "1", "--epsilon", "1", "--seed", "1", "--quiet",
+                 "--output", str(out)]) == 0
+    manifest = json.loads(Path(f"{out}.manifest.json").read_text())
+    assert (manifest["operational"]["rows_dropped_by_bound"], manifest["operational"]["rows_used"]) == (2, 1)
