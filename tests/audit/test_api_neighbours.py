@@ -23,7 +23,10 @@ code before the fix, patched in) that the same check must catch:
 * ``arrow_null_code`` (Arrow): one null in an int column made the column floats, so the other
   rows' categorical codes ``1`` became ``"1.0"``, out of domain;
 * ``arrow_null_id`` (Arrow): the same for privacy ids: ``7`` became ``"7.0"`` in a batch with a
-  null id and ``"7"`` in another, two units, so a person kept ``2k`` records;
+  null id and ``"7"`` in another, two units, so a person kept ``2k`` records (ids are also
+  spelled one way since 654be4e, ``privacy_id_text``; the broken variant removes both fixes);
+* ``unit_k3_mixed_kinds``: one person's 6 records as dicts, Arrow rows (beside a null id) and a
+  ``beam.Row``, ids ``7``/``"7"``/``np.int64(7)``, with ``max_contributions=3``: at most 3 used;
 * ``arrow_struct`` (Arrow): one struct value in a nullable column failed the whole table, which
   became one dead letter (the other rows unused, and lost from the counts);
 * ``position_inf`` (dicts): a rejected record whose ``position_field`` is ``inf`` crashed the run
@@ -98,6 +101,12 @@ CASES = {
         CODES, [_codes_table([1, 2], ids=[8, None]), _codes_table([3], ids=[9])],
         [_codes_table([1, 2, 1], ids=[8, None, 7]), _codes_table([3, 2], ids=[9, 7])],
         id_column="uid"),
+    "unit_k3_mixed_kinds": Case(  # person 7: 6 records as dicts, Arrow rows and a beam.Row
+        CODES, [{"code": "1", "age": 30, "uid": 8}, _codes_table([2, 1], ids=[9, None])],
+        [{"code": "1", "age": 30, "uid": 8}, _codes_table([2, 1, 3, 1], ids=[9, None, 7, 7]),
+         *({"code": c, "age": 40, "uid": u} for c, u in [("1", 7), ("2", "7"), (None, 7)]),
+         beam.Row(code="3", age=50, uid=np.int64(7))],
+        k=3, id_column="uid"),
     "arrow_struct": Case(
         CODES, [_codes_table([None, None, None], code_type=_STRUCT)],
         [_codes_table([None, None, None, {"x": 1}], code_type=_STRUCT)]),
@@ -176,9 +185,23 @@ def audit_api_neighbours(names: list[str], folder: Path) -> dict[str, str | None
     return findings
 
 
-def test_api_neighbour_pairs(tmp_path: Path) -> None:
-    findings = audit_api_neighbours(list(CASES), tmp_path)
-    assert findings == dict.fromkeys(CASES), findings
+GROUPS = {  # cases run in one pipeline per side (each test well under 20 s)
+    "numbers": ["nbsp_int", "nbsp_bad", "complex"],
+    "arrow_ints": ["arrow_null_code", "arrow_null_id", "unit_k3_mixed_kinds"],
+    "arrow_struct": ["arrow_struct"],
+    "position": ["position_inf"],
+}
+
+
+def test_groups_cover_every_case() -> None:
+    assert sorted(n for names in GROUPS.values() for n in names) == sorted(CASES)
+
+
+@pytest.mark.parametrize("group", list(GROUPS))
+def test_api_neighbour_pairs(tmp_path: Path, group: str) -> None:
+    names = GROUPS[group]
+    findings = audit_api_neighbours(names, tmp_path)
+    assert findings == dict.fromkeys(names), findings
 
 
 # -- broken variants: the code before the fixes ---------------------------------------------------
@@ -219,16 +242,30 @@ def _old_position(record: Any, field: str | None) -> int | None:
         return None
 
 
-BROKEN = {
-    "parse_per_block": (lambda: mock.patch.object(domains, "_parse_numbers", _old_parse_numbers),
-                        ["nbsp_int", "nbsp_bad"]),
-    "arrow_int_nulls_as_floats": (lambda: mock.patch.object(
-        inputs, "_encode_arrow", _int_nulls_as_floats(inputs._encode_arrow)),
-        ["arrow_null_code", "arrow_null_id"]),
-    "arrow_whole_table_rejected": (lambda: mock.patch.object(
-        inputs, "_encode_arrow_split", _whole_table_rejected), ["arrow_struct"]),
-    "position_overflow": (lambda: mock.patch.object(inputs, "_position", _old_position),
-                          ["position_inf"]),
+class _Patches:
+    """Several ``mock.patch`` objects as one context manager."""
+
+    def __init__(self, *patches: Any) -> None:
+        self._patches = patches
+
+    def __enter__(self) -> None:
+        for p in self._patches:
+            p.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        for p in reversed(self._patches):
+            p.stop()
+
+
+BROKEN = {  # group → the code before its fix, and the cases that must catch it
+    "numbers": (lambda: mock.patch.object(domains, "_parse_numbers", _old_parse_numbers),
+                ["nbsp_int", "nbsp_bad"]),
+    "arrow_ints": (lambda: _Patches(  # ids: also before 654be4e (7.0 and 7 two spellings)
+        mock.patch.object(inputs, "_encode_arrow", _int_nulls_as_floats(inputs._encode_arrow)),
+        mock.patch.object(inputs, "privacy_id_text", str)), GROUPS["arrow_ints"]),
+    "arrow_struct": (lambda: mock.patch.object(
+        inputs, "_encode_arrow_split", _whole_table_rejected), GROUPS["arrow_struct"]),
+    "position": (lambda: mock.patch.object(inputs, "_position", _old_position), GROUPS["position"]),
 }
 
 
