@@ -397,13 +397,23 @@ def _encode_one_by_one(layout: KeyLayout, records: list[Mapping[str, Any]], memo
         try:
             b, why = _encode_records(layout, [r], memo)
         except Exception as exc:  # noqa: BLE001
-            reasons[i] = f"cannot encode element: {type(exc).__name__}: {exc}"
+            reasons[i] = _unencodable(layout, r, exc)
             continue
         if why:
             reasons[i] = why[0]
         else:
             parts.append(b)
     return _concat(layout, parts), reasons
+
+
+def _unencodable(layout: KeyLayout, record: Mapping[str, Any], exc: Exception) -> str:
+    """Why one record failed as a whole: a declared field holding a nested value, else the error."""
+    for name in _wanted(layout):
+        value = record.get(name, record.get(avro_field_name(name)))
+        if isinstance(value, (Mapping, list, tuple, set)):
+            return (f"column {name!r}: value {value!r:.80} is a {type(value).__name__}, not one "
+                    "value; flatten nested fields before job.private (e.g. in a beam.Map)")
+    return f"cannot encode element: {type(exc).__name__}: {exc}"
 
 
 def _concat(layout: KeyLayout, parts: list[EncodedBatch]) -> EncodedBatch:

@@ -95,7 +95,8 @@ def test_an_unhashable_value_dead_letters_only_its_record():
     batches, dead = encode_elements(KeyLayout(SCHEMA), records, source="s", memo=SchemaMemo(SCHEMA))
     assert sum(len(b) for b in batches) == 2
     assert [d.reason for d in dead] == [
-        "cannot encode element: TypeError: unhashable type: 'dict'",
+        "column 'sex': value {'a': 1} is a dict, not one value; flatten nested fields before "
+        "job.private (e.g. in a beam.Map)",
         "column 'age': value [1] is not a valid integer"]
 
 
