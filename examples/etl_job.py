@@ -75,23 +75,24 @@ DEFAULT_TOLERANCE = 0.9       # CatHist ρ when the histogram column declares no
 
 
 def parse_fractions(text: str) -> dict[str, float]:
-    """``"synthetic=0.6,histogram=0.15,..."`` → fractions of E (every mechanism named, each > 0)."""
+    """``"synthetic=0.6,histogram=0.15,..."`` → fractions of E (every mechanism named, each > 0).
+    Raises ``argparse.ArgumentTypeError``, whose message argparse prints as is."""
     out: dict[str, float] = {}
     for part in text.split(","):
         name, sep, value = part.partition("=")
         name = name.strip()
         if not sep or name not in DEFAULT_FRACTIONS:
-            raise ValueError(f"--fractions item {part!r} must be NAME=FRACTION with NAME one of "
+            raise argparse.ArgumentTypeError(f"--fractions item {part!r} must be NAME=FRACTION with NAME one of "
                              f"{sorted(DEFAULT_FRACTIONS)}")
         try:
             out[name] = float(value)
         except ValueError:
-            raise ValueError(f"--fractions item {part!r}: {value!r} is not a number") from None
+            raise argparse.ArgumentTypeError(f"--fractions item {part!r}: {value!r} is not a number") from None
         if not out[name] > 0:
-            raise ValueError(f"--fractions item {part!r}: the fraction must be > 0")
+            raise argparse.ArgumentTypeError(f"--fractions item {part!r}: the fraction must be > 0")
     missing = sorted(set(DEFAULT_FRACTIONS) - set(out))
     if missing:
-        raise ValueError(f"--fractions {text!r} misses {missing}; give all of "
+        raise argparse.ArgumentTypeError(f"--fractions {text!r} misses {missing}; give all of "
                          f"{sorted(DEFAULT_FRACTIONS)}")
     return out
 
@@ -348,7 +349,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                      for o in a.option_strings if o.startswith("--")])
     except bs.UnknownOptionError as exc:
         parser.error(str(exc))   # exit 2
-    chosen = plan(args)
+    try:
+        chosen = plan(args)
+    except ValueError as exc:  # a bad option value or schema: one line and exit 2, no traceback
+        parser.error(str(exc))
     stale = stale_files(args.output, chosen)
     if stale:  # an earlier run's files next to this run's would be read as this run's releases
         parser.error(f"--output {args.output} holds files this run does not write: "
@@ -361,7 +365,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not any(a.startswith("--default_sdk_harness_log_level") for a in beam_args):
         beam_args = [*beam_args, "--default_sdk_harness_log_level=WARNING"]  # quiet workers
     p = beam.Pipeline(options=bs.pipeline_options(beam_args))
-    job = build(p, args, chosen)     # raises here, before the pipeline runs, if E is overspent
+    try:
+        job = build(p, args, chosen)  # raises here, before the pipeline runs, if E is overspent
+    except bs.BudgetExceededError:
+        raise
+    except (ValueError, OSError) as exc:  # ε, --rows, --degree, input files: exit 2, no traceback
+        parser.error(str(exc))
     os.makedirs(args.output, exist_ok=True)
     p.run().wait_until_finish()
     print(f"spent ε = {job.accountant.spent_epsilon:.6g} of {args.epsilon}; "

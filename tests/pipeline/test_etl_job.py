@@ -7,6 +7,7 @@ with no declared field and one out-of-domain value: 5 dead letters, 240 + 4 reco
 
 from __future__ import annotations
 
+import argparse
 import csv
 import importlib.util
 import json
@@ -147,8 +148,23 @@ def test_schema_driven_choices():
     pairs = etl_job.default_pairs(schema)
     assert pairs and all(schema.column(a).cells * schema.column(b).cells <= etl_job.MAX_PAIR_CELLS
                          for a, b in pairs)
-    with pytest.raises(ValueError, match="'bogus=1'"):
+    with pytest.raises(argparse.ArgumentTypeError, match="'bogus=1'"):
         etl_job.parse_fractions("bogus=1")
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--fractions", "synthetic=0.6"], "--fractions 'synthetic=0.6' misses ['count', 'histogram', "
+                                       "'marginals']"),          # argparse used to hide this
+    (["--epsilon", "0"], "epsilon (0.0) must be a finite number > 0"),   # was a traceback
+    (["--histogram-column", "nope"], "--histogram-column 'nope' is not declared; columns: ['age'"),
+    (["--degree", "9"], "degree (9) must be an int in [0, 8]"),
+])
+def test_bad_option_values_exit_2_with_the_message(events, tmp_path, capsys, extra, message):
+    with pytest.raises(SystemExit) as exc:
+        etl_job.main(_args(events, tmp_path / "out", *extra))
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and not (tmp_path / "out").exists()
 
 
 @pytest.mark.slow
