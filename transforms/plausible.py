@@ -110,6 +110,7 @@ __all__ = [
     "SplitForPlausible",
     "cfs_structure",
     "count_plausible_generic",
+    "clamped_entropy_sum_sensitivity",
     "entropy_sensitivity_add_remove",
     "entropy_sensitivity_replace_one",
     "entropy_sum",
@@ -122,6 +123,7 @@ __all__ = [
     "ordered_release",
     "candidate_bound",
     "candidate_release_cost",
+    "check_sample",
     "plausible_interval",
     "poisson_counts",
     "privacy_test",
@@ -133,6 +135,9 @@ __all__ = [
     "theorem1_guarantee",
     "topological_order",
     "unit_split_assignments",
+    "record_ranks",
+    "record_split_assignments",
+    "record_uniforms",
 ]
 
 METRICS_NAMESPACE = "beamsynth"
@@ -179,6 +184,17 @@ def entropy_sum_sensitivity(max_records: int) -> float:
     if n == 1:
         return 0.0
     return math.log2(n) + (n - 1) * math.log2(n / (n - 1))
+
+
+def clamped_entropy_sum_sensitivity(max_records: int, n: int) -> float:
+    """Add/remove change of ``F = min(|D|, N)·H(D)`` (bits) between datasets of ``n`` and ``n + 1``
+    records (``n ≥ N``, ``N = max_records``): ``F' - F = N·(Δf - H)/(n+1)`` with ``Δf ∈ [0,
+    entropy_sum_sensitivity(n+1)]`` and ``H ∈ [0, log2 n]``. :func:`learn_structure` relies on
+    this never exceeding ``entropy_sum_sensitivity(N)`` (checked in ``tests/unit``)."""
+    big, n = int(max_records), int(n)
+    if big < 2 or n < big:
+        raise ValueError(f"need max_records ({max_records!r}) >= 2 and n ({n!r}) >= max_records")
+    return big * max(entropy_sum_sensitivity(n + 1), math.log2(n)) / (n + 1)
 
 
 def entropy_sensitivity_add_remove(n: int) -> float:
@@ -952,11 +968,54 @@ def split_assignments(rs: RandomSource, n: int, fractions: Sequence[float]) -> n
     return np.searchsorted(cdf, rs.uniform(n), side="right").astype(np.int64)
 
 
-def _batch_label(batch: EncodedBatch) -> str:
-    """Stable identity of a batch from its content (seeded streams must not use arrival order)."""
-    h = hashlib.sha256(np.ascontiguousarray(batch.codes).tobytes())
-    h.update(str(batch.codes.shape).encode())
-    return h.hexdigest()[:32]
+def record_ranks(codes: np.ndarray) -> np.ndarray:
+    """Occurrence number of each row among the rows equal to it (0, 1, ... in row order)."""
+    codes = np.asarray(codes)
+    n = codes.shape[0]
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    _, inv = np.unique(codes, axis=0, return_inverse=True)
+    order = np.argsort(inv.ravel(), kind="stable")
+    grouped = inv.ravel()[order]
+    starts = np.r_[0, np.flatnonzero(np.diff(grouped)) + 1]
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = np.arange(n) - np.repeat(starts, np.diff(np.r_[starts, n]))
+    return rank
+
+
+def _hmac_uniforms(key: bytes, messages: Sequence[bytes]) -> np.ndarray:
+    """A uniform on (0, 1) per message: the top 53 bits of ``HMAC-SHA256(key, message)``."""
+    words = np.frombuffer(b"".join(hmac.digest(key, m, "sha256")[:8] for m in messages), dtype="<u8")
+    u = ((words >> np.uint64(11)).astype(np.float64) + 0.5) / float(2**53)
+    # the largest word + 0.5 rounds up to 2^53, i.e. u = 1.0: clamp to the largest double below 1
+    # as RandomSource.uniform does (its mass, 2^-53, is unchanged)
+    return np.minimum(u, _BELOW_ONE)
+
+
+def record_uniforms(key: bytes, codes: np.ndarray, labels: Sequence[Any] = ()) -> np.ndarray:
+    """A uniform per record from ``HMAC(key, (labels, record values, occurrence number))``.
+
+    For records without privacy ids: the ``j``-th copy of a value always gets the same draw, so a
+    record's draw depends on its own values and on how many equal records precede it, never on
+    its batch or its neighbours. ``codes`` must hold **every** record equal to any of its rows (all
+    records of a value shard, :func:`seed_shards`), so the occurrence numbers are global. Adding a
+    record then adds one draw and changes none (a stable coupling, rule 6); distinct (value,
+    occurrence) pairs get independent draws (PRF under the secret key).
+    """
+    codes = np.asarray(codes, dtype=np.int64)
+    n = codes.shape[0]
+    if n == 0:
+        return np.zeros(0, dtype=np.float64)
+    rows = np.ascontiguousarray(np.column_stack([codes, record_ranks(codes)]).astype("<i8"))
+    width = 8 * rows.shape[1]
+    buf, head = rows.tobytes(), repr(tuple(labels)).encode("utf-8") + b"\x00"
+    return _hmac_uniforms(key, [head + buf[i * width:(i + 1) * width] for i in range(n)])
+
+
+def _parts_from_uniforms(u: np.ndarray, fractions: Sequence[float]) -> np.ndarray:
+    cdf = np.cumsum(np.asarray(fractions, dtype=np.float64))
+    cdf /= cdf[-1]
+    return np.searchsorted(cdf, u, side="right").astype(np.int64)
 
 
 # =============================================================================================
@@ -1001,30 +1060,55 @@ def unit_split_assignments(key: bytes, pids: Sequence[Any], fractions: Sequence[
     workers (a side input), so the split is random, independent across units, and identical for all
     of one unit's records wherever they are processed.
     """
-    cdf = np.cumsum(np.asarray(fractions, dtype=np.float64))
-    cdf /= cdf[-1]
-    u = np.array([(int.from_bytes(hmac.new(key, str(p).encode("utf-8"), hashlib.sha256).digest()[:8], "little")
-                   >> 11) for p in pids], dtype=np.float64)
-    # the largest word + 0.5 rounds up to 2^53, i.e. u = 1.0, which would be part index 3 (no part):
-    # clamp to the largest double below 1 as RandomSource.uniform does (its mass, 2^-53, is unchanged)
-    u = np.minimum((u + 0.5) / float(2**53), _BELOW_ONE)
-    return np.searchsorted(cdf, u, side="right").astype(np.int64)
+    return _parts_from_uniforms(_hmac_uniforms(key, [str(p).encode("utf-8") for p in pids]), fractions)
+
+
+def record_split_assignments(key: bytes, codes: np.ndarray, fractions: Sequence[float],
+                             labels: Sequence[Any] = ()) -> np.ndarray:
+    """Part index per record without a privacy id, from :func:`record_uniforms` (one value shard)."""
+    return _parts_from_uniforms(record_uniforms(key, codes, ("plausible.split", *labels)), fractions)
+
+
+class _RouteSplitFn(beam.DoFn):
+    """Batches with privacy ids pass; records without go to ``by_value`` as ``(shard, codes)``."""
+
+    def __init__(self, shards: int) -> None:
+        self._shards = shards
+
+    def process(self, batch: EncodedBatch):
+        if batch.pids is not None:
+            yield batch
+            return
+        sh = seed_shards(batch.codes, self._shards)
+        for s in np.unique(sh).tolist():
+            yield beam.pvalue.TaggedOutput("by_value", (s, batch.codes[sh == s]))
+
+
+def _sorted_shard(parts) -> np.ndarray:
+    """All records of a value shard, in canonical (sorted) order: independent of arrival order."""
+    codes = np.concatenate(list(parts), axis=0)
+    return codes[np.lexsort(codes.T[::-1])] if codes.shape[0] > 1 else codes
 
 
 class _SplitFn(beam.DoFn):
-    def __init__(self, fractions: tuple[float, float, float], seed: int | None) -> None:
-        self._fractions, self._seed = fractions, seed
+    """One part per record: per unit (``EncodedBatch`` with ids) or per (value, occurrence) for a
+    value shard of records without ids (``(shard, [codes, ...])`` after a ``GroupByKey``)."""
 
-    def process(self, batch: EncodedBatch, key: bytes, window=beam.DoFn.WindowParam):
-        if batch.pids is not None:  # privacy units: one part per unit (parallel composition)
-            part = unit_split_assignments(key, batch.pids.tolist(), self._fractions)
-        else:  # every record is its own unit: i.i.d. draws from a content-keyed stream
-            rs = RandomSource(seed=self._seed).child("plausible.split", _batch_label(batch), *window_labels(window))
-            part = split_assignments(rs, len(batch), self._fractions)
+    def __init__(self, fractions: tuple[float, float, float], out_rows: int = 50_000) -> None:
+        self._fractions, self._out_rows = fractions, out_rows
+
+    def process(self, element, key: bytes, window=beam.DoFn.WindowParam):
+        if isinstance(element, EncodedBatch):  # privacy units: one part per unit (parallel composition)
+            codes, pids = element.codes, element.pids
+            part = unit_split_assignments(key, pids.tolist(), self._fractions)
+        else:  # every record is its own unit: one draw per (value, occurrence), stable under add/remove
+            codes, pids = _sorted_shard(element[1]), None
+            part = record_split_assignments(key, codes, self._fractions, window_labels(window))
         for p, tag in enumerate(("seeds", "structure", "params")):
             idx = np.flatnonzero(part == p)
-            if idx.size:
-                sub = EncodedBatch(batch.codes[idx], None if batch.pids is None else batch.pids[idx])
+            for start in range(0, idx.size, self._out_rows):
+                sel = idx[start:start + self._out_rows]
+                sub = EncodedBatch(codes[sel], None if pids is None else pids[sel])
                 yield sub if tag == "seeds" else beam.pvalue.TaggedOutput(tag, sub)
 
 
@@ -1037,40 +1121,54 @@ def _make_split_key(_: Any, seed: int | None) -> bytes:
 class SplitForPlausible(beam.PTransform):
     """Random disjoint split of records into seeds / structure / parameters (Section 3.5).
 
-    Without privacy ids every row is assigned independently with probabilities ``fractions``
-    from a stream keyed by (seed, step, batch content digest, window) — random in secure mode,
-    reproducible and independent of arrival order when seeded. With privacy ids (``batch.pids``)
-    the part of a unit is drawn from ``HMAC(secret key, id)`` so all its records share one part.
-    A unit's part depends on nothing but its own draw, so the mechanisms that follow compose in
-    parallel. Returns a dict of three ``PCollection[EncodedBatch]``: ``seeds``, ``structure``,
-    ``params``.
+    With privacy ids (``batch.pids``) the part of a unit is drawn from ``HMAC(secret key, id)`` so
+    all its records share one part. Without, every record is its own unit: the records are grouped
+    into ``shards`` public shards by their values (:func:`seed_shards`, one ``GroupByKey``) and the
+    ``j``-th copy of a value draws its part from ``HMAC(secret key, (window, value, j))``
+    (:func:`record_split_assignments`). Either way a unit's part depends on nothing but its own
+    draw, independent across units, so the mechanisms that follow compose in parallel, and adding
+    or removing a unit adds or removes exactly its records in one part (rule 6), whatever the
+    batching. Until the ninth session records without ids drew from a stream keyed by their
+    batch's content: equal batches got equal splits, and one added record redrew its whole batch
+    (``tests/pipeline/test_plausible.py::test_split_without_ids_is_stable_independent_of_batching_and_of_equal_batches``).
+    Returns a dict of three ``PCollection[EncodedBatch]``: ``seeds``, ``structure``, ``params``.
     """
 
     def __init__(self, *, fractions: Sequence[float] = (0.5, 0.2, 0.3), seed: int | None = None,
-                 label: str | None = None) -> None:
+                 shards: int = 32, label: str | None = None) -> None:
         super().__init__(label)
         fr = tuple(float(f) for f in fractions)
         if len(fr) != 3 or any(not (f > 0) for f in fr):
             raise ValueError(f"fractions ({fractions!r}) must be three numbers > 0 (seeds, structure, params)")
-        self._fractions, self._seed = fr, run_seed(seed)
+        if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
+            raise ValueError(f"shards ({shards!r}) must be an int >= 1")
+        self._fractions, self._seed, self._shards = fr, run_seed(seed), shards
 
     def display_data(self) -> dict[str, Any]:
         """The public split fractions (no budget: the split is disjoint, parts compose in parallel)."""
         seeds, structure, params = self._fractions
         return display_items(mechanism="random disjoint split (seeds / structure / parameters)",
                              seeds_fraction=seeds, structure_fraction=structure,
-                             params_fraction=params)
+                             params_fraction=params, shards=self._shards)
 
     def expand(self, batches):
         # batches: EncodedBatch
         key = (batches.pipeline | "KeyOnce" >> beam.Create([None])
                | "SplitKey" >> beam.Map(_make_split_key, self._seed))
         # bytes: one secret key for the whole pipeline
-        parts = batches | "AssignParts" >> beam.ParDo(
-            _SplitFn(self._fractions, self._seed), beam.pvalue.AsSingleton(key)).with_outputs(
-            "structure", "params", main="seeds")
+        routed = batches | "Route" >> beam.ParDo(_RouteSplitFn(self._shards)).with_outputs(
+            "by_value", main="with_ids")
+        # with_ids: EncodedBatch with pids; by_value: (shard, codes[r, m]) of records without ids
+        grouped = routed.by_value | "GroupByValue" >> beam.GroupByKey()
+        # (shard, [codes, ...]): every record without id of the shard and window
+        fn = _SplitFn(self._fractions)
+        units = routed.with_ids | "AssignUnitParts" >> beam.ParDo(
+            fn, beam.pvalue.AsSingleton(key)).with_outputs("structure", "params", main="seeds")
+        records = grouped | "AssignRecordParts" >> beam.ParDo(
+            fn, beam.pvalue.AsSingleton(key)).with_outputs("structure", "params", main="seeds")
         # seeds / structure / params: EncodedBatch sub-batches
-        return {"seeds": parts.seeds, "structure": parts.structure, "params": parts.params}
+        return {tag: (units[tag], records[tag]) | f"Flatten{tag.capitalize()}" >> beam.Flatten()
+                for tag in ("seeds", "structure", "params")}
 
 
 # =============================================================================================
@@ -1105,12 +1203,20 @@ def learn_structure(tables: Sequence[np.ndarray], n_records: int, *, shape: Sequ
     greedy CFS (post-processing). With ``cells_per_record`` the conditional tables are limited to
     ``ñ_T · cells_per_record`` cells, ``ñ_T`` the **noisy** count of ``D_T`` (θ-usefulness of
     PrivBayes, Zhang et al. 2014: a table must hold enough records per cell to outweigh its noise;
-    post-processing). Raises if ``n_records`` exceeds the declared ``max_records`` (the
-    sensitivity bound would not hold).
+    post-processing).
+
+    More records than the declared ``max_records = N`` never fail the run (rule 7: the data's size
+    must not decide whether a release happens): the measured values are then
+    ``min(n, N)·H`` (every table scaled by ``N/n``, ``n·H`` being homogeneous of degree 1) and the
+    count ``min(n, N)``, whose add/remove sensitivities stay ``entropy_sum_sensitivity(N)`` and 1
+    (:func:`clamped_entropy_sum_sensitivity`, checked by brute force in ``tests/unit``). ``H̃`` is
+    still ``f̃/ñ``, an estimate of the entropy of all of ``D_T``. Until the ninth session this
+    raised, so the run crashed exactly when ``|D_T| > N``.
     """
+    n_records = int(n_records)
     if n_records > max_records:
-        raise ValueError(f"the structure split has more records than the declared bound "
-                         f"max_records ({max_records}); raise max_records")
+        tables = [np.asarray(t, dtype=np.float64) * (max_records / n_records) for t in tables]
+        n_records = int(max_records)
     h1, h2, n_noisy = noisy_entropies(list(tables), n_records, shape=shape, epsilon=epsilon,
                                       max_records=max_records, rs=rs)
     corr = symmetrical_uncertainty(h1, h2)
@@ -1544,36 +1650,72 @@ class _GenericTestFn(beam.DoFn):
         yield from _emit(cands.codes, kp, passed, reasons)
 
 
-class _ReservoirFn(beam.CombineFn):
-    """Uniform sample without replacement of ≤ size rows: keep the rows with the smallest random tags."""
+class _CheckTagsFn(beam.DoFn):
+    """One value shard of seed records → ``(tags, codes)`` of its ``size`` smallest tags.
+
+    Tags are :func:`record_uniforms` under a key of the stream ``("plausible.check-sample",
+    window)``: a record's tag depends on its values and occurrence number only, so the sample
+    does not depend on the batching and adding a record changes it by at most that record in and
+    one out.
+    """
 
     def __init__(self, size: int, seed: int | None) -> None:
         self._size, self._seed = size, seed
 
+    def process(self, kv, window=beam.DoFn.WindowParam):
+        codes = _sorted_shard(kv[1])
+        key = RandomSource(seed=self._seed).child("plausible.check-sample", *window_labels(window)).secret_key()
+        yield _ReservoirFn.smallest(record_uniforms(key, codes), codes, self._size)
+
+
+class _ReservoirFn(beam.CombineFn):
+    """Uniform sample without replacement of ≤ size rows: keep the rows with the smallest tags."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+
+    @staticmethod
+    def smallest(tags: np.ndarray, rows: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+        """The ``size`` rows with the smallest tags (all of them if fewer)."""
+        if tags.size > size:
+            keep = np.argpartition(tags, size - 1)[:size]
+            return tags[keep], rows[keep]
+        return tags, rows
+
     def create_accumulator(self):
         return (np.zeros(0), None)
 
-    def add_input(self, acc, batch: EncodedBatch):
-        rs = RandomSource(seed=self._seed).child("plausible.check-sample", _batch_label(batch))
-        tags = rs.uniform(len(batch))
-        return self._merge([acc, (tags, batch.codes)])
+    def add_input(self, acc, tagged):
+        return self._merge([acc, tagged])
 
     def _merge(self, accs):
         tags = [a[0] for a in accs if a[1] is not None]
         rows = [a[1] for a in accs if a[1] is not None]
         if not rows:
             return (np.zeros(0), None)
-        t, r = np.concatenate(tags), np.concatenate(rows, axis=0)
-        if t.size > self._size:
-            keep = np.argpartition(t, self._size - 1)[: self._size]
-            t, r = t[keep], r[keep]
-        return (t, r)
+        return self.smallest(np.concatenate(tags), np.concatenate(rows, axis=0), self._size)
 
     def merge_accumulators(self, accs):
         return self._merge(list(accs))
 
     def extract_output(self, acc):
-        return acc[1]
+        if acc[1] is None:
+            return None
+        return acc[1][np.argsort(acc[0], kind="stable")]  # by tag: independent of merge order
+
+
+def check_sample(records, *, size: int, seed: int | RunSecret | None, shards: int = 32, label: str = "CheckSample"):
+    """Uniform sample of ≤ ``size`` records (``PCollection[EncodedBatch]``) per window, as one
+    ``np.ndarray`` (or ``None`` when there are no records): value shards → smallest tags per
+    shard → smallest overall (:class:`_CheckTagsFn`)."""
+    tagged = (records
+              | f"{label}Key" >> beam.ParDo(_KeySeedsFn(shards))
+              # (shard, codes[r, m])
+              | f"{label}Group" >> beam.GroupByKey()
+              # (shard, [codes, ...])
+              | f"{label}Tags" >> beam.ParDo(_CheckTagsFn(size, seed)))
+    # (tags[t], codes[t, m]) of the t ≤ size smallest tags of a shard
+    return combine_globally(tagged, _ReservoirFn(size), label)
 
 
 class _KeyCountsFn(beam.DoFn):
@@ -1724,7 +1866,7 @@ class PlausibleDeniabilityFilter(beam.PTransform):
         if not self._fast:
             if self._maxc is None:
                 raise ValueError("the generic path needs max_check_plausible (the sample size)")
-            sample = combine_globally(self._records, _ReservoirFn(self._maxc, self._seed), "CheckSample")
+            sample = check_sample(self._records, size=self._maxc, seed=self._seed)
             # np.ndarray (≤ max_check, m) | None
             sample = sample | "SampleOrEmpty" >> beam.Map(lambda s: np.zeros((0, 0), np.int64) if s is None else s)
             out = candidates | "TestGeneric" >> beam.ParDo(

@@ -421,7 +421,8 @@ class PlausibleMethod(Method):
              help="plausible: max parent configurations per attribute (default 1000)")
         _add(parser, "--pd-alpha", type=float, default=None, help="plausible: Dirichlet prior α (default 1)")
         _add(parser, "--pd-max-records", type=int, default=None,
-             help="plausible: declared bound on records (entropy sensitivity; default 1e9)")
+             help="plausible: declared bound on records (entropy sensitivity; default 1e9); a larger "
+                  "structure split is measured as if scaled to it, never an error")
         _add(parser, "--pd-model-fraction", type=float, default=None,
              help="plausible: share of ε for the model (default 0.1); the rest must cover the privacy "
                   "test's Theorem 1 cost composed over the candidates")

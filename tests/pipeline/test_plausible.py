@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import apache_beam as beam
 import numpy as np
@@ -268,3 +269,87 @@ def test_identical_seed_batches_draw_independent_candidates():
             assert (mult % 2 == 1).any(), "every candidate drawn twice: the two batches drew alike"
 
         assert_that(collected, not_doubled)
+
+
+
+def _split_rows(pc, name):
+    """``(name, sorted [(part, row), ...])`` of a SplitForPlausible output."""
+    tagged = [pc[t] | f"{name}{t}" >> beam.FlatMap(lambda b, t=t: [(t, tuple(r)) for r in b.codes.tolist()])
+              for t in ("seeds", "structure", "params")]
+    return (tagged | f"{name}Flat" >> beam.Flatten() | f"{name}List" >> beam.combiners.ToList()
+            | f"{name}Sort" >> beam.Map(lambda rows, n=name: (n, sorted(rows))))
+
+
+def test_split_without_ids_is_stable_independent_of_batching_and_of_equal_batches():
+    """Rule 6 and parallel composition for records without privacy ids. The split drew from a
+    stream keyed by the *batch's content*, so (a) the same records read in other batches got
+    another split, (b) adding one record redrew every record of its batch, and (c) two batches of
+    equal content (repeated blocks, few distinct values, one-row API batches) got the same split:
+    each row's copy landed in the same part as its twin, so every part held each row an even
+    number of times (a neighbour with one more copy: odd), and the parts were not independent."""
+    codes = _data(600, seed=5)
+    extra = codes[:1]  # a copy of an existing record: the hardest case for a stable split
+    block = np.unique(_data(300, seed=7), axis=0)
+    with BeamTestPipeline(options=OPTIONS) as p:
+        one = p | "One" >> beam.Create([EncodedBatch(codes)]) | "S1" >> SplitForPlausible(seed=4)
+        many = p | "Many" >> beam.Create(_batches(codes, 100)) | "S2" >> SplitForPlausible(seed=4)
+        plus = (p | "Plus" >> beam.Create(_batches(np.concatenate([extra, codes]), 100))
+                | "S3" >> SplitForPlausible(seed=4))
+        twins = (p | "Twins" >> beam.Create([EncodedBatch(block.copy()), EncodedBatch(block.copy())])
+                 | "S4" >> SplitForPlausible(seed=4))
+        got = ((_split_rows(one, "one"), _split_rows(many, "many"), _split_rows(plus, "plus"),
+                _split_rows(twins, "twins")) | "All" >> beam.Flatten() | "Collect" >> beam.combiners.ToList())
+
+        def check(elements):
+            (lists,) = elements
+            got_ = dict(lists)
+            assert got_["one"] == got_["many"], "the split depends on the batching"
+            added = list((Counter(got_["plus"]) - Counter(got_["one"])).elements())
+            assert len(added) == 1 and added[0][1] == tuple(extra[0].tolist()), "adding one record moved others"
+            mult = Counter(got_["twins"])
+            assert sum(mult.values()) == 2 * len(block)
+            split_pairs = sum(1 for (_, r), c in mult.items() if c == 1) // 2
+            # independent parts: a pair splits with probability 1 - (.25 + .04 + .09) = 0.62
+            assert split_pairs > 0.4 * len(block), f"{split_pairs} of {len(block)} twin pairs split"
+
+        assert_that(got, check)
+
+
+def test_generic_check_sample_is_stable_and_independent_of_batching_and_equal_batches(tmp_path, monkeypatch):
+    """The generic path compares candidates with a uniform sample of ``max_check`` seeds. Its tags
+    came from a stream keyed by the batch's content: two equal seed batches got equal tags, so a
+    row and its twin were sampled together (every row's multiplicity in the sample even), and the
+    sample depended on the batching. Now tags are per (value, occurrence): the same sample for
+    any batching, adding a seed changes it by at most one row in and one out."""
+    from beamsynth.transforms import plausible as P
+    from beamsynth.transforms.plausible import PerturbationModel
+
+    original = P._GenericTestFn.process
+
+    def recording(self, cands, model, sample, window=beam.DoFn.WindowParam):
+        (tmp_path / f"sample-{self._k}.json").write_text(json.dumps(np.asarray(sample).tolist()))
+        return original(self, cands, model, sample, window)
+
+    monkeypatch.setattr(P._GenericTestFn, "process", recording)
+    block = _data(400, seed=7)
+    extra = block[:1]
+    layouts = {2: [EncodedBatch(block.copy()), EncodedBatch(block.copy())],   # equal batches
+               3: [EncodedBatch(np.concatenate([block, block]))],             # one batch
+               4: [EncodedBatch(np.concatenate([block, block, extra]))]}      # plus one seed
+    with BeamTestPipeline(options=OPTIONS) as p:
+        model = p | "Model" >> beam.Create([PerturbationModel(shape=SHAPE, p=0.5)])
+        for k, batches in layouts.items():
+            seeds = p | f"Seeds{k}" >> beam.Create(batches)
+            n_seeds = p | f"N{k}" >> beam.Create([sum(len(b) for b in batches)])
+            rows = p | f"Rows{k}" >> beam.Create([20])
+            cands = seeds | f"Cands{k}" >> GenerateCandidates(model=model, rows=rows, n_seeds=n_seeds, seed=3)
+            _ = cands | f"Test{k}" >> PlausibleDeniabilityFilter(
+                records=seeds, model=model, k=k, gamma=4.0, epsilon0=None, fast_path=False,
+                max_check_plausible=len(block), seed=5)
+    sample = {k: Counter(tuple(r) for r in json.loads((tmp_path / f"sample-{k}.json").read_text()))
+              for k in layouts}
+    assert sum(sample[2].values()) == len(block)
+    assert sample[2] == sample[3], "the sample depends on the batching"
+    assert sum((sample[4] - sample[2]).values()) <= 1 and sum((sample[2] - sample[4]).values()) <= 1
+    odd = sum(1 for c in sample[2].values() if c % 2)
+    assert odd > 10, f"only {odd} rows sampled an odd number of times: twins sampled together"

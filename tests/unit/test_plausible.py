@@ -314,17 +314,25 @@ def test_group_keys_are_collision_free_across_words():
     assert P.lookup_counts(uk, cnt, np.zeros((1, keys.shape[1]), np.uint64)).tolist() == [0]
 
 
-def test_split_is_random_with_the_requested_fractions_and_content_keyed():
-    from beamsynth.schemas.schema import EncodedBatch
-
+def test_split_is_random_with_the_requested_fractions_and_keyed_per_value_and_occurrence():
     rs = RandomSource(seed=9)
     parts = P.split_assignments(rs, 100_000, (0.5, 0.2, 0.3))
     freq = np.bincount(parts, minlength=3) / 100_000
     assert np.allclose(freq, [0.5, 0.2, 0.3], atol=0.01)
-    b1 = EncodedBatch(np.arange(12).reshape(4, 3))
-    b2 = EncodedBatch(np.arange(12).reshape(4, 3))
-    assert P._batch_label(b1) == P._batch_label(b2)
-    assert P._batch_label(b1) != P._batch_label(EncodedBatch(np.arange(12).reshape(4, 3)[::-1].copy()))
+    codes = np.array([[1, 2], [0, 0], [1, 2], [1, 2], [0, 0]])
+    assert P.record_ranks(codes).tolist() == [0, 0, 1, 2, 1]
+    key = b"k" * 32
+    u = P.record_uniforms(key, codes)
+    assert len(set(u.tolist())) == 5  # equal records, distinct draws
+    # a record's draw depends on its value and occurrence number only: order and extra records
+    # of other values change nothing, one more copy adds one draw
+    perm = [4, 2, 0, 1, 3]
+    assert sorted(P.record_uniforms(key, codes[perm]).tolist()) == sorted(u.tolist())
+    more = P.record_uniforms(key, np.concatenate([codes, [[1, 2], [7, 7]]]))
+    assert set(u.tolist()) < set(more.tolist())
+    assert not np.allclose(P.record_uniforms(key, codes, ("w", 1)), u)  # labels (windows) matter
+    big = P.record_split_assignments(key, np.zeros((60_000, 1), np.int64), (0.5, 0.2, 0.3))
+    assert np.allclose(np.bincount(big, minlength=3) / 60_000, [0.5, 0.2, 0.3], atol=0.01)
 
 
 def test_unit_split_keeps_a_units_records_together():
@@ -348,9 +356,14 @@ def test_unit_split_never_maps_the_largest_word_past_the_last_part(monkeypatch):
                     return b"\xff" * 32
             return _D()
 
+        @staticmethod
+        def digest(key, msg, digestmod):
+            return b"\xff" * 32
+
     monkeypatch.setattr(P, "hmac", _AllOnes)
     part = P.unit_split_assignments(b"s" * 32, ["a", "b"], (0.5, 0.2, 0.3))
     assert part.tolist() == [2, 2]
+    assert P.record_split_assignments(b"s" * 32, np.zeros((2, 1), np.int64), (0.5, 0.2, 0.3)).tolist() == [2, 2]
 
 
 def test_poisson_counts_come_from_random_source_and_have_the_poisson_law():
@@ -456,3 +469,54 @@ def test_perturbation_model_probabilities_and_gamma_dependent_counts():
     assert (P.count_plausible_generic(logp[:300], lp, 2.0) == np.array(brute)).all()
     wide = P.count_plausible_generic(logp[:300], lp, 50.0)
     assert (wide >= np.array(brute)).all() and (wide > np.array(brute)).any()  # γ matters here
+
+
+# ---------------------------------------------------------------------------------------------
+# more records than the declared max_records: clamped, never a crash (rule 7)
+# ---------------------------------------------------------------------------------------------
+def _clamped(h, big):
+    n = h.sum()
+    return P.entropy_sum(h) * min(1.0, big / n) if n else 0.0
+
+
+@pytest.mark.parametrize("cells", [2, 3, 4])
+def test_clamped_entropy_sum_keeps_the_declared_sensitivity_by_brute_force(cells):
+    """``min(n, N)·H`` (what learn_structure measures when ``n > N``) moves by at most
+    ``entropy_sum_sensitivity(N)`` when one record is added, whatever ``n``."""
+    for big in range(2, 9):
+        worst = 0.0
+        for n in range(0, big + 6):
+            for h in _histograms(n, cells):
+                f = _clamped(h, big)
+                for c in range(cells):
+                    g = h.copy()
+                    g[c] += 1
+                    worst = max(worst, abs(_clamped(g, big) - f))
+                    if n >= big:
+                        assert abs(_clamped(g, big) - f) <= P.clamped_entropy_sum_sensitivity(big, n) + 1e-12
+        assert worst <= P.entropy_sum_sensitivity(big) + 1e-12
+
+
+def test_clamped_sensitivity_bound_is_below_the_declared_one_for_large_n():
+    for big in [*range(2, 200), 10**3, 10**6, 10**9]:
+        ns = [*range(big, big + 200), *(int(big * 10 ** (k / 8)) for k in range(1, 80))]
+        assert max(P.clamped_entropy_sum_sensitivity(big, n) for n in ns) <= P.entropy_sum_sensitivity(big)
+
+
+def test_learn_structure_with_more_records_than_declared_does_not_fail():
+    """The run used to raise exactly when |D_T| > max_records: the data's size decided whether a
+    release happened. Now the tables are scaled to N records: same structure as the exact
+    entropies would give (large ε), and the noisy count is about N."""
+    from beamsynth.transforms.measure import count_marginals
+
+    rs = RandomSource(seed=3)
+    n = 20_000
+    a = rs.child("a").integers(4, n)
+    codes = np.stack([a, a % 3, rs.child("c").integers(5, n)], axis=1)
+    shape = (4, 3, 5)
+    tabs = count_marginals(codes, P.structure_specs(3), shape)
+    kw = dict(shape=shape, epsilon=1e5, max_parents=1, max_cost=100, rs=RandomSource(seed=4))
+    clamped = P.learn_structure(tabs, n, max_records=500, **kw)
+    exact = P.learn_structure(tabs, n, max_records=10**9, **kw)
+    assert clamped == exact
+    assert 1 in clamped.parents[0] or 0 in clamped.parents[1]
