@@ -17,6 +17,9 @@ A crash or SIGKILL can stop this anywhere. :meth:`PrivacyLedger.reconcile` decid
 
 * its release folder exists and carries its ``release_id`` → the outputs were published, the spend
   counts: the row becomes ``committed``;
+* its release folder exists without any ``release.json`` → an object store's file-by-file publish
+  (``release.json`` last) stopped part way, and outputs may be public: ``committed`` too (until
+  the ninth session this case was aborted and its spend refunded);
 * otherwise nothing was published → the row becomes ``aborted`` and its spend no longer counts, so
   the same night can be run again (exactly once: a second rerun finds the night ``committed``).
 
@@ -408,7 +411,8 @@ class PrivacyLedger:
     def _reconcile(self, con: sqlite3.Connection, *, force: bool = False) -> list[tuple[str, str]]:
         decided = []
         for row in con.execute("SELECT * FROM releases WHERE state IN ('pending', 'aborted')").fetchall():
-            published = self.published_release_id(row["folder"]) == row["release_id"]
+            marker = self.published_release_id(row["folder"])
+            published = marker == row["release_id"]
             if row["state"] == "aborted":
                 if published:  # force-aborted while still running, then published: it counts
                     con.execute("UPDATE releases SET state = 'committed', updated = ?, note = ? "
@@ -419,13 +423,19 @@ class PrivacyLedger:
                 continue
             if published:
                 state, note = "committed", "outputs were published before the process ended"
-            elif force or not self._owner_alive(row["host"], row["pid"]):
+            elif not force and self._owner_alive(row["host"], row["pid"]):
+                continue  # still running: keeps counting as pending
+            elif marker is None and fs.folder_exists(row["folder"]):
+                # an object store publishes file by file, release.json last: a crash in between
+                # leaves public outputs without the marker. Count them (conservative: a folder
+                # that existed before the run, which the run would have refused, is charged too)
+                state, note = "committed", ("partly published (release folder without its "
+                                            "release.json) before the process ended: spend counts")
+            else:
                 state, note = "aborted", "process ended before publishing: spend released"
                 # outputs computed under a refunded spend must not survive to be published later
                 tmp = temp_folder(row["folder"], row["release_id"])
                 fs.delete_quietly([*([] if fs.is_local(tmp) else fs.list_files(tmp)), tmp])
-            else:
-                continue
             con.execute("UPDATE releases SET state = ?, updated = ?, note = ? WHERE release_id = ?",
                         (state, _iso(_now()), note, row["release_id"]))
             decided.append((row["release_id"], state))
@@ -445,7 +455,8 @@ class PrivacyLedger:
     def _spend_rows(con: sqlite3.Connection, source: str) -> list[dict[str, Any]]:
         """Every spend of pending or committed releases on ``source``, with its unit."""
         rows = con.execute(
-            "SELECT s.*, r.created AS created FROM spends s JOIN releases r USING (release_id) "
+            "SELECT s.*, r.created AS created, r.updated AS updated, r.state AS state "
+            "FROM spends s JOIN releases r USING (release_id) "
             "WHERE s.source = ? AND r.state IN ('pending', 'committed') ORDER BY s.id",
             (source,)).fetchall()
         out = []
@@ -459,10 +470,17 @@ class PrivacyLedger:
 
     @staticmethod
     def _counted(rows: Sequence[Mapping[str, Any]], policy: LedgerPolicy) -> tuple[float, float]:
-        """(ε, δ) the policy counts: the rolling window when it renews, else everything."""
+        """(ε, δ) the policy counts: the rolling window when it renews, else everything.
+
+        A release reads its data between its reservation and its commit, so the window counts a
+        committed spend from its commit time (``updated``, never earlier than its last read) and
+        a pending one always: every release that read a record within ``data_retention_days``
+        of today is counted. (Until the ninth session the reservation time ``created`` was used,
+        so a release that ran for ``h`` hours dropped out of the window ``h`` hours too early.)
+        """
         if policy.window_days is not None:
             since = _iso(_now() - _dt.timedelta(days=policy.window_days))
-            rows = [r for r in rows if r["created"] >= since]
+            rows = [r for r in rows if r["state"] == "pending" or r["updated"] >= since]
         return math.fsum(r["epsilon"] for r in rows), math.fsum(r["delta"] for r in rows)
 
     def _check(self, con: sqlite3.Connection, run_key: str, spends: Sequence[LedgerSpend],

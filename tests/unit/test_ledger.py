@@ -132,10 +132,11 @@ def _backdate(ledger: PrivacyLedger, days: float) -> None:
     import datetime as dt
 
     with sqlite3.connect(ledger.path) as con:
-        for rid, created in con.execute("SELECT release_id, created FROM releases").fetchall():
+        for rid, created, updated in con.execute("SELECT release_id, created, updated FROM releases").fetchall():
             when = dt.datetime.fromisoformat(created) - dt.timedelta(days=days)
-            con.execute("UPDATE releases SET created = ? WHERE release_id = ?",
-                        (when.isoformat(timespec="microseconds"), rid))
+            done = dt.datetime.fromisoformat(updated) - dt.timedelta(days=days)
+            con.execute("UPDATE releases SET created = ?, updated = ? WHERE release_id = ?",
+                        (when.isoformat(timespec="microseconds"), done.isoformat(timespec="microseconds"), rid))
 
 
 def test_rolling_window_frees_old_spends_and_shows_the_lifetime_total(tmp_path: Path) -> None:
@@ -337,3 +338,84 @@ def test_a_force_aborted_release_that_publishes_still_counts(tmp_path: Path) -> 
     assert ledger.summary()[0]["epsilon_spent"] == pytest.approx(2.0)
     with pytest.raises(LedgerError, match="is committed, not pending"):
         ledger.abort(running, "too late")
+
+
+def test_a_partly_published_release_still_counts(tmp_path: Path, monkeypatch) -> None:
+    """On an object store a release folder is published file by file, ``release.json`` last. A
+    crash (or SIGKILL) after the tables were moved but before the marker left the tables public
+    while ``reconcile`` found no marker and *aborted* the reservation: the spend was refunded
+    for outputs anyone could read (and the night could not be rerun to be charged: its folder
+    exists). Through the real ``run_release`` on a ``testfs://`` folder, crash on the marker's
+    rename: the reservation must stay charged."""
+    import pandas as pd
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from beamsynth.pipelines.io import filesystem as fs
+    from beamsynth.pipelines.releases.config import load_release_config
+    from beamsynth.pipelines.releases.release import run_release
+    from tests.unit.test_filesystems_writes import ADULT, SCHEME, PrefixFileSystem
+
+    store = tmp_path / "store"
+    store.mkdir()
+    monkeypatch.setattr(PrefixFileSystem, "ROOT", str(store))
+    data = tmp_path / "adult.csv"
+    pd.read_csv(ADULT, nrows=300, dtype=str, keep_default_na=False).to_csv(data, index=False)
+    config = tmp_path / "release.yaml"
+    config.write_text(f"""
+name: night
+folder: {SCHEME}://rel/night-{{date}}
+budget: {{epsilon: 1.0}}
+ledger: {{path: {tmp_path}/ledger.sqlite, policies: {{adult: {{epsilon: 10}}}}}}
+tables:
+  - {{name: sex, kind: histogram, input: {data}, schema: adult, column: sex, tolerance: 0.01,
+      epsilon: 1.0}}
+reports: {{private: false, public: false}}
+""")
+    cfg = load_release_config(str(config), date="2026-11-27")
+    rename = fs.FileSystems.rename
+
+    def crash_on_marker(sources, destinations):
+        if any(d.endswith(f"/night-2026-11-27/{RELEASE_MARKER}") for d in destinations):
+            raise KeyboardInterrupt("killed while publishing")
+        return rename(sources, destinations)
+
+    monkeypatch.setattr(fs.FileSystems, "rename", crash_on_marker)
+    with pytest.raises(KeyboardInterrupt):
+        run_release(cfg, PipelineOptions([]))
+    monkeypatch.setattr(fs.FileSystems, "rename", rename)
+    assert (store / "rel/night-2026-11-27/public/sex.csv").exists()  # public, no marker
+    assert not (store / "rel/night-2026-11-27" / RELEASE_MARKER).exists()
+    ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
+    (row,) = ledger.releases()
+    _set_owner(ledger, row["release_id"], _dead_pid())  # the process is gone
+    assert ledger.reconcile() == [(row["release_id"], "committed")]
+    assert ledger.summary()[0]["epsilon_spent"] == pytest.approx(1.0)
+    with pytest.raises(LedgerError, match="already published"):
+        ledger.check(run_key=row["run_key"], spends=_spend(0.1, "adult"),
+                     policies={"adult": LedgerPolicy(epsilon=10)})
+
+
+def test_a_rolling_window_counts_a_release_from_when_it_read_its_data(tmp_path: Path) -> None:
+    """The window counted a spend from its reservation (``created``), but a release reads its
+    data after reserving, until it commits. With window = retention = 30 days, a night reserved
+    30.5 days ago that ran for 2 days read records that entered up to 28.5 days ago and are still
+    in today's input; not counting it let today's release spend the whole ε on them again (2ε on
+    one record). Now a committed spend counts from its commit (``updated``), a pending one always."""
+    import datetime as dt
+
+    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    pol = {"src": LedgerPolicy(epsilon=1.0, window_days=30, data_retention_days=30)}
+    rid = ledger.reserve(run_key="old", name="n", folder=str(tmp_path / "o"), spends=_spend(1.0),
+                         policies=pol)
+    ledger.commit(rid)
+    now = dt.datetime.now(dt.timezone.utc)
+    with sqlite3.connect(ledger.path) as con:
+        con.execute("UPDATE releases SET created = ?, updated = ? WHERE release_id = ?",
+                    ((now - dt.timedelta(days=30.5)).isoformat(timespec="microseconds"),
+                     (now - dt.timedelta(days=28.5)).isoformat(timespec="microseconds"), rid))
+    with pytest.raises(LedgerBudgetExceededError, match="per 30 days"):
+        ledger.reserve(run_key="new", name="n", folder=str(tmp_path / "n"), spends=_spend(1.0),
+                       policies=pol)
+    with sqlite3.connect(ledger.path) as con:  # committed 30.5 days ago: its readers are gone
+        con.execute("UPDATE releases SET updated = created WHERE release_id = ?", (rid,))
+    ledger.reserve(run_key="new", name="n", folder=str(tmp_path / "n"), spends=_spend(1.0), policies=pol)
