@@ -198,8 +198,8 @@ def _nights(ledger: PrivacyLedger, policy: LedgerPolicy, nights: int, tmp: Path)
         with sqlite3.connect(ledger.path) as con:
             for r, created in con.execute("SELECT release_id, created FROM releases").fetchall():
                 when = dt.datetime.fromisoformat(created) - dt.timedelta(days=1)
-                con.execute("UPDATE releases SET created = ? WHERE release_id = ?",
-                            (when.isoformat(timespec="microseconds"), r))
+                con.execute("UPDATE releases SET created = ?, updated = ? WHERE release_id = ?",
+                            (when.isoformat(timespec="microseconds"),) * 2 + (r,))
     return refused
 
 
