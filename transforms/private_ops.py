@@ -201,12 +201,21 @@ class Marginals(PrivateTransform):
         rows = tables | "Rows" >> beam.ParDo(_MarginalRowsFn(schema, keys, windowed)).with_outputs(
             *keys)
         # one output per table: beam.Row([window_start,] labels..., noisy_count) per declared cell
-        out = {}
+        out = _Tables()
         for key, names in zip(keys, self._names):
             row_type = marginal_type(schema, names)
             out[key] = rows[key]
             out[key].element_type = window_row_type(row_type) if windowed else row_type
         return out
+
+
+class _Tables(dict):
+    """``Marginals``' output: a missing key names the tables there are and how to ask for one."""
+
+    def __missing__(self, key: Any) -> Any:
+        raise KeyError(f"no marginal table {key!r}; the tables are {sorted(self)} (a key is the "
+                       "column names joined by commas; marginals=('a', 'b') asks for two one-way "
+                       "tables, [('a', 'b')] for one two-way table)")
 
 
 class _MarginalRowsFn(beam.DoFn):

@@ -48,7 +48,8 @@ class SBHGMethod(Method):
         if self.budget.delta <= 0:
             raise ValueError(
                 f"--method sbhg needs delta > 0 (the stability-based algorithm is (ε, δ)-DP), got "
-                f"delta={self.budget.delta!r}; pass e.g. --delta 1e-6")
+                f"delta={self.budget.delta!r}; pass e.g. --delta 1e-6 (Python: bs.SBHG(epsilon=..., "
+                "delta=1e-6) on a bs.PrivacyJob(epsilon=..., delta=...) that has δ)")
         o = self.options
         frac = float(_option(o, "sbhg_selection_fraction"))
         if not (0.0 < frac < 1.0):

@@ -235,3 +235,17 @@ def test_cli_prefixes_count_an_id_written_as_a_float_as_one_unit(tmp_path):
                  "--output", str(out)]) == 0
     manifest = json.loads(Path(f"{out}.manifest.json").read_text())
     assert (manifest["operational"]["rows_dropped_by_bound"], manifest["operational"]["rows_used"]) == (2, 1)
+
+
+def test_marginals_missing_table_and_sbhg_without_delta_say_what_to_write():
+    """Written as a user: marginals=("AGEP", "SEX") gave two one-way tables and
+    tables["AGEP,SEX"] a bare KeyError; SBHG on a job without δ named the CLI's --delta."""
+    job, private = _private_pair()
+    tables = private | bs.Marginals(marginals=("sex", "race"), epsilon=0.1)
+    with pytest.raises(KeyError, match=r"no marginal table 'sex,race'; the tables are \['race', "
+                       r"'sex'\] .*\[\('a', 'b'\)\] for one two-way table"):
+        _ = tables["sex,race"]
+    assert sorted(tables) == ["race", "sex"]
+    with pytest.raises(ValueError, match=r"bs.SBHG\(epsilon=..., delta=1e-6\) on a "
+                       r"bs.PrivacyJob\(epsilon=..., delta=...\) that has δ"):
+        _ = private | bs.SBHG(epsilon=0.5, rows=10)
