@@ -324,6 +324,8 @@ class WriteManifest(beam.PTransform):
         public = {"job": job.name, "accountant": job.accountant.to_dict(), "seed": job.seed,
                   "privacy_unit": job.unit.to_dict(), "mechanisms": list(job.mechanisms),
                   "sources": list(job.sources), "windows": job.windows}
+        if job.disjoint:  # declared by the user, not checked: parallel composition with other jobs
+            public["disjoint_from_other_jobs"] = True
         p = pbegin.pipeline
         if job.count_outputs:
             items = tuple(job.count_outputs) | "JoinCounts" >> beam.Flatten()

@@ -39,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -76,6 +77,11 @@ __all__ = [
 WINDOW_FIELD = "window_start"  # first field of every output row under declared windows
 _SEEDED = "seeded: not for release"  # the manifest's randomness note of a seeded job
 _LOG = logging.getLogger(__name__)
+# The PrivacyJobs of each pipeline: a second job would hand out a second full budget over the same
+# records (two jobs of ε each release 2ε), so MakePrivate refuses it when the pipeline is built,
+# unless every job of the pipeline declares disjoint=True.
+_PIPELINE_JOBS: weakref.WeakKeyDictionary[beam.Pipeline, list[PrivacyJob]] = (
+    weakref.WeakKeyDictionary())
 
 
 def check_epsilon(epsilon: Any, *, name: str = "epsilon") -> float:
@@ -132,11 +138,15 @@ class PrivacyJob:
         then says ``seeded: not for release`` and a warning is logged when the job is made (a
         job without ``bs.WriteManifest`` is marked too).
       name: the job's name in the manifest.
+      disjoint: declare that no privacy unit of this job is in any other job's data in the same
+        pipeline (e.g. two tenants' tables). A pipeline holds one job unless every job in it says
+        ``disjoint=True``: two jobs over the same people would each spend a full budget on them.
+        The manifest states the declaration; beamsynth cannot check it.
     """
 
     def __init__(self, *, epsilon: float, delta: float = 0.0,
                  privacy_unit: PrivacyUnit | None = None, seed: int | None = None,
-                 name: str = "beamsynth job") -> None:
+                 name: str = "beamsynth job", disjoint: bool = False) -> None:
         unit = PrivacyUnit() if privacy_unit is None else privacy_unit
         if not isinstance(unit, PrivacyUnit):
             raise TypeError(f"privacy_unit must be a PrivacyUnit, got {type(unit).__name__} "
@@ -147,6 +157,10 @@ class PrivacyJob:
         self.unit = unit
         self.seed = seed
         self.name = str(name)
+        if not isinstance(disjoint, bool):
+            raise TypeError(f"disjoint must be True or False, got {type(disjoint).__name__} "
+                            f"({disjoint!r})")
+        self.disjoint = disjoint
         if seed is not None:
             _LOG.warning("PrivacyJob %r: seed=%d: %s (fixed noise is for tests and demos; the "
                          "manifest says so)", self.name, seed, _SEEDED)
@@ -465,9 +479,27 @@ class MakePrivate(beam.PTransform):
                 "streaming.md); run windowed releases on the direct, flink, spark or dataflow "
                 "runner")
 
+    def _check_one_job(self, pipeline: beam.Pipeline) -> None:
+        """One :class:`PrivacyJob` per pipeline (its ε is the pipeline's total), or only jobs that
+        all declare ``disjoint=True``; else ``ValueError`` (build time)."""
+        jobs = _PIPELINE_JOBS.setdefault(pipeline, [])
+        if any(j is self._job for j in jobs):
+            return
+        if jobs and not (self._job.disjoint and all(j.disjoint for j in jobs)):
+            other = jobs[0]
+            raise ValueError(
+                f"{self.label}: this pipeline already has a PrivacyJob ({other.name!r}, "
+                f"{other.accountant.total}); a second job ({self._job.name!r}, "
+                f"{self._job.accountant.total}) would add its whole budget to the first one's "
+                "over the same records. Use one bs.PrivacyJob per pipeline and call job.private "
+                "on every source (its ε is the pipeline's total), or, only for jobs over disjoint "
+                "people, declare disjoint=True on every job")
+        jobs.append(self._job)
+
     def expand(self, elements):
         declared = self._declared(elements)
         self._check_runner(elements, declared)
+        self._check_one_job(elements.pipeline)
         job, source = self._job, self._source_name()
         job.use_windows(self.label, declared)
         outside = None

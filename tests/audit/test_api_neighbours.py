@@ -136,7 +136,8 @@ def _run(names: list[str], side: str, folder: Path) -> dict[str, Any]:
                 case = CASES[name]
                 unit = bs.PrivacyUnit(id_column=case.id_column, max_contributions=case.k) \
                     if case.id_column else None
-                job = bs.PrivacyJob(epsilon=1.0, privacy_unit=unit, seed=11, name=name)
+                job = bs.PrivacyJob(epsilon=1.0, privacy_unit=unit, seed=11, name=name,
+                                     disjoint=True)  # one case each: disjoint data
                 elements = case.with_extra if side == "with" else case.without
                 private = (p | f"Create[{name}]" >> beam.Create(elements, reshuffle=False)
                            | f"Private[{name}]" >> job.private(case.schema, source=name,

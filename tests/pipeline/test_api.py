@@ -46,6 +46,34 @@ def _job(**kw) -> bs.PrivacyJob:
 
 
 # -- construction-time errors -----------------------------------------------------------------------
+def test_a_second_privacy_job_in_one_pipeline_is_refused_when_built():
+    """Two jobs of ε = 1 each on one pipeline would release 2ε over the same records."""
+    first, second = bs.PrivacyJob(epsilon=1.0), bs.PrivacyJob(epsilon=1.0, name="other job")
+    p = beam.Pipeline(options=_opts())
+    records = p | beam.Create(_records(5))
+    private = records | "A" >> first.private(SCHEMA)
+    _ = private | bs.Count(epsilon=1.0)
+    _ = records | "B" >> first.private(SCHEMA)  # the same job on a second source: fine
+    with pytest.raises(ValueError) as err:
+        _ = records | "C" >> second.private(SCHEMA)
+    assert str(err.value) == (
+        "C: this pipeline already has a PrivacyJob ('beamsynth job', ε=1); a second job "
+        "('other job', ε=1) would add its whole budget to the first one's over the same records. "
+        "Use one bs.PrivacyJob per pipeline and call job.private on every source (its ε is the "
+        "pipeline's total), or, only for jobs over disjoint people, declare disjoint=True on every "
+        "job")
+    other = beam.Pipeline(options=_opts())  # another pipeline may have its own job
+    _ = other | beam.Create(_records(5)) | second.private(SCHEMA)
+    tenants = [bs.PrivacyJob(epsilon=1.0, disjoint=True, name=f"t{i}") for i in range(3)]
+    q = beam.Pipeline(options=_opts())
+    for i, job in enumerate(tenants[:2]):  # declared disjoint: each tenant has its own budget
+        _ = q | f"Create{i}" >> beam.Create(_records(5)) | f"P{i}" >> job.private(SCHEMA)
+    with pytest.raises(ValueError, match="already has a PrivacyJob"):
+        _ = q | "Create3" >> beam.Create(_records(5)) | "P3" >> first.private(SCHEMA)
+    with pytest.raises(TypeError, match=r"disjoint must be True or False, got str \('yes'\)"):
+        bs.PrivacyJob(epsilon=1.0, disjoint="yes")
+
+
 def test_overspending_fails_when_the_pipeline_is_built_naming_step_and_amounts():
     job = bs.PrivacyJob(epsilon=1.0)
     p = beam.Pipeline(options=_opts())

@@ -142,6 +142,7 @@ def test_undeclared_windows_triggers_and_mixed_windowings_are_refused_when_built
         "window, so the number of releases would depend on the data")
     declared = plain | "Declared" >> beam.WindowInto(WINDOWS)  # windowed upstream: accepted
     assert (declared | "W" >> bs.PrivacyJob(epsilon=1.0).private(SCHEMA)).windows == WINDOWS
+    plain = beam.Pipeline(options=_opts()) | "Plain" >> beam.Create([{"sex": "F"}])  # one job each
     job = bs.PrivacyJob(epsilon=1.0)
     _ = plain | "D" >> job.private(SCHEMA, windows=WINDOWS)
     with pytest.raises(ValueError) as err:
