@@ -69,7 +69,7 @@ class ColumnMemo:
         self._number: type | None = None
         self._text_why: dict[Any, str] = {}  # reasons of rejected values, per table
         self._typed_why: dict[Any, str] = {}
-        self.settled = True  # the last encode_records found every value (SchemaMemo.encode_rows)
+        self.settled = True  # the last call found every value in the text table (encode_rows)
 
     def __len__(self) -> int:
         return len(self._text) + len(self._typed)
@@ -118,10 +118,12 @@ class ColumnMemo:
         values = values.tolist() if isinstance(values, (pd.Series, np.ndarray)) else list(values)
         n = len(values)
         table = self._table_for(values)
+        self.settled = False
         if table is None:
             return self.column.encode(pd.Series(_object_array(values), dtype=object, copy=False))
         try:
             codes = np.fromiter(map(table.__getitem__, values), dtype=np.int64, count=n)
+            self.settled = table is self._text
         except KeyError:
             self._learn(table, values)
             codes = np.fromiter(map(table.__getitem__, values), dtype=np.int64, count=n)
