@@ -974,10 +974,9 @@ def record_ranks(codes: np.ndarray) -> np.ndarray:
     n = codes.shape[0]
     if n == 0:
         return np.zeros(0, dtype=np.int64)
-    _, inv = np.unique(codes, axis=0, return_inverse=True)
-    order = np.argsort(inv.ravel(), kind="stable")
-    grouped = inv.ravel()[order]
-    starts = np.r_[0, np.flatnonzero(np.diff(grouped)) + 1]
+    order = np.lexsort(codes.T[::-1]) if codes.ndim == 2 and codes.shape[1] else np.arange(n)
+    ordered = codes[order].reshape(n, -1)  # equal rows adjacent, in row order (lexsort is stable)
+    starts = np.r_[0, np.flatnonzero((ordered[1:] != ordered[:-1]).any(axis=1)) + 1]
     rank = np.empty(n, dtype=np.int64)
     rank[order] = np.arange(n) - np.repeat(starts, np.diff(np.r_[starts, n]))
     return rank
