@@ -9,8 +9,13 @@ through the real ``run_synthesis`` pipeline with a fixed seed. Two checks:
   multiset (the order is a function of the released rows and the run's randomness alone), for
   ``D`` in order A and ``D`` plus one record in order B;
 * statistical: the share of adjacent rows with the same ``z`` is the same under A and B (measured
-  0.052 / 0.052). The unshuffled emission of before (the broken variant: candidates written per
-  seed, in seed-batch order) measured 0.965 under A and 0.625 under B.
+  0.245 / 0.244). The input order is erased three times on the way: the split emits each value
+  shard sorted (4e869e2), candidates are drawn per value shard over sorted seeds (525b900), and
+  :class:`~beamsynth.transforms.plausible.OrderReleased` orders the released rows. The broken
+  variant undoes all three (split and candidates per arrival batch in input order, released
+  batches written as emitted: the pipeline before those fixes) and measured 0.965 under A and
+  0.685 under B. Undoing only the last two (or the first and last) still measured 0.924 / 0.924
+  (0.924 / 0.942): one sorting step is enough to hide the input order.
 
 The model-sampling methods (``independent``, ``privbayes``, ``sbhg``) draw from a released model in
 (window, shard) order: permuting the input (and reading it in other blocks) gives a byte-identical
@@ -36,6 +41,7 @@ import os
 import re
 import socket
 import sqlite3
+import zlib
 from pathlib import Path
 
 import apache_beam as beam
@@ -57,9 +63,14 @@ from beamsynth.pipelines.releases.ledger import (
     format_ledger,
 )
 from beamsynth.pipelines.releases.release import run_release
-from beamsynth.schemas.schema import load_schema
+from beamsynth.schemas.schema import EncodedBatch, load_schema
 from beamsynth.transforms.noise import RandomSource
-from beamsynth.transforms.plausible import ordered_release
+from beamsynth.transforms.plausible import (
+    CandidateBatch,
+    ordered_release,
+    poisson_counts,
+    record_split_assignments,
+)
 
 pytestmark = pytest.mark.audit
 
@@ -132,13 +143,59 @@ def _as_ordered_release(codes: np.ndarray) -> np.ndarray:
 
 
 class _SeedOrder(beam.PTransform):
-    """The broken variant: released batches written as the privacy test emits them (per seed)."""
+    """Broken variant, part 3: released batches written as the privacy test emits them."""
 
     def __init__(self, **_kw) -> None:
         super().__init__()
 
     def expand(self, released):
         return released | "AsEmitted" >> beam.Map(lambda b: ("", b))
+
+
+def _split_per_arrival_batch(batch, key, fractions):
+    """One seed batch's records split as they arrived (no value shards, no sort)."""
+    part = record_split_assignments(key, batch.codes, fractions)
+    for p, tag in enumerate(("seeds", "structure", "params")):
+        if (part == p).any():
+            sub = EncodedBatch(batch.codes[part == p])
+            yield sub if tag == "seeds" else beam.pvalue.TaggedOutput(tag, sub)
+
+
+class _ArrivalSplit(beam.PTransform):
+    """Broken variant, part 1: the split per arrival batch, records kept in input order."""
+
+    def __init__(self, *, fractions, seed, **_kw) -> None:
+        super().__init__()
+        self._fractions = tuple(fractions)
+        self._key = RandomSource(seed=seed).child("plausible.split-key").secret_key()
+
+    def expand(self, batches):
+        split = beam.FlatMap(_split_per_arrival_batch, self._key, self._fractions)
+        out = batches | "PerArrivalBatch" >> split.with_output_types(EncodedBatch).with_outputs(
+            "structure", "params", main="seeds")
+        return {"seeds": out.seeds, "structure": out.structure, "params": out.params}
+
+
+def _candidates_per_arrival_batch(batch, model, rows, n_seeds, *, seed):
+    """Candidates of one seed batch as it arrived (no value shards, no sort): seed by seed."""
+    rs = RandomSource(seed=seed).child("plausible.candidates", zlib.crc32(batch.codes.tobytes()))
+    reps = poisson_counts(rs.child("poisson"), float(rows) / max(int(n_seeds), 1), len(batch))
+    y, logp = model.generate(batch.codes[np.repeat(np.arange(len(batch)), reps)], rs.child("generate"))
+    yield CandidateBatch(y, logp, f"arrival:{zlib.crc32(batch.codes.tobytes())}")
+
+
+class _ArrivalCandidates(beam.PTransform):
+    """Broken variant, part 2: candidates per arrival batch, seed by seed in input order (as
+    before 525b900: a stream keyed by the batch's content, no value shards, no sort)."""
+
+    def __init__(self, *, model, rows, n_seeds, seed, **_kw) -> None:
+        super().__init__()
+        self._side, self._seed = (model, rows, n_seeds), seed
+
+    def expand(self, seeds):
+        return seeds | "PerArrivalBatch" >> beam.FlatMap(
+            _candidates_per_arrival_batch, *(beam.pvalue.AsSingleton(p) for p in self._side),
+            seed=self._seed)
 
 
 def test_plausible_file_order_is_a_function_of_the_released_rows(tmp_path):
@@ -148,13 +205,18 @@ def test_plausible_file_order_is_a_function_of_the_released_rows(tmp_path):
     for got in (a, b):
         assert len(got) > 500
         np.testing.assert_array_equal(got, _as_ordered_release(got))
-    # measured (1259 and 1293 rows): 0.052 and 0.052; each share has SD ≈ 0.006, so a false
-    # failure needs a > 10 SD gap. The broken variant below measured 0.965 and 0.625.
+    # measured (1207 and 1208 rows): 0.245 and 0.244; each share has SD ≈ 0.013, so a false
+    # failure needs a gap of > 5 SD of the difference. The broken variant below measured 0.965
+    # and 0.685.
     share_a, share_b = _same_z_share(a), _same_z_share(b)
     assert abs(share_a - share_b) < 0.1, (share_a, share_b)
 
 
 def test_audit_catches_the_per_seed_emission(tmp_path, monkeypatch):
+    """The input order carried from the read to the file (split, candidates and release per
+    arrival batch, as emitted): measured 0.965 under A and 0.685 under B."""
+    monkeypatch.setattr(plausible_pipeline, "SplitForPlausible", _ArrivalSplit)
+    monkeypatch.setattr(plausible_pipeline, "GenerateCandidates", _ArrivalCandidates)
     monkeypatch.setattr(plausible_pipeline, "OrderReleased", _SeedOrder)
     records = _records()
     a = _plausible(tmp_path, "a", _order_a(records))
