@@ -54,7 +54,14 @@ parquet-rows   46.19   2.45x     35.52 (1.88x)  10.67 (0.57x)  no
 parquet-arrow   4.79   0.25x      0.86 (0.05x)   3.93 (0.21x)  **yes**
 =============  ======  ========  =============  =============  ===========
 
-Only Arrow batches (``ReadFromParquetBatched``) meet the strict target; Avro dicts miss it by
+Session 8 (2026-11-27, settled columns looked up row by row in one C loop and the other
+columns gathered in one pass, commits e032279/580821d), medians of 3, CPU s: 1M rows, JSON
+lines only, load 8.6-8.9: csv 18.62, api 20.35 = 1.09x (met), source 11.40 (0.61x; session 7
+measured 28.12 for the same case, a difference this change does not explain), api - source
+8.95 (0.48x, was 0.66x). 200k rows, load 8.2-8.7, csv 3.86: jsonl 1.29x, avro 1.04x,
+parquet-rows 1.38x (api - source 0.77x, 0.61x, 0.50x; ~1 s of it fixed at this size).
+
+Session 7: only Arrow batches (``ReadFromParquetBatched``) met the strict target; Avro dicts miss it by
 0.07x; for JSON lines and Parquet rows the user's source alone costs 1.49x and 1.88x the whole
 CSV path, which leaves the API 0.01x of it for JSON lines and nothing for Parquet rows. The API's own part is 0.53-0.66x of the CSV path for the
 per-element sources (~10-12 µs per row on this machine: the value lookups of the encoding and

@@ -36,6 +36,20 @@ rows     sink  load1        beamsynth CPU s          PipelineDP CPU  speed-up CP
 146,526  one   10.2-12.1    8.09 (3 runs 7.71-8.10)  241.9 (1 run)   29.9x (17.6x)
 =======  ====  ===========  =======================  ==============  ===================
 
+Session 8 (2026-11-27, after the row-major dict lookup, commits e032279/580821d; peer venv
+apache-beam 2.77.0 + pipeline-dp 0.3.1 at /tmp/peer-pdp-h5), 48,842 rows, ``--sink one``, load
+11.2-13.8: beamsynth 1.99 s CPU (runs 1.99, 2.28, 1.82) / 9.72 s wall, PipelineDP 44.29 s CPU
+(runs 45.40, 43.18) / 254 s wall = **22.2x CPU** (26.2x wall). PipelineDP's CPU is half the
+2026-11-24 figure on this venv, so the ratio did not rise with beamsynth's faster encoding.
+
+What a release adds with ``--sink each`` (stages listed from the FnApiRunner, beamsynth on 10
+rows): beamsynth's own stages are the same 4 with one sink or fifteen (the marginals combine,
+the fused read/encode/rows stage, the manifest counts); each ``Count.Globally`` adds 2 stages of
+its own (the post-GroupByKey merge and the default-value injection with its side input), 30 in
+all: 0.76-1.03 s CPU with one sink, 2.76-3.02 s with fifteen (load ~9), the same +2 s as fifteen
+``Count.Globally`` on plain ``beam.Create`` PCollections. So nothing per release is beamsynth's
+to cut; the sinks' fixed cost is what pulls the ratio down at this size.
+
 The first row is the tree before the memoized dict encoding and the one-step marginal rows
 (2026-11-24), the others after. With one ``Count.Globally`` per release (``--sink each``) the 15
 sinks' fixed cost (~0.3 s CPU each, on both sides) is half of beamsynth's time at this size, so
