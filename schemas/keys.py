@@ -36,6 +36,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from beamsynth.schemas.domains import _parse_numbers
+
 __all__ = [
     "DEFAULT_ALPHABET",
     "HierarchyKeyCodec",
@@ -398,9 +400,12 @@ class SpatialKeyCodec(KeyCodec):
         return codes
 
     def encode(self, columns: Mapping[str, pd.Series]) -> tuple[np.ndarray, list[tuple[int, str]]]:
-        vals = np.column_stack([
-            pd.to_numeric(columns[c], errors="coerce").to_numpy(dtype=np.float64) for c in self.columns
-        ]) if len(columns[self.columns[0]]) else np.zeros((0, self.dims))
+        """Coordinates parse like a declared numeric domain, **each value alone**
+        (:func:`~beamsynth.schemas.domains._parse_numbers`: text by Arrow after trimming white
+        space, numbers by ``float()``; booleans, complex values, containers are malformed), so no
+        value of a block changes how another parses (``tests/unit/test_keys.py``)."""
+        vals = np.column_stack([_parse_numbers(columns[c]) for c in self.columns]
+                               ) if len(columns[self.columns[0]]) else np.zeros((0, self.dims))
         bad_mask = ~np.isfinite(vals).all(axis=1)
         reasons: dict[int, str] = {int(i): "coordinate is missing or not a number"
                                    for i in np.flatnonzero(bad_mask)}
