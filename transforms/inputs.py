@@ -421,19 +421,30 @@ def _encode_tuples(layout: KeyLayout, elements: Sequence[tuple], memo: SchemaMem
 
 def _encode_one_by_one(layout: KeyLayout, records: list[Mapping[str, Any]], memo: SchemaMemo
                        ) -> tuple[EncodedBatch, dict[int, str]]:
-    """Fallback when a batch fails as a whole: each record alone, failures dead-lettered."""
-    parts, reasons = [], {}
-    for i, r in enumerate(records):
+    """Fallback when a batch fails as a whole: split in halves until the records that fail stand
+    alone (each dead-lettered with why it fails alone); every other record encodes as it would
+    alone (stability), in input order. Same result as encoding each record alone, at a cost of
+    about log2(n) batch encodes per failing record instead of n one-record encodes."""
+    parts: list[EncodedBatch] = []
+    reasons: dict[int, str] = {}
+
+    def visit(lo: int, hi: int) -> None:
         try:
-            b, why = _encode_records(layout, [r], memo)
+            b, why = _encode_records(layout, records[lo:hi], memo)
         except Exception as exc:  # noqa: BLE001
-            reasons[i] = _unencodable(layout, r, exc)
-            continue
-        if why:
-            reasons[i] = why[0]
-        else:
-            parts.append(b)
-    return _concat(layout, parts), reasons
+            if hi - lo == 1:
+                reasons[lo] = _unencodable(layout, records[lo], exc)
+                return
+            visit(lo, (lo + hi) // 2)
+            visit((lo + hi) // 2, hi)
+            return
+        parts.append(b)
+        reasons.update((lo + i, r) for i, r in why.items())
+
+    n = len(records)
+    for lo, hi in ((0, n // 2), (n // 2, n)) if n > 1 else ((0, n),):  # the whole batch failed
+        visit(lo, hi)
+    return _concat(layout, parts), dict(sorted(reasons.items()))
 
 
 def _unencodable(layout: KeyLayout, record: Mapping[str, Any], exc: Exception) -> str:
