@@ -9,6 +9,8 @@ Life of a release (see :func:`beamsynth.pipelines.releases.release.run_release`)
     reserve()   BEGIN IMMEDIATE: reconcile stale reservations, check the policy, insert
                 the release as ``pending`` with its spends            → nothing read yet
     ...         run, write every output into a hidden temp folder
+    begin_publish()  the reservation must still be ``pending`` (else nothing is published);
+                mark it ``publishing``: from here on it is never refunded while its run may live
     publish     os.rename(temp folder, release folder)  (atomic, same file system)
     commit()    mark the release ``committed``
 
@@ -22,6 +24,13 @@ A crash or SIGKILL can stop this anywhere. :meth:`PrivacyLedger.reconcile` decid
   the ninth session this case was aborted and its spend refunded);
 * otherwise nothing was published → the row becomes ``aborted`` and its spend no longer counts, so
   the same night can be run again (exactly once: a second rerun finds the night ``committed``).
+
+``reconcile(force=True)`` (the operator says no release is running) aborts a pending reservation
+even if its owner looks alive. Its run, if it was in fact still going, finds the reservation
+aborted at :meth:`PrivacyLedger.begin_publish` and publishes nothing; a reservation that had
+already begun publishing is committed instead (its outputs may be public at any moment). Until
+the ninth session a run force-aborted mid-way still published, and a publish cut short (object
+store, killed before ``release.json``) left its tables public under a refunded spend.
 
 A pending reservation whose process is still alive on this host (or on another host, which we
 cannot probe) keeps counting: concurrent releases never see each other's budget as free.
@@ -116,6 +125,7 @@ CREATE INDEX IF NOT EXISTS spends_source ON spends (source);
 # columns added after the first ledgers were written (added by ALTER TABLE when missing)
 _MIGRATIONS = {
     "sources": (("data_retention_days", "REAL"),),
+    "releases": (("publishing", "TEXT"),),  # when the run began publishing (begin_publish)
     "spends": (("privacy_id", "TEXT"), ("max_contributions", "INTEGER")),
 }
 
@@ -421,10 +431,14 @@ class PrivacyLedger:
                                  row["release_id"]))
                     decided.append((row["release_id"], "committed"))
                 continue
+            alive = self._owner_alive(row["host"], row["pid"])
             if published:
                 state, note = "committed", "outputs were published before the process ended"
-            elif not force and self._owner_alive(row["host"], row["pid"]):
+            elif not force and alive:
                 continue  # still running: keeps counting as pending
+            elif row["publishing"] is not None and alive:  # forced, but it may still be writing
+                state, note = "committed", ("began publishing before a forced reconcile: its "
+                                            "outputs may be public, spend counts")
             elif marker is None and fs.folder_exists(row["folder"]):
                 # an object store publishes file by file, release.json last: a crash in between
                 # leaves public outputs without the marker. Count them (conservative: a folder
@@ -587,16 +601,43 @@ class PrivacyLedger:
                   s.mechanism, s.privacy_id, s.max_contributions) for s in spends])
         return rid
 
+    @staticmethod
+    def _release_row(con: sqlite3.Connection, release_id: str) -> sqlite3.Row:
+        row = con.execute("SELECT * FROM releases WHERE release_id = ?", (release_id,)).fetchone()
+        if row is None:
+            raise LedgerError(f"unknown release {release_id!r}")
+        return row
+
     def abort(self, release_id: str, reason: str) -> None:
-        """Mark a pending release ``aborted`` (nothing was published; its spend is released)."""
+        """Mark a pending release ``aborted`` (nothing was published; its spend is released).
+        One that began publishing is refused: its outputs may be public."""
         with self._transaction() as con:
-            row = con.execute("SELECT state FROM releases WHERE release_id = ?", (release_id,)).fetchone()
-            if row is None:
-                raise LedgerError(f"unknown release {release_id!r}")
+            row = self._release_row(con, release_id)
             if row["state"] != "pending":
                 raise LedgerError(f"release {release_id!r} is {row['state']}, not pending")
+            if row["publishing"] is not None:
+                raise LedgerError(f"release {release_id!r} began publishing at {row['publishing']}; "
+                                  "its outputs may be public, so its spend is not released")
             con.execute("UPDATE releases SET state = 'aborted', updated = ?, note = ? "
                         "WHERE release_id = ?", (_iso(_now()), reason, release_id))
+
+    def begin_publish(self, release_id: str) -> None:
+        """Claim a reservation for publishing, just before the first output is made public.
+
+        Raises :class:`LedgerError` unless the release is still ``pending``: a reservation
+        aborted while its run went on (``reconcile --force``) had its spend refunded, so its
+        outputs must never be published. Once claimed, neither :meth:`abort` nor a forced
+        reconcile refunds it while its owner may be alive (the module docstring).
+        """
+        with self._transaction() as con:
+            row = self._release_row(con, release_id)
+            if row["state"] != "pending":
+                raise LedgerError(
+                    f"release {release_id!r} was {row['state']} while it ran ({row['note']}), "
+                    "e.g. by `beamsynth ledger reconcile --force`; its spend is no longer "
+                    "reserved, so nothing was published: run the release again")
+            con.execute("UPDATE releases SET publishing = ? WHERE release_id = ?",
+                        (_iso(_now()), release_id))
 
     def commit(self, release_id: str) -> None:
         """Mark a release ``committed`` (call after its folder was published).
@@ -605,9 +646,7 @@ class PrivacyLedger:
         all the same: its outputs are public, so its spend must count.
         """
         with self._transaction() as con:
-            row = con.execute("SELECT state FROM releases WHERE release_id = ?", (release_id,)).fetchone()
-            if row is None:
-                raise LedgerError(f"unknown release {release_id!r}")
+            row = self._release_row(con, release_id)
             if row["state"] == "committed":
                 return
             note = "published" if row["state"] == "pending" else "published after being aborted"

@@ -305,7 +305,9 @@ def run_release(
     """Plan, reserve in the ledger, run, publish atomically, commit; returns ``release.json``.
 
     Raises (before reading any data) :class:`ReleaseConfigError` for a bad plan and
-    :class:`~beamsynth.pipelines.releases.ledger.LedgerError` when the ledger refuses the release.
+    :class:`~beamsynth.pipelines.releases.ledger.LedgerError` when the ledger refuses the release;
+    :class:`~beamsynth.pipelines.releases.ledger.LedgerError` too, publishing nothing, when its
+    reservation was aborted while it ran (``ledger reconcile --force``).
     """
     progress = progress or Progress(quiet=True)
     options = pipeline_options or PipelineOptions([])
@@ -376,6 +378,11 @@ def run_release(
         with contextlib.suppress(LedgerError):
             ledger.abort(release_id, "release folder appeared while the release ran")
         raise ReleaseConfigError("folder", f"{cfg.folder!r} appeared while the release ran")
+    try:  # still reserved? (`ledger reconcile --force` may have aborted it while we ran)
+        ledger.begin_publish(release_id)
+    except LedgerError:
+        fs.delete_quietly([tmp])  # computed under a refunded spend: never published
+        raise
     # publish: one atomic rename on a local disk; elsewhere file by file, release.json last
     fs.move_folder(tmp, cfg.folder, marker=RELEASE_MARKER)
     if fs.is_local(parent):

@@ -340,19 +340,12 @@ def test_a_force_aborted_release_that_publishes_still_counts(tmp_path: Path) -> 
         ledger.abort(running, "too late")
 
 
-def test_a_partly_published_release_still_counts(tmp_path: Path, monkeypatch) -> None:
-    """On an object store a release folder is published file by file, ``release.json`` last. A
-    crash (or SIGKILL) after the tables were moved but before the marker left the tables public
-    while ``reconcile`` found no marker and *aborted* the reservation: the spend was refunded
-    for outputs anyone could read (and the night could not be rerun to be charged: its folder
-    exists). Through the real ``run_release`` on a ``testfs://`` folder, crash on the marker's
-    rename: the reservation must stay charged."""
+def _testfs_release(tmp_path: Path, monkeypatch):
+    """A one-table release (CatHist of Adult's sex, ε=1) into ``testfs://rel/night-2026-11-27``
+    (an object store: published file by file, ``release.json`` last) → (config, store folder)."""
     import pandas as pd
-    from apache_beam.options.pipeline_options import PipelineOptions
 
-    from beamsynth.pipelines.io import filesystem as fs
     from beamsynth.pipelines.releases.config import load_release_config
-    from beamsynth.pipelines.releases.release import run_release
     from tests.unit.test_filesystems_writes import ADULT, SCHEME, PrefixFileSystem
 
     store = tmp_path / "store"
@@ -371,28 +364,113 @@ tables:
       epsilon: 1.0}}
 reports: {{private: false, public: false}}
 """)
-    cfg = load_release_config(str(config), date="2026-11-27")
+    return load_release_config(str(config), date="2026-11-27"), store / "rel/night-2026-11-27"
+
+
+class _Killed(BaseException):
+    """A SIGKILL stand-in: not an ``Exception``, so no handler of the run catches it."""
+
+
+def _crash_on_marker(monkeypatch, before_each=None) -> None:
+    """Object-store renames that die on the release's marker (killed while publishing);
+    ``before_each()`` runs before every rename into the release folder (the publish)."""
+    from beamsynth.pipelines.io import filesystem as fs
+
     rename = fs.FileSystems.rename
 
     def crash_on_marker(sources, destinations):
+        if before_each is not None and any("/night-2026-11-27/" in d for d in destinations):
+            before_each()
         if any(d.endswith(f"/night-2026-11-27/{RELEASE_MARKER}") for d in destinations):
-            raise KeyboardInterrupt("killed while publishing")
+            raise _Killed("killed while publishing")
         return rename(sources, destinations)
 
     monkeypatch.setattr(fs.FileSystems, "rename", crash_on_marker)
-    with pytest.raises(KeyboardInterrupt):
-        run_release(cfg, PipelineOptions([]))
-    monkeypatch.setattr(fs.FileSystems, "rename", rename)
-    assert (store / "rel/night-2026-11-27/public/sex.csv").exists()  # public, no marker
-    assert not (store / "rel/night-2026-11-27" / RELEASE_MARKER).exists()
-    ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
+
+
+def _settle_after_the_crash(ledger: PrivacyLedger) -> dict:
+    """The killed run's process is gone: reconcile, return its row."""
     (row,) = ledger.releases()
-    _set_owner(ledger, row["release_id"], _dead_pid())  # the process is gone
-    assert ledger.reconcile() == [(row["release_id"], "committed")]
+    _set_owner(ledger, row["release_id"], _dead_pid())
+    ledger.reconcile()
+    (row,) = ledger.releases()
+    return row
+
+
+def test_a_partly_published_release_still_counts(tmp_path: Path, monkeypatch) -> None:
+    """On an object store a release folder is published file by file, ``release.json`` last. A
+    crash (or SIGKILL) after the tables were moved but before the marker left the tables public
+    while ``reconcile`` found no marker and *aborted* the reservation: the spend was refunded
+    for outputs anyone could read (and the night could not be rerun to be charged: its folder
+    exists). Through the real ``run_release`` on a ``testfs://`` folder, crash on the marker's
+    rename: the reservation must stay charged."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from beamsynth.pipelines.releases.release import run_release
+
+    cfg, folder = _testfs_release(tmp_path, monkeypatch)
+    _crash_on_marker(monkeypatch)
+    with pytest.raises(_Killed):
+        run_release(cfg, PipelineOptions([]))
+    assert (folder / "public/sex.csv").exists()  # public, no marker
+    assert not (folder / RELEASE_MARKER).exists()
+    ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
+    row = _settle_after_the_crash(ledger)
+    assert row["state"] == "committed"
     assert ledger.summary()[0]["epsilon_spent"] == pytest.approx(1.0)
     with pytest.raises(LedgerError, match="already published"):
         ledger.check(run_key=row["run_key"], spends=_spend(0.1, "adult"),
                      policies={"adult": LedgerPolicy(epsilon=10)})
+
+
+def test_a_release_force_aborted_while_it_runs_does_not_publish(tmp_path: Path, monkeypatch) -> None:
+    """``ledger reconcile --force`` while the run was still going (its owner looked dead, or ran
+    on another host) aborted the reservation and refunded its ε; the run went on and published.
+    Fully published, ``commit`` charged it again, but a publish cut short (object store, killed
+    before ``release.json``) left the tables public under the refund (HEAD before this test:
+    public/sex.csv readable, row 'aborted', ε spent 0), and until the run committed its ε was
+    free for other releases. Now the run claims its reservation before publishing and refuses to
+    publish an aborted one: nothing public, the refund stands."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    import beamsynth.pipelines.releases.release as release_mod
+
+    cfg, folder = _testfs_release(tmp_path, monkeypatch)
+    ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
+    run_table = release_mod._run_histogram_table
+
+    def force_abort_then_run(*args, **kw):  # the operator's `reconcile --force` mid-run
+        assert [s for _, s in ledger.reconcile(force=True)] == ["aborted"]
+        return run_table(*args, **kw)
+
+    monkeypatch.setattr(release_mod, "_run_histogram_table", force_abort_then_run)
+    _crash_on_marker(monkeypatch)
+    with pytest.raises(LedgerError, match="aborted"):
+        release_mod.run_release(cfg, PipelineOptions([]))
+    assert not folder.exists()  # nothing published
+    assert not [p for p in folder.parent.iterdir() if p.name.startswith(".night")]  # temp gone
+    row = _settle_after_the_crash(ledger)
+    assert row["state"] == "aborted" and ledger.summary()[0]["epsilon_spent"] == 0
+
+
+def test_a_force_abort_during_the_publish_does_not_refund(tmp_path: Path, monkeypatch) -> None:
+    """The other order: the run has begun publishing when ``reconcile --force`` comes. Its
+    outputs may be public at any moment, so the forced reconcile charges it (never a refund),
+    and after a crash before ``release.json`` the spend still counts."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from beamsynth.pipelines.releases.release import run_release
+
+    cfg, folder = _testfs_release(tmp_path, monkeypatch)
+    ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
+    forced: list = []
+    _crash_on_marker(monkeypatch, lambda: forced or forced.append(ledger.reconcile(force=True)))
+    with pytest.raises(_Killed):
+        run_release(cfg, PipelineOptions([]))
+    assert [s for _, s in forced[0]] == ["committed"]
+    assert (folder / "public/sex.csv").exists() and not (folder / RELEASE_MARKER).exists()
+    row = _settle_after_the_crash(ledger)
+    assert row["state"] == "committed" and ledger.summary()[0]["epsilon_spent"] == pytest.approx(1.0)
 
 
 def test_a_rolling_window_counts_a_release_from_when_it_read_its_data(tmp_path: Path) -> None:
@@ -419,3 +497,22 @@ def test_a_rolling_window_counts_a_release_from_when_it_read_its_data(tmp_path: 
     with sqlite3.connect(ledger.path) as con:  # committed 30.5 days ago: its readers are gone
         con.execute("UPDATE releases SET updated = created WHERE release_id = ?", (rid,))
     ledger.reserve(run_key="new", name="n", folder=str(tmp_path / "n"), spends=_spend(1.0), policies=pol)
+
+
+def test_begin_publish_claims_a_pending_reservation_only(tmp_path: Path) -> None:
+    """``begin_publish`` refuses an aborted reservation; once claimed, ``abort`` and a forced
+    reconcile never refund it while its owner may live; a dead owner that published nothing
+    (no folder) is aborted as before."""
+    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    aborted = _reserve(ledger, "a", tmp_path / "a")
+    ledger.reconcile(force=True)
+    with pytest.raises(LedgerError, match="was aborted while it ran"):
+        ledger.begin_publish(aborted)
+    live, dead = _reserve(ledger, "b", tmp_path / "b"), _reserve(ledger, "c", tmp_path / "c")
+    ledger.begin_publish(live)
+    ledger.begin_publish(dead)
+    with pytest.raises(LedgerError, match="began publishing"):
+        ledger.abort(live, "failed")
+    _set_owner(ledger, dead, _dead_pid())
+    assert sorted(ledger.reconcile(force=True)) == sorted([(live, "committed"), (dead, "aborted")])
+    assert ledger.summary()[0]["epsilon_spent"] == pytest.approx(1.0)
