@@ -141,17 +141,31 @@ def read_avro_header(fh: Any) -> AvroHeader:
     return AvroHeader(raw, [f["name"] for f in schema.get("fields", [])], sync, end)
 
 
-def _decode_avro_block(header: AvroHeader, count: int, payload: bytes) -> list[dict[str, Any]]:
-    """The records of one block (decompressed by its codec), checked against its count."""
+def _block_records(header: AvroHeader, count: int, payload: bytes) -> Iterator[dict[str, Any]]:
+    """A lazy reader of one block's records (decompressed by its codec)."""
     from io import BytesIO
 
     import fastavro
 
-    container = header.raw + _zigzag(count) + _zigzag(len(payload)) + payload + header.sync
-    records = list(fastavro.reader(BytesIO(container)))
-    if len(records) != count:
-        raise ValueError(f"the block declares {count} records but holds {len(records)}")
-    return records
+    return iter(fastavro.reader(BytesIO(header.raw + _zigzag(count) + _zigzag(len(payload)) + payload
+                                        + header.sync)))
+
+
+def _decode_avro_block(header: AvroHeader, count: int, payload: bytes,
+                       max_records: int | None = None) -> list[dict[str, Any]] | Iterator[dict[str, Any]]:
+    """The records of one block, checked against its count: a list, or for a block of more than
+    ``max_records`` records (a writer's large sync interval) an iterator that decodes the block
+    again, after a first decoding pass that only counts: memory is then the block's bytes and
+    the records being used, not every record of the block as a dict, and a corrupt block is
+    still found before any of its records is used."""
+    if max_records is None or count <= max_records:
+        records = list(_block_records(header, count, payload))
+        held = len(records)
+    else:
+        records, held = None, sum(1 for _ in _block_records(header, count, payload))
+    if held != count:
+        raise ValueError(f"the block declares {count} records but holds {held}")
+    return records if records is not None else _block_records(header, count, payload)
 
 
 @dataclass
@@ -160,19 +174,23 @@ class _AvroBlock:
 
     start: int
     stop: int
-    records: list[dict[str, Any]] | None
+    records: list[dict[str, Any]] | Iterator[dict[str, Any]] | None
     error: str = ""
 
 
 def iter_avro_blocks(fh: Any, header: AvroHeader, start: int | None = None,
-                     stop: int | None = None) -> Iterator[_AvroBlock]:
-    """Data blocks of an Avro file that begin in bytes ``[start, stop)`` (default: all).
+                     stop: int | None = None, *, max_records: int | None = None) -> Iterator[_AvroBlock]:
+    """Data blocks of an Avro file that begin in bytes ``[start, stop)`` (default: all); the
+    records of a block of more than ``max_records`` come as an iterator (:func:`_decode_avro_block`).
 
     ``start`` inside the data is moved just past the next sync marker, so disjoint byte ranges
     read every block exactly once. A block whose framing (count, size, sync marker) or content
     does not decode is reported with its byte range and the reader resumes after the next sync
-    marker: one corrupt block never hides the blocks after it.
+    marker: one corrupt block never hides the blocks after it. A block size larger than the
+    bytes left in the file is corrupt at once (memory: one block, never the rest of the file).
     """
+    fh.seek(0, 2)
+    size_of_file = fh.tell()
     src = _ByteReader(fh, header.data_start)
     if start is not None and start > header.data_start:
         src = _ByteReader(fh, start - _SYNC)
@@ -186,12 +204,14 @@ def iter_avro_blocks(fh: Any, header: AvroHeader, start: int | None = None,
             count, size = src.long(), src.long()
             if count < 0 or size < 0:
                 raise ValueError(f"negative block count or size ({count}, {size})")
+            if size > size_of_file - src.offset:  # never buffer the rest of the file for a bad size
+                raise ValueError("the file ends inside a block")
             payload = src.read(size)
             if len(payload) != size:
                 raise ValueError("the file ends inside a block")
             if src.read(_SYNC) != header.sync:
                 raise ValueError("the block does not end with the file's sync marker")
-            records = _decode_avro_block(header, count, payload)
+            records = _decode_avro_block(header, count, payload, max_records)
         except Exception as exc:  # fastavro and codecs raise many types for corrupt data
             src = _ByteReader(fh, begin + 1)
             src.seek_past(header.sync)
@@ -217,7 +237,7 @@ def _iter_avro(path: str, block_rows: int, part: FilePart | None = None,
         rows: list[dict[str, Any]] = []
         nums: list[int] = []
         row_no = 0
-        for blk in iter_avro_blocks(fh, header, start, stop):
+        for blk in iter_avro_blocks(fh, header, start, stop, max_records=block_rows):
             if blk.records is None:
                 yield Rejected(path, None, f"corrupt Avro block at bytes {blk.start}-{blk.stop} (after "
                                f"row {row_no}; skipped to the next sync marker): {blk.error}",
