@@ -7,7 +7,8 @@ A preset is a named bundle of Beam pipeline options plus the options a user must
   process; the reference for seeded runs), as :class:`~beamsynth.runners.local.LocalDirectRunner`,
   which never switches to Beam's Prism runner (nor tries to download it).
 * ``--runner direct-multi``: the DirectRunner in ``multi_processing`` mode, 2 workers by default
-  (``--direct_num_workers`` overrides).
+  (``--direct_num_workers`` overrides). Both direct presets set the SDK workers' log level to
+  WARNING (:data:`QUIET_WORKERS`) unless ``--default_sdk_harness_log_level`` is given.
 * ``--runner dask`` (or ``--runner DaskRunner``): :class:`beamsynth.runners.dask_runner.DaskRunner`,
   Beam's DaskRunner with its translation gaps closed (every sink runs, multi-output ParDos,
   ``finish_bundle`` output, side inputs computed once, metrics, windows), on a dask.distributed
@@ -51,6 +52,7 @@ __all__ = [
     "PRESETS",
     "Preset",
     "PresetError",
+    "QUIET_WORKERS",
     "is_beam_dask",
     "is_dask",
     "options_for",
@@ -60,6 +62,10 @@ __all__ = [
 DASK_RUNNER = "beamsynth.runners.dask_runner.DaskRunner"  # Beam's DaskRunner, gaps closed
 BEAM_DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"  # Beam's own (gaps: docs)
 DEFAULT_PRESET = "direct"  # without --runner (LocalDirectRunner: the DirectRunner minus Prism)
+# Local SDK workers log at WARNING (their INFO lines, one set per bundle and worker, buried the
+# CLI's progress on direct-multi); --default_sdk_harness_log_level=INFO (or the CLI's --verbose)
+# brings them back.
+QUIET_WORKERS = {"default_sdk_harness_log_level": "WARNING"}
 
 
 class PresetError(ValueError):
@@ -113,11 +119,12 @@ class Preset:
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in (
-        Preset("direct", LOCAL_DIRECT_RUNNER, {"direct_running_mode": "in_memory"},
+        Preset("direct", LOCAL_DIRECT_RUNNER,
+               {"direct_running_mode": "in_memory", **QUIET_WORKERS},
                description="in-process DirectRunner (single process; reference for seeded runs)",
                tested_here=True),
         Preset("direct-multi", LOCAL_DIRECT_RUNNER,
-               {"direct_running_mode": "multi_processing", "direct_num_workers": 2},
+               {"direct_running_mode": "multi_processing", "direct_num_workers": 2, **QUIET_WORKERS},
                description="DirectRunner with worker processes (2 by default)", tested_here=True),
         Preset("dask", DASK_RUNNER, {},
                description="Beam's DaskRunner with its gaps closed "

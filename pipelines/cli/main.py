@@ -82,6 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.ERROR if args.quiet else (logging.INFO if args.verbose else logging.WARNING))
     if not args.verbose:
         logging.getLogger("apache_beam").setLevel(logging.ERROR)
+    elif not any(a.startswith("--default_sdk_harness_log_level") for a in beam_args):
+        beam_args = [*beam_args, "--default_sdk_harness_log_level=INFO"]  # presets quiet workers
     try:
         code = int(args.func(args, beam_args) or 0)
         sys.stdout.flush()  # a closed pipe (`beamsynth schema avro adult | head`) shows here

@@ -217,3 +217,16 @@ def test_options_for_refuses_one_string():
         options_for("direct-multi")
     with pytest.raises(TypeError, match=r"must be strings; got 2"):
         options_for(["--direct_num_workers", 2])
+
+
+def test_direct_presets_quiet_sdk_workers_unless_asked():
+    """Workers' INFO lines (one set per bundle and worker on direct-multi) buried the CLI's
+    progress: both direct presets default the SDK harness to WARNING; the user's level wins."""
+    from apache_beam.options.pipeline_options import WorkerOptions
+
+    for runner in ("direct", "direct-multi"):
+        opts = options_for([f"--runner={runner}"]).view_as(WorkerOptions)
+        assert opts.default_sdk_harness_log_level == "WARNING", runner
+        opts = options_for([f"--runner={runner}", "--default_sdk_harness_log_level=INFO"])
+        assert opts.view_as(WorkerOptions).default_sdk_harness_log_level == "INFO", runner
+    assert options_for([]).view_as(WorkerOptions).default_sdk_harness_log_level == "WARNING"
