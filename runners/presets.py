@@ -13,7 +13,9 @@ A preset is a named bundle of Beam pipeline options plus the options a user must
   Beam's DaskRunner with its translation gaps closed (every sink runs, multi-output ParDos,
   ``finish_bundle`` output, side inputs computed once, metrics, windows), on a dask.distributed
   cluster. Without ``--dask_client_address`` the runner starts a ``LocalCluster``; see
-  ``docs/runners.md``. Beam's own runner stays reachable by its dotted path.
+  ``docs/runners.md``. Beam's own runner stays reachable by its dotted path. dask.distributed
+  logs at the workers' level (WARNING unless ``--default_sdk_harness_log_level`` is given, or
+  ``DASK_LOGGING__DISTRIBUTED`` is set).
 * ``--runner flink``: Beam's ``FlinkRunner`` (``--flink_master host:port`` required,
   ``--flink_version`` one of :func:`flink_versions`, read from Beam's
   ``FlinkRunnerOptions.PUBLISHED_FLINK_VERSIONS``); ``--runner spark``: Beam's ``SparkRunner``
@@ -31,7 +33,10 @@ User-given options always win over a preset's defaults.
 
 from __future__ import annotations
 
+import logging
+import os
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,6 +71,8 @@ DEFAULT_PRESET = "direct"  # without --runner (LocalDirectRunner: the DirectRunn
 # CLI's progress on direct-multi); --default_sdk_harness_log_level=INFO (or the CLI's --verbose)
 # brings them back.
 QUIET_WORKERS = {"default_sdk_harness_log_level": "WARNING"}
+DASK_LOG_VARIABLE = "DASK_LOGGING__DISTRIBUTED"  # dask.distributed's log level (its config)
+_dask_level_set: list[str] = []  # the value this module put in DASK_LOG_VARIABLE, if any
 
 
 class PresetError(ValueError):
@@ -126,7 +133,7 @@ PRESETS: dict[str, Preset] = {
         Preset("direct-multi", LOCAL_DIRECT_RUNNER,
                {"direct_running_mode": "multi_processing", "direct_num_workers": 2, **QUIET_WORKERS},
                description="DirectRunner with worker processes (2 by default)", tested_here=True),
-        Preset("dask", DASK_RUNNER, {},
+        Preset("dask", DASK_RUNNER, dict(QUIET_WORKERS),
                description="Beam's DaskRunner with its gaps closed "
                            "(beamsynth.runners.dask_runner) on dask.distributed (LocalCluster "
                            "unless --dask_client_address is given)", tested_here=True),
@@ -353,12 +360,29 @@ def options_for(beam_args: Sequence[str]) -> PipelineOptions:
     if bad:
         raise TypeError(f"pipeline options must be strings; got {bad[0]!r}")
     argv = expand_args(beam_args)
+    if _option_names(argv).get("runner") == DASK_RUNNER:
+        _dask_log_level(argv)
     if any(a.startswith("--dask_") for a in argv):
         try:  # registers Beam's DaskOptions, so --dask_* options parse without a warning
             import apache_beam.runners.dask.dask_runner  # noqa: F401
         except ImportError:  # dask not installed: the runner says so when it starts
             pass
     return PipelineOptions(argv)
+
+
+def _dask_log_level(argv: Sequence[str]) -> None:
+    """Beam's DaskOptions have no log level: the preset's worker level
+    (``--default_sdk_harness_log_level``, WARNING unless given) becomes dask.distributed's, so the
+    LocalCluster's scheduler, nannies and workers do not print ~70 INFO lines per run. Set through
+    dask's config variable (read by every process it starts) unless the user set it."""
+    level = _option_names(argv).get("default_sdk_harness_log_level")
+    if not level or os.environ.get(DASK_LOG_VARIABLE, "") not in ("", *_dask_level_set[-1:]):
+        return  # no level, or the user's own setting
+    name = logging.getLevelName(int(level)) if level.isdigit() else level.upper()
+    os.environ[DASK_LOG_VARIABLE] = name.lower()
+    _dask_level_set.append(name.lower())
+    if "distributed" in sys.modules:  # imported already: its loggers read the config at import
+        logging.getLogger("distributed").setLevel(name)
 
 
 def is_dask(options: PipelineOptions | None) -> bool:

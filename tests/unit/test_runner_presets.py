@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
@@ -230,3 +232,23 @@ def test_direct_presets_quiet_sdk_workers_unless_asked():
         opts = options_for([f"--runner={runner}", "--default_sdk_harness_log_level=INFO"])
         assert opts.view_as(WorkerOptions).default_sdk_harness_log_level == "INFO", runner
     assert options_for([]).view_as(WorkerOptions).default_sdk_harness_log_level == "WARNING"
+
+
+def test_dask_preset_sets_distributed_log_level_unless_the_user_did(monkeypatch):
+    """dask.distributed printed ~70 INFO lines per CLI run (scheduler, nannies, workers): the
+    dask preset hands the workers' level to its config variable; a user's own setting stays."""
+    import beamsynth.runners.presets as presets
+
+    monkeypatch.delenv(presets.DASK_LOG_VARIABLE, raising=False)
+    monkeypatch.setattr(presets, "_dask_level_set", [])
+    options_for(["--runner=dask"])
+    assert os.environ[presets.DASK_LOG_VARIABLE] == "warning"
+    options_for(["--runner=dask", "--default_sdk_harness_log_level=INFO"])  # e.g. CLI --verbose
+    assert os.environ[presets.DASK_LOG_VARIABLE] == "info"
+    options_for(["--runner=dask", "--default_sdk_harness_log_level=40"])
+    assert os.environ[presets.DASK_LOG_VARIABLE] == "error"
+    monkeypatch.setenv(presets.DASK_LOG_VARIABLE, "debug")  # the user's
+    options_for(["--runner=dask"])
+    assert os.environ[presets.DASK_LOG_VARIABLE] == "debug"
+    options_for(["--runner=direct"])  # other runners leave it alone
+    assert os.environ[presets.DASK_LOG_VARIABLE] == "debug"
