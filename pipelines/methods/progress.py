@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import socket
 import sys
 import threading
 import time
@@ -29,7 +30,8 @@ HEARTBEAT_SECONDS = 30.0  # a process prints at least this often while it counts
 
 _RUNS = itertools.count()  # one running count per RowProgressFn made in this process
 _LOCK = threading.Lock()
-_COUNTS: dict[tuple[int, int, str], tuple[int, float]] = {}  # (maker pid, run, label) → rows, last print
+_COUNTS: dict[tuple[str, int, int, str], tuple[int, float]] = {}  # (maker's host, pid, run, label)
+# → rows so far, time of the last line
 
 
 class Progress:
@@ -64,7 +66,8 @@ class RowProgressFn(beam.DoFn):
 
     def __init__(self, label: str) -> None:
         self._label = label
-        self._key = (os.getpid(), next(_RUNS), label)  # this run, wherever the DoFn is unpickled
+        # this run, wherever the DoFn is unpickled; host and pid tell the launching process
+        self._key = (socket.gethostname(), os.getpid(), next(_RUNS), label)
 
     def process(self, batch):
         now = time.monotonic()
@@ -74,7 +77,8 @@ class RowProgressFn(beam.DoFn):
             show = rows >= next_milestone(before) or now - last >= HEARTBEAT_SECONDS
             _COUNTS[self._key] = (rows, now if show else last)
             if show:
-                where = "" if os.getpid() == self._key[0] else f" [worker {os.getpid()}]"
+                here = (socket.gethostname(), os.getpid())
+                where = "" if here == self._key[:2] else f" [worker {os.getpid()}]"
                 print(f"         {self._label}{where}: rows used {rows}", file=sys.stderr,
                       flush=True)
         yield batch
