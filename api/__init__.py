@@ -23,6 +23,7 @@ suggestion). A job needs nothing but ``bs.`` names and Apache Beam; everything e
 (``beamsynth.transforms``, ``beamsynth.pipelines``, ``beamsynth.runners``, ...) is internal.
 """
 
+from beamsynth import _beam_import  # noqa: F401  (first: Beam without its import warning)
 from beamsynth.pipelines.job import (
     SBHG,
     IndependentSynthesis,
