@@ -40,8 +40,11 @@ k is 1 with the refinement below, 2 without):
    mutual consistency of the released tables on their shared 1-way marginals
    (:func:`make_consistent`, inverse-variance weighted means + least-squares projection, as in
    PriView, Qardaji et al. 2014 §4.2), then non-negativity with the total kept
-   (:func:`norm_sub`, PrivSyn's Norm-Sub), then conditionals ``P(X | Π)`` shrunk toward ``P(X)``
-   in parent cells with little mass (:func:`conditional_from_table`).
+   (:func:`norm_sub`, PrivSyn's Norm-Sub), then each column's 1-way estimate as the
+   inverse-variance weighted mean of its sums over the tables holding it and every table given
+   those margins by IPF (:func:`_one_way_estimates`, :func:`_with_margins`; issue 18), then
+   conditionals ``P(X | Π)`` shrunk toward ``P(X)`` in parent cells with little mass
+   (:func:`conditional_from_table`).
 4. **Sample** (post-processing): ancestral sampling, vectorized, in parallel shards via
    :class:`~beamsynth.transforms.synthesis.SampleSynthetic` (:meth:`PrivBayesModel.sample_codes`).
    Default ``sampling="balanced"``: within each shard, the rows sharing a parent cell get their
@@ -1406,19 +1409,18 @@ NETWORK_TARGET_MAX_CELLS = 100_000  # network tables above this size are not rak
 def _fit_network(measurement: PrivBayesMeasurement, shape: Sequence[int],
                  names: Sequence[str] | None, shrink: float,
                  sampling: str) -> tuple[PrivBayesModel, list[RakeTarget]]:
-    """The network from released tables only, and those tables (consistent, non-negative) as
+    """The network from released tables only, those tables (consistent, non-negative) as
     raking targets for the refinement (multi-column tables of at most
-    :data:`NETWORK_TARGET_MAX_CELLS` cells)."""
+    :data:`NETWORK_TARGET_MAX_CELLS` cells), and every column's 1-way estimate (the mean of
+    its sums over the non-negative tables that hold it)."""
     ms = list(measurement.marginals)
     tables = make_consistent(ms)
     total = max(float(np.mean([t.sum() for t in tables])), 0.0)
     tables = [norm_sub(t, total) for t in tables]
-    # 1-way estimates of every column from whichever table holds it (all agree after consistency)
-    one_way: dict[int, np.ndarray] = {}
-    for i, m in enumerate(ms):
-        for c in m.columns:
-            if c not in one_way:
-                one_way[c] = marginalize(tables[i], m.columns, [c])
+    one_way = _one_way_estimates(ms, tables)
+    if ONE_WAY_ESTIMATE == "mean":
+        tables = [_with_margins(t, m.columns, one_way) if len(m.columns) > 1 else one_way[m.columns[0]]
+                  for m, t in zip(ms, tables)]
     conditionals = []
     for x, ps in measurement.structure:
         i = next(j for j, m in enumerate(ms) if m.columns == (x, *ps)) if ps else None
@@ -1435,6 +1437,58 @@ def _fit_network(measurement: PrivBayesMeasurement, shape: Sequence[int],
                for m, t in zip(ms, tables)
                if len(m.columns) > 1 and t.size <= NETWORK_TARGET_MAX_CELLS and t.sum() > 0]
     return network, targets
+
+
+ONE_WAY_ESTIMATE = "mean"  # A/B switch for benchmarks: "first" = the first holder's sums, no IPF (before)
+MARGIN_SWEEPS = 50
+
+
+def _with_margins(table: np.ndarray, columns: Sequence[int], one_way: dict[int, np.ndarray],
+                  sweeps: int = MARGIN_SWEEPS) -> np.ndarray:
+    """``table`` (non-negative, over ``columns``) given the 1-way margins ``one_way[c]`` by
+    iterative proportional fitting (post-processing). Empty cells stay empty unless a margin
+    needs mass where the whole slice is empty; there the slice gets the product of the other
+    margins."""
+    t = np.asarray(table, dtype=np.float64).copy()
+    total = float(t.sum())
+    if total <= 0:
+        return t
+    targets = []
+    for axis, c in enumerate(columns):
+        m = np.clip(np.asarray(one_way[c], dtype=np.float64), 0.0, None)
+        targets.append(m * total / m.sum() if m.sum() > 0 else t.sum(
+            axis=tuple(a for a in range(t.ndim) if a != axis)))
+    # a slice with target mass but no table mass: seed it with the independence product
+    seed = np.ones(())
+    for m in targets:
+        seed = np.multiply.outer(seed, m / total) if seed.ndim else m / total
+    t = np.where(t > 0, t, 1e-6 * total * seed)
+    for _ in range(sweeps):
+        for axis, m in enumerate(targets):
+            others = tuple(a for a in range(t.ndim) if a != axis)
+            cur = t.sum(axis=others)
+            shape = [1] * t.ndim
+            shape[axis] = m.size
+            t *= np.where(cur > 0, m / np.maximum(cur, 1e-300), 0.0).reshape(shape)
+    return t
+
+
+def _one_way_estimates(ms: Sequence[NoisyMarginal],
+                       tables: Sequence[np.ndarray]) -> dict[int, np.ndarray]:
+    """Each column's 1-way estimate from the consistent, non-negative tables (post-processing):
+    the mean of its sums over every table that holds it, weighted by the inverse noise variance
+    of the sum (a table of ``C`` cells with per-cell variance ``v`` summed to ``c`` cells:
+    ``v·C/c`` per cell; public: scales and declared sizes). The tables agree on it before
+    Norm-Sub (:func:`make_consistent`); Norm-Sub then moves each table's sums differently, and
+    their mean is closer to the truth than any one of them (docs/privbayes.md, issue 18)."""
+    sums: dict[int, list[tuple[float, np.ndarray]]] = {}
+    for m, t in zip(ms, tables):
+        for c in m.columns:
+            s = marginalize(t, m.columns, [c])
+            sums.setdefault(c, []).append((s.size / (max(m.variance, 1e-12) * t.size), s))
+    if ONE_WAY_ESTIMATE == "first":
+        return {c: v[0][1] for c, v in sums.items()}
+    return {c: sum(w * s for w, s in v) / sum(w for w, _ in v) for c, v in sums.items()}
 
 
 def fit_privbayes(

@@ -367,3 +367,37 @@ def test_column_over_the_family_limit_is_refused_before_data():
                                        Column("small", "integer", IntegerDomain(low=0, high=2))))
     with pytest.raises(ValueError, match=r"'big' \(100,000,000 cells\).*independent"):
         DPPrivBayes(schema=schema, budget=PureDP(epsilon=1.0))
+
+
+def test_one_way_estimate_is_the_weighted_mean_of_the_tables_sums_and_every_table_gets_it():
+    """Issue 18: after Norm-Sub two tables holding column 0 disagree on its margin; the fit uses
+    their inverse-variance weighted mean (equal weights here: same scale and size) for the root
+    and gives every family table that margin (IPF), instead of the first table's sums."""
+    from beamsynth.transforms.privbayes import _fit_network
+
+    # [x, π] tables of children 1 and 2 of column 0; negative cells make Norm-Sub move the sums
+    t1 = np.array([[40.0, -30.0], [0.0, 50.0]])   # column 0 sums before Norm-Sub: 40, 20
+    t2 = np.array([[10.0, 30.0], [30.0, -10.0]])  # column 0 sums: 40, 20 (consistent already)
+    ms = (_nm((1, 0), t1, 1.0), _nm((2, 0), t2, 1.0))
+    structure = ((0, ()), (1, (0,)), (2, (0,)))
+    tables = [norm_sub(make_consistent(ms)[i], 60.0) for i in range(2)]
+    sums = [marginalize(t, (x, 0), [0]) for t, x in zip(tables, (1, 2))]
+    assert not np.allclose(sums[0], sums[1])  # Norm-Sub moved them apart
+    mean = (sums[0] + sums[1]) / 2
+    network, targets = _fit_network(PrivBayesMeasurement(structure, ms), (2, 2, 2), None, 0.0, "iid")
+    assert np.allclose(network.conditional(0)[0], mean / mean.sum(), atol=1e-9)
+    for t in targets:  # each family table now has the mean as its column-0 margin
+        assert np.allclose(t.proportions.sum(axis=0), mean / mean.sum(), atol=1e-6)
+
+
+def test_with_margins_fits_a_table_to_given_margins_and_fills_an_empty_slice():
+    from beamsynth.transforms.privbayes import _with_margins
+
+    t = np.array([[6.0, 2.0], [2.0, 0.0]])
+    out = _with_margins(t, (0, 1), {0: np.array([5.0, 5.0]), 1: np.array([7.0, 3.0])})
+    assert out.sum() == pytest.approx(10.0)
+    assert np.allclose(out.sum(axis=1), [5, 5], atol=1e-6)
+    assert np.allclose(out.sum(axis=0), [7, 3], atol=1e-6)
+    empty = np.array([[4.0, 4.0], [0.0, 0.0]])  # row 1 has no mass but its margin asks for some
+    out = _with_margins(empty, (0, 1), {0: np.array([1.0, 1.0]), 1: np.array([1.0, 1.0])})
+    assert np.allclose(out.sum(axis=1), [4, 4], atol=1e-6) and np.all(out >= 0)
