@@ -48,6 +48,7 @@ import pandas as pd
 from beamsynth.pipelines.releases.quality import encode_frame
 from beamsynth.schemas.schema import load_schema
 from beamsynth.transforms import plausible as P
+from beamsynth.transforms import plausible_filter
 from beamsynth.transforms.measure import count_marginals
 from beamsynth.transforms.noise import RandomSource
 
@@ -100,8 +101,8 @@ def fit(schema, codes, *, epsilon: float, omega: int, seed: int, fractions=(0.5,
 def fast_kprime(model, seeds, y):
     cols = model.copied_columns()
     keys = P.group_keys(seeds, cols, model.shape)
-    uk, cnt = P._unique_counts(keys, np.ones(len(seeds), np.int64))
-    return P.lookup_counts(uk, cnt, P.group_keys(y, cols, model.shape))
+    uk, cnt = plausible_filter._unique_counts(keys, np.ones(len(seeds), np.int64))
+    return plausible_filter.lookup_counts(uk, cnt, P.group_keys(y, cols, model.shape))
 
 
 def grid(name, data, seed, n_cand):

@@ -21,24 +21,26 @@ from beamsynth.transforms.budget import ApproxDP, BudgetExceededError, PureDP
 from beamsynth.transforms.conventions import display_items, element_types
 from beamsynth.transforms.measure import combine_globally
 from beamsynth.transforms.noise import RandomSource, run_seed
-from beamsynth.transforms.plausible import (
-    DEFAULT_MAX_RECORDS,
+from beamsynth.transforms.plausible_filter import (
     REJECT_BELOW_K,
     REJECT_NOISY_THRESHOLD,
+    GenerateCandidates,
+    PlausibleDeniabilityFilter,
+    RejectedCandidates,
+)
+from beamsynth.transforms.plausible_learn import (
+    DEFAULT_MAX_RECORDS,
     DPPlausibleBayesNet,
     DPPrivBayesGenerator,
-    GenerateCandidates,
-    OrderReleased,
-    PlausibleDeniabilityFilter,
-    PlausibleModel,
-    RejectedCandidates,
-    SplitForPlausible,
-    _CountRowsFn,
+)
+from beamsynth.transforms.plausible_model import PlausibleModel
+from beamsynth.transforms.plausible_privacy import (
     candidate_bound,
     candidate_release_cost,
     theorem1_guarantee,
 )
-from beamsynth.transforms.synthesis import codes_to_table
+from beamsynth.transforms.plausible_split import OrderReleased, SplitForPlausible
+from beamsynth.transforms.synthesis import _CountRowsFn, codes_to_table
 
 __all__ = ["GENERATORS", "PlausibleMethod", "PlausibleSynthesis"]
 

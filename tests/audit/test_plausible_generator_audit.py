@@ -24,6 +24,7 @@ from apache_beam.transforms.window import GlobalWindow
 from beamsynth.pipelines.methods.synthesize import SynthesisConfig, plan_synthesis
 from beamsynth.schemas.schema import EncodedBatch, load_schema
 from beamsynth.transforms import plausible as P
+from beamsynth.transforms import plausible_filter
 from beamsynth.transforms.audit import AuditCase, NeighbourPair, audit_pair
 from beamsynth.transforms.noise import RandomSource
 
@@ -60,13 +61,13 @@ def _released(seeds: np.ndarray, runs: int, rs: RandomSource, *, randomized: boo
         return 0
     y, logp = GEN.generate(seeds[rs.child("seed").integers(len(seeds), runs)], rs.child("generate"))
     counts: dict[int, list] = {}
-    for shard, kc in P._KeyCountsFn(SHARDS).process(EncodedBatch(seeds), GEN):
+    for shard, kc in plausible_filter._KeyCountsFn(SHARDS).process(EncodedBatch(seeds), GEN):
         counts.setdefault(shard, []).append(kc)
-    merge = P._MergeKeyCountsFn()
+    merge = plausible_filter._MergeKeyCountsFn()
     keyed: dict[int, list] = {}
-    for shard, ck in P._KeyCandidatesFn(SHARDS).process(P.CandidateBatch(y, logp, "audit"), GEN):
+    for shard, ck in plausible_filter._KeyCandidatesFn(SHARDS).process(P.CandidateBatch(y, logp, "audit"), GEN):
         keyed.setdefault(shard, []).append(ck)
-    test = P._FastTestFn(k=K, epsilon0=EPS0 if randomized else None, max_plausible=None, max_check=None,
+    test = plausible_filter._FastTestFn(k=K, epsilon0=EPS0 if randomized else None, max_plausible=None, max_check=None,
                          seed=int(rs.child("test-seed").integers(2**62, 1)[0]))
     released = 0
     for shard, cands in keyed.items():

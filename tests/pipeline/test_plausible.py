@@ -321,7 +321,7 @@ def test_generic_check_sample_is_stable_and_independent_of_batching_and_equal_ba
     row and its twin were sampled together (every row's multiplicity in the sample even), and the
     sample depended on the batching. Now tags are per (value, occurrence): the same sample for
     any batching, adding a seed changes it by at most one row in and one out."""
-    from beamsynth.transforms import plausible as P
+    from beamsynth.transforms import plausible_filter as P
     from beamsynth.transforms.plausible import PerturbationModel
 
     original = P._GenericTestFn.process

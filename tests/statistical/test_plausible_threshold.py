@@ -31,7 +31,7 @@ def test_fast_path_check_sample_count_is_hypergeometric():
     """With max_check < |D_S| the fast path's k' must follow the generic path's law: the number of
     matching records in a uniform sample of max_check seeds (hypergeometric). Wrong sample sizes
     (×0.7, ×1.3) must fail; false-failure rate P_THRESHOLD."""
-    from beamsynth.transforms.plausible import fast_plausible_counts
+    from beamsynth.transforms.plausible_privacy import fast_plausible_counts
     from tests.statistical import discrete_gof_pvalue
 
     n_seeds, matching, check = 5000, 400, 1000

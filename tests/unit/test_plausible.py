@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from beamsynth.transforms import plausible as P
+from beamsynth.transforms import plausible_filter, plausible_privacy, plausible_split
 from beamsynth.transforms.noise import RandomSource
 
 
@@ -197,8 +198,8 @@ def test_deterministic_test_agrees_with_brute_force_count():
     generic = P.count_plausible_generic(logp, model.log_prob(y, data), 4.0)
     cols = model.copied_columns()
     keys = P.group_keys(data, cols, model.shape)
-    uk, cnt = P._unique_counts(keys, np.ones(len(data), np.int64))
-    fast = P.fast_plausible_counts(P.lookup_counts(uk, cnt, P.group_keys(y, cols, model.shape)),
+    uk, cnt = plausible_filter._unique_counts(keys, np.ones(len(data), np.int64))
+    fast = plausible_privacy.fast_plausible_counts(plausible_filter.lookup_counts(uk, cnt, P.group_keys(y, cols, model.shape)),
                                    n_seeds=len(data), max_check=None, max_plausible=None, rs=rs)
     assert (generic == brute).all() and (fast == brute).all()
     for k in (1, 5, 20, 60):
@@ -309,9 +310,9 @@ def test_group_keys_are_collision_free_across_words():
     assert keys.shape[1] >= 3
     uniq = {tuple(r) for r in codes.tolist()}
     assert len(np.unique(keys, axis=0)) == len(uniq)
-    uk, cnt = P._unique_counts(keys, np.ones(len(keys), np.int64))
-    assert P.lookup_counts(uk, cnt, keys[:3]).tolist() == [2, 2, 1]
-    assert P.lookup_counts(uk, cnt, np.zeros((1, keys.shape[1]), np.uint64)).tolist() == [0]
+    uk, cnt = plausible_filter._unique_counts(keys, np.ones(len(keys), np.int64))
+    assert plausible_filter.lookup_counts(uk, cnt, keys[:3]).tolist() == [2, 2, 1]
+    assert plausible_filter.lookup_counts(uk, cnt, np.zeros((1, keys.shape[1]), np.uint64)).tolist() == [0]
 
 
 def test_split_is_random_with_the_requested_fractions_and_keyed_per_value_and_occurrence():
@@ -360,7 +361,7 @@ def test_unit_split_never_maps_the_largest_word_past_the_last_part(monkeypatch):
         def digest(key, msg, digestmod):
             return b"\xff" * 32
 
-    monkeypatch.setattr(P, "hmac", _AllOnes)
+    monkeypatch.setattr(plausible_split, "hmac", _AllOnes)
     part = P.unit_split_assignments(b"s" * 32, ["a", "b"], (0.5, 0.2, 0.3))
     assert part.tolist() == [2, 2]
     assert P.record_split_assignments(b"s" * 32, np.zeros((2, 1), np.int64), (0.5, 0.2, 0.3)).tolist() == [2, 2]

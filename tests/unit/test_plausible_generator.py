@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from beamsynth.transforms import plausible as P
+from beamsynth.transforms import plausible_filter
 from beamsynth.transforms.noise import RandomSource
 from beamsynth.transforms.privbayes import PrivBayesModel
 
@@ -91,8 +92,8 @@ def test_fast_count_equals_the_generic_count(gamma):
     seeds = np.stack([rs.child(i).integers(s, 600) for i, s in enumerate(SHAPE)], axis=1)
     y, own = gen.generate(seeds[rs.child("pick").integers(600, 300)], rs.child("gen"))
     cols = gen.copied_columns()
-    uk, cnt = P._unique_counts(P.group_keys(seeds, cols, SHAPE), np.ones(600, np.int64))
-    fast = P.lookup_counts(uk, cnt, P.group_keys(y, cols, SHAPE))
+    uk, cnt = plausible_filter._unique_counts(P.group_keys(seeds, cols, SHAPE), np.ones(600, np.int64))
+    fast = plausible_filter.lookup_counts(uk, cnt, P.group_keys(y, cols, SHAPE))
     generic = P.count_plausible_generic(own, gen.log_prob(y, seeds), gamma)
     np.testing.assert_array_equal(fast, generic)
     assert fast.min() >= 1  # the seed itself is plausible
