@@ -15,18 +15,28 @@ Beam's DaskRunner turns every primitive step into a ``dask.bag`` operation but (
 This runner keeps Beam's graph overrides (``Create``, ``GroupByKey``, ``Flatten``, ``Reshuffle``)
 and its ``DaskOptions``, and translates the graph itself:
 
-* bags are kept **per output PCollection**; a ParDo's partition function returns
-  ``(tag, value)`` pairs and each output selects its tag (2), as a task named by the tag (dask
-  names tasks by a hash of function and arguments: a closure over the tag would give every
-  output the same name, hence the same bag);
-* the bundle's outputs are collected **after** ``finish_bundle`` (3);
+* ParDos are **fused into stages**, as Beam's own workers fuse them: a ParDo without side
+  inputs whose input is another ParDo's output runs in that ParDo's stage, one task per
+  partition (:func:`_run_stage`); an element a step emits is pushed at once through the steps
+  reading it, so a read part's raw blocks are encoded and combined one at a time and never held
+  together (before, each ParDo was a map returning a list: a Dask worker's peak memory grew with
+  the rows of one read part, 3,650 MiB for a one-row-group 3M-row Parquet file against 351 MiB at
+  100k rows);
+* bags are kept **per output PCollection leaving a stage** (read by a ``GroupByKey``,
+  ``Flatten``, ``Reshuffle``, a side input or a ParDo with side inputs); a stage's task returns
+  ``(key, value)`` pairs and each such output selects its key (2), as a task named by the key
+  (dask names tasks by a hash of function and arguments: a closure over the key would give
+  every output the same name, hence the same bag);
+* the bundle's outputs are collected **after** ``finish_bundle`` (3), called step by step in
+  topological order so a step's ``finish_bundle`` outputs reach steps not yet finished;
 * a side input is one ``dask.delayed`` list of its bag, an argument of the consuming tasks, so
   dask computes it **once** inside the same graph (4);
-* each bundle runs under a Beam ``MetricsContainer``; its cumulative updates travel as one more
-  tagged element and are merged in the launcher (:meth:`DaskRunnerResult.metrics`), so Beam
-  counters work (5). A task dask re-runs after a lost worker replaces its result, so counts are
-  exact. A step whose output only one ParDo reads hands its updates to that reader instead
-  (:class:`_Carried`), so the chain is one task and no bundle output waits for a metrics task;
+* each step of a bundle runs under its own Beam ``MetricsContainer``; the cumulative updates
+  travel as more tagged elements and are merged in the launcher
+  (:meth:`DaskRunnerResult.metrics`), so Beam counters work (5). A task dask re-runs after a lost
+  worker replaces its result, so counts are exact. A stage whose only output leaving it is read
+  by one ParDo alone hands its updates to that reader instead (:class:`_Carried`), so no bundle
+  output waits for a metrics task;
 * the run computes **every leaf** bag (steps nobody consumes: sinks, progress steps) plus the
   metrics in one graph, reduced to sizes on the workers so no element travels to the launcher (1).
   dask computes a task shared by several leaves once.
@@ -102,24 +112,36 @@ def _value(item: Any) -> Any:
     return item.value if isinstance(item, WindowedValue) else item
 
 
-class _Collector(dict):
-    """Receivers of every output tag of one bundle, appending ``(tag, WindowedValue)``."""
+class _Drop(Receiver):
+    """Receiver of an output tag no step declared (Beam drops such outputs)."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.values: list[tuple[str | None, WindowedValue]] = []
+    def receive(self, windowed_value: WindowedValue) -> None:
+        pass
 
-    def __missing__(self, tag: str | None) -> Any:
-        receiver = self[tag] = _TagReceiver(tag, self.values)
+
+class _Receivers(dict):
+    """One ParDo's receivers by output tag (``None``: main); undeclared tags are dropped."""
+
+    def __missing__(self, tag: str | None) -> Receiver:
+        receiver = self[tag] = _Drop()
         return receiver
 
 
-class _TagReceiver(Receiver):
-    def __init__(self, tag: str | None, values: list) -> None:
-        self._tag, self._values = tag, values
+class _Push(Receiver):
+    """One output of a stage's step: each element goes at once to the stage's steps reading it
+    (their ``process`` runs under their own metrics container) and, if the output leaves the
+    stage, to the task's result."""
+
+    def __init__(self, run: _StageRun, readers: list[int], export: int | None) -> None:
+        self._run, self._readers, self._export = run, readers, export
 
     def receive(self, windowed_value: WindowedValue) -> None:
-        self._values.append((self._tag, windowed_value))
+        run = self._run
+        if self._export is not None:
+            run.results.append(windowed_value if run.carry else (self._export, windowed_value))
+        for i in self._readers:
+            with run.scope(i):
+                run.invokers[i].invoke_process(windowed_value)
 
 
 @dataclass
@@ -131,80 +153,128 @@ class _SideSpec:
 
 @dataclass
 class _ParDoSpec:
-    """What a task needs to run one bundle of a ParDo (pickled once per task by dask)."""
+    """One ParDo of a stage: its DoFn and, per output tag (``None``: main), the indices of the
+    stage's steps reading it and its export key (``None``: read only inside the stage)."""
 
     fn: beam.DoFn
     label: str
     args: list
     kwargs: dict
     window_fn: Any
+    outputs: dict[str | None, tuple[list[int], int | None]]
+
+
+@dataclass
+class _StageSpec:
+    """A fused stage (pickled once per task by dask): ParDos in topological order, the first
+    (the root) reading the task's partition and the side inputs, each other one reading one
+    output of an earlier one as its only input."""
+
+    steps: list[_ParDoSpec]
     sides: list[_SideSpec]
 
 
 @dataclass
 class _Carried:
-    """A bundle's metric updates riding along its only consumer's input (see :func:`_run_bundle`)."""
+    """A bundle's metric updates riding along its only consumer's input (see :func:`_run_stage`)."""
 
     updates: Any
 
 
-def _run_bundle(items: Iterable[Any], spec: _ParDoSpec, carry: bool,
-                *side_values: list) -> list[Any]:
-    """One dask partition = one bundle: setup, start, process every item, finish, teardown.
+class _StageRun:
+    """The running state of one bundle of a stage: invokers, metrics containers, results."""
 
-    Returns ``(tag, WindowedValue)`` for every output (``finish_bundle``'s included) and one
-    ``(_METRICS, MetricUpdates)`` with the bundle's Beam metrics, or with ``carry`` (one output,
-    read only by one ParDo) the main output's ``WindowedValue`` and the metrics as
-    :class:`_Carried` items, which the consumer passes on with its own. A separate metrics task
-    per bundle kept every bundle's outputs in memory until it ran, which dask put near the end:
-    a worker held all sampled tables of a 10M-row run (2,155 MiB against 662 MiB at 1M).
+    def __init__(self, stage: _StageSpec, carry: bool, side_values: Sequence[list]) -> None:
+        from apache_beam.runners.common import (
+            DoFnContext,
+            DoFnInvoker,
+            DoFnSignature,
+            _OutputHandler,
+        )
+        from apache_beam.runners.worker import statesampler
+        from apache_beam.transforms.sideinputs import SideInputMap
+        from apache_beam.utils import counters
+
+        self.carry = carry
+        self.results: list[Any] = []
+        self.sampler = statesampler.StateSampler("", counters.CounterFactory())
+        self.containers = [MetricsContainer(step.label) for step in stage.steps]
+        self.invokers: list[Any] = []
+        for i, step in enumerate(stage.steps):
+            receivers = _Receivers({tag: _Push(self, readers, export)
+                                    for tag, (readers, export) in step.outputs.items()})
+            handler = _OutputHandler(window_fn=step.window_fn, main_receivers=receivers[None],
+                                     tagged_receivers=receivers, per_element_output_counter=None,
+                                     output_batch_converter=None, process_yields_batches=False,
+                                     process_batch_yields_elements=False)
+            sides = [SideInputMap(s.view, s.options, [_windowed(v, s.window_fn) for v in values])
+                     for s, values in zip(stage.sides, side_values)] if i == 0 else []
+            self.invokers.append(DoFnInvoker.create_invoker(
+                DoFnSignature(step.fn), handler, context=DoFnContext(step.label, state=None),
+                side_inputs=sides, input_args=step.args, input_kwargs=step.kwargs,
+                user_state_context=None, bundle_finalizer_param=beam.DoFn.BundleFinalizerParam()))
+        self._labels = [step.label for step in stage.steps]
+
+    def scope(self, i: int) -> Any:
+        """Step ``i``'s state: Beam metrics reported in it go to its container."""
+        return self.sampler.scoped_state(self._labels[i], "process",
+                                         metrics_container=self.containers[i])
+
+    def each(self, method: str) -> None:
+        """``invoke_<method>`` of every step, in topological order (a ``finish_bundle``'s
+        outputs reach steps that have not finished yet)."""
+        for i, invoker in enumerate(self.invokers):
+            with self.scope(i):
+                getattr(invoker, f"invoke_{method}")()
+
+
+def _run_stage(items: Iterable[Any], stage: _StageSpec, carry: bool, *side_values: list) -> list[Any]:
+    """One dask partition = one bundle of a fused stage: setup and start every step, push each
+    item through the stage (an element a step emits is processed by the steps reading it before
+    the next one is emitted, as Beam's own workers run a fused stage), finish and tear down.
+
+    Only outputs leaving the stage are kept: ``(export key, WindowedValue)`` each, plus
+    ``(_METRICS, MetricUpdates)`` per step; with ``carry`` (one output leaving, read only by one
+    ParDo) its ``WindowedValue`` and the metrics as :class:`_Carried` items, which the consumer
+    passes on with its own. Before, each ParDo was its own map over the partition and returned a
+    list: a read part's task held every raw block of the part (Python objects) before the encode
+    step saw the first one, so a Dask worker's peak memory grew with the rows a part holds (a
+    one-row-group Parquet file of 3M Adult rows is one part: 3,650 MiB against 351 MiB at 100k).
+    A separate metrics task per bundle kept every bundle's outputs in memory until it ran, which
+    dask put near the end: a worker held all sampled tables of a 10M-row run (2,155 MiB against
+    662 MiB at 1M), hence :class:`_Carried`.
     """
-    from apache_beam.runners.common import DoFnContext, DoFnInvoker, DoFnSignature, _OutputHandler
     from apache_beam.runners.worker import statesampler
-    from apache_beam.transforms.sideinputs import SideInputMap
-    from apache_beam.utils import counters
 
-    collector = _Collector()
-    handler = _OutputHandler(window_fn=spec.window_fn, main_receivers=collector[None],
-                             tagged_receivers=collector, per_element_output_counter=None,
-                             output_batch_converter=None, process_yields_batches=False,
-                             process_batch_yields_elements=False)
-    sides = [SideInputMap(s.view, s.options, [_windowed(v, s.window_fn) for v in values])
-             for s, values in zip(spec.sides, side_values)]
-    invoker = DoFnInvoker.create_invoker(
-        DoFnSignature(spec.fn), handler, context=DoFnContext(spec.label, state=None),
-        side_inputs=sides, input_args=spec.args, input_kwargs=spec.kwargs,
-        user_state_context=None, bundle_finalizer_param=beam.DoFn.BundleFinalizerParam())
-    container = MetricsContainer(spec.label)
-    sampler = statesampler.StateSampler("", counters.CounterFactory())
+    run = _StageRun(stage, carry, side_values)
+    root = stage.steps[0].window_fn
+    carried = []
     previous = statesampler.get_current_tracker()
-    statesampler.set_current_tracker(sampler)
+    statesampler.set_current_tracker(run.sampler)
     try:
-        with sampler.scoped_state(spec.label, "process", metrics_container=container):
-            invoker.invoke_setup()
-            invoker.invoke_start_bundle()
-            carried = []
-            for item in items:
-                if isinstance(item, _Carried):  # an upstream bundle's metrics
-                    carried.append(item)
-                    continue
-                invoker.invoke_process(_windowed(item, spec.window_fn))
-            invoker.invoke_finish_bundle()  # before collecting: its outputs count too
-            invoker.invoke_teardown()
+        run.each("setup")
+        run.each("start_bundle")
+        for item in items:
+            if isinstance(item, _Carried):  # an upstream bundle's metrics
+                carried.append(item)
+                continue
+            with run.scope(0):
+                run.invokers[0].invoke_process(_windowed(item, root))
+        run.each("finish_bundle")  # before collecting: its outputs count too
+        run.each("teardown")
     finally:
         statesampler.set_current_tracker(previous)
+    updates = [c.get_cumulative() for c in run.containers]
     if carry:
-        return [*(value for tag, value in collector.values if tag is None), *carried,
-                _Carried(container.get_cumulative())]
-    return [*collector.values, *((_METRICS, c.updates) for c in carried),
-            (_METRICS, container.get_cumulative())]
+        return [*run.results, *carried, *(_Carried(u) for u in updates)]
+    return [*run.results, *((_METRICS, c.updates) for c in carried), *((_METRICS, u) for u in updates)]
 
 
 def _select(partition: Iterable[tuple[Any, Any]], tag: Any) -> list[Any]:
-    """The values of one output tag in a bundle's ``(tag, value)`` pairs. A module function with
-    the tag as an argument: dask names a task by a hash of its function and arguments, and a
-    closure over the tag hashed the same for every tag, so all outputs of a ParDo got one name
-    (one bag) in the combined graph."""
+    """The values of one output (export key, or ``_METRICS``) in a stage's ``(key, value)``
+    pairs. A module function with the key as an argument: dask names a task by a hash of its
+    function and arguments, and a closure over the key hashed the same for every key, so all
+    outputs of a ParDo got one name (one bag) in the combined graph."""
     return [value for t, value in partition if t == tag]
 
 
@@ -340,10 +410,14 @@ class _LiftCombinePerKey(PTransformOverride):
 
 
 class _ReadersVisitor(PipelineVisitor):
-    """PCollection → the steps reading it, ``(step, "main" | "side")``."""
+    """PCollection → the steps reading it, ``(step, "main" | "side")``; and the fused stages:
+    a ParDo without side inputs whose input is a ParDo's output joins that ParDo's stage
+    (``stages``: the root of each stage → its ParDos in topological order)."""
 
     def __init__(self) -> None:
         self.readers: dict[pvalue.PCollection, list[tuple[AppliedPTransform, str]]] = {}
+        self.stages: dict[AppliedPTransform, list[AppliedPTransform]] = {}
+        self._stage_of: dict[pvalue.PCollection, AppliedPTransform] = {}  # ParDo output → root
 
     def visit_transform(self, node: AppliedPTransform) -> None:
         for i in node.inputs:
@@ -351,15 +425,26 @@ class _ReadersVisitor(PipelineVisitor):
                 self.readers.setdefault(i, []).append((node, "main"))
         for si in node.side_inputs:
             self.readers.setdefault(si.pvalue, []).append((node, "side"))
+        if isinstance(node.transform, beam.ParDo):
+            main = node.inputs[0] if node.inputs else None
+            root = None if node.side_inputs else self._stage_of.get(main)
+            if root is None:  # a stage's root reads a bag (and the side inputs)
+                root = node
+                self.stages[root] = []
+            self.stages[root].append(node)
+            for pcoll in node.outputs.values():
+                self._stage_of[pcoll] = root
 
 
 class _BagVisitor(PipelineVisitor):
     """Beam graph → dask bags, one per output PCollection (see the module docstring)."""
 
     def __init__(self, bag_kwargs: dict[str, Any],
-                 readers: dict[pvalue.PCollection, list[tuple[AppliedPTransform, str]]]) -> None:
+                 readers: dict[pvalue.PCollection, list[tuple[AppliedPTransform, str]]],
+                 stages: dict[AppliedPTransform, list[AppliedPTransform]]) -> None:
         self._bag_kwargs = bag_kwargs
         self.readers = readers  # the steps reading each PCollection ("main" or "side")
+        self.stages = stages  # fused stages: root ParDo → its ParDos
         self.bags: dict[pvalue.PCollection, Any] = {}
         self.metric_bags: list[Any] = []
         self.consumed: set[pvalue.PCollection] = set()
@@ -431,12 +516,32 @@ class _BagVisitor(PipelineVisitor):
 
     def _pardo(self, node: AppliedPTransform, inputs: list[pvalue.PCollection],
                outputs: list[tuple[Any, pvalue.PCollection]]) -> None:
+        """A stage's root: the whole fused stage as one task per partition (:func:`_run_stage`),
+        one bag per output leaving it. Any other ParDo runs inside its stage."""
         import dask
 
-        transform = node.transform
-        args, kwargs = transform.args, transform.kwargs  # side inputs as ArgumentPlaceholders
-        main = next(iter(node.main_inputs.values()))
-        window_fn = main.windowing.windowfn if hasattr(main, "windowing") else None
+        steps = self.stages.get(node)
+        if steps is None:
+            return
+        index = {step: i for i, step in enumerate(steps)}
+        specs, exports = [], []
+        for step in steps:
+            transform = step.transform
+            args, kwargs = transform.args, transform.kwargs  # side inputs as ArgumentPlaceholders
+            main = next(iter(step.main_inputs.values()))
+            window_fn = main.windowing.windowfn if hasattr(main, "windowing") else None
+            main_tag = getattr(transform, "_main_tag", None) or None
+            outs: dict[str | None, tuple[list[int], int | None]] = {}
+            for tag, pcoll in step.outputs.items():
+                want = None if tag is None or tag == main_tag else tag  # main output: untagged
+                readers = self.readers.get(pcoll, [])
+                inside = [index[r] for r, kind in readers if kind == "main" and r in index]
+                export = None
+                if len(inside) < len(readers):  # read outside the stage: a bag of its own
+                    export = len(exports)
+                    exports.append(pcoll)
+                outs[want] = (inside, export)
+            specs.append(_ParDoSpec(transform.fn, transform.label, list(args), kwargs, window_fn, outs))
         sides, side_values = [], []
         for si in node.side_inputs:
             sides.append(_SideSpec(type(si), si._view_options(), si._window_mapping_fn))
@@ -444,18 +549,16 @@ class _BagVisitor(PipelineVisitor):
             # unoptimized: an optimized copy of the side input's graph would reuse the main
             # graph's task names with other contents (dask: "different run_spec for key")
             side_values.append(dask.delayed(_concat)(*side_bag.to_delayed(optimize_graph=False)))
-        spec = _ParDoSpec(transform.fn, transform.label, list(args), kwargs, window_fn, sides)
-        carry = len(outputs) == 1 and self._only_pardo_reads(outputs[0][1])
-        raw = self.bags[inputs[0]].map_partitions(_run_bundle, spec, carry, *side_values)
+        carry = len(exports) == 1 and self._only_pardo_reads(exports[0])
+        raw = self.bags[inputs[0]].map_partitions(_run_stage, _StageSpec(specs, sides), carry,
+                                                  *side_values)
         if carry:  # WindowedValue per element, _Carried per bundle: one task chain, no select
-            self.bags[outputs[0][1]] = raw
+            self.bags[exports[0]] = raw
             return
-        # (tag, WindowedValue) per output element, (_METRICS, MetricUpdates) per bundle
-        main_tag = getattr(transform, "_main_tag", None) or None
+        # (export key, WindowedValue) per element leaving, (_METRICS, MetricUpdates) per step
         self.metric_bags.append(raw.map_partitions(_select, _METRICS))
-        for tag, pcoll in outputs:
-            want = None if tag is None or tag == main_tag else tag  # main output: untagged
-            self.bags[pcoll] = raw.map_partitions(_select, want)
+        for key, pcoll in enumerate(exports):
+            self.bags[pcoll] = raw.map_partitions(_select, key)
 
     def _only_pardo_reads(self, pcoll: pvalue.PCollection) -> bool:
         """Whether one ParDo reads ``pcoll``, as its main input, and nothing else does."""
@@ -549,7 +652,7 @@ class DaskRunner(PipelineRunner):
         pipeline.replace_all([_LiftCombinePerKey(), *dask_overrides()])  # lift before GBKs
         readers = _ReadersVisitor()
         pipeline.visit(readers)
-        visitor = _BagVisitor(bag_kwargs, readers.readers)
+        visitor = _BagVisitor(bag_kwargs, readers.readers, readers.stages)
         pipeline.visit(visitor)
         sizes = [leaf.map_partitions(_size) for leaf in visitor.leaves()]
         everything = db.concat(sizes + visitor.metric_bags) if sizes or visitor.metric_bags \

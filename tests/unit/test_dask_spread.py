@@ -85,8 +85,8 @@ def test_group_all_groups_every_partition_in_one_task():
 
 
 def test_steps_read_by_one_pardo_get_no_metrics_task():
-    """A → B → C: A's and B's bundles hand their metrics to their only reader; only C (a leaf) has
-    a metrics task per bundle (which keeps the bundle's outputs until it runs)."""
+    """A → B → C is one fused stage (one task per bundle, one metrics task); a second reader of
+    B (D) joins the same stage instead of adding metrics tasks that keep B's outputs."""
     import apache_beam as beam
     from apache_beam.runners.dask.overrides import dask_overrides
 
@@ -98,12 +98,12 @@ def test_steps_read_by_one_pardo_get_no_metrics_task():
     p.replace_all(dask_overrides())
     readers = _ReadersVisitor()
     p.visit(readers)
-    visitor = _BagVisitor({}, readers.readers)
+    visitor = _BagVisitor({}, readers.readers, readers.stages)
     p.visit(visitor)
     assert len(visitor.metric_bags) == 1
-    _ = chain | "D" >> beam.Map(abs)  # B now has two readers: it keeps its own metrics task
+    _ = chain | "D" >> beam.Map(abs)  # B now has two readers, both in A's stage
     readers = _ReadersVisitor()
     p.visit(readers)
-    visitor = _BagVisitor({}, readers.readers)
+    visitor = _BagVisitor({}, readers.readers, readers.stages)
     p.visit(visitor)
-    assert len(visitor.metric_bags) == 3
+    assert len(visitor.metric_bags) == 1
