@@ -43,7 +43,8 @@ stage; with ``max_contributions = c`` every sensitivity below is multiplied by `
   and are charged over a public bound ``C`` (:func:`candidate_release_cost`). Test 1 has no DP
   guarantee (only (k, γ)-plausible deniability, Definition 1).
 
-Modules (this one re-exports their public names, ``__all__``; import from here in user code):
+Modules (this one re-exports their public names, ``__all__``, and ``METRICS_NAMESPACE``,
+``lookup_counts``, ``fast_plausible_counts``; import from here in user code):
 
 * :mod:`~beamsynth.transforms.plausible_structure` — entropy sensitivity, noisy entropies, CFS
   structure (Section 3.3; Beam-free);
@@ -62,6 +63,7 @@ Modules (this one re-exports their public names, ``__all__``; import from here i
 
 from __future__ import annotations
 
+from beamsynth.transforms.plausible_filter import METRICS_NAMESPACE as METRICS_NAMESPACE
 from beamsynth.transforms.plausible_filter import (
     REJECT_BELOW_K,
     REJECT_NOISY_THRESHOLD,
@@ -71,6 +73,7 @@ from beamsynth.transforms.plausible_filter import (
     RejectedCandidates,
     check_sample,
 )
+from beamsynth.transforms.plausible_filter import lookup_counts as lookup_counts
 from beamsynth.transforms.plausible_learn import (
     DEFAULT_MAX_RECORDS,
     DPPlausibleBayesNet,
@@ -101,6 +104,9 @@ from beamsynth.transforms.plausible_privacy import (
     poisson_counts,
     privacy_test,
     theorem1_guarantee,
+)
+from beamsynth.transforms.plausible_privacy import (
+    fast_plausible_counts as fast_plausible_counts,
 )
 from beamsynth.transforms.plausible_split import (
     OrderReleased,
