@@ -20,7 +20,7 @@ string is not a complete key of the (bounded) data. Stand-ins vary the Zipf slop
 the number of persons and ``repeat`` so the defaults are not tuned to one distribution; the
 1M-row query log (k = 1 per user) is checked too.
 
-The trees run Beam-free (``transforms.prefix.run_levels``: the same level functions and labelled
+The trees run Beam-free (``prefix_levels`` ``run_in_memory``: the same level functions and labelled
 draws as the Beam graph on the global window); ``--beam`` runs one stand-in through
 ``beamsynth prefixes`` on the DirectRunner for seconds.
 

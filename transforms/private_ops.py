@@ -35,13 +35,13 @@ from beamsynth.transforms.outputs import (
     marginal_type,
     tree_rows,
 )
-from beamsynth.transforms.prefix import (
-    DISCOUNTS,
-    DecodeLeaves,
+from beamsynth.transforms.prefix_decode import DecodeLeaves
+from beamsynth.transforms.prefix_levels import (
     DPBasicPrefixHistogram,
     DPDirectPrefixSynthesis,
     DPImprovedPrefixHistogram,
 )
+from beamsynth.transforms.prefix_tree import DISCOUNTS
 from beamsynth.transforms.private import (
     WINDOW_FIELD,
     PrivateCollection,

@@ -36,7 +36,8 @@ from beamsynth.schemas.keys import (
     load_key_spec,
     load_tree,
 )
-from beamsynth.transforms.prefix import CALIBRATIONS, DISCOUNTS
+from beamsynth.transforms.prefix_accounting import CALIBRATIONS
+from beamsynth.transforms.prefix_tree import DISCOUNTS
 
 __all__ = [
     "add_parser",

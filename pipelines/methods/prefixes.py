@@ -31,12 +31,11 @@ from beamsynth.schemas.keys import KeyCodec
 from beamsynth.schemas.schema import EncodedBatch, privacy_id_text
 from beamsynth.transforms.budget import PrivacyAccountant, PureDP
 from beamsynth.transforms.conventions import display_items, element_types
-from beamsynth.transforms.prefix import (
-    DecodeLeaves,
+from beamsynth.transforms.prefix_decode import DecodeLeaves, release_to_table
+from beamsynth.transforms.prefix_levels import (
     DPBasicPrefixHistogram,
     DPDirectPrefixSynthesis,
     DPImprovedPrefixHistogram,
-    release_to_table,
 )
 from beamsynth.transforms.units import BoundContributions
 

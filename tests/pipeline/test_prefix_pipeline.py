@@ -14,6 +14,7 @@ from beamsynth.pipelines.cli.main import main
 from beamsynth.schemas.keys import SpatialKeyCodec, TextKeyCodec
 from beamsynth.schemas.schema import EncodedBatch
 from beamsynth.transforms import prefix as P
+from beamsynth.transforms import prefix_levels
 from beamsynth.transforms.budget import PrivacyAccountant, PureDP
 from beamsynth.transforms.windows import DeclaredWindows
 
@@ -44,7 +45,7 @@ WORDS = ["ab"] * 40 + ["abc"] * 30 + ["b"] * 25 + ["ca"] * 3
 def test_basic_with_zero_noise_releases_exact_leaves_and_spends_at_build():
     codec = TextKeyCodec(column="q", max_length=3, alphabet="abc")
     acct = PrivacyAccountant(total=PureDP(epsilon=2.0))
-    with mock.patch.object(P, "discrete_laplace", _zero_noise):
+    with mock.patch.object(prefix_levels, "discrete_laplace", _zero_noise):
         t = P.DPBasicPrefixHistogram(codec=codec, budget=PureDP(epsilon=2.0), threshold=10, accountant=acct)
         assert acct.spent_epsilon == 2.0  # spent when the pipeline is built
         with BeamTestPipeline(options=_opts()) as p:
@@ -55,7 +56,7 @@ def test_basic_with_zero_noise_releases_exact_leaves_and_spends_at_build():
 
 def test_direct_with_zero_noise_allocates_exactly():
     codec = TextKeyCodec(column="q", max_length=3, alphabet="abc")
-    with mock.patch.object(P, "discrete_laplace", _zero_noise):
+    with mock.patch.object(prefix_levels, "discrete_laplace", _zero_noise):
         with BeamTestPipeline(options=_opts()) as p:
             batches = p | beam.Create(_batches(codec, WORDS))
             rel = batches | P.DPDirectPrefixSynthesis(codec=codec, budget=PureDP(epsilon=1.0), prune=False, seed=1)
@@ -80,7 +81,7 @@ def test_direct_reduce_to_ancestor_writes_the_total_per_window():
     def stamp(table, w=beam.DoFn.WindowParam):
         return [(int(w.start), q) for q in table.column("q").to_pylist()]
 
-    with mock.patch.object(P, "discrete_laplace", _zero_noise):
+    with mock.patch.object(prefix_levels, "discrete_laplace", _zero_noise):
         with BeamTestPipeline(options=_opts()) as p:
             items = [window.TimestampedValue(b, 1) for b in first] + [window.TimestampedValue(b, 15) for b in second]
             rel = (p | beam.Create(items) | beam.WindowInto(DeclaredWindows(start=0, end=20, size=10))
@@ -97,7 +98,7 @@ def test_improved_runs_per_window_with_seeded_streams():
     second = _batches(codec, ["c"] * 80)
 
     def run():
-        with mock.patch.object(P, "discrete_laplace", _zero_noise):
+        with mock.patch.object(prefix_levels, "discrete_laplace", _zero_noise):
             with BeamTestPipeline(options=_opts()) as p:
                 items = [window.TimestampedValue(b, 1) for b in first] + [
                     window.TimestampedValue(b, 15) for b in second]

@@ -7,8 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from beamsynth.schemas.keys import SpatialKeyCodec, TextKeyCodec
+from beamsynth.schemas.keys import SpatialKeyCodec, TextKeyCodec, prefix_bytes
 from beamsynth.transforms import prefix as P
+from beamsynth.transforms import prefix_accounting, prefix_decode
 from beamsynth.transforms.budget import PrivacyAccountant, PureDP
 from beamsynth.transforms.noise import RandomSource, discrete_laplace_cdf
 
@@ -47,7 +48,7 @@ def test_improved_accounting_tight_fits_the_budget_and_beats_the_paper(k, epsilo
     # less noise, and fewer records removed per split, than the paper's split of the same budget
     assert a.scale < old.scale and a.discount < old.discount and a.threshold <= old.threshold
     # the threshold keeps noise-only children rare: (fanout - 1)·P(Z ≥ b) ≤ 1/2
-    assert 38 * (1 - discrete_laplace_cdf(a.threshold - 1, a.scale)) <= P.SPURIOUS_RATE + 1e-12
+    assert 38 * (1 - discrete_laplace_cdf(a.threshold - 1, a.scale)) <= prefix_accounting.SPURIOUS_RATE + 1e-12
     # depth-free guarantee: any declared depth spends within the budget
     for max_length in (3, 60):
         acct = PrivacyAccountant(total=PureDP(epsilon=epsilon))
@@ -306,7 +307,7 @@ def test_child_cells_and_sparse_combine_across_shards():
     words = ["the", "then", "to", "a", "the", "tie", "x"] * 7
     codes = c.encode_strings(words)
     frontier = c.encode_strings(["t"])[:, :1]  # prefix 't'
-    keys = P.prefix_bytes(frontier, 1)
+    keys = prefix_bytes(frontier, 1)
     fn = P.SparseCountsCombineFn()
     shards = [fn.add_input(fn.create_accumulator(), P.child_cells(codes[i::3], 1, keys, c.fanout))
               for i in range(3)]
@@ -478,7 +479,7 @@ def test_reduce_to_ancestor_puts_unresolved_mass_on_the_nearest_released_keys():
     none, lost = P.reduce_to_ancestor([_rel(c, 1, [("a", 4, True), ("b", 3, True)])], c)
     assert lost == 7 and P.synthetic_keys(none, c)[1] == 7
     # shares are integers, proportional, exact: largest remainder
-    assert P._spread(np.array([7]), np.array([0, 0, 0]), np.array([1, 1, 1]), 1).tolist() == [3, 2, 2]
+    assert prefix_decode._spread(np.array([7]), np.array([0, 0, 0]), np.array([1, 1, 1]), 1).tolist() == [3, 2, 2]
 
 
 def test_direct_with_reduce_writes_the_noisy_total_on_keys_it_already_wrote():
@@ -499,12 +500,12 @@ def test_spurious_threshold_is_the_smallest_with_half_a_noise_child_per_split():
     for scale, fanout in ((1.09, 39), (22.0, 39), (4.0, 3), (0.1, 2)):
         b = P.spurious_threshold(scale, fanout)
         tail = (fanout - 1) * (1 - discrete_laplace_cdf(np.array([b, b - 1]) - 1, scale))
-        assert tail[0] <= P.SPURIOUS_RATE + 1e-12
-        assert b == 1 or tail[1] > P.SPURIOUS_RATE
+        assert tail[0] <= prefix_accounting.SPURIOUS_RATE + 1e-12
+        assert b == 1 or tail[1] > prefix_accounting.SPURIOUS_RATE
     # closed form: a tiny ε (huge scale) answers at once instead of counting b up from 1
     for scale, fanout in ((1e6, 39), (1e12, 27)):
         b = P.spurious_threshold(scale, fanout)
-        assert b == math.ceil(scale * math.log((fanout - 1) / (P.SPURIOUS_RATE * (1 + math.exp(-1 / scale)))))
+        assert b == math.ceil(scale * math.log((fanout - 1) / (prefix_accounting.SPURIOUS_RATE * (1 + math.exp(-1 / scale)))))
     c = TextKeyCodec(column="q", max_length=3)
     with pytest.raises(TypeError, match=r"prune \('yes'\) must be True or False"):
         P.DPDirectPrefixSynthesis(codec=c, budget=PureDP(epsilon=1.0), prune="yes")
