@@ -2,8 +2,8 @@
 
 Parquet files are written the way users write them: ``pandas.DataFrame.to_parquet`` defaults,
 ``pyarrow.parquet.write_table`` defaults (snappy; a row group holds up to 1,048,576 rows, so a
-3M-row file has 3 huge row groups), one single row group (snappy) and one single row group
-(zstd). Rows are an Adult resample (PCG64(2000 + chunk), as ``scale_10m.py``), at ``--small``
+3M-row file has 3 huge row groups), one single row group (snappy), one single row group
+(zstd), and the same rows as CSV (``csv``, for comparison). Rows are an Adult resample (PCG64(2000 + chunk), as ``scale_10m.py``), at ``--small``
 and ``--large`` rows. Each file goes through ``synthesize --method independent --quiet`` on each
 runner; printed per run: wall seconds, peak RSS of the launcher and of its worker processes
 (SDK workers on direct-multi; the 2 Dask workers of the runner's own LocalCluster on dask), and
@@ -30,7 +30,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 from scale_10m import ADULT, CHUNK, SHARED_ADULT, RssMonitor
 
-LAYOUTS = ("pandas_default", "arrow_default", "one_group_snappy", "one_group_zstd")
+LAYOUTS = ("pandas_default", "arrow_default", "one_group_snappy", "one_group_zstd", "csv")
 RUNNERS = ("direct", "direct-multi", "dask")
 
 
@@ -58,6 +58,10 @@ def write_layout(table: pa.Table, layout: str, path: str) -> None:
         pq.write_table(table, path, row_group_size=table.num_rows)
     elif layout == "one_group_zstd":
         pq.write_table(table, path, row_group_size=table.num_rows, compression="zstd")
+    elif layout == "csv":  # the same rows as CSV, for comparison
+        with open(path, "wb") as fh:
+            fh.write((",".join(table.column_names) + "\n").encode())
+            pacsv.write_csv(table, fh, pacsv.WriteOptions(include_header=False, quoting_style="none"))
     else:
         raise ValueError(f"layout {layout!r} is not one of {LAYOUTS}")
 
@@ -101,12 +105,12 @@ def main() -> None:
         files: dict[tuple[str, int], str] = {}
         for rows in (args.small, args.large):
             for layout in args.layouts:
-                path = os.path.join(folder, f"adult_{rows}_{layout}.parquet")
+                ext = "csv" if layout == "csv" else "parquet"
+                path = os.path.join(folder, f"adult_{rows}_{layout}.{ext}")
                 if not os.path.exists(path):
                     make_file(rows, layout, path)
-                groups = pq.ParquetFile(path).metadata.num_row_groups
-                print(f"{Path(path).name}: {os.path.getsize(path) / 2**20:.1f} MiB, {groups} row group(s)",
-                      flush=True)
+                groups = "" if ext == "csv" else f", {pq.ParquetFile(path).metadata.num_row_groups} row group(s)"
+                print(f"{Path(path).name}: {os.path.getsize(path) / 2**20:.1f} MiB{groups}", flush=True)
                 files[(layout, rows)] = path
         print(f"{'layout':17s} {'runner':13s} {'rows':>9s} {'wall s':>7s} {'launcher':>9s} "
               f"{'worker':>7s}  (peak RSS MiB)")

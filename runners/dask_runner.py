@@ -62,10 +62,10 @@ exactly over as many partitions as the widest ``Create`` (:func:`_spread`). A 10
 ``synthesize`` had 23,870 tasks (2,642 at 1M) in the launcher's scheduler.
 
 A ``Create`` is split into one partition per element, up to 256 partitions (Beam's default
-packed 128 elements into one partition, so a few input files were all read by one task); a task
-holds every output of its partition between two steps, so one file part per task (16 MiB of CSV
-by default: up to 4 GiB of input) keeps a worker's peak memory independent of the input size
-(with 64, a 10M-row Adult CSV had 68 parts, some tasks read two); ``--dask_npartitions`` /
+packed 128 elements into one partition, so a few input files were all read by one task): one
+file part per task (16 MiB of CSV by default: up to 4 GiB of input) spreads the read over the
+workers (with 64, a 10M-row Adult CSV had 68 parts, some tasks read two), and the read stage
+streams, so a task's memory does not grow with its part's rows; ``--dask_npartitions`` /
 ``--dask_partition_size`` win. All five probes of :mod:`beamsynth.runners.probes` are correct
 on this runner (``tests/pipeline/test_runners.py``).
 """
