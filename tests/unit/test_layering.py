@@ -185,7 +185,7 @@ def test_the_package_is_found(graph):
             "beamsynth.pipelines.releases.release", "beamsynth.pipelines.job",
             "beamsynth.runners.presets"} <= set(graph)
     assert "beamsynth.schemas.schema" in graph["beamsynth.transforms.measure"]
-    assert "beamsynth.transforms.refine" in graph["beamsynth.transforms.privbayes"]
+    assert "beamsynth.transforms.refine" in graph["beamsynth.transforms.privbayes_plan"]
     assert {f"{P}.io", f"{P}.methods"} <= set(package_graph(graph)[f"{P}.releases"])
 
 

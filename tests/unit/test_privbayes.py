@@ -373,7 +373,7 @@ def test_one_way_estimate_is_the_weighted_mean_of_the_tables_sums_and_every_tabl
     """Issue 18: after Norm-Sub two tables holding column 0 disagree on its margin; the fit uses
     their inverse-variance weighted mean (equal weights here: same scale and size) for the root
     and gives every family table that margin (IPF), instead of the first table's sums."""
-    from beamsynth.transforms.privbayes import _fit_network
+    from beamsynth.transforms.privbayes_model import _fit_network
 
     # [x, π] tables of children 1 and 2 of column 0; negative cells make Norm-Sub move the sums
     t1 = np.array([[40.0, -30.0], [0.0, 50.0]])   # column 0 sums before Norm-Sub: 40, 20
@@ -391,7 +391,7 @@ def test_one_way_estimate_is_the_weighted_mean_of_the_tables_sums_and_every_tabl
 
 
 def test_with_margins_fits_a_table_to_given_margins_and_fills_an_empty_slice():
-    from beamsynth.transforms.privbayes import _with_margins
+    from beamsynth.transforms.privbayes_model import _with_margins
 
     t = np.array([[6.0, 2.0], [2.0, 0.0]])
     out = _with_margins(t, (0, 1), {0: np.array([5.0, 5.0]), 1: np.array([7.0, 3.0])})

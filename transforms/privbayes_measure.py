@@ -1,0 +1,242 @@
+"""PrivBayes measurement: the only step that reads the exact candidate counts.
+
+* :func:`measure_privbayes` — the DP size count (when planned), then the network's structure
+  (:func:`~beamsynth.transforms.privbayes_structure.choose_structure`) or, below the θ-useful
+  size, the small-input model (``_measure_forest``, ``_measure_independent``); the noisy tables
+  (``_release_tables``: discrete Laplace, or discrete Gaussian under a zCDP plan); with
+  ``plan.refine``, the refinement rounds on the network fitted from those tables;
+* :class:`PrivBayesMeasureFn` — the DoFn running it on one element per window;
+  :class:`PrivBayesMeasurement` — what it releases.
+
+Shapes: ``tuple[np.ndarray, ...]`` (exact counts of every candidate family, one element per
+window) → :class:`PrivBayesMeasurement` (structure, ``NoisyMarginal`` tables, refinement tables,
+the public size decision).
+
+Privacy (add/remove one privacy unit of at most ``m`` records): spends exactly the plan spent at
+build time (:mod:`~beamsynth.transforms.privbayes_plan`): the size count with discrete Laplace,
+Δ = m; each structure step with permute-and-flip on InDif, Δ = 4m (PrivBayes Alg. 4, PrivSyn §4,
+McKenna & Sheldon 2020); the tables with discrete Laplace, Δ = m, ``ε_t ∝ √cells`` (PrivBayes
+§4.2, add/remove counts), or discrete Gaussian, L2 Δ = m, ``ρ_t ∝ cells^⅔`` (Canonne, Kamath &
+Steinke 2020); the refinement as in :mod:`~beamsynth.transforms.refine`. Sequential (or zCDP)
+composition gives the plan's total; what follows the noisy tables is post-processing. Draws come
+from the stream ``(seed, "privbayes", window)``, so a retried bundle redraws identically.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import apache_beam as beam
+import numpy as np
+
+from beamsynth.transforms.budget import PureDP, zcdp_approx
+from beamsynth.transforms.measure import (
+    NoisyMarginal,
+    gaussian_marginals,
+    noisy_marginals,
+    window_labels,
+)
+from beamsynth.transforms.noise import RandomSource, discrete_laplace, discrete_laplace_scale
+from beamsynth.transforms.privbayes_model import DEFAULT_SAMPLING, DEFAULT_SHRINK, _fit_network
+from beamsynth.transforms.privbayes_plan import PrivBayesPlan
+from beamsynth.transforms.privbayes_sizing import (
+    SPLIT_CELLS_CAP,
+    ForestPlan,
+    choose_forest,
+    forest_zcdp_epsilon,
+    plan_forest,
+    split_marginal_budget,
+)
+from beamsynth.transforms.privbayes_structure import _family_table, choose_structure, family_specs
+from beamsynth.transforms.refine import RefineMeasurement, measure_refinement
+
+__all__ = [
+    "PrivBayesMeasureFn",
+    "PrivBayesMeasurement",
+    "measure_privbayes",
+]
+
+SIZING_METRICS_NAMESPACE = "beamsynth"
+
+
+# -- measurement (the only step that reads exact counts) -----------------------------------------
+@dataclass(frozen=True)
+class PrivBayesMeasurement:
+    """What the measurement releases: the private structure and the noisy family tables."""
+
+    structure: tuple[tuple[int, tuple[int, ...]], ...]
+    marginals: tuple[NoisyMarginal, ...]
+    refinement: RefineMeasurement | None = None
+    sizing: dict[str, Any] | None = None  # run-time size decision (DP n̂, degree): public
+
+
+def measure_privbayes(
+    counts: Sequence[np.ndarray],
+    families: Sequence[tuple[int, ...]],
+    *,
+    shape: Sequence[int],
+    names: Sequence[str],
+    plan: PrivBayesPlan,
+    rs: RandomSource,
+    ordered: Sequence[bool] | None = None,
+    shrink: float = DEFAULT_SHRINK,
+    sampling: str = DEFAULT_SAMPLING,
+) -> PrivBayesMeasurement:
+    """Structure (permute-and-flip) then noisy family tables from exact candidate counts, then
+    (``plan.refine``) the refinement rounds of :func:`~beamsynth.transforms.refine.measure_refinement`
+    on the network fitted from those tables (``shrink``, ``sampling`` as in :func:`fit_privbayes`;
+    ``ordered``: whether each column's declared domain is ordered, default all unordered)."""
+    tables = {tuple(f): np.asarray(t) for f, t in zip(families, counts)}
+    d = len(shape)
+    degree, sizing = plan.degree, None
+    if plan.sizing is not None and plan.sizing.count_budget is not None and plan.degree > 0:
+        # n̂: the exact count (every family table sums to it) + discrete Laplace, Δ = m
+        exact_rows = int(np.asarray(counts[0]).sum()) if len(counts) else 0
+        count_scale = discrete_laplace_scale(sensitivity=plan.max_contributions,
+                                             epsilon=plan.sizing.count_budget.epsilon)
+        rows_hat = exact_rows + int(discrete_laplace(rs.child("size_count"), count_scale, 1)[0])
+        degree = plan.sizing.degree(rows_hat)  # post-processing of the DP count
+        sizing = {"rows_hat": rows_hat, "degree": degree, "max_degree": plan.degree}
+        if degree == 0:
+            # a zCDP plan's network ε are Laplace-equivalents, not budget: the pure-DP forest gets
+            # the ε whose parts cost at most the planned ρ (forest_zcdp_epsilon)
+            forest_eps = (_planned_epsilon(plan) if plan.zcdp is None else forest_zcdp_epsilon(
+                plan.zcdp.spent_rho - plan.zcdp.count_rho, shape))
+            forest = plan_forest(rows_hat, forest_eps, shape,
+                                 max_contributions=plan.max_contributions,
+                                 max_family_cells=plan.max_family_cells)
+            sizing["forest_steps"] = forest.steps
+            if forest.steps > 0:
+                return _measure_forest(tables, shape, names, forest, rs, sizing)
+            return _measure_independent(tables, shape, names, plan, rs, sizing)
+    if plan.forest is not None:
+        return _measure_forest(tables, shape, names, plan.forest, rs, None)
+    # the penalty uses the scale the tables would get if every column had a family (data-independent)
+    scale = plan.penalty * plan.table_scale(plan.max_tables)
+    if d > 1 and degree > 0:
+        structure = choose_structure(
+            tables, shape, degree=degree, epsilon=plan.step_epsilon,
+            sensitivity=plan.score_sensitivity, noise_scale=scale, rs=rs.child("structure"),
+            max_family_cells=plan.max_family_cells, exact_degree=plan.exact_degree)
+    else:
+        structure = [(c, ()) for c in range(d)]
+    specs = family_specs(structure)
+    exact = [_family_table(tables, s) for s in specs]
+    budgets = split_marginal_budget(plan.marginal_budget, [t.size for t in exact])
+    released = _release_tables(exact, specs, names, budgets, plan, rs,
+                               None if plan.zcdp is None else plan.zcdp.marginal_rho)
+    measurement = PrivBayesMeasurement(tuple((x, tuple(p)) for x, p in structure), released,
+                                       sizing=sizing)
+    if plan.refine is None:
+        return measurement
+    # post-processing: the network (and its tables as targets) from the released tables only
+    network, base_targets = _fit_network(measurement, shape, names, shrink, sampling)
+    total = max(float(np.mean([m.values.sum() for m in released])), 1.0)
+    pairs = [(a, b) for a in range(d) for b in range(a + 1, d)
+             if any(a in f and b in f for f in tables)]
+    refinement = measure_refinement(
+        lambda a, b: _family_table(tables, (a, b)), network, total=total,
+        ordered=list(ordered) if ordered is not None else [False] * d, names=names,
+        plan=plan.refine, rs=rs.child("refine"), candidates=pairs, base_targets=base_targets)
+    return PrivBayesMeasurement(measurement.structure, released, refinement, sizing=sizing)
+
+
+def _planned_epsilon(plan: PrivBayesPlan) -> float:
+    """The network ε planned at build time: structure + marginals + refinement shares."""
+    total = plan.marginal_budget.epsilon
+    if plan.structure_budget is not None:
+        total += plan.structure_budget.epsilon
+    if plan.refine is not None:
+        total += plan.refine.selection_budget.epsilon + plan.refine.measure_budget.epsilon
+    return total
+
+
+def _measure_forest(tables: dict[tuple[int, ...], np.ndarray], shape: Sequence[int],
+                    names: Sequence[str], forest: ForestPlan, rs: RandomSource,
+                    sizing: dict[str, Any] | None) -> PrivBayesMeasurement:
+    """The small-input model: the private forest (:func:`choose_forest`), then every column's
+    1-way table (``forest.one_way_budget``, ∝ √cells) and each chosen edge's 2-way table
+    (``forest.pair_budget``, ∝ √cells; with no edge chosen the 1-way tables get it too), all
+    discrete Laplace. Sequential composition: structure + one-way + pairs = the planned ε."""
+    d = len(shape)
+    structure = choose_forest(tables, shape, plan=forest, rs=rs.child("forest"))
+    fams = [(x, *ps) for x, ps in structure if ps]
+    specs = [(c,) for c in range(d)] + fams
+    exact = [_family_table(tables, s) for s in specs]
+    if fams:
+        budgets = (split_marginal_budget(forest.one_way_budget, [int(shape[c]) for c in range(d)])
+                   + split_marginal_budget(forest.pair_budget, [t.size for t in exact[d:]]))
+    else:
+        budgets = split_marginal_budget(
+            PureDP(epsilon=forest.one_way_budget.epsilon + forest.pair_budget.epsilon),
+            [int(shape[c]) for c in range(d)])
+    released = noisy_marginals(exact, specs=specs, names=names, budgets=budgets,
+                               sensitivity=float(forest.max_contributions), rs=rs.child("marginals"))
+    if sizing is not None:
+        sizing = {**sizing, "forest_edges": len(fams)}
+    return PrivBayesMeasurement(tuple((x, tuple(p)) for x, p in structure), released,
+                                sizing=sizing)
+
+
+def _measure_independent(tables: dict[tuple[int, ...], np.ndarray], shape: Sequence[int],
+                         names: Sequence[str], plan: PrivBayesPlan, rs: RandomSource,
+                         sizing: dict[str, Any]) -> PrivBayesMeasurement:
+    """The run-time fallback (degree 0): every column's 1-way table, discrete Laplace, with the
+    whole network ε planned at build time (structure + marginals + refinement shares; sequential
+    composition, nothing left unspent), split ∝ √cells (:func:`split_marginal_budget`)."""
+    total = _planned_epsilon(plan)
+    specs = [(c,) for c in range(len(shape))]
+    exact = [_family_table(tables, s) for s in specs]
+    budgets = split_marginal_budget(PureDP(epsilon=total), [t.size for t in exact])
+    # zCDP plan: the whole planned ρ but the size count's on the 1-way tables
+    released = _release_tables(exact, specs, names, budgets, plan, rs,
+                               None if plan.zcdp is None else plan.zcdp.spent_rho - plan.zcdp.count_rho)
+    return PrivBayesMeasurement(tuple((c, ()) for c in range(len(shape))), released, sizing=sizing)
+
+
+def _release_tables(exact: Sequence[np.ndarray], specs: Sequence[tuple[int, ...]],
+                    names: Sequence[str], budgets: Sequence[PureDP], plan: PrivBayesPlan,
+                    rs: RandomSource, rho: float | None) -> tuple[NoisyMarginal, ...]:
+    """The tables with discrete Laplace at ``budgets`` (pure plan), or, with ``rho`` (zCDP plan),
+    discrete Gaussian with ρ split ∝ min(cells, 10⁴)^⅔ (minimizes the expected total L1 noise
+    Σ cells_i·σ_i for Σ m²/(2σ_i²) = ρ; cap as :data:`SPLIT_CELLS_CAP`)."""
+    m = float(plan.max_contributions)
+    if rho is None:
+        return noisy_marginals(exact, specs=specs, names=names, budgets=budgets, sensitivity=m,
+                               rs=rs.child("marginals"))
+    w = np.minimum(np.asarray([t.size for t in exact], dtype=np.float64), SPLIT_CELLS_CAP) ** (2 / 3)
+    rhos = rho * w / w.sum()
+    sigmas = m / np.sqrt(2 * rhos)
+    delta = plan.zcdp.budget.delta
+    table_budgets = [zcdp_approx(float(r), delta) for r in rhos]
+    return gaussian_marginals(exact, specs=specs, names=names, sigmas=sigmas, rhos=rhos,
+                              budgets=table_budgets, sensitivity=m, rs=rs.child("marginals"))
+
+
+class PrivBayesMeasureFn(beam.DoFn):
+    """Exact candidate counts (one element per window) → :class:`PrivBayesMeasurement`.
+
+    Randomness from ``(seed, "privbayes", window)``, never worker or arrival order.
+    """
+
+    def __init__(self, *, families: Sequence[tuple[int, ...]], shape: Sequence[int],
+                 names: Sequence[str], plan: PrivBayesPlan, seed: int | None,
+                 ordered: Sequence[bool] | None = None, shrink: float = DEFAULT_SHRINK,
+                 sampling: str = DEFAULT_SAMPLING) -> None:
+        self._families = [tuple(f) for f in families]
+        self._shape, self._names = tuple(shape), tuple(names)
+        self._plan, self._seed = plan, seed
+        self._ordered = None if ordered is None else tuple(bool(o) for o in ordered)
+        self._shrink, self._sampling = float(shrink), sampling
+
+    def process(self, counts, window=beam.DoFn.WindowParam):
+        rs = RandomSource(seed=self._seed).child("privbayes", *window_labels(window))
+        out = measure_privbayes(counts, self._families, shape=self._shape, names=self._names,
+                                plan=self._plan, rs=rs, ordered=self._ordered,
+                                shrink=self._shrink, sampling=self._sampling)
+        if out.sizing is not None:  # the run-time size decision (DP n̂): public, for the manifest
+            beam.metrics.Metrics.counter(
+                SIZING_METRICS_NAMESPACE, f"privbayes_degree_{out.sizing['degree']}").inc()
+        yield out

@@ -1,0 +1,345 @@
+"""PrivBayes model size from ``n̂·ε``, the small-input forest model (issue 18), and ε over tables.
+
+* :func:`network_usefulness`, :func:`choose_network_degree`, :class:`NetworkSizing` — the largest
+  degree ``k`` whose typical family is θ-useful (PrivBayes §4.4, in count units; AIM-style
+  budget-aware sizing, McKenna et al. 2022 §4), from a public row count or a DP count;
+* :class:`ForestPlan`, :func:`plan_forest`, :func:`choose_forest` — where no network is θ-useful:
+  every column's 1-way table plus a private forest of the affordable 2-way tables;
+  :func:`forest_zcdp_epsilon` — that forest's pure ε when it replaces a zCDP plan at run time;
+* :func:`split_marginal_budget` — ``ε_i ∝ √min(cells_i, SPLIT_CELLS_CAP)`` over released tables.
+
+Shapes: public numbers and the declared shape in, frozen plans out; :func:`choose_forest` reads
+the exact candidate counts (``dict[tuple[int, ...], np.ndarray]``) inside the measurement step
+and returns ``[(column, parents), ...]``. Beam-free.
+
+Privacy (add/remove one privacy unit of at most ``m`` records): the sizing rules are functions of
+public values only (declared shape, ε, and ``rows`` public or a DP count: post-processing) and
+spend nothing; the DP count is planned in :mod:`~beamsynth.transforms.privbayes_plan` and
+released in the measurement step. The forest is ``steps`` permute-and-flip picks of
+``ε_s/steps`` each (InDif − cells·b, Δ = 4m; the 'no edge' candidate scores a constant), then
+discrete Laplace 1-way and edge tables (Δ = m per table, PrivBayes §4.2): ``ε_s + ε_1 + ε_2`` by
+sequential composition. :func:`forest_zcdp_epsilon` bounds its zCDP cost with ε-DP ⇒
+``ε²/2``-zCDP (Bun & Steinke 2016, Prop. 1.4).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from beamsynth.transforms.budget import PureDP
+from beamsynth.transforms.noise import RandomSource, discrete_laplace_scale, permute_and_flip
+from beamsynth.transforms.privbayes_structure import (
+    INDIF_SENSITIVITY,
+    MAX_FAMILY_CELLS,
+    _family_table,
+    family_cells,
+    indif_score,
+)
+
+__all__ = [
+    "SIZE_COUNT_FRACTION",
+    "SIZING_THETA",
+    "NetworkSizing",
+    "FOREST_ONE_WAY_FRACTION",
+    "FOREST_STRUCTURE_FRACTION",
+    "FOREST_THETA",
+    "NETWORK_THETA",
+    "ForestPlan",
+    "plan_forest",
+    "forest_zcdp_epsilon",
+    "choose_forest",
+    "network_usefulness",
+    "choose_network_degree",
+    "SPLIT_CELLS_CAP",
+    "split_marginal_budget",
+]
+
+SIZING_THETA = 2.5  # usefulness a k-parent family needs (docs/privbayes.md "Model size from n̂·ε")
+SIZE_COUNT_FRACTION = 0.02  # share of ε for n̂ when no public row count is given
+SIZING_CELLS_CAP = 1_000  # a column counts with at most this many cells in the typical family
+FOREST_ONE_WAY_FRACTION = 0.8  # small inputs: share of ε on every column's 1-way table ...
+FOREST_STRUCTURE_FRACTION = 0.1  # ... on choosing the forest's edges (the rest: its 2-way tables)
+FOREST_THETA = 4.0  # usefulness a forest edge's 2-way table needs (n̂·ε_t/(m·cells))
+NETWORK_THETA = 4.5  # PrivBayes keeps a k = 1 network from here (below: the forest model)
+
+
+# -- model size from n̂ and ε ---------------------------------------------------------------------
+def network_usefulness(rows: float, epsilon: float, shape: Sequence[int], degree: int, *,
+                       max_contributions: int = 1) -> float:
+    """θ-usefulness of a typical ``degree``-parent family (PrivBayes §4.4, in count units).
+
+    ``rows·ε / (d·m·g^(k+1))``: the signal per cell of a ``(k+1)``-way table, ``rows/g^(k+1)``
+    (``g`` = geometric mean of the declared column sizes, each capped at
+    :data:`SIZING_CELLS_CAP`), over the discrete Laplace scale ``m·d/ε`` a table gets when ``ε``
+    is split evenly over the ``d`` tables of the network. A pure function of public values:
+    ``rows`` is a public row count or a DP estimate (post-processing), the rest is declared.
+    """
+    d = max(1, len(shape))
+    g = math.exp(float(np.mean(np.log(np.minimum(np.asarray(shape, dtype=np.float64),
+                                                 SIZING_CELLS_CAP)))))
+    return max(float(rows), 0.0) * float(epsilon) / (d * max_contributions * g ** (degree + 1))
+
+
+def choose_network_degree(rows: float, epsilon: float, shape: Sequence[int], *, max_degree: int,
+                          max_contributions: int = 1, theta: float = SIZING_THETA) -> int:
+    """The largest ``k ≤ max_degree`` whose families are θ-useful
+    (:func:`network_usefulness` ``≥ theta``), else 0: the independent model.
+
+    AIM-style budget-aware sizing (McKenna et al. 2022 §4: a marginal is worth measuring only if
+    its noise per cell is small against ``n̂/cells``), with PrivBayes' θ-usefulness as the rule
+    (Zhang et al. §4.4, θ = 4 there). ``theta`` (:data:`SIZING_THETA`) is calibrated on Adult
+    subsamples (docs/privbayes.md "Model size from n̂·ε"). Monotone in ``rows·ε``; one column
+    has nothing to condition on (0).
+    """
+    if len(shape) < 2:
+        return 0
+    for k in range(int(max_degree), 0, -1):
+        if network_usefulness(rows, epsilon, shape, k, max_contributions=max_contributions) >= theta:
+            return k
+    return 0
+
+
+@dataclass(frozen=True)
+class NetworkSizing:
+    """How the network's size is chosen: from a public row count ``rows`` at build time, or from
+    a DP count (``count_budget``, discrete Laplace, Δ = m) in the measurement step. ``epsilon`` is
+    the model's total ε, the one the rule (:func:`choose_network_degree`) weighs n̂ against."""
+
+    epsilon: float
+    max_degree: int
+    shape: tuple[int, ...]
+    max_contributions: int = 1
+    rows: int | None = None
+    count_budget: PureDP | None = None
+    theta: float = NETWORK_THETA
+
+    def degree(self, rows_hat: float) -> int:
+        """The degree for an estimate ``rows_hat`` (public or DP: post-processing)."""
+        return choose_network_degree(rows_hat, self.epsilon, self.shape, max_degree=self.max_degree,
+                                     max_contributions=self.max_contributions, theta=self.theta)
+
+    def details(self) -> dict[str, Any]:
+        """Manifest details: the rule, where n̂ comes from, and (public rows) the decision."""
+        out: dict[str, Any] = {
+            "rule": "largest k <= max_degree with n̂·ε/(d·m·g^(k+1)) >= theta, else 0 = every "
+                    "1-way table + a forest of θ-useful pairs (plan_forest), or with no such pair "
+                    "independent 1-way marginals with the whole ε (AIM-style sizing, PrivBayes "
+                    "θ-usefulness)",
+            "theta": self.theta, "max_degree": self.max_degree, "epsilon": self.epsilon,
+            "rows_source": "public --input-rows" if self.rows is not None
+            else "DP count in the measurement step (discrete Laplace, Δ = m)"}
+        if self.count_budget is not None:
+            out["count_epsilon"] = self.count_budget.epsilon
+        if self.rows is not None:
+            k = self.degree(self.rows)
+            out.update(rows=self.rows, chosen_degree=k,
+                       usefulness_k1=network_usefulness(self.rows, self.epsilon, self.shape, 1,
+                                                        max_contributions=self.max_contributions),
+                       chosen="1-way tables + forest of affordable pairs (plan 'forest'; "
+                              "none affordable: independent 1-way marginals)" if k == 0
+                       else f"network with {k} parent(s) per column")
+        return out
+
+
+# -- the small-input model: 1-way tables + a budget-aware forest -----------------------------------
+@dataclass(frozen=True)
+class ForestPlan:
+    """The model where a network is not θ-useful (issue 18): every column's 1-way table plus a
+    forest of at most ``steps`` edges among the **affordable** pairs (declared 2-way tables of at
+    most ``max_pair_cells`` cells), each edge chosen by permute-and-flip, each chosen edge's
+    2-way table released. Data-independent (from n̂, ε and the declared shape)."""
+
+    steps: int
+    max_pair_cells: int
+    structure_budget: PureDP | None  # None with no step (no affordable pair)
+    one_way_budget: PureDP
+    pair_budget: PureDP | None
+    max_contributions: int = 1
+    rows: float = 0.0
+    theta: float = FOREST_THETA
+
+    @property
+    def step_epsilon(self) -> float:
+        """Permute-and-flip budget of each edge step."""
+        return 0.0 if self.structure_budget is None else self.structure_budget.epsilon / self.steps
+
+    @property
+    def pair_scale(self) -> float:
+        """Discrete Laplace scale of an edge table when ``steps`` tables share the pair budget
+        evenly (the penalty's data-independent scale)."""
+        if self.pair_budget is None:
+            return math.inf
+        return discrete_laplace_scale(sensitivity=self.max_contributions,
+                                      epsilon=self.pair_budget.epsilon / self.steps)
+
+    def details(self) -> dict[str, Any]:
+        """Manifest details."""
+        return {"model": "1-way tables + forest of affordable 2-way tables", "steps": self.steps,
+                "max_pair_cells": self.max_pair_cells, "theta": self.theta,
+                "structure_epsilon": self.step_epsilon * self.steps,
+                "epsilon_per_step": self.step_epsilon,
+                "one_way_epsilon": self.one_way_budget.epsilon,
+                "pair_epsilon": 0.0 if self.pair_budget is None else self.pair_budget.epsilon,
+                "score": "InDif − cells·b (permute-and-flip; a 'no edge' candidate scores 0)"}
+
+
+def _forest_edges(pairs: Sequence[tuple[int, int]], d: int) -> int:
+    """Size of a spanning forest of the graph ``pairs`` on ``d`` columns."""
+    root = list(range(d))
+
+    def find(x: int) -> int:
+        while root[x] != x:
+            root[x] = root[root[x]]
+            x = root[x]
+        return x
+
+    edges = 0
+    for a, b in pairs:
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            root[ra], edges = rb, edges + 1
+    return edges
+
+
+def plan_forest(rows: float, epsilon: float, shape: Sequence[int], *, max_contributions: int = 1,
+                one_way_fraction: float = FOREST_ONE_WAY_FRACTION,
+                structure_fraction: float = FOREST_STRUCTURE_FRACTION,
+                theta: float = FOREST_THETA,
+                max_family_cells: int = MAX_FAMILY_CELLS) -> ForestPlan:
+    """Size the small-input model from public values only (``rows`` public or a DP count).
+
+    ``ε`` is split into ``one_way_fraction`` (every column's 1-way table), ``structure_fraction``
+    (the edge steps) and the rest (the edges' 2-way tables). With ``r`` edges sharing the pair
+    budget evenly, a pair is affordable when its table is θ-useful,
+    ``rows·(ε_pairs/r)/(m·cells) ≥ theta`` (PrivBayes §4.4's usefulness per table, the rule of
+    :func:`network_usefulness` for one declared pair); ``steps`` is the largest ``r ≤ d−1``
+    whose affordable pairs hold a forest of ``r`` edges (0: no pair is affordable, the model is
+    the independent one and gets the whole ε on its 1-way tables).
+    """
+    shape = [int(c) for c in shape]
+    d, m = len(shape), int(max_contributions)
+    eps_s, eps_1 = epsilon * structure_fraction, epsilon * one_way_fraction
+    eps_2 = epsilon - eps_s - eps_1
+    pairs = list(itertools.combinations(range(d), 2))
+
+    def cap(r: int) -> int:
+        return int(min(max(float(rows), 0.0) * eps_2 / r / (m * theta), max_family_cells))
+
+    steps = 0
+    for r in range(d - 1, 0, -1):
+        if _forest_edges([(a, b) for a, b in pairs if shape[a] * shape[b] <= cap(r)], d) >= r:
+            steps = r
+            break
+    if steps == 0:
+        return ForestPlan(0, 0, None, PureDP(epsilon=float(epsilon)), None, m, float(rows), theta)
+    return ForestPlan(steps, cap(steps), PureDP(epsilon=eps_s), PureDP(epsilon=eps_1),
+                      PureDP(epsilon=eps_2), m, float(rows), theta)
+
+
+def forest_zcdp_epsilon(rho: float, shape: Sequence[int], *,
+                        one_way_fraction: float = FOREST_ONE_WAY_FRACTION,
+                        structure_fraction: float = FOREST_STRUCTURE_FRACTION) -> float:
+    """The total pure ε ``E`` of a forest plan (:func:`plan_forest`) whose parts cost at most
+    ``rho`` in zCDP: the run-time small-input fallback of a ``noise="gaussian"`` plan.
+
+    Each part is pure DP and an ε-DP part is ``ε²/2``-zCDP (Bun & Steinke 2016, Prop. 1.4); zCDP
+    parts add up. With ``E`` split as in :func:`plan_forest` and :func:`_measure_forest`: the
+    structure's ``r`` steps of ``ε_s/r`` cost ``≤ ε_s²/2``; the 1-way tables (ε ∝ √cells,
+    :func:`split_marginal_budget`, weights ``w``) cost ``ε_1²·Σw²/2``; the edge tables cost
+    ``≤ ε_2²/2`` (one table is the worst split); with no edge chosen the 1-way tables get
+    ``ε_1 + ε_2``. So the cost is at most ``E²·c`` with
+    ``c = (f_s² + max(f_1²·Σw² + f_2², (f_1 + f_2)²·Σw²))/2`` and ``E = √(ρ/c)``. The network's
+    ``_planned_epsilon`` of a zCDP plan is a sum of Laplace-*equivalent* ε (same noise std as
+    the Gaussian tables), not budget: spent as pure ε it cost up to 7× the planned ρ (Adult,
+    ε = 1, δ = 1e-9: ρ 0.109 against 0.0148).
+    """
+    if not (rho > 0 and math.isfinite(rho)):
+        raise ValueError(f"rho ({rho!r}) must be a finite number > 0")
+    w = np.sqrt(np.minimum(np.asarray(shape, dtype=np.float64), SPLIT_CELLS_CAP))
+    sq = float(((w / w.sum()) ** 2).sum())
+    f_s, f_1 = float(structure_fraction), float(one_way_fraction)
+    f_2 = 1.0 - f_s - f_1
+    c = (f_s ** 2 + max(f_1 ** 2 * sq + f_2 ** 2, (f_1 + f_2) ** 2 * sq)) / 2
+    return math.sqrt(rho / c)
+
+
+def choose_forest(tables: dict[tuple[int, ...], np.ndarray], shape: Sequence[int], *,
+                  plan: ForestPlan, rs: RandomSource) -> list[tuple[int, tuple[int, ...]]]:
+    """Private forest over the affordable pairs (the small-input model's structure).
+
+    ``plan.steps`` steps; each picks by permute-and-flip (``plan.step_epsilon``, sensitivity
+    ``4m``: :func:`indif_score`) one pair joining two trees of the forest so far, scored
+    ``InDif(a, b) − cells(a, b)·b`` (``b`` = :attr:`ForestPlan.pair_scale`, data-independent), or
+    the 'no edge' candidate of score 0 (a constant: it adds no sensitivity). Each step is
+    ``step_epsilon``-DP, the structure ``steps·step_epsilon``-DP by sequential composition (the
+    candidate set of a step depends only on earlier outputs). The forest is oriented from its
+    lowest-numbered column of each tree (post-processing). Returns ``[(column, parents), ...]``
+    in sampling order.
+    """
+    d = len(shape)
+    cands = [(a, b) for a, b in itertools.combinations(range(d), 2)
+             if shape[a] * shape[b] <= plan.max_pair_cells]
+    scores = {p: indif_score(_family_table(tables, p)) - family_cells(shape, p) * plan.pair_scale
+              for p in cands}
+    root = list(range(d))
+
+    def find(x: int) -> int:
+        while root[x] != x:
+            x = root[x]
+        return x
+
+    edges: list[tuple[int, int]] = []
+    for step in range(plan.steps):
+        open_pairs = [p for p in cands if find(p[0]) != find(p[1])]
+        if not open_pairs:
+            break
+        pick = permute_and_flip(rs.child("edge", step),
+                                np.asarray([scores[p] for p in open_pairs] + [0.0]),
+                                epsilon=plan.step_epsilon,
+                                sensitivity=INDIF_SENSITIVITY * plan.max_contributions)
+        if pick < len(open_pairs):
+            a, b = open_pairs[pick]
+            edges.append((a, b))
+            root[find(a)] = find(b)
+    adjacent: dict[int, list[int]] = {c: [] for c in range(d)}
+    for a, b in edges:
+        adjacent[a].append(b)
+        adjacent[b].append(a)
+    seen: set[int] = set()
+    order: list[tuple[int, tuple[int, ...]]] = []
+    for top in range(d):
+        if top in seen:
+            continue
+        seen.add(top)
+        order.append((top, ()))
+        queue = [top]
+        while queue:
+            u = queue.pop(0)
+            for v in sorted(adjacent[u]):
+                if v not in seen:
+                    seen.add(v)
+                    order.append((v, (u,)))
+                    queue.append(v)
+    return order
+
+
+SPLIT_CELLS_CAP = 10_000  # tables above this many cells earn no larger share of ε
+
+
+def split_marginal_budget(budget: PureDP, cells: Sequence[int]) -> list[PureDP]:
+    """ε_i ∝ √min(cells_i, 10⁴): ``√cells`` minimizes the expected total L1 noise
+    Σ cells_i·m/ε_i for Σ ε_i = ε (Lagrange); the cap (:data:`SPLIT_CELLS_CAP`) stops one huge
+    declared table (a parentless column with a 10⁶-value declared range) from taking nearly all
+    of ε from the small tables that carry the correlations: beyond ~10⁴ cells a table's noise
+    swamps any realistic count per cell whatever its share. No Adult table chosen at ε ≤ 5 is that
+    large, so the split there is unchanged. Depends only on the chosen structure and the declared
+    shape."""
+    w = np.sqrt(np.minimum(np.asarray(cells, dtype=np.float64), SPLIT_CELLS_CAP))
+    w = w / w.sum()
+    return [PureDP(epsilon=float(budget.epsilon * wi)) for wi in w]
