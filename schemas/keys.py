@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from beamsynth.schemas.domains import _parse_numbers
+from beamsynth.schemas.domains_base import parse_numbers
 
 __all__ = [
     "DEFAULT_ALPHABET",
@@ -401,10 +401,10 @@ class SpatialKeyCodec(KeyCodec):
 
     def encode(self, columns: Mapping[str, pd.Series]) -> tuple[np.ndarray, list[tuple[int, str]]]:
         """Coordinates parse like a declared numeric domain, **each value alone**
-        (:func:`~beamsynth.schemas.domains._parse_numbers`: text by Arrow after trimming white
+        (:func:`~beamsynth.schemas.domains_base.parse_numbers`: text by Arrow after trimming white
         space, numbers by ``float()``; booleans, complex values, containers are malformed), so no
         value of a block changes how another parses (``tests/unit/test_keys.py``)."""
-        vals = np.column_stack([_parse_numbers(columns[c]) for c in self.columns]
+        vals = np.column_stack([parse_numbers(columns[c]) for c in self.columns]
                                ) if len(columns[self.columns[0]]) else np.zeros((0, self.dims))
         bad_mask = ~np.isfinite(vals).all(axis=1)
         reasons: dict[int, str] = {int(i): "coordinate is missing or not a number"

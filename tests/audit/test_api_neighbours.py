@@ -15,7 +15,7 @@ code before the fix, patched in) that the same check must catch:
 
 * ``nbsp_int`` / ``nbsp_bad`` (dicts): one record whose age is an int, or an unparseable
   string, switched the whole batch from Arrow's number parser to ``pd.to_numeric``, so another
-  record's ``"10\\xa0"`` was used or rejected depending on it (``domains._parse_numbers``);
+  record's ``"10\\xa0"`` was used or rejected depending on it (``domains_base.parse_numbers``);
   (The age column declares ``strip_whitespace: false``: with it, a value that failed is retried
   stripped alone, which hid the difference for ``"10\xa0"``.) ``complex``: a complex value made
   ``pd.to_numeric`` return stale numbers for the other values of its block (fixed by the same
@@ -52,7 +52,7 @@ import pyarrow.compute as pc
 import pytest
 
 import beamsynth as bs
-from beamsynth.schemas import domains
+from beamsynth.schemas import domains_numeric
 from beamsynth.schemas.schema import load_schema
 from beamsynth.transforms import inputs
 
@@ -207,7 +207,7 @@ def test_api_neighbour_pairs(tmp_path: Path, group: str) -> None:
 
 # -- broken variants: the code before the fixes ---------------------------------------------------
 def _old_parse_numbers(values: Any) -> np.ndarray:
-    """domains._parse_numbers before 615daed: Arrow for the whole block, else pandas for it."""
+    """domains.parse_numbers before 615daed: Arrow for the whole block, else pandas for it."""
     s = values if isinstance(values, pd.Series) else pd.Series(list(values), dtype=object)
     try:
         arr = pa.array(s, type=pa.string(), from_pandas=True)
@@ -259,7 +259,7 @@ class _Patches:
 
 
 BROKEN = {  # group → the code before its fix, and the cases that must catch it
-    "numbers": (lambda: mock.patch.object(domains, "_parse_numbers", _old_parse_numbers),
+    "numbers": (lambda: mock.patch.object(domains_numeric, "parse_numbers", _old_parse_numbers),
                 ["nbsp_int", "nbsp_bad"]),
     "arrow_ints": (lambda: _Patches(  # ids: also before 654be4e (7.0 and 7 two spellings)
         mock.patch.object(inputs, "_encode_arrow", _int_nulls_as_floats(inputs._encode_arrow)),

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from beamsynth.schemas.domains import _parse_numbers
+from beamsynth.schemas.domains_base import parse_numbers
 from beamsynth.schemas.keys import (
     HierarchyKeyCodec,
     KeySpecError,
@@ -188,7 +188,7 @@ def test_spatial_coordinates_encode_the_same_alone_as_among_others(pairs):
 def test_spatial_coordinates_parse_like_declared_numeric_domains():
     y = ["0.5"] * len(ODD_COORDINATES)
     got = _spatial_rows(list(ODD_COORDINATES), y)
-    number = _parse_numbers(ODD_COORDINATES)
+    number = parse_numbers(ODD_COORDINATES)
     accepted = [not isinstance(r, str) for r in got]
     assert accepted == (np.isfinite(number) & (number >= 0) & (number <= 1)).tolist()
     for v in (True, False, np.True_, complex(0.5, 0), 10**400, [0.5]):  # malformed, never a crash
