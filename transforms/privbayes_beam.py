@@ -11,7 +11,8 @@ Privacy: ``budget.epsilon``-DP (pure; ``(ε, δ)`` with ``noise="gaussian"``) fo
 removing one privacy unit of at most ``max_contributions`` records. The plan
 (:func:`~beamsynth.transforms.privbayes_plan.plan_privbayes`) is made and spent on the accountant
 in ``__init__``, before any data is read; the synthesizer's DP row count (discrete Laplace,
-Δ = m) takes its share of ε first. Mechanisms and paper sections: :mod:`~beamsynth.transforms.privbayes`.
+Δ = m) takes its share of ε first. Mechanisms and paper sections:
+:mod:`~beamsynth.transforms.privbayes`.
 """
 
 from __future__ import annotations

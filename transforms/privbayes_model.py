@@ -2,8 +2,8 @@
 
 * :func:`make_consistent` — the released tables made to agree on shared 1-way marginals
   (inverse-variance weighted means and a least-squares projection, PriView, Qardaji et al. 2014
-  §4.2), then non-negativity with the total kept (:func:`~beamsynth.transforms.consistency.norm_sub`,
-  PrivSyn's Norm-Sub);
+  §4.2), then non-negativity with the total kept
+  (:func:`~beamsynth.transforms.consistency.norm_sub`, PrivSyn's Norm-Sub);
 * :func:`_one_way_estimates`, :func:`_with_margins` — each column's inverse-variance weighted
   1-way estimate and every table given those margins by IPF (issue 18; :data:`ONE_WAY_ESTIMATE`
   is the benchmarks' A/B switch, set it on this module);

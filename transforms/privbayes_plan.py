@@ -1,4 +1,4 @@
-"""PrivBayes budget plans, fixed when the pipeline is built: the Laplace plan, its zCDP variant, spends.
+"""PrivBayes budget plans, fixed when the pipeline is built: Laplace and zCDP plans, their spends.
 
 * :class:`PrivBayesPlan`, :func:`plan_privbayes` — validation, the degree (lowered from the
   declared shape until the candidate counts fit :data:`MAX_CANDIDATE_CELLS`), parent sets
