@@ -46,7 +46,7 @@ import apache_beam as beam
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-from apache_beam.transforms.window import IntervalWindow
+from apache_beam.transforms.window import GlobalWindows, IntervalWindow
 from apache_beam.typehints.row_type import RowTypeConstraint
 
 from beamsynth.pipelines.io.encode import encode_block
@@ -69,7 +69,7 @@ from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, as_budget
 from beamsynth.transforms.conventions import display_items
 from beamsynth.transforms.measure import combine_globally
 from beamsynth.transforms.units import BoundContributions
-from beamsynth.transforms.windows import DeclaredWindows, check_release_windowing
+from beamsynth.transforms.windows import DeclaredWindows, check_release_windowing, iso_seconds
 
 __all__ = ["STEP", "Synthesize", "job_accountant", "rows_to_block", "row_type_for"]
 
@@ -249,6 +249,35 @@ class _EncodeRowsFn(beam.DoFn):
             yield batch
 
 
+class _OutsideRowsFn(beam.DoFn):
+    """Rows stamped in a declared window pass; the others are ``Rejected`` (tag ``outside``, each
+    judged on its own timestamp), counted in ``beamsynth/rows_outside_windows``."""
+
+    def __init__(self, windows: DeclaredWindows, position_field: Optional[str]) -> None:  # noqa: UP045
+        self._windows, self._position = windows, position_field
+        end = "open" if windows.declared_end is None else iso_seconds(windows.declared_end)
+        self._range = f"[{iso_seconds(windows.declared_start)}, {end})"
+
+    def process(self, row: Any, ts=beam.DoFn.TimestampParam):
+        if self._windows.contains(ts):
+            yield row
+            return
+        beam.metrics.Metrics.counter(METRICS_NAMESPACE, "rows_outside_windows").inc()
+        d = _as_dict(row)
+        position = _position(d, self._position, None) if d is not None else None
+        yield beam.pvalue.TaggedOutput("outside", Rejected(
+            source=_SOURCE, row=position, raw=_raw_text(d) if d is not None else "",
+            reason=f"timestamp {_event_time(ts)} is outside the declared windows {self._range}"))
+
+
+def _event_time(ts: Any) -> str:
+    """ISO 8601 UTC, or a note for Beam's minimum/maximum timestamps (rows never stamped)."""
+    try:
+        return iso_seconds(ts)
+    except (OverflowError, ValueError, OSError):
+        return f"{float(ts):.0f} (none assigned? stamp rows upstream, e.g. AssignTimestamps)"
+
+
 def _table_rows(table, names: list[str]):
     fields = [avro_field_name(n) for n in names]  # Beam field names must be identifiers
     for rec in table.to_pylist():
@@ -352,7 +381,8 @@ class _SumCountsFn(beam.CombineFn):
         return out
 
     def extract_output(self, acc: dict) -> dict:
-        return {k: int(acc.get(k, 0)) for k in ("rows_read", "rows_used", "rows_rejected", "rows_out")}
+        return {k: int(acc.get(k, 0)) for k in ("rows_read", "rows_used", "rows_rejected",
+                                                 "rows_dropped_by_bound", "rows_out")}
 
 
 class _WriteManifestFn(beam.DoFn):
@@ -485,9 +515,13 @@ class Synthesize(beam.PTransform):
         self._check_windows(pcoll)
         ledger = self._register(pcoll.pipeline)  # raises when the pipeline's steps overspend
         plan, cfg, schema = self._plan, self._plan.config, self._plan.schema
+        outside = None
         if self._windows is not None:
-            pcoll = pcoll | "DeclaredWindows" >> beam.WindowInto(self._windows)
-            # beam.Row in its declared window (outside: dropped and counted by each measurement)
+            split = pcoll | "Outside" >> beam.ParDo(
+                _OutsideRowsFn(self._windows, self._position)).with_outputs("outside", main="inside")
+            outside = split.outside  # Rejected (global window): stamped outside the declared range
+            pcoll = split.inside | "DeclaredWindows" >> beam.WindowInto(self._windows)
+            # beam.Row in its declared window
         enc = (
             pcoll
             | "Batch" >> beam.BatchElements(min_batch_size=1, max_batch_size=self._batch_rows)
@@ -512,7 +546,11 @@ class Synthesize(beam.PTransform):
             self._write_manifest(enc, batches, tables, ledger)
         if self._errors is None:
             return out  # rejected rows: counted (metrics, manifest) and dropped
-        rejected = enc["rejected"] | "RejectedRows" >> beam.Map(
+        rejected = enc["rejected"]
+        if outside is not None:  # dead letters in the global window, as in the API
+            rejected = ((rejected | "GlobalRejected" >> beam.WindowInto(GlobalWindows()), outside)
+                        | "WithOutside" >> beam.Flatten())
+        rejected = rejected | "RejectedRows" >> beam.Map(
             lambda r: beam.Row(source=r.source, row=r.row, reason=r.reason, raw=r.raw)
         ).with_output_types(RowTypeConstraint.from_fields(
             [("source", str), ("row", Optional[int]), ("reason", str), ("raw", str)]))  # noqa: UP045
@@ -522,6 +560,8 @@ class Synthesize(beam.PTransform):
         plan, cfg = self._plan, self._plan.config
         counts = (
             (enc["batches"] | "ReadCounts" >> beam.Map(lambda b: ("rows_read", len(b))),
+             enc["batches"] | "BoundIn" >> beam.Map(lambda b: ("rows_dropped_by_bound", len(b))),
+             batches | "BoundOut" >> beam.Map(lambda b: ("rows_dropped_by_bound", -len(b))),
              enc["rejected"] | "RejectedCounts" >> beam.Map(lambda _r: ("rows_rejected", 1)),
              enc["rejected"] | "RejectedRead" >> beam.Map(lambda _r: ("rows_read", 1)),
              batches | "UsedCounts" >> beam.Map(lambda b: ("rows_used", len(b))),

@@ -310,3 +310,44 @@ def test_steps_of_one_job_share_one_privacy_unit(tmp_path: Path) -> None:
         "BeamsynthSynthesize 'People': privacy unit (privacy_id='pid', max_contributions=2) "
         "differs from the other steps' (privacy_id=None, max_contributions=1); budgets of one "
         "job add up only for one privacy unit")
+
+
+def test_windowed_step_counts_every_row_read_outside_and_bound_included(tmp_path: Path) -> None:
+    """A newcomer's windowed YAML run (2026-11-27, query log, 3-hour windows, privacy id with
+    max_contributions 2) lost rows twice: a row stamped outside the declared windows reached no
+    error output and no manifest (only a counter), and the manifests' operational counts did not
+    add up (read 2,502 = used 2,133 + rejected 322, the 47 rows dropped by the contribution bound
+    unreported). Now outside rows (and rows never stamped) go to the error output with their reason
+    and position, counted in beamsynth/rows_outside_windows (they belong to no window's manifest),
+    and each window's manifest has rows_dropped_by_bound: read = used + rejected + dropped."""
+    import apache_beam as beam
+    from apache_beam.transforms.window import TimestampedValue
+
+    day = 86_400
+    rows = [TimestampedValue(beam.Row(color="red", age=str(20 + i % 50), pid=f"p{i % 3}", line=i),
+                             (i % 2) * day + 10 + i) for i in range(20)]
+    rows.append(TimestampedValue(beam.Row(color="red", age="30", pid="p9", line=99), 5 * day))
+    rows.append(TimestampedValue(beam.Row(color="Robot", age="30", pid="p8", line=98), 20))
+    unstamped = [beam.Row(color="red", age="30", pid="p7", line=97)]   # Beam's minimum timestamp
+    manifest = tmp_path / "w.manifest.json"
+    bad = tmp_path / "bad.jsonl"
+    with beam.Pipeline() as p:
+        out = ((p | beam.Create(rows), p | "Unstamped" >> beam.Create(unstamped)) | beam.Flatten()
+               | Synthesize(schema=_tiny(tmp_path), epsilon=1.0, rows=4, seed=2, privacy_id="pid",
+                            max_contributions=2, windows={"start": 0, "end": 2 * day, "size": day},
+                            manifest=str(manifest), position_field="line",
+                            error_handling={"output": "bad"}))
+        _ = (out["bad"] | beam.Map(lambda r: json.dumps(r._asdict()))
+             | beam.io.WriteToText(str(bad), num_shards=1, shard_name_template=""))
+    dead = sorted((d["row"], d["reason"]) for d in map(json.loads, bad.read_text().splitlines()))
+    assert [r for r, _ in dead] == [97, 98, 99]
+    assert "(none assigned? stamp rows upstream" in dead[0][1]
+    assert dead[2][1] == ("timestamp 1970-01-06T00:00:00Z is outside the declared windows "
+                          "[1970-01-01T00:00:00Z, 1970-01-03T00:00:00Z)")
+    ops = [json.loads(Path(f).read_text())["operational"]
+           for f in sorted(glob.glob(str(tmp_path / "w.manifest.*.json")))]
+    assert len(ops) == 2
+    for o in ops:
+        assert o["rows_read"] == o["rows_used"] + o["rows_rejected"] + o["rows_dropped_by_bound"]
+    assert [o["rows_dropped_by_bound"] for o in ops] == [4, 4]   # 3 people x 10 rows, k = 2
+    assert sum(o["rows_read"] for o in ops) == 21
