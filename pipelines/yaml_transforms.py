@@ -69,7 +69,12 @@ from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, as_budget
 from beamsynth.transforms.conventions import display_items
 from beamsynth.transforms.measure import combine_globally
 from beamsynth.transforms.units import BoundContributions
-from beamsynth.transforms.windows import DeclaredWindows, check_release_windowing, iso_seconds
+from beamsynth.transforms.windows import (
+    DeclaredWindows,
+    check_release_windowing,
+    event_time_text,
+    iso_seconds,
+)
 
 __all__ = ["STEP", "Synthesize", "job_accountant", "rows_to_block", "row_type_for"]
 
@@ -267,15 +272,7 @@ class _OutsideRowsFn(beam.DoFn):
         position = _position(d, self._position, None) if d is not None else None
         yield beam.pvalue.TaggedOutput("outside", Rejected(
             source=_SOURCE, row=position, raw=_raw_text(d) if d is not None else "",
-            reason=f"timestamp {_event_time(ts)} is outside the declared windows {self._range}"))
-
-
-def _event_time(ts: Any) -> str:
-    """ISO 8601 UTC, or a note for Beam's minimum/maximum timestamps (rows never stamped)."""
-    try:
-        return iso_seconds(ts)
-    except (OverflowError, ValueError, OSError):
-        return f"{float(ts):.0f} (none assigned? stamp rows upstream, e.g. AssignTimestamps)"
+            reason=f"timestamp {event_time_text(ts)} is outside the declared windows {self._range}"))
 
 
 def _table_rows(table, names: list[str]):

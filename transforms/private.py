@@ -60,7 +60,12 @@ from beamsynth.transforms.inputs import (
     reject_elements,
 )
 from beamsynth.transforms.units import BoundContributions
-from beamsynth.transforms.windows import DeclaredWindows, check_release_windowing, iso_seconds
+from beamsynth.transforms.windows import (
+    DeclaredWindows,
+    check_release_windowing,
+    event_time_text,
+    iso_seconds,
+)
 
 __all__ = [
     "MakePrivate",
@@ -373,7 +378,8 @@ def _with_unit(schema: Schema, unit: PrivacyUnit) -> Schema:
                          f"id_column ({unit.id_column!r})")
     if unit.id_column in schema.names:
         raise ValueError(f"id_column {unit.id_column!r} is a declared column of schema "
-                         f"{schema.name!r}; a privacy id must not be released")
+                         f"{schema.name!r}; a privacy id must not be released: remove it from "
+                         "the schema's columns (job.private reads it from each element)")
     return dataclasses.replace(schema, privacy_id=unit.id_column)
 
 
@@ -559,15 +565,15 @@ class _OutsideFn(beam.DoFn):
     def __init__(self, windows: DeclaredWindows, source: str, position_field: str | None) -> None:
         self._windows, self._source, self._position = windows, source, position_field
         end = "open" if windows.declared_end is None else iso_seconds(windows.declared_end)
-        self._reason = (f"timestamp outside the declared windows [{iso_seconds(windows.declared_start)}, "
-                        f"{end})")
+        self._range = f"[{iso_seconds(windows.declared_start)}, {end})"
 
     def process(self, element: Any, ts=beam.DoFn.TimestampParam):
         if self._windows.contains(ts):
             yield element
             return
+        reason = f"timestamp {event_time_text(ts)} is outside the declared windows {self._range}"
         for d in reject_elements(element, source=self._source, position_field=self._position,
-                                 reason=self._reason):
+                                 reason=reason):
             yield beam.pvalue.TaggedOutput("outside", d)
 
 

@@ -102,6 +102,15 @@ def iso_seconds(ts: Any) -> str:
 _iso = iso_seconds
 
 
+def event_time_text(ts: Any) -> str:
+    """:func:`iso_seconds`, or a hint for Beam's minimum/maximum timestamps (rows never stamped):
+    the event time a dead letter's reason echoes."""
+    try:
+        return iso_seconds(ts)
+    except (OverflowError, ValueError, OSError):
+        return f"{float(ts):.0f} (none assigned? stamp the elements upstream)"
+
+
 class DeclaredWindows(beam_window.FixedWindows):
     """Fixed event-time windows of ``size`` seconds over the public range ``[start, end)``.
 

@@ -249,3 +249,42 @@ def test_marginals_missing_table_and_sbhg_without_delta_say_what_to_write():
     with pytest.raises(ValueError, match=r"bs.SBHG\(epsilon=..., delta=1e-6\) on a "
                        r"bs.PrivacyJob\(epsilon=..., delta=...\) that has δ"):
         _ = private | bs.SBHG(epsilon=0.5, rows=10)
+
+
+def test_unstamped_or_outside_elements_under_declared_windows_say_their_time():
+    """Written as a user (query log, 3-hour windows): an element stamped outside the windows and
+    one never stamped (Beam's minimum timestamp, e.g. straight from beam.Create) were both
+    'timestamp outside the declared windows [...]', which named neither the time nor the
+    forgotten TimestampedValue."""
+    from apache_beam.testing.util import assert_that, equal_to
+
+    schema = bs.load_schema({"name": "toy", "columns": [
+        {"name": "sex", "type": "categorical", "domain": {"kind": "categorical",
+                                                          "values": ["F", "M"]}}]})
+    hours = bs.DeclaredWindows(start=0, end=6 * 3600, size=3 * 3600)
+    job = bs.PrivacyJob(epsilon=1.0, seed=1)
+    with beam.Pipeline() as p:
+        stamped = (p | "Stamped" >> beam.Create([{"sex": "F", "line": 1}, {"sex": "M", "line": 2}])
+                   | "Stamp" >> beam.Map(lambda d: beam.window.TimestampedValue(
+                       d, 60 if d["line"] == 1 else 7 * 3600)))
+        plain = p | "Plain" >> beam.Create([{"sex": "F", "line": 3}])
+        private = ((stamped, plain) | beam.Flatten()
+                   | job.private(schema, windows=hours, position_field="line"))
+        assert_that(private.dead_letters | beam.Map(lambda d: (d.position, d.reason)), equal_to([
+            (2, "timestamp 1970-01-01T07:00:00Z is outside the declared windows "
+                "[1970-01-01T00:00:00Z, 1970-01-01T06:00:00Z)"),
+            (3, "timestamp -9223372036855 (none assigned? stamp the elements upstream) is outside "
+                "the declared windows [1970-01-01T00:00:00Z, 1970-01-01T06:00:00Z)")]))
+        private | bs.Count(epsilon=1.0)
+
+
+def test_a_declared_privacy_id_column_says_to_remove_it():
+    """Written as a user (query log, prefix tree only): declaring user_id in the schema, since an
+    empty schema is refused, gave '... a privacy id must not be released' with no way out."""
+    schema = bs.load_schema({"name": "queries", "columns": [
+        {"name": "user_id", "type": "integer", "domain": {"kind": "integer", "low": 0, "high": 9}}]})
+    job = bs.PrivacyJob(epsilon=1.0, privacy_unit=bs.PrivacyUnit(id_column="user_id",
+                                                                 max_contributions=3))
+    with pytest.raises(ValueError, match=r"remove it from the schema's columns \(job.private "
+                                         r"reads it from each element\)"):
+        job.private(schema)

@@ -62,7 +62,7 @@ def test_every_mechanism_releases_once_per_declared_window_empty_one_included(tm
         private = stamped | job.private(SCHEMA, keys={"name": NAME}, position_field="line",
                                         windows=WINDOWS)
         assert_that(private.dead_letters | beam.Map(lambda d: (d.position, d.reason)), equal_to([
-            (999, "timestamp outside the declared windows [2024-01-01T00:00:00Z, "
+            (999, "timestamp 2023-12-31T23:59:59Z is outside the declared windows [2024-01-01T00:00:00Z, "
                   "2024-01-04T00:00:00Z)")]), label="OutsideIsADeadLetter")
         count = private | bs.Count(epsilon=5.0)
         assert_that(count | "CountWindows" >> beam.Map(lambda r: (r.window_start, tuple(r._asdict()))),

@@ -341,7 +341,7 @@ def test_windowed_step_counts_every_row_read_outside_and_bound_included(tmp_path
              | beam.io.WriteToText(str(bad), num_shards=1, shard_name_template=""))
     dead = sorted((d["row"], d["reason"]) for d in map(json.loads, bad.read_text().splitlines()))
     assert [r for r, _ in dead] == [97, 98, 99]
-    assert "(none assigned? stamp rows upstream" in dead[0][1]
+    assert "(none assigned? stamp the elements upstream)" in dead[0][1]
     assert dead[2][1] == ("timestamp 1970-01-06T00:00:00Z is outside the declared windows "
                           "[1970-01-01T00:00:00Z, 1970-01-03T00:00:00Z)")
     ops = [json.loads(Path(f).read_text())["operational"]
