@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ README = ROOT / "README.md"
 ADULT = ROOT / "examples" / "data" / "adult" / "adult.csv"
 WINDOWS_SNIPPET = "days.start_labels()"
 JSON_SNIPPET = "with_exception_handling()"
+QUERIES_SNIPPET = "query_log_10k.csv"
 _BLOCK = re.compile(r"(<!-- slow -->\s*\n)?```python\n(.*?)```", re.S)
 
 
@@ -33,7 +35,8 @@ def _doc_cases():
     setup = blocks[0][0]
     cases = []
     for i, (code, slow) in enumerate(blocks[1:], start=1):
-        if WINDOWS_SNIPPET in code or JSON_SNIPPET in code:  # run, and checked, by their own tests
+        if any(k in code for k in (WINDOWS_SNIPPET, JSON_SNIPPET, QUERIES_SNIPPET)):
+            # run, and checked, by their own tests
             continue
         title = code.strip().splitlines()[0][:40]
         marks = [pytest.mark.slow] if slow else []
@@ -52,6 +55,7 @@ def sandbox(tmp_path, monkeypatch):
     data = tmp_path / "examples" / "data" / "adult"
     data.mkdir(parents=True)
     (data / "adult.csv").write_text("".join(lines) + ",".join(bad), encoding="utf-8")
+    shutil.copytree(ROOT / "examples" / "data" / "text", tmp_path / "examples" / "data" / "text")
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
@@ -87,10 +91,15 @@ def test_the_page_and_the_etl_example_import_nothing_but_the_root_package():
         "beamsynth.runners.presets"]  # the check can fail
 
 
-def test_windows_snippet_writes_one_file_per_declared_day(sandbox):
+def _run_snippet(marker: str) -> None:
+    """Runs the page's one snippet holding ``marker``, after the setup block."""
     blocks = snippets(DOC)
-    (code,) = [c for c, _ in blocks if WINDOWS_SNIPPET in c]
+    (code,) = [c for c, _ in blocks if marker in c]
     exec(compile(blocks[0][0] + "\n" + code, str(DOC), "exec"), {"__name__": "__snippet__"})
+
+
+def test_windows_snippet_writes_one_file_per_declared_day(sandbox):
+    _run_snippet(WINDOWS_SNIPPET)
     import json
 
     import pyarrow.parquet as pq
@@ -111,9 +120,7 @@ def test_json_lines_snippet_keeps_bad_lines_as_counted_dead_letters(sandbox):
     the page now shows Beam's ``with_exception_handling`` + ``job.count_rejected``."""
     import json
 
-    blocks = snippets(DOC)
-    (code,) = [c for c, _ in blocks if JSON_SNIPPET in c]
-    exec(compile(blocks[0][0] + "\n" + code, str(DOC), "exec"), {"__name__": "__snippet__"})
+    _run_snippet(JSON_SNIPPET)
     out = sandbox / "out" / "json"
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["operational"]["sources"]["events"] == {
@@ -122,6 +129,31 @@ def test_json_lines_snippet_keeps_bad_lines_as_counted_dead_letters(sandbox):
     dead = [json.loads(line) for line in rejected.read_text().splitlines()]
     assert sorted(d["element"] for d in dead) == ["", '{"age": 39, "workclass": ']
     assert all(d["reason"].startswith("invalid JSON: JSONDecodeError(") for d in dead), dead
+
+
+def test_query_log_snippet_bounds_people_and_releases_a_huge_domain_and_a_prefix_tree(sandbox):
+    """Written as a user (2026-11-27): a job releasing only a prefix tree had no schema to give
+    (an empty one is refused, the privacy id may not be a column) and the page showed no
+    privacy id with max_contributions > 1 on keys, nor a histogram over a huge declared domain.
+    The snippet reads the bundled query log with k = 3 searches per user."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    _run_snippet(QUERIES_SNIPPET)
+    out = sandbox / "out" / "queries"
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["operational"]["sources"]["queries"] == {
+        "read": 10000, "rejected": 798, "dropped_by_bound": 335, "used": 8867}
+    spends = {s["step"]: s for s in manifest["release"]["budget"]["spends"]}
+    assert spends["Histogram[query]"]["details"]["domain_size"] > 10**11
+    assert spends["PrefixTree[query]"]["details"]["max_contributions"] == 3
+    (top,) = out.glob("top*.parquet")
+    assert pq.read_table(top).column_names == ["query", "noisy_count"]
+    (keys,) = out.glob("keys*")
+    assert keys.read_text().splitlines()[0] == "query"
+    (rejected,) = out.glob("rejected*.jsonl")
+    assert len(rejected.read_text().splitlines()) == 798
 
 
 @pytest.mark.parametrize("code", _doc_cases())
