@@ -321,6 +321,15 @@ class TextKeyCodec(KeyCodec):
 
 
 # -- spatial ---------------------------------------------------------------------------------------
+def _short(value: Any) -> str:
+    """A raw value for a dead letter's reason: its repr, at most 40 characters; never raises."""
+    try:
+        text = repr(value)
+    except Exception:  # a value whose repr fails
+        return f"<{type(value).__name__}>"
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 class SpatialKeyCodec(KeyCodec):
     """Points in a declared box of ``d`` numeric columns → ``2^d``-ary cell sequences.
 
@@ -407,13 +416,18 @@ class SpatialKeyCodec(KeyCodec):
         vals = np.column_stack([parse_numbers(columns[c]) for c in self.columns]
                                ) if len(columns[self.columns[0]]) else np.zeros((0, self.dims))
         bad_mask = ~np.isfinite(vals).all(axis=1)
-        reasons: dict[int, str] = {int(i): "coordinate is missing or not a number"
-                                   for i in np.flatnonzero(bad_mask)}
+        reasons: dict[int, str] = {}
+        for i in np.flatnonzero(bad_mask).tolist():  # the first bad coordinate, value echoed
+            j = int(np.flatnonzero(~np.isfinite(vals[i]))[0])
+            raw = _short(columns[self.columns[j]].iloc[i])
+            reasons[i] = f"coordinate {self.columns[j]} {raw} is missing or not a number"
         outside = ((vals < self.low) | (vals > self.high)).any(axis=1) & ~bad_mask
         if self.on_outside == "reject":
             for i in np.flatnonzero(outside).tolist():
-                reasons[i] = "point outside the declared box " + ", ".join(
-                    f"{c} in [{a:g}, {b:g}]" for c, a, b in zip(self.columns, self.low, self.high))
+                reasons[i] = (f"point ({', '.join(f'{v:g}' for v in vals[i])}) outside the declared "
+                              "box " + ", ".join(f"{c} in [{a:g}, {b:g}]" for c, a, b in zip(
+                                  self.columns, self.low, self.high))
+                              + " (check the column order, or on_outside='clip')")
             bad_mask = bad_mask | outside
         else:
             vals = np.clip(vals, self.low, self.high)
@@ -519,7 +533,10 @@ class HierarchyKeyCodec(KeyCodec):
             for level, c in enumerate(self.columns):
                 idx = self._index[path].get(str(cols[level][i]))
                 if idx is None:
-                    reason = f"{c} value {str(cols[level][i])[:40]!r} is not declared under {self._names(path)}"
+                    v = cols[level][i]
+                    missing = v is None or (isinstance(v, float) and math.isnan(v))
+                    reason = (f"{c} is missing" if missing else f"{c} value {str(v)[:40]!r} is not "
+                              f"declared") + f" under {self._names(path)}"
                     break
                 path = path + (idx,)
             if reason is None:

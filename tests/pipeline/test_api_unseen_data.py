@@ -288,3 +288,30 @@ def test_a_declared_privacy_id_column_says_to_remove_it():
     with pytest.raises(ValueError, match=r"remove it from the schema's columns \(job.private "
                                          r"reads it from each element\)"):
         job.private(schema)
+
+
+def test_key_dead_letters_echo_the_bad_coordinate_or_say_missing():
+    """Written as a user (GeoNames places, ACS state > PUMA): a coordinate 'abc' and a point at
+    lat 95 gave 'coordinate is missing or not a number' / 'point outside the declared box ...'
+    (which column? which value? what to do?), a missing PUMA gave "PUMA value 'None' is not
+    declared under 25"."""
+    from apache_beam.testing.util import assert_that, equal_to
+
+    schema = bs.load_schema({"name": "places", "columns": [
+        {"name": "kind", "type": "categorical", "nullable": True,
+         "domain": {"kind": "categorical", "values": ["home"]}}]})
+    keys = {"where": bs.SpatialKey(columns=["lat", "lon"], box=[(-90.0, 90.0), (-180.0, 180.0)],
+                                   depth=4),
+            "puma": bs.HierarchyKey(columns=["STATE", "PUMA"], tree={"25": ["25-00503"]})}
+    ok = {"lat": "1", "lon": "2", "STATE": "25", "PUMA": "25-00503"}
+    elements = [dict(ok, lat="abc", line=1), dict(ok, lat="95.0", lon="10", line=2),
+                {k: v for k, v in ok.items() if k != "PUMA"} | {"line": 3}]
+    job = bs.PrivacyJob(epsilon=1.0, seed=1)
+    with beam.Pipeline() as p:
+        private = p | beam.Create(elements) | job.private(schema, keys=keys, position_field="line")
+        assert_that(private.dead_letters | beam.Map(lambda d: (d.position, d.reason)), equal_to([
+            (1, "key 'where': coordinate lat 'abc' is missing or not a number"),
+            (2, "key 'where': point (95, 10) outside the declared box lat in [-90, 90], lon in "
+                "[-180, 180] (check the column order, or on_outside='clip')"),
+            (3, "key 'puma': PUMA is missing under 25")]))
+        private | bs.Count(epsilon=1.0)
