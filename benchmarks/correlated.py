@@ -61,6 +61,9 @@ PEERS = {"datasynthesizer": "/tmp/peer-ds/bin/python", "mst": "/tmp/peer-mst/bin
 # says: AIM_DIR holds venv/, ppgm/ (the repository's HEAD) and run_aim.py; its runs go to AIM_DIR/out
 # as aim_<dataset>_eps<e>_seed<s>_mms<m>.csv + .json (seconds and settings). Never a project dependency.
 AIM_DIR = Path(os.environ.get("BEAMSYNTH_AIM_DIR", "/work/aim"))
+# Finished AIM runs kept in the repository (synthetic cell codes, gzip, + .json with seconds and
+# settings), so a later session re-evaluates them without hours of AIM: see peer_runs/README.md.
+PEER_RUNS = HERE / "peer_runs"
 PEER_NAMES = ("datasynthesizer", "mst", "aim")
 DATASETS = {
     "adult": {"schema": "adult", "file": DATA / "adult" / "adult.csv", "target": "income",
@@ -142,9 +145,13 @@ def aim_result(dataset: str, epsilon: float, seed: int, peer_dir: Path, mode: st
     out = peer_dir / name
     meta = Path(str(out) + ".json")
     done = AIM_DIR / "out" / f"aim_{dataset}_eps{epsilon:g}_seed{seed}_mms{mms:g}.csv"
+    kept = PEER_RUNS / f"aim_{dataset}_eps{epsilon:g}_seed{seed}_mms{mms:g}.csv.gz"
     if not meta.is_file() and Path(str(done) + ".json").is_file():
         shutil.copyfile(done, out)
         shutil.copyfile(str(done) + ".json", meta)
+    if not meta.is_file() and kept.with_suffix(".json").is_file():
+        pd.read_csv(kept).to_csv(out, index=False)
+        shutil.copyfile(kept.with_suffix(".json"), meta)
     python = AIM_DIR / "venv" / "bin" / "python"
     if not meta.is_file() and mode == "run" and python.is_file():
         domain = peer_dir.parent / "domain.json"
