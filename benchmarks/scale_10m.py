@@ -108,6 +108,22 @@ still grows with the read parts (16 MiB each: 7 at 1M, 68 at 10M); what the work
 growth is was not traced (suspects: several parts' raw blocks held at once, allocator
 fragmentation over 10x more tasks).
 
+Dask after the fused stages (d4262f0), 2026-11-27, 1M then 10M back to back (``--keep
+/tmp/scale``; load 3.9-7.0): 1M 198 s wall / 153 CPU s, workers 431 / 428 MiB, launcher 236 MiB,
+sha256 7a37da67b5863707; 10M (68 read parts of 16 MiB) 1,930 s / 1,386 CPU s (9.75x wall,
+9.07x CPU), workers 583 / 554 MiB, launcher 311 MiB, sha256 4c270012a722ee65. Still not flat.
+Parts experiment (docs/runners.md, "Tasks follow the cluster"): one input, only
+``--split-bytes`` varied, 2 workers x 1 thread. With one dask partition per read part a worker
+kept the state of nearly every task it ran until the run ended (``distributed`` forgets a task
+after its dependents), and the graph had about 98 tasks per part: 1M rows in 7 / 68 / 200 parts
+gave workers 413-423 / 404-426 / 503-538 MiB, 741 / 12,091 / 44,659 scheduler tasks, 191 / 185 /
+289 s. The combine accumulators alive at once were a small part of it (8 MiB over both workers
+at 68 parts, 24 at 200: the degree-1 candidate counts are 121 KB per part). A ``Create`` now has
+at most 4 partitions per worker thread (8 here), so the graph no longer grows with the parts:
+1M in 68 / 200 parts gave 389-392 / 390-395 MiB, 874 scheduler tasks, 131 / 190 s, launcher
+271 / 383 -> 227 / 228 MiB, the same bytes. A 10M run with the cap was not made yet (its graph
+is 1M's: 8 partitions).
+
     nice -n 10 python benchmarks/scale_10m.py --rows 1000000 3000000
     nice -n 10 python benchmarks/scale_10m.py --rows 1000000 10000000 --runners direct-multi
     nice -n 5 python benchmarks/scale_10m.py --rows 1000000 10000000 --runners dask \

@@ -61,13 +61,18 @@ partitions: 5 times as many tasks as read parts after a few Flattens); a ``Reshu
 exactly over as many partitions as the widest ``Create`` (:func:`_spread`). A 10M-row privbayes
 ``synthesize`` had 23,870 tasks (2,642 at 1M) in the launcher's scheduler.
 
-A ``Create`` is split into one partition per element, up to 256 partitions (Beam's default
-packed 128 elements into one partition, so a few input files were all read by one task): one
-file part per task (16 MiB of CSV by default: up to 4 GiB of input) spreads the read over the
-workers (with 64, a 10M-row Adult CSV had 68 parts, some tasks read two), and the read stage
-streams, so a task's memory does not grow with its part's rows; ``--dask_npartitions`` /
-``--dask_partition_size`` win. All five probes of :mod:`beamsynth.runners.probes` are correct
-on this runner (``tests/pipeline/test_runners.py``).
+A ``Create`` is split into one partition per element, up to 4 partitions per worker thread of
+the cluster (:func:`_partition_cap`; Beam's default packed 128 elements into one partition, so a
+few input files were all read by one task): a partition reads its file parts (16 MiB of CSV by
+default) one after the other through the streaming read stage, so a task's memory does not grow
+with its rows, and the graph's tasks follow the cluster, not the input's size. With one partition
+per part (up to 256) a run had a task per part and step, and a worker keeps the state of nearly
+every task it ran to the end of the run (:func:`_partition_cap`): 200k Adult rows read in 7 / 68 /
+200 parts (2 workers × 1 thread) had 741 / 12,091 / 44,611 tasks in the scheduler, a worker
+knew 388 / 5,937 / 23,036 and peaked at 369 / 351 / 476 MiB; with the cap 741 / 874 / 1,015
+tasks, 336 / 412 / 566 known, 337 / 367 / 349 MiB, the same output bytes (docs/runners.md).
+``--dask_npartitions`` / ``--dask_partition_size`` win. All five probes of
+:mod:`beamsynth.runners.probes` are correct on this runner (``tests/pipeline/test_runners.py``).
 """
 
 from __future__ import annotations
@@ -96,6 +101,7 @@ __all__ = ["BEAMSYNTH_DASK_RUNNER", "DaskRunner", "DaskRunnerResult"]
 BEAMSYNTH_DASK_RUNNER = "beamsynth.runners.dask_runner.DaskRunner"
 _METRICS = "__beamsynth_metrics__"  # tag of a bundle's metric updates (Beam tags are user names)
 _MAX_CREATE_PARTITIONS = 256
+_PARTITIONS_PER_THREAD = 4  # a Create's partitions per worker thread of the cluster (issue 17)
 
 
 def _windowed(item: Any, window_fn: WindowFn | None) -> WindowedValue:
@@ -388,6 +394,23 @@ def _flatten(bags: list[Any]) -> Any:
     return db.Bag(HighLevelGraph.from_collections(name, dsk, dependencies=bags), name, width)
 
 
+def _partition_cap(client: Any) -> int:
+    """Partitions of a ``Create`` (the read's file parts): ``_PARTITIONS_PER_THREAD`` per worker
+    thread of the cluster when the run starts (256 if it has none yet), so the graph's tasks follow
+    the cluster, not the input's size. A worker keeps the state of every task it ran while a task
+    depending on it is still known to it (``distributed``'s worker state: a released task is
+    forgotten only after its dependents), and every task of a run leads to the final result, so a
+    worker's memory grew with the tasks of the whole run, i.e. with the file parts (one task per
+    part and step: 200k Adult rows read in 7 / 68 / 200 parts of one file, 2 workers × 1 thread,
+    graphs of 582 / 6,647 / 21,768 tasks, the larger worker's peak RSS 369 / 351 / 476 MiB, 337 /
+    367 / 349 with this cap). A partition reads its parts one after the other through the fused
+    read stage, so a task's memory does not grow with them."""
+    threads = sum(client.nthreads().values())
+    if threads <= 0:
+        return _MAX_CREATE_PARTITIONS
+    return max(1, min(_MAX_CREATE_PARTITIONS, _PARTITIONS_PER_THREAD * threads))
+
+
 class _LiftCombinePerKey(PTransformOverride):
     """``CombinePerKey`` → partial combine per bundle + ``GroupByKey`` of accumulators + merge
     (Beam's ``LiftedCombinePerKey``, the DirectRunner's override), for non-merging windows: the
@@ -441,8 +464,10 @@ class _BagVisitor(PipelineVisitor):
 
     def __init__(self, bag_kwargs: dict[str, Any],
                  readers: dict[pvalue.PCollection, list[tuple[AppliedPTransform, str]]],
-                 stages: dict[AppliedPTransform, list[AppliedPTransform]]) -> None:
+                 stages: dict[AppliedPTransform, list[AppliedPTransform]],
+                 max_partitions: int = _MAX_CREATE_PARTITIONS) -> None:
         self._bag_kwargs = bag_kwargs
+        self._max_partitions = max_partitions  # a Create's partitions (see _partition_cap)
         self.readers = readers  # the steps reading each PCollection ("main" or "side")
         self.stages = stages  # fused stages: root ParDo → its ParDos
         self.bags: dict[pvalue.PCollection, Any] = {}
@@ -507,7 +532,7 @@ class _BagVisitor(PipelineVisitor):
             raise ValueError(f"give --dask_npartitions ({npartitions}) or --dask_partition_size "
                              f"({partition_size}), not both")
         if not npartitions and not partition_size:
-            npartitions = max(1, min(len(items), _MAX_CREATE_PARTITIONS))
+            npartitions = max(1, min(len(items), self._max_partitions))
         if partition_size:
             npartitions = max(1, math.ceil(len(items) / partition_size))
         bag = db.from_sequence(items, npartitions=npartitions)
@@ -649,10 +674,11 @@ class DaskRunner(PipelineRunner):
                                                                     current_only=True)
         bag_kwargs = DaskOptions._extract_bag_kwargs(dask_options)
         client = distributed.Client(**dask_options)
+        cap = _partition_cap(client)
         pipeline.replace_all([_LiftCombinePerKey(), *dask_overrides()])  # lift before GBKs
         readers = _ReadersVisitor()
         pipeline.visit(readers)
-        visitor = _BagVisitor(bag_kwargs, readers.readers, readers.stages)
+        visitor = _BagVisitor(bag_kwargs, readers.readers, readers.stages, cap)
         pipeline.visit(visitor)
         sizes = [leaf.map_partitions(_size) for leaf in visitor.leaves()]
         everything = db.concat(sizes + visitor.metric_bags) if sizes or visitor.metric_bags \
