@@ -532,6 +532,8 @@ class HierarchyKeyCodec(KeyCodec):
             reason = None
             for level, c in enumerate(self.columns):
                 idx = self._index[path].get(str(cols[level][i]))
+                if idx is None and isinstance(cols[level][i], float) and cols[level][i].is_integer():
+                    idx = self._index[path].get(str(int(cols[level][i])))  # 1.0 -> "1", as codes
                 if idx is None:
                     v = cols[level][i]
                     missing = v is None or (isinstance(v, float) and math.isnan(v))

@@ -232,6 +232,16 @@ class Column:
                 sub_null, sub_codes = self._classify(sub)
                 is_null[padded] = sub_null
                 codes[padded] = sub_codes
+        if self.type in ("categorical", "string", "text"):
+            # a whole float whose own text is not declared is its integer code (1.0 -> "1": a
+            # pandas column with a blank turns 1 into 1.0), as privacy ids; each value alone
+            vals = series.to_numpy(dtype=object)
+            whole = [i for i in np.flatnonzero(codes == OUT_OF_DOMAIN).tolist()
+                     if isinstance(vals[i], float) and vals[i].is_integer()]
+            if whole:
+                sub_codes = self._classify(pd.Series([privacy_id_text(vals[i]) for i in whole],
+                                                     dtype=object))[1]
+                codes[whole] = np.where(sub_codes >= 0, sub_codes, codes[whole])
         reasons: dict[int, str] = {}
         if is_null.any():
             if self.nullable:

@@ -53,6 +53,7 @@ import pytest
 
 import beamsynth as bs
 from beamsynth.schemas import domains_numeric
+from beamsynth.schemas import schema as schema_module
 from beamsynth.schemas.schema import load_schema
 from beamsynth.transforms import inputs
 
@@ -263,7 +264,8 @@ BROKEN = {  # group → the code before its fix, and the cases that must catch i
                 ["nbsp_int", "nbsp_bad"]),
     "arrow_ints": (lambda: _Patches(  # ids: also before 654be4e (7.0 and 7 two spellings)
         mock.patch.object(inputs, "_encode_arrow", _int_nulls_as_floats(inputs._encode_arrow)),
-        mock.patch.object(inputs, "privacy_id_text", str)), GROUPS["arrow_ints"]),
+        mock.patch.object(inputs, "privacy_id_text", str),
+        mock.patch.object(schema_module, "privacy_id_text", str)), GROUPS["arrow_ints"]),  # 1.0 codes
     "arrow_struct": (lambda: mock.patch.object(
         inputs, "_encode_arrow_split", _whole_table_rejected), GROUPS["arrow_struct"]),
     "position": (lambda: mock.patch.object(inputs, "_position", _old_position), GROUPS["position"]),
