@@ -432,6 +432,32 @@ class _LiftCombinePerKey(PTransformOverride):
             return transform
 
 
+class _UnsupportedVisitor(PipelineVisitor):
+    """Refuses, before any task runs, what the stages cannot run: Beam's ``Read`` (``ReadFromText``,
+    ``ReadFromParquet``: left untranslated it gave an empty bag, so a job silently read 0 rows)
+    and a ParDo whose DoFn has only ``process_batch`` (Beam DataFrame steps, ``WriteToCsv``: the
+    stages call ``process``, a bare ``NotImplementedError`` mid-run after other outputs were
+    written)."""
+
+    def visit_transform(self, node: AppliedPTransform) -> None:
+        from apache_beam.runners.dask.overrides import _Read
+
+        if isinstance(node.transform, _Read):
+            raise NotImplementedError(
+                f"the dask runner cannot run step {node.full_label!r}: Beam's Read (ReadFromText, "
+                "ReadFromParquet, ReadFromAvro, ...) is not translated (it would read 0 rows); "
+                "nothing was run. Read through a ParDo: beam.Create([path]) | "
+                "beam.io.ReadAllFromText() (or ReadAllFromParquet, ReadAllFromParquetBatched, "
+                "ReadAllFromAvro), or use --runner direct or direct-multi")
+        fn = getattr(node.transform, "fn", None) if isinstance(node.transform, beam.ParDo) else None
+        if fn is not None and not fn._process_defined and fn._process_batch_defined:
+            raise NotImplementedError(
+                f"the dask runner cannot run step {node.full_label!r}: {type(fn).__name__} is a "
+                "batched DoFn (process_batch only), as Beam DataFrame steps and WriteToCsv use; "
+                "nothing was run. Write with WriteToText/WriteToParquet, or use --runner direct "
+                "or direct-multi")
+
+
 class _ReadersVisitor(PipelineVisitor):
     """PCollection → the steps reading it, ``(step, "main" | "side")``; and the fused stages:
     a ParDo without side inputs whose input is a ParDo's output joins that ParDo's stage
@@ -673,9 +699,10 @@ class DaskRunner(PipelineRunner):
         dask_options = options.view_as(DaskOptions).get_all_options(drop_default=True,
                                                                     current_only=True)
         bag_kwargs = DaskOptions._extract_bag_kwargs(dask_options)
+        pipeline.replace_all([_LiftCombinePerKey(), *dask_overrides()])  # lift before GBKs
+        pipeline.visit(_UnsupportedVisitor())  # before a cluster starts or a task runs
         client = distributed.Client(**dask_options)
         cap = _partition_cap(client)
-        pipeline.replace_all([_LiftCombinePerKey(), *dask_overrides()])  # lift before GBKs
         readers = _ReadersVisitor()
         pipeline.visit(readers)
         visitor = _BagVisitor(bag_kwargs, readers.readers, readers.stages, cap)

@@ -71,3 +71,35 @@ def test_whole_floats_match_integer_codes_and_keys(tmp_path):
     assert reasons == ["column 'score': value 1.5 is outside the declared categorical domain",
                        "column 'sex': value 1.5 is outside the declared categorical domain",
                        "column 'sex': value True is outside the declared categorical domain"]
+
+
+def _dask_job(tmp_path, build):
+    """Run ``build(p)`` on ``--runner dask``; what it raises (no cluster starts if it refuses)."""
+    import pytest
+
+    pytest.importorskip("distributed")
+    with pytest.raises(NotImplementedError) as err:
+        with beam.Pipeline(options=bs.pipeline_options(["--runner", "dask"])) as p:
+            build(p)
+    assert not list(tmp_path.glob("out*")), "nothing may be written"
+    return str(err.value)
+
+
+def test_dask_refuses_beam_read_instead_of_reading_nothing(tmp_path):
+    """ReadFromText/ReadFromParquet on the DaskRunner gave 0 elements (a PUMS_dup job: read 4 =
+    the 4 rows of a beam.Create, the 1,948 Parquet rows silently missing)."""
+    src = tmp_path / "in.txt"
+    src.write_text("a\nb\n", encoding="utf-8")
+    message = _dask_job(tmp_path, lambda p: (
+        p | "Lines" >> beam.io.ReadFromText(str(src))
+          | beam.io.WriteToText(str(tmp_path / "out"))))
+    assert message.startswith("the dask runner cannot run step 'Lines/Read': Beam's Read")
+    assert "beam.io.ReadAllFromText()" in message
+
+
+def test_dask_refuses_write_to_csv_before_running(tmp_path):
+    """WriteToCsv's batched DoFn failed mid-run with a bare NotImplementedError."""
+    message = _dask_job(tmp_path, lambda p: (
+        p | beam.Create([beam.Row(a=1)]) | "Csv" >> beam.io.WriteToCsv(str(tmp_path / "out"))))
+    assert message.startswith("the dask runner cannot run step 'Csv/")
+    assert "batched DoFn" in message and "WriteToText/WriteToParquet" in message
