@@ -159,7 +159,8 @@ def _number_kind(t: type) -> int:
     """0: text, 1: a number, 2: neither (NaN)."""
     if issubclass(t, (str, bytes, bytearray, memoryview)):
         return 0
-    if issubclass(t, (numbers.Real, decimal.Decimal)) and not issubclass(t, (bool, np.bool_)):
+    if issubclass(t, (numbers.Real, decimal.Decimal)) and not issubclass(
+            t, (bool, np.bool_, np.timedelta64)):  # a duration is no number (float() refuses it)
         return 1  # booleans are not numbers (JSON/Avro/Parquet true/false are malformed)
     return 2
 

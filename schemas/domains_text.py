@@ -115,7 +115,10 @@ class CategoricalDomain(Domain):
 
     def encode_many(self, values: Sequence[Any]) -> np.ndarray:
         arr = values if isinstance(values, pd.Series) else pd.Series(list(values), dtype=object)
-        codes = self._index.get_indexer(arr).astype(np.int64)
+        # an object Index: pandas infers no dtype from the batch (one int > 1e308 raised
+        # OverflowError for its whole batch, unless a string came first: rule 6)
+        codes = self._index.get_indexer(pd.Index(arr.to_numpy(dtype=object), dtype=object,
+                                                 copy=False)).astype(np.int64)
         miss = np.flatnonzero(codes < 0)
         if miss.size:  # non-string inputs (ints from JSON/Avro) match their string form
             retry = [None if v is None else str(v) for v in arr.iloc[miss]]
@@ -266,13 +269,16 @@ class ProductDomain(Domain):
             return super().encode_many(values)
         series = values if isinstance(values, pd.Series) else pd.Series(list(values), dtype=object)
         series = series.reset_index(drop=True)
-        codes, uniques = pd.factorize(series.astype(object), use_na_sentinel=True)
+        # each distinct *text* once: values that are equal but print otherwise (1 / 1.0 / True,
+        # 1.5 / Decimal('1.50')) must not share a code (rule 6); null reads as "" (no separator)
+        raw = series.to_numpy(dtype=object).copy()
+        raw[~series.notna().to_numpy()] = ""
+        text = pd.Series(raw, dtype=object).astype(str).to_numpy(dtype=object)
+        codes, uniques = pd.factorize(text)
         if uniques.size == 0:
             return np.full(codes.size, OUT_OF_DOMAIN, dtype=np.int64)
-        if uniques.size < codes.size:  # encode each distinct value once
-            enc = self._encode_distinct(pd.Series(np.asarray(uniques, dtype=object), dtype=object))
-            return np.where(codes >= 0, enc[np.maximum(codes, 0)], OUT_OF_DOMAIN).astype(np.int64)
-        return self._encode_distinct(series)
+        enc = self._encode_distinct(pd.Series(np.asarray(uniques, dtype=object), dtype=object))
+        return enc[codes].astype(np.int64)
 
     def _encode_distinct(self, series: pd.Series) -> np.ndarray:
         present = series.notna().to_numpy()
