@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 from collections.abc import Iterable, Mapping
@@ -75,9 +76,11 @@ class Synthesize(PrivateTransform):
     Args:
       epsilon: ε of this step (model, and the DP row count when ``rows`` is None).
       delta: δ of this step (default 0; ``sbhg`` and ``plausible`` need δ > 0).
-      method: ``independent`` (default), ``privbayes``, ``sbhg`` or ``plausible``.
+      method: ``independent`` (default), ``privbayes``, ``sbhg`` or ``plausible``. Only
+        ``bs.Synthesize`` takes it: ``bs.PrivBayes`` etc. name their method and refuse another.
       rows: synthetic records to draw; ``None``: a DP count spending ``count_fraction`` of ε.
-      count_fraction: share of ε for the DP count when ``rows`` is None.
+      count_fraction: share of ε for the DP count (default 0.05); only with ``rows=None``, as a
+        public ``rows`` needs no count.
       options: method options (the CLI's, e.g. ``{"degree": 2}`` for privbayes); unknown names
         are refused.
       typed: return ``{"tables": PCollection[pyarrow.Table], "models": PCollection[SynthesisModel]
@@ -90,16 +93,36 @@ class Synthesize(PrivateTransform):
 
     method_name = ""
 
-    def __init__(self, *, epsilon: float, delta: float = 0.0, method: str = "independent",
-                 rows: int | None = None, count_fraction: float = 0.05,
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A named form (``method_name`` set) shows its signature without ``method``."""
+        super().__init_subclass__(**kwargs)
+        if cls.method_name:
+            sig = inspect.signature(Synthesize.__init__)
+            cls.__signature__ = sig.replace(parameters=[
+                q for name, q in sig.parameters.items() if name not in ("self", "method")])
+
+    def __init__(self, *, epsilon: float, delta: float = 0.0, method: str | None = None,
+                 rows: int | None = None, count_fraction: float | None = None,
                  options: Mapping[str, Any] | None = None, shard_rows: int = DEFAULT_SHARD_ROWS,
                  typed: bool = False, label: str | None = None) -> None:
         super().__init__(label)
-        method = self.method_name or method
+        if self.method_name and method not in (None, self.method_name):
+            get_method(method)  # unknown method: ValueError listing the available ones
+            named = {c.method_name: c.__name__ for c in Synthesize.__subclasses__()}
+            use = (f"bs.{named[method]}(...) or " if method in named else "")
+            raise TypeError(f"bs.{type(self).__name__} always runs method "
+                            f"{self.method_name!r} and takes no method ({method!r}); use "
+                            f"{use}bs.Synthesize(method={method!r}, ...)")
+        method = self.method_name or method or "independent"
         get_method(method)  # unknown method: ValueError listing the available ones
         self._budget = as_budget(check_epsilon(epsilon), delta)
         if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 0):
             raise ValueError(f"rows ({rows!r}) must be None or an int >= 0")
+        if count_fraction is not None and rows is not None:
+            raise ValueError(f"count_fraction ({count_fraction!r}) is the DP record count's share "
+                             f"of ε, used only with rows=None; with rows={rows!r} nothing is "
+                             "counted: drop count_fraction, or pass rows=None")
+        count_fraction = 0.05 if count_fraction is None else count_fraction
         if isinstance(count_fraction, bool) or not isinstance(count_fraction, (int, float)) or not (
                 0 < count_fraction < 1):
             raise ValueError(f"count_fraction ({count_fraction!r}) must be in (0, 1)")

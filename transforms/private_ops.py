@@ -310,6 +310,11 @@ class Histogram(PrivateTransform):
 
 _PREFIX = {"basic": DPBasicPrefixHistogram, "improved": DPImprovedPrefixHistogram,
            "direct": DPDirectPrefixSynthesis}
+_PREFIX_OPTIONS = {  # which methods read an option (PrefixTree refuses it for the others)
+    "max_depth": "it applies to method='basic' and 'direct' (improved is depth-free)",
+    "discount": "it applies to method='improved' only",
+    "threshold": "it applies to method='basic' and 'improved' (direct has no split threshold)",
+    "restore_discount": "it applies to method='improved' only"}
 
 
 class PrefixTree(PrivateTransform):
@@ -320,10 +325,13 @@ class PrefixTree(PrivateTransform):
       epsilon: ε of the release.
       method: ``improved`` (default; §3, Theorem 3, depth-free), ``basic`` (§2.3, Corollary 2) or
         ``direct`` (§4, direct synthesis with Center).
-      max_depth: basic/direct: levels measured (default: the key's depth).
-      discount: improved: ``proportional`` (default), ``skip`` or ``uniform``.
-      threshold: split threshold b (default from public parameters).
-      restore_discount: improved: give the discounted records back to the leaves (post-processing).
+      max_depth: basic/direct only: levels measured (default: the key's depth).
+      discount: improved only: ``proportional`` (default), ``skip`` or ``uniform``.
+      threshold: basic/improved only: split threshold b (default from public parameters).
+      restore_discount: improved only: give the discounted records back to the leaves
+        (post-processing).
+
+    An option the chosen method does not use is refused (``ValueError``), never ignored.
       typed: return ``LevelRelease`` elements instead of rows.
 
     Discrete Laplace noise; ε-DP, δ = 0 for add/remove of one unit (see
@@ -335,7 +343,7 @@ class PrefixTree(PrivateTransform):
     mechanism = "hierarchical prefix counts, discrete Laplace"
 
     def __init__(self, *, key: str, epsilon: float, method: str = "improved",
-                 max_depth: int | None = None, discount: str = "proportional",
+                 max_depth: int | None = None, discount: str | None = None,
                  threshold: float | None = None, restore_discount: bool = False,
                  typed: bool = False, label: str | None = None) -> None:
         super().__init__(_check_label(label))
@@ -343,11 +351,19 @@ class PrefixTree(PrivateTransform):
             raise ValueError(f"key ({key!r}) must be the name of a declared key")
         if method not in _PREFIX:
             raise ValueError(f"method ({method!r}) must be one of {sorted(_PREFIX)}")
-        if discount not in DISCOUNTS:
+        if discount is not None and discount not in DISCOUNTS:
             raise ValueError(f"discount ({discount!r}) must be one of {DISCOUNTS}")
-        self._key, self._method, self._max_depth = key, method, max_depth
-        self._discount, self._threshold = discount, threshold
         self._restore = _check_bool("restore_discount", restore_discount)
+        unused = {"max_depth": (max_depth, max_depth is not None and method == "improved"),
+                  "discount": (discount, discount is not None and method != "improved"),
+                  "threshold": (threshold, threshold is not None and method == "direct"),
+                  "restore_discount": (restore_discount, restore_discount and method != "improved")}
+        for name, (value, refused) in unused.items():
+            if refused:
+                raise ValueError(f"{name} ({value!r}) is not used by method {method!r}; "
+                                 f"{_PREFIX_OPTIONS[name]}")
+        self._key, self._method, self._max_depth = key, method, max_depth
+        self._discount, self._threshold = discount or "proportional", threshold
         self._budget = pure(epsilon)
         self._typed = _check_bool("typed", typed)
         self.with_input_types(EncodedBatch)

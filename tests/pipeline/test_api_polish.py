@@ -1,0 +1,58 @@
+"""API polish from a newcomer trial (issue 16): no keyword is silently ignored, messages speak the
+caller's vocabulary, and what the schema tools print matches what the mechanisms use."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+import beamsynth as bs
+
+NAMED = [bs.IndependentSynthesis, bs.PrivBayes, bs.SBHG, bs.PlausibleDeniability]
+
+
+def test_named_synthesizers_refuse_another_method():
+    with pytest.raises(TypeError, match=r"bs\.PrivBayes always runs method 'privbayes' and takes "
+                       r"no method \('sbhg'\); use bs\.SBHG\(\.\.\.\) or "
+                       r"bs\.Synthesize\(method='sbhg', \.\.\.\)"):
+        bs.PrivBayes(epsilon=0.1, method="sbhg")
+    with pytest.raises(TypeError, match=r"takes no method \('independent'\)"):
+        bs.SBHG(epsilon=0.1, delta=1e-6, method="independent")
+    with pytest.raises(ValueError, match="unknown method 'nope'"):
+        bs.PrivBayes(epsilon=0.1, method="nope")
+    assert bs.PrivBayes(epsilon=0.1, method="privbayes")._method == "privbayes"  # same: harmless
+
+
+@pytest.mark.parametrize("cls", NAMED, ids=lambda c: c.__name__)
+def test_named_synthesizer_signatures_have_no_method(cls):
+    params = inspect.signature(cls).parameters
+    assert "method" not in params and "epsilon" in params and "rows" in params
+    assert "method" in inspect.signature(bs.Synthesize).parameters
+
+
+def test_count_fraction_with_public_rows_is_refused():
+    with pytest.raises(ValueError, match=r"count_fraction \(0\.2\) .* used only with rows=None; "
+                       r"with rows=100 nothing is counted"):
+        bs.Synthesize(epsilon=1.0, rows=100, count_fraction=0.2)
+    assert bs.Synthesize(epsilon=1.0, count_fraction=0.2)._fraction == 0.2
+    assert bs.Synthesize(epsilon=1.0)._fraction == 0.05
+
+
+@pytest.mark.parametrize("method,option,value", [
+    ("improved", "max_depth", 3), ("basic", "discount", "skip"), ("direct", "discount", "uniform"),
+    ("direct", "threshold", 5.0), ("basic", "restore_discount", True),
+    ("direct", "restore_discount", True)])
+def test_prefix_tree_refuses_options_its_method_ignores(method, option, value):
+    with pytest.raises(ValueError, match=rf"{option} \({value!r}\) is not used by method "
+                       rf"'{method}'"):
+        bs.PrefixTree(key="q", epsilon=0.5, method=method, **{option: value})
+
+
+def test_prefix_tree_takes_the_options_its_method_uses():
+    bs.PrefixTree(key="q", epsilon=0.5, method="basic", max_depth=2, threshold=3.0)
+    bs.PrefixTree(key="q", epsilon=0.5, method="direct", max_depth=2)
+    t = bs.PrefixTree(key="q", epsilon=0.5, method="improved", discount="skip", threshold=2.0,
+                      restore_discount=True)
+    assert t._discount == "skip"
+    assert bs.PrefixTree(key="q", epsilon=0.5)._discount == "proportional"
