@@ -31,6 +31,7 @@ from beamsynth.pipelines.methods.synthesize import (
     SynthesisPlan,
     synthesize_batches,
 )
+from beamsynth.pipelines.methods.wording import Vocabulary
 from beamsynth.schemas.schema import EncodedBatch
 from beamsynth.transforms.budget import ApproxDP, PureDP, as_budget
 from beamsynth.transforms.outputs import record_type, table_rows
@@ -159,7 +160,7 @@ class Synthesize(PrivateTransform):
         schema = private.schema
         method = get_method(self._method)(
             schema=schema, accountant=acct, budget=method_budget, max_contributions=k, seed=seed,
-            options={**self._options, "rows": self._rows})
+            options={**self._options, "rows": self._rows}, vocabulary=Vocabulary("api"))
         cfg = SynthesisConfig(input=private.source, schema=schema, output="", epsilon=self._budget.epsilon,
                               delta=self._budget.delta, method=self._method, rows=self._rows,
                               privacy_id=schema.privacy_id, max_contributions=k, seed=seed,

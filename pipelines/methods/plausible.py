@@ -235,16 +235,16 @@ class PlausibleMethod(Method):
         if self.test == "deterministic":
             if not self.allow_non_dp:
                 raise ValueError(
-                    "plausible_test 'deterministic' (Privacy Test 1) gives (k, γ)-plausible deniability "
+                    f"{self.say.option('plausible_test', 'deterministic')} (Privacy Test 1) gives (k, γ)-plausible deniability "
                     "but no differential privacy; use the randomized test (default) or pass "
-                    "--allow-non-dp (options: allow_non_dp: true) to release records that are NOT DP")
+                    f"{self.say.option('allow_non_dp', True)} to release records that are NOT DP")
             self.model_budget = PureDP(epsilon=self.budget.epsilon)
             self.candidate_cost = None
             self.non_dp_warning = NON_DP_WARNING  # run_synthesis puts it at the top of the release part
         else:
             if self.rows is None or isinstance(self.rows, bool) or not isinstance(self.rows, int) or self.rows < 0:
                 raise ValueError(
-                    f"method 'plausible' needs a public --rows (got {self.rows!r}): the cost of the privacy "
+                    f"method 'plausible' needs a public {self.say.option('rows')} (got {self.rows!r}): the cost of the privacy "
                     "test is composed over a bound on the Poisson(rows) candidates, which must not "
                     "depend on the data (a DP row count would make it adaptive)")
             self.model_budget = PureDP(epsilon=self.model_fraction * self.budget.epsilon)
@@ -341,7 +341,7 @@ class PlausibleMethod(Method):
                f"invocations of Mechanism 1 (Theorem 1: ε₁ = {need['per_unit_invocation']['epsilon']:.4g}, "
                f"δ₁ = {need['per_unit_invocation']['delta']:.3g} per candidate, k={self.k}, γ={self.gamma:g}, "
                f"ε0={self.epsilon0:g}, t={self.t}), but after the model's share "
-               f"(--pd-model-fraction {self.model_fraction:g}) only ε={eps_avail:.6g}, δ={delta_avail:.3g} "
+               f"({self.say.option('pd_model_fraction', self.model_fraction)}) only ε={eps_avail:.6g}, δ={delta_avail:.3g} "
                f"remain. The requested rows need a total ε ≥ {need_e_total:.6g} and δ ≥ {need_d * 1.01:.3g}")
         if delta_avail > 0:
             tail = TAIL_DELTA_FRACTION * delta_avail
@@ -354,7 +354,7 @@ class PlausibleMethod(Method):
             while lo < hi:  # the largest rows that fit (the cost is monotone in rows)
                 mid = (lo + hi + 1) // 2
                 lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
-            msg += f"; with these parameters at most --rows {lo} fits"
+            msg += f"; with these parameters at most {self.say.option('rows', lo)} fits"
             bound = max(need["C"], 1)
             target = eps_avail / (bound * self.max_contributions)  # per-record ε₁ that would fit
             if target > 0:
@@ -368,18 +368,18 @@ class PlausibleMethod(Method):
                 k = t + max(1, math.ceil(-math.log(slack) / e0)) if slack < 1 else t + 1
                 alt = self._cost(rows, tail, k=k, epsilon0=e0 * (1 - 1e-9), t=t)
                 k_max = self._feasible_k(rows)
-                if k > k_max:  # no data set of about --rows records has k plausible seeds
+                if k > k_max:  # no data set of about `rows` records has k plausible seeds
                     msg += self._cheapest_feasible(rows, tail, k_max, slack)
                 elif alt["epsilon"] <= eps_avail and alt["delta"] <= delta_avail:
                     msg += (f"; the requested rows would fit with k={k}, t={t}, γ={self.gamma:g}, "
                             f"ε0={e0 * (1 - 1e-9):.4g} (per-candidate ε₁ ≤ {target:.3g})")
         else:
-            msg += "; Privacy Test 2 has δ₁ > 0, so pass --delta"
+            msg += f"; Privacy Test 2 has δ₁ > 0, so pass {self.say.option('delta')}"
         raise BudgetExceededError(msg)
 
     def _feasible_k(self, rows: int) -> int:
         """The largest k a data set of about ``rows`` records can meet: its seed split holds
-        about ``rows · seeds share`` records (public: from ``--rows``, not from the data)."""
+        about ``rows · seeds share`` records (public: the requested rows, not from the data)."""
         return max(2, int(rows * self.fractions[0] / sum(self.fractions)))
 
     def _cheapest_feasible(self, rows: int, tail: float, k_max: int, slack: float) -> str:
@@ -395,11 +395,13 @@ class PlausibleMethod(Method):
         _, t, e0 = best  # type: ignore[misc]
         cost = self._cost(rows, tail, k=k_max, epsilon0=e0, t=t)
         total = cost["epsilon"] / (1 - self.model_fraction)
+        say = self.say
         return (f"; no feasible k gets there: k can be at most about {k_max} (the seed share of a "
-                f"data set of about --rows {rows} records), and with k={k_max}, t={t}, "
-                f"γ={self.gamma:g}, ε0={e0:.4g} the requested rows need a total ε ≥ {total:.4g}; "
-                "release fewer rows (--rows), or use --method independent/privbayes, whose cost "
-                "does not grow with the rows released")
+                f"data set of about {rows} records, as {say.option('rows', rows)} requests), and "
+                f"with k={k_max}, t={t}, γ={self.gamma:g}, ε0={e0:.4g} the requested rows need a "
+                f"total ε ≥ {total:.4g}; release fewer rows ({say.option('rows')}), or use "
+                f"{say.method('independent')} or {say.method('privbayes')}, whose cost does not "
+                "grow with the rows released")
 
     @classmethod
     def add_arguments(cls, parser: argparse._ActionsContainer) -> None:

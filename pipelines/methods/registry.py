@@ -13,6 +13,7 @@ from typing import Any
 
 import apache_beam as beam
 
+from beamsynth.pipelines.methods.wording import Vocabulary
 from beamsynth.schemas.schema import Schema
 from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, PureDP, as_budget
 from beamsynth.transforms.cathist import plan_cathist
@@ -30,7 +31,9 @@ class Method(ABC):
     description: str = ""
 
     def __init__(self, *, schema: Schema, accountant: PrivacyAccountant, budget: ApproxDP,
-                 max_contributions: int, seed: int | None, options: dict[str, Any]) -> None:
+                 max_contributions: int, seed: int | None, options: dict[str, Any],
+                 vocabulary: Vocabulary | None = None) -> None:
+        self.say = vocabulary or Vocabulary.cli(type(self))  # messages spell options as the caller
         self.schema = schema
         self.accountant = accountant
         self.budget = budget

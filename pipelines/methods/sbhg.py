@@ -47,9 +47,10 @@ class SBHGMethod(Method):
         super().__init__(**kw)
         if self.budget.delta <= 0:
             raise ValueError(
-                f"--method sbhg needs delta > 0 (the stability-based algorithm is (ε, δ)-DP), got "
-                f"delta={self.budget.delta!r}; pass e.g. --delta 1e-6 (Python: bs.SBHG(epsilon=..., "
-                "delta=1e-6) on a bs.PrivacyJob(epsilon=..., delta=...) that has δ)")
+                f"{self.say.option('method', 'sbhg')} needs delta > 0 (the stability-based algorithm is "
+                f"(ε, δ)-DP), got delta={self.budget.delta!r}; pass e.g. "
+                f"{self.say.option('delta', 1e-6)}" + (" on a bs.PrivacyJob(epsilon=..., delta=...) "
+                                                       "that has δ" if self.say.caller == "api" else ""))
         o = self.options
         frac = float(_option(o, "sbhg_selection_fraction"))
         if not (0.0 < frac < 1.0):

@@ -56,3 +56,48 @@ def test_prefix_tree_takes_the_options_its_method_uses():
                       restore_discount=True)
     assert t._discount == "skip"
     assert bs.PrefixTree(key="q", epsilon=0.5)._discount == "proportional"
+
+
+# -- 2. build-time messages in the caller's vocabulary -------------------------------------------
+def _apply(mechanism, *, delta):
+    import apache_beam as beam
+
+    job = bs.PrivacyJob(epsilon=1.0, delta=delta, seed=1)
+    p = beam.Pipeline()
+    private = p | beam.Create([{"age": 30}]) | job.private(bs.load_schema("adult"))
+    return private | mechanism
+
+
+@pytest.mark.parametrize("make, job_delta, expected", [
+    (lambda: bs.PlausibleDeniability(epsilon=1.0, delta=1e-5, rows=5), 1e-5,
+     ["(options={'pd_model_fraction': 0.1})", "at most rows=0 fits",
+      "a data set of about 5 records, as rows=5 requests", "release fewer rows (rows=...)",
+      "use bs.Synthesize(method='independent') or bs.Synthesize(method='privbayes')"]),
+    (lambda: bs.PlausibleDeniability(epsilon=1.0, delta=1e-5), 1e-5,
+     ["needs a public rows=... (got None)"]),
+    (lambda: bs.PlausibleDeniability(epsilon=1.0, delta=1e-5, rows=5,
+                                     options={"plausible_test": "deterministic"}), 1e-5,
+     ["options={'plausible_test': 'deterministic'} (Privacy Test 1)",
+      "pass options={'allow_non_dp': True} to release"]),
+    (lambda: bs.SBHG(epsilon=1.0), 0.0, ["method='sbhg' needs delta > 0", "pass e.g. delta=1e-06 on a "
+                                    "bs.PrivacyJob(epsilon=..., delta=...) that has δ"]),
+], ids=["plausible-overspend", "plausible-no-rows", "plausible-non-dp", "sbhg-no-delta"])
+def test_api_messages_speak_keywords_not_flags(make, job_delta, expected):
+    with pytest.raises((ValueError, bs.BudgetExceededError)) as err:
+        _apply(make(), delta=job_delta)
+    msg = str(err.value)
+    assert " --" not in msg and "(--" not in msg, msg
+    for part in expected:
+        assert part in msg, (part, msg)
+
+
+def test_plausible_messages_keep_cli_flags():
+    from beamsynth.pipelines.methods.plausible import PlausibleMethod
+    from beamsynth.pipelines.methods.privbayes import PrivBayesMethod
+    from beamsynth.pipelines.methods.wording import Vocabulary
+
+    cli = Vocabulary.cli(PlausibleMethod)
+    assert cli.option("pd_model_fraction", 0.1) == "--pd-model-fraction 0.1"
+    assert cli.option("allow_non_dp", True) == "--allow-non-dp"
+    assert cli.option("rows", 5) == "--rows 5" and cli.method("sbhg") == "--method sbhg"
+    assert Vocabulary.cli(PrivBayesMethod).option("structure_fraction") == "--pb-structure-fraction"
