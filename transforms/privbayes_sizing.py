@@ -6,7 +6,9 @@
 * :class:`ForestPlan`, :func:`plan_forest`, :func:`choose_forest` — where no network is θ-useful:
   every column's 1-way table plus a private forest of the affordable 2-way tables;
   :func:`forest_zcdp_epsilon` — that forest's pure ε when it replaces a zCDP plan at run time;
-* :func:`split_marginal_budget` — ``ε_i ∝ √min(cells_i, SPLIT_CELLS_CAP)`` over released tables.
+* :func:`split_marginal_budget` — ``ε_i ∝ √min(cells_i, SPLIT_CELLS_CAP)`` over released tables;
+* :func:`refine_pairs_for_rows`, :func:`refine_rounds_for_pairs` — how many coarse pairs the
+  refinement measures when ``n̂·ε`` supports more than the default (wide tables, issue 18).
 
 Shapes: public numbers and the declared shape in, frozen plans out; :func:`choose_forest` reads
 the exact candidate counts (``dict[tuple[int, ...], np.ndarray]``) inside the measurement step
@@ -58,6 +60,10 @@ __all__ = [
     "choose_network_degree",
     "SPLIT_CELLS_CAP",
     "split_marginal_budget",
+    "REFINE_NOISE_MASS",
+    "REFINE_PICKS_PER_ROUND",
+    "refine_pairs_for_rows",
+    "refine_rounds_for_pairs",
 ]
 
 SIZING_THETA = 2.5  # usefulness a k-parent family needs (docs/privbayes.md "Model size from n̂·ε")
@@ -67,6 +73,8 @@ FOREST_ONE_WAY_FRACTION = 0.8  # small inputs: share of ε on every column's 1-w
 FOREST_STRUCTURE_FRACTION = 0.1  # ... on choosing the forest's edges (the rest: its 2-way tables)
 FOREST_THETA = 4.0  # usefulness a forest edge's 2-way table needs (n̂·ε_t/(m·cells))
 NETWORK_THETA = 4.5  # PrivBayes keeps a k = 1 network from here (below: the forest model)
+REFINE_NOISE_MASS = 0.9  # κ: the refinement tables' summed expected L1 noise stays ≤ κ·n̂ ...
+REFINE_PICKS_PER_ROUND = 5  # ... and its pairs are picked at most this many per round
 
 
 # -- model size from n̂ and ε ---------------------------------------------------------------------
@@ -118,6 +126,7 @@ class NetworkSizing:
     rows: int | None = None
     count_budget: PureDP | None = None
     theta: float = NETWORK_THETA
+    refine_pairs_for_rows: int = 0  # public rows: the refinement's pairs by refine_pairs_for_rows
 
     def degree(self, rows_hat: float) -> int:
         """The degree for an estimate ``rows_hat`` (public or DP: post-processing)."""
@@ -143,8 +152,48 @@ class NetworkSizing:
                                                         max_contributions=self.max_contributions),
                        chosen="1-way tables + forest of affordable pairs (plan 'forest'; "
                               "none affordable: independent 1-way marginals)" if k == 0
-                       else f"network with {k} parent(s) per column")
+                       else f"network with {k} parent(s) per column",
+                       refine_pairs_for_rows=self.refine_pairs_for_rows,
+                       refine_pairs_rule="max(requested pairs that get ε ≥ 0.01 each, "
+                                         "min(d, ⌊√(κ·n̂·ε_meas/(m·groups²))⌋)), κ = "
+                                         f"{REFINE_NOISE_MASS}; ≤ {REFINE_PICKS_PER_ROUND} "
+                                         "picks per round")
         return out
+
+
+# -- refinement size from n̂ and ε (wide tables) ---------------------------------------------------
+def refine_pairs_for_rows(rows: float, measure_epsilon: float, shape: Sequence[int], *,
+                          groups: int, max_contributions: int = 1,
+                          noise_mass: float = REFINE_NOISE_MASS) -> int:
+    """How many coarse 2-way tables the refinement can measure at ``n̂ = rows`` (issue 18).
+
+    ``P`` tables share ``measure_epsilon`` equally, so each gets discrete Laplace of scale
+    ``b = m·P/ε_meas`` on at most ``groups²`` cells; their summed expected L1 noise is about
+    ``P²·groups²·m/ε_meas``. The rule keeps it at most ``noise_mass·n̂``:
+    ``P = ⌊√(κ·n̂·ε_meas/(m·groups²))⌋`` (equivalently, each table is θ-useful in PrivBayes'
+    sense, §4.4, with θ = P/κ growing with the number of tables), capped at ``d`` (one pair per
+    column beside the network's ``d−1``: sampling rakes to every target, so its cost stays linear
+    in ``d``). κ = :data:`REFINE_NOISE_MASS` = 0.9 reproduces the default 15 pairs on Adult at
+    ε = 1 (``n̂·ε_meas/25`` = 260); census_kdd (199,523 rows, 41 columns) gets 37 at ε = 1.
+    A pure function of public values (``rows`` public or a DP count, the declared shape, ε):
+    no budget, no data.
+    """
+    d = len(shape)
+    if d < 2 or rows <= 0 or measure_epsilon <= 0:
+        return 0
+    cells = int(groups) ** 2
+    p = math.sqrt(noise_mass * float(rows) * float(measure_epsilon) / (max_contributions * cells))
+    return int(min(d, math.floor(p + 1e-9)))
+
+
+def refine_rounds_for_pairs(pairs: int, rounds: int) -> int:
+    """Selection rounds for ``pairs`` picks: at least ``rounds`` (at most ``pairs``) and at most
+    :data:`REFINE_PICKS_PER_ROUND` picks per round (the default 15 pairs in 3 rounds), so that a
+    larger refinement keeps selecting against a model refined by its earlier picks (AIM §4's
+    select–measure–refit loop). Post-processing of public numbers."""
+    if pairs <= 0:
+        return 0
+    return max(min(int(rounds), pairs), math.ceil(pairs / REFINE_PICKS_PER_ROUND))
 
 
 # -- the small-input model: 1-way tables + a budget-aware forest -----------------------------------

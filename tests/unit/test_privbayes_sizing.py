@@ -121,3 +121,48 @@ def test_run_time_sizing_keeps_the_network_on_large_inputs():
     m = _measure(codes, shape, plan)
     assert m.sizing["degree"] == 2 and abs(m.sizing["rows_hat"] - 20000) < 2000
     assert any(ps for _, ps in m.structure)
+
+
+CENSUS_KDD_SHAPE = (20, 9, 52, 47, 17, 9, 3, 7, 24, 15, 5, 10, 2, 3, 6, 8, 10, 8, 9, 6, 6, 51, 38,
+                    8, 10, 9, 10, 3, 4, 7, 5, 43, 43, 43, 5, 3, 3, 3, 7, 2, 2)
+
+
+def test_wide_tables_measure_more_refinement_pairs_when_public_rows_allow():
+    from beamsynth.transforms.privbayes_sizing import (
+        REFINE_NOISE_MASS,
+        refine_pairs_for_rows,
+        refine_rounds_for_pairs,
+    )
+
+    eps = PureDP(epsilon=1.0)
+    n = 199_523  # census_kdd's train split: n̂·ε_meas/groups² = 199,523·0.2/25 = 1,596
+    plan = plan_privbayes(CENSUS_KDD_SHAPE, eps, sizing="auto", rows=n)
+    # ⌊√(0.9·1,596)⌋ = 37 pairs in ⌈37/5⌉ = 8 rounds (before: min(15, ε_t ≥ 0.01 → 20) = 15 in 3)
+    assert (plan.refine.pairs, plan.refine.rounds) == (37, 8)
+    assert refine_pairs_for_rows(n, 0.2, CENSUS_KDD_SHAPE, groups=5) == 37
+    # the bound it keeps: P²·groups²·m/ε_meas (summed expected L1 noise) ≤ κ·n̂ < (P+1)²·...
+    assert 37 ** 2 * 25 / 0.2 <= REFINE_NOISE_MASS * n < 38 ** 2 * 25 / 0.2
+    # same refinement budget (1/5 selects, 4/5 measures), split over more picks and tables;
+    # the spends still add up to ε
+    assert plan.refine.selection_budget.epsilon == pytest.approx(0.05)
+    assert plan.refine.measure_budget.epsilon == pytest.approx(0.2)
+    assert plan.refine.table_epsilon == pytest.approx(0.2 / 37)
+    acc = PrivacyAccountant(total=eps)
+    spend_privbayes(acc, plan)
+    assert math.isclose(acc.spent_epsilon, 1.0, rel_tol=1e-9)
+    assert plan.details()["sizing"]["refine_pairs_for_rows"] == 37
+    # capped at d (41 at ε = 2), monotone in n̂, nothing for one column
+    assert plan_privbayes(CENSUS_KDD_SHAPE, PureDP(epsilon=2.0), sizing="auto",
+                          rows=n).refine.pairs == 41
+    got = [refine_pairs_for_rows(r, 0.2, CENSUS_KDD_SHAPE, groups=5) for r in (0, 10**3, 10**5, 10**7)]
+    assert got == sorted(got) and got[0] == 0 and got[-1] == 41
+    assert refine_pairs_for_rows(10**7, 0.2, (5,), groups=5) == 0
+    assert [refine_rounds_for_pairs(p, 3) for p in (0, 3, 10, 15, 16, 41)] == [0, 3, 3, 3, 4, 9]
+    # the rule only ever raises the default: Adult keeps 10 / 15 / 15 pairs in 3 rounds, and
+    # without public rows, with sizing off or with the refinement off nothing changes
+    for e, want in ((0.5, (10, 3)), (1.0, (15, 3)), (2.0, (15, 3))):
+        adult = plan_privbayes(ADULT_SHAPE, PureDP(epsilon=e), sizing="auto", rows=32_561)
+        assert (adult.refine.pairs, adult.refine.rounds) == want
+    assert plan_privbayes(CENSUS_KDD_SHAPE, eps, sizing="auto").refine.pairs == 15
+    assert plan_privbayes(CENSUS_KDD_SHAPE, eps, sizing="off", rows=n).refine.pairs == 15
+    assert plan_privbayes(CENSUS_KDD_SHAPE, eps, sizing="auto", rows=n, refine_pairs=0).refine is None
