@@ -384,3 +384,244 @@ def test_api_and_cli_audits_catch_broken_variants(tmp_path: Path) -> None:
         api = api_findings(tmp_path / "api")
         cli = cli_findings(tmp_path / "cli")
     assert all(api.values()) and all(cli.values()), (api, cli)
+
+
+# -- 3. big Parquet row groups / Avro blocks read in batches (43436f2) -----------------------------
+# A group or block of more than ``block_rows`` records is decoded twice (count, then use) batch by
+# batch; a smaller one whole. One added record can move a group over ``block_rows``, so both paths
+# must read the same values, number rows file-wide the same and reject the same rows. A group that
+# does not decode (a corrupt page) is still rejected whole on both paths: how many records that
+# loses depends on the writer's group size, but only bytes that do not decode trigger it, and a
+# conforming writer never writes such bytes for any record value, so no record (added or removed)
+# can cause it (decision H15; the dead letter names the group's file-wide row range).
+def _typed_parquet_table(n: int = 600) -> Any:
+    import pyarrow as pa
+
+    rnd = random.Random(3)
+    pick = lambda *xs: [rnd.choice(xs) for _ in range(n)]  # noqa: E731
+    return pa.table({
+        "i": pa.array(pick(None, 1, 2, 10**12), pa.int64()),
+        "f": pa.array(pick(None, 1.5, -0.0, float("nan"), 1e300), pa.float64()),
+        "s": pa.array(pick(None, "a", " x ", "10\xa0", ""), pa.string()),
+        "d": pa.array(pick(None, "Oslo", "Rome"), pa.string()).dictionary_encode(),
+        "b": pa.array(pick(None, True, False), pa.bool_()),
+        "t": pa.array(pick(None, dt.datetime(2020, 3, 4, 5, 6)), pa.timestamp("us", tz="UTC")),
+        "dd": pa.array(pick(None, dt.date(2020, 3, 4)), pa.date32()),
+        "dec": pa.array(pick(None, _DEC("1.50"), _DEC("2")), pa.decimal128(5, 2)),
+        "bin": pa.array(pick(None, b"1", b"\xff"), pa.binary()),
+        "l": pa.array(pick(None, [1], []), pa.list_(pa.int64())),
+    })
+
+
+def _raw_rows(path: str, block_rows: int, split_bytes: int | None = None) -> tuple[dict, list]:
+    """``{file-wide row: repr of its raw values}`` and the dead letters' (row, block, reason)."""
+    import os
+
+    from beamsynth.pipelines.io.planning import plan_parts
+    from beamsynth.pipelines.io.read import iter_raw_blocks
+    from beamsynth.pipelines.io.records import Rejected
+
+    parts = [None] if split_bytes is None else plan_parts([(path, os.path.getsize(path))],
+                                                          split_bytes)
+    rows: dict[int, tuple] = {}
+    dead = []
+    for part in parts:
+        for item in iter_raw_blocks(path, block_rows=block_rows, part=part):
+            if isinstance(item, Rejected):
+                dead.append((item.row, item.block, item.reason))
+                continue
+            for k, r in enumerate(item.rows.tolist()):
+                assert r not in rows, f"row {r} read twice"
+                rows[r] = tuple(repr(item.columns[c].iloc[k]) for c in item.columns)
+    return rows, sorted(dead, key=repr)
+
+
+def test_parquet_values_and_rows_do_not_depend_on_groups_blocks_or_parts(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    table = _typed_parquet_table()
+    reference = None
+    for group in (600, 200, 64, 7):  # one group (batched for block_rows < 600) ... many small
+        path = str(tmp_path / f"g{group}.parquet")
+        pq.write_table(table, path, row_group_size=group)
+        for block_rows, split in ((5000, None), (600, None), (199, None), (10, None), (1, None),
+                                  (50, 2000)):
+            got = _raw_rows(path, block_rows, split)
+            reference = reference or got
+            assert got == reference, (group, block_rows, split)
+    assert len(reference[0]) == 600 and reference[1] == []
+
+
+def test_corrupt_group_rejects_the_same_rows_whatever_block_rows(tmp_path: Path) -> None:
+    """Group 7 of 350-row groups has a corrupt last page: whole-group read (block_rows >= 350)
+    and batched read (smaller) use the same rows, with the same file-wide dead-letter rows."""
+    from tests.pipeline.test_split_columnar_reads import _parquet
+
+    path = str(_parquet(tmp_path, 350, page_bytes=1024))
+    runs = {b: _raw_rows(path, b) for b in (5000, 350, 170, 33)}
+    first = runs[5000]
+    assert all(r == first for r in runs.values()), {b: (len(r[0]), r[1]) for b, r in runs.items()}
+    (dead,) = first[1]
+    assert dead[0] == 7 * 350 + 1 and dead[1] == "row group 7, rows 2451-2800", dead
+    assert sorted(first[0]) == [r for r in range(1, 3001) if not 2451 <= r <= 2800]
+
+
+def test_avro_values_and_rows_do_not_depend_on_blocks_or_parts(tmp_path: Path) -> None:
+    import fastavro
+
+    rnd = random.Random(3)
+    schema = fastavro.parse_schema({"type": "record", "name": "r", "fields": [
+        {"name": "i", "type": ["null", "long"]}, {"name": "s", "type": ["null", "string"]},
+        {"name": "f", "type": ["null", "double"]}, {"name": "b", "type": ["null", "boolean"]}]})
+    recs = [{"i": rnd.choice([None, 1, 2**40]), "s": rnd.choice([None, "a", "10\xa0"]),
+             "f": rnd.choice([None, 1.5, -0.0]), "b": rnd.choice([None, True])} for _ in range(1500)]
+    reference = None
+    for sync in (16, 4000, 10**7):  # many small blocks ... one block of 1,500 records
+        path = str(tmp_path / f"s{sync}.avro")
+        with open(path, "wb") as fh:
+            fastavro.writer(fh, schema, recs, sync_interval=sync)
+        for block_rows in (10**6, 1500, 377, 1):
+            got = _raw_rows(path, block_rows)
+            reference = reference or got
+            assert got == reference, (sync, block_rows)
+    assert len(reference[0]) == 1500
+
+
+# -- 4. DaskRunner: fused stages, Create partitions, recomputation (d4262f0, 29c7a79) ----------------
+DASK_SCHEMA = {"name": "h15dask", "columns": [
+    {"name": "sex", "type": "categorical", "domain": {"kind": "categorical", "values": ["F", "M"]}},
+    {"name": "band", "type": "integer", "domain": {"kind": "integer", "low": 0, "high": 3}},
+    {"name": "city", "type": "categorical", "nullable": True,
+     "domain": {"kind": "categorical", "values": ["Oslo", "Rome", "Lima"]}}]}
+
+
+def _dask_elements(parts: int, n: int = 2000) -> list[Any]:
+    """The same ``n`` records as ``parts`` Arrow tables (a Create of ``parts`` elements has
+    ``min(parts, 4 per worker thread)`` partitions on the beamsynth DaskRunner)."""
+    import pyarrow as pa
+
+    rnd = random.Random(7)
+    recs = [{"sex": rnd.choice("FM"), "band": rnd.randrange(4),
+             "city": rnd.choice(["Oslo", "Rome", "Lima", None])} for _ in range(n)]
+    step = -(-n // parts)
+    return [pa.Table.from_pylist(recs[i:i + step]) for i in range(0, n, step)]
+
+
+def _seeded_release(args: list[str], parts: int, batch_rows: int, folder: Path) -> dict:
+    from beamsynth.runners.probes import AppendToFolderFn, read_folder
+
+    names = ("count", "cells", "synthetic")
+    for name in names:
+        (folder / name).mkdir(parents=True)
+    job = bs.PrivacyJob(epsilon=3.0, seed=5)
+    with beam.Pipeline(options=bs.pipeline_options(args)) as p:
+        private = (p | beam.Create(_dask_elements(parts), reshuffle=False)
+                   | job.private(load_schema(DASK_SCHEMA), batch_rows=batch_rows))
+        outs = {"count": private | bs.Count(epsilon=1.0),
+                "cells": (private | bs.Marginals(marginals=[("sex", "city")], epsilon=1.0))["sex,city"],
+                "synthetic": private | bs.PrivBayes(epsilon=1.0, rows=300)}
+        for name, rows in outs.items():
+            _ = (rows | f"Json[{name}]" >> beam.Map(lambda r: json.dumps(r._asdict(), sort_keys=True))
+                 | f"Write[{name}]" >> beam.ParDo(AppendToFolderFn(str(folder / name))))
+    return {name: read_folder(folder / name) for name in names}
+
+
+@pytest.mark.slow
+def test_seeded_dask_release_is_the_same_for_1_2_8_partitions(tmp_path: Path, dask_address: str) -> None:
+    """Measured: direct 2.4 s, each Dask run 2-4 s; all byte-identical (count 1999, 8 cells,
+    300 synthetic rows)."""
+    reference = _seeded_release([], 1, 20_000, tmp_path / "direct")
+    assert [len(v) for v in reference.values()] == [1, 8, 300]
+    dask = ["--runner", "dask", f"--dask_client_address={dask_address}"]
+    for parts, batch_rows in ((1, 20_000), (2, 700), (8, 97)):
+        assert _seeded_release(dask, parts, batch_rows, tmp_path / f"dask{parts}") == reference
+
+
+def _die_once(value: Any, marker: str | None) -> Any:
+    import os
+
+    if marker is not None and not os.path.exists(marker):
+        Path(marker).touch()
+        os._exit(1)  # the worker process dies inside the noise step's fused stage
+    return value
+
+
+def _secure_count_read_twice(args: list[str], folder: Path, *, kill: bool, fresh: bool,
+                             monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], dict[str, int]]:
+    """Secure mode (no seed), run secrets pinned and logged (LoggedSecret): a Count whose stage
+    kills its worker once (dask recomputes the stage elsewhere), read as a side input by two
+    consumers; → (the values the consumers saw, stream reads repeated / with other bytes)."""
+    from beamsynth.runners.probes import AppendToFolderFn, read_folder
+    from beamsynth.transforms import noise
+    from beamsynth.transforms.faults import LoggedSecret, read_stream_log
+
+    (folder / "out").mkdir(parents=True)
+    log = folder / "streams.log"
+    counter = iter(range(1000))
+    monkeypatch.setattr(noise, "_SECRET_FACTORY", lambda: LoggedSecret(
+        next(counter).to_bytes(32, "little"), log_path=str(log), fresh=fresh))
+    job = bs.PrivacyJob(epsilon=2.0)
+    with beam.Pipeline(options=bs.pipeline_options(args)) as p:
+        private = (p | beam.Create(_dask_elements(8), reshuffle=False)
+                   | job.private(load_schema(DASK_SCHEMA), batch_rows=300))
+        count = (private | bs.Count(epsilon=1.0, typed=True)
+                 | "DieOnce" >> beam.Map(_die_once, str(folder / "died") if kill else None))
+        for i in range(2):
+            _ = (p | f"One{i}" >> beam.Create([i])
+                 | f"Read{i}" >> beam.Map(lambda x, c: json.dumps([x, int(c.value)]),
+                                          c=beam.pvalue.AsSingleton(count))
+                 | f"Sink{i}" >> beam.ParDo(AppendToFolderFn(str(folder / "out"))))
+    seen = [json.loads(x)[1] for x in read_folder(folder / "out")]
+    reads = read_stream_log(str(log))
+    repeated = [r for r in reads.values() if len(r) > 1]
+    return seen, {"repeated": len(repeated),
+                  "other_bytes": sum(len({w for w, _ in r}) > 1 for r in repeated)}
+
+
+@pytest.mark.slow
+def test_secure_draws_survive_a_killed_dask_worker(tmp_path: Path, dask_address: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Measured: the kill makes dask rerun the noise stage (2 streams read twice); with the run
+    secret the reruns read the same bytes and both consumers (and the direct run with the same
+    pinned secrets) see one value; the broken variant (fresh entropy per read) is caught."""
+    dask = ["--runner", "dask", f"--dask_client_address={dask_address}"]
+    direct, _ = _secure_count_read_twice([], tmp_path / "direct", kill=False, fresh=False,
+                                         monkeypatch=monkeypatch)
+    seen, stats = _secure_count_read_twice(dask, tmp_path / "dask", kill=True, fresh=False,
+                                           monkeypatch=monkeypatch)
+    assert stats["repeated"] > 0, "dask reran nothing: the audit would prove nothing"
+    assert stats["other_bytes"] == 0 and len(seen) == 2 and set(seen) == set(direct), (seen, direct)
+    _, broken = _secure_count_read_twice(dask, tmp_path / "broken", kill=True, fresh=True,
+                                         monkeypatch=monkeypatch)
+    assert broken["repeated"] > 0 and broken["other_bytes"] > 0, broken
+
+
+# -- 5. PrivBayes 1-way weighted margins (1c4484d): post-processing of the noisy tables only -------
+def test_weighted_margins_are_post_processing_with_a_fixed_shape() -> None:
+    """``_one_way_estimates`` and ``_with_margins`` take the released tables (and public noise
+    variances and declared sizes) only, as ``_fit_network(measurement, ...)`` passes them; they
+    run a fixed number of sweeps and must never fail or give non-finite cells, whatever the
+    noisy values (zeros, empty slices, all-zero margins), so whether and how a release happens
+    never depends on them (rule 7)."""
+    import inspect
+    import warnings
+
+    from beamsynth.transforms import privbayes_model
+    from beamsynth.transforms.measure import NoisyMarginal
+
+    assert list(inspect.signature(privbayes_model._one_way_estimates).parameters) == ["ms", "tables"]
+    rng = np.random.default_rng(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for _ in range(1500):
+            shape = tuple(int(x) for x in rng.integers(1, 6, size=int(rng.integers(2, 4))))
+            table = rng.choice([0.0, 0.0, 0.0, 1e-3, 1.0, 5.0, 1e9], size=shape)
+            one_way = {c: rng.choice([0.0, 0.0, 1e-3, 2.0, 1e9], size=s) for c, s in enumerate(shape)}
+            out = privbayes_model._with_margins(table, list(range(len(shape))), one_way)
+            assert out.shape == shape and np.isfinite(out).all() and (out >= 0).all(), (table, one_way)
+    from beamsynth.transforms.budget import PureDP
+
+    m = NoisyMarginal(columns=(0, 1), names=("a", "b"), shape=(2, 3), values=np.zeros((2, 3)),
+                      scale=2.0, budget=PureDP(epsilon=0.5))
+    est = privbayes_model._one_way_estimates([m], [np.zeros((2, 3))])
+    assert {c: v.shape for c, v in est.items()} == {0: (2,), 1: (3,)}
