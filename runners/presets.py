@@ -8,7 +8,9 @@ A preset is a named bundle of Beam pipeline options plus the options a user must
   which never switches to Beam's Prism runner (nor tries to download it).
 * ``--runner direct-multi``: the DirectRunner in ``multi_processing`` mode, 2 workers by default
   (``--direct_num_workers`` overrides). Both direct presets set the SDK workers' log level to
-  WARNING (:data:`QUIET_WORKERS`) unless ``--default_sdk_harness_log_level`` is given.
+  WARNING (:data:`QUIET_WORKERS`) unless ``--default_sdk_harness_log_level`` is given;
+  ``direct-multi`` also mutes the workers' duplicate option-parsing warnings
+  (:data:`QUIET_WORKER_STARTUP`) unless ``--sdk_harness_log_level_overrides`` is given.
 * ``--runner dask`` (or ``--runner DaskRunner``): :class:`beamsynth.runners.dask_runner.DaskRunner`,
   Beam's DaskRunner with its translation gaps closed (every sink runs, multi-output ParDos,
   ``finish_bundle`` output, side inputs computed once, metrics, windows), on a dask.distributed
@@ -33,6 +35,7 @@ User-given options always win over a preset's defaults.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -58,6 +61,7 @@ __all__ = [
     "Preset",
     "PresetError",
     "QUIET_WORKERS",
+    "QUIET_WORKER_STARTUP",
     "is_beam_dask",
     "is_dask",
     "options_for",
@@ -71,6 +75,16 @@ DEFAULT_PRESET = "direct"  # without --runner (LocalDirectRunner: the DirectRunn
 # CLI's progress on direct-multi); --default_sdk_harness_log_level=INFO (or the CLI's --verbose)
 # brings them back.
 QUIET_WORKERS = {"default_sdk_harness_log_level": "WARNING"}
+# Each direct-multi worker re-parses the launcher's options and warns "Discarding unparseable
+# args: ['--direct_runner_use_stacked_bundle', '--pipeline_type_check']" on every run, relayed to
+# the launcher, which prints it again: Beam's PipelineOptions.from_dictionary turns the True
+# default of a --no_X flag (dest X) into --X, which no parser knows. The launcher parsed the same
+# options (and warned about, or with bs.check_pipeline_args refused, any it did not know), so only
+# that logger, only in the workers, goes to ERROR. Not muted: the workers' "No
+# semi_persistent_directory found" (logger __main__ there, the name a user script's own
+# logging.getLogger(__name__) gets in a worker too) and the per-process import warnings.
+QUIET_WORKER_STARTUP = {"sdk_harness_log_level_overrides": json.dumps(
+    {"apache_beam.options.pipeline_options": "ERROR"}, separators=(",", ":"))}
 DASK_LOG_VARIABLE = "DASK_LOGGING__DISTRIBUTED"  # dask.distributed's log level (its config)
 _dask_level_set: list[str] = []  # the value this module put in DASK_LOG_VARIABLE, if any
 
@@ -131,7 +145,8 @@ PRESETS: dict[str, Preset] = {
                description="in-process DirectRunner (single process; reference for seeded runs)",
                tested_here=True),
         Preset("direct-multi", LOCAL_DIRECT_RUNNER,
-               {"direct_running_mode": "multi_processing", "direct_num_workers": 2, **QUIET_WORKERS},
+               {"direct_running_mode": "multi_processing", "direct_num_workers": 2, **QUIET_WORKERS,
+                **QUIET_WORKER_STARTUP},
                description="DirectRunner with worker processes (2 by default)", tested_here=True),
         Preset("dask", DASK_RUNNER, dict(QUIET_WORKERS),
                description="Beam's DaskRunner with its gaps closed "

@@ -101,3 +101,58 @@ def test_plausible_messages_keep_cli_flags():
     assert cli.option("allow_non_dp", True) == "--allow-non-dp"
     assert cli.option("rows", 5) == "--rows 5" and cli.method("sbhg") == "--method sbhg"
     assert Vocabulary.cli(PrivBayesMethod).option("structure_fraction") == "--pb-structure-fraction"
+
+
+# -- 3. direct-multi workers: no duplicate option warnings, real warnings kept --------------------
+def test_direct_multi_preset_mutes_only_the_workers_option_parser():
+    import json
+
+    from beamsynth.runners.presets import QUIET_WORKER_STARTUP
+
+    multi = bs.pipeline_options(["--runner", "direct-multi"]).get_all_options()
+    assert multi["sdk_harness_log_level_overrides"] == {"apache_beam.options.pipeline_options": "ERROR"}
+    assert json.loads(QUIET_WORKER_STARTUP["sdk_harness_log_level_overrides"]) == {
+        "apache_beam.options.pipeline_options": "ERROR"}  # never __main__: a user script's logger
+    own = bs.pipeline_options(["--runner", "direct-multi",
+                               '--sdk_harness_log_level_overrides={"user.step": "INFO"}'])
+    assert own.get_all_options()["sdk_harness_log_level_overrides"] == {"user.step": "INFO"}
+    for argv in ([], ["--runner", "direct"]):  # one process: no workers to quiet
+        assert bs.pipeline_options(argv).get_all_options()["sdk_harness_log_level_overrides"] is None
+
+
+_WORKER_JOB = '''
+import logging, sys
+import beamsynth as bs
+import apache_beam as beam
+
+_LOG = logging.getLogger(__name__)
+
+
+def noisy(r):
+    _LOG.warning("user warning from __main__")
+    logging.getLogger("user.step").warning("user warning from user.step")
+    return r
+
+
+if __name__ == "__main__":
+    job = bs.PrivacyJob(epsilon=1.0)
+    with beam.Pipeline(options=bs.pipeline_options(["--runner", "direct-multi"])) as p:
+        private = p | beam.Create([{"age": 30 + i % 40} for i in range(300)]) | job.private(
+            bs.load_schema("adult"))
+        private.dead_letters | "Bad" >> beam.Map(lambda r: None)
+        private | bs.Count(epsilon=1.0) | beam.Map(noisy)
+'''
+
+
+@pytest.mark.slow  # ~12 s: two worker processes
+def test_direct_multi_api_job_prints_no_worker_option_warnings(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "job.py"
+    script.write_text(_WORKER_JOB, encoding="utf-8")
+    err = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=300, check=True).stderr
+    assert "Discarding unparseable args" not in err, err  # 2 workers x (own + relayed) = 4 before
+    assert err.count("user warning from __main__") >= 1, err  # the user's warnings still show
+    assert err.count("user warning from user.step") >= 1, err
