@@ -39,8 +39,9 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
         return _draft(args)
     schema = load_schema(args.schema)
     if args.action == "validate":
-        sizes = ", ".join(f"{c.name}={c.domain.size}" for c in schema.columns)
-        print(f"schema {schema.name!r} is valid: {len(schema.columns)} columns ({sizes}); "
+        sizes = ", ".join(f"{c.name}={c.cells}" + (f" ({c.domain.size} + null)" if c.nullable else "")
+                          for c in schema.columns)  # cells as the mechanisms count them
+        print(f"schema {schema.name!r} is valid: {len(schema.columns)} columns, cells ({sizes}); "
               f"privacy id: {schema.privacy_id or 'none (one record = one unit)'}")
     elif args.action == "show":
         print(json.dumps(schema.to_spec(), indent=2, ensure_ascii=False))

@@ -156,3 +156,20 @@ def test_direct_multi_api_job_prints_no_worker_option_warnings(tmp_path):
     assert "Discarding unparseable args" not in err, err  # 2 workers x (own + relayed) = 4 before
     assert err.count("user warning from __main__") >= 1, err  # the user's warnings still show
     assert err.count("user warning from user.step") >= 1, err
+
+
+# -- 4. schema validate prints the cells the mechanisms count ------------------------------------
+def test_schema_validate_counts_the_null_cell(tmp_path, capsys):
+    from beamsynth.pipelines.cli.main import main
+
+    path = tmp_path / "s.yaml"
+    path.write_text("name: s\ncolumns:\n"
+                    "- {name: MSP, type: categorical, nullable: true,\n"
+                    "   domain: {kind: categorical, values: ['1', '2', '3', '4', '5', '6']}}\n"
+                    "- {name: SEX, type: categorical, domain: {kind: categorical, values: ['1', '2']}}\n",
+                    encoding="utf-8")
+    assert main(["schema", "validate", str(path)]) == 0
+    out = capsys.readouterr().out
+    shape = bs.load_schema(str(path)).shape  # what marginals, PrivBayes, CatHist allocate
+    assert shape == (7, 2)
+    assert "2 columns, cells (MSP=7 (6 + null), SEX=2)" in out, out
