@@ -214,6 +214,12 @@ class Column:
         """Cell codes for raw values, and ``{position: reason}`` for values that could not be encoded."""
         series = values if isinstance(values, pd.Series) else pd.Series(list(values), dtype=object)
         series = series.reset_index(drop=True)
+        if series.dtype == object and any(t is not str and issubclass(t, str)
+                                          for t in set(map(type, series.tolist()))):
+            # a str subclass (np.str_) is its text, as the memo's lookups take it: pandas'
+            # datetime parser refused it alone and read it beside plain strings (rule 6)
+            series = pd.Series([str.__str__(v) if isinstance(v, str) else v
+                                for v in series.tolist()], dtype=object)
         raw = series
         if self.normalize is not None and not self.normalize.is_identity:
             # null tokens are matched on the raw value; everything else is normalised first

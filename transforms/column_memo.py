@@ -111,13 +111,7 @@ class ColumnMemo:
         why = self._reasons(table)
         if not why:
             return codes, {}
-        out = {}
-        for i in np.flatnonzero(codes < 0).tolist():
-            v = value_at(i)  # the text table also answers for str subclasses (np.str_): their
-            # reason names them as they are, as alone (the stored one would read 'x', not np.str_)
-            out[i] = why[v] if type(v) in _TEXT_TYPES or table is not self._text else \
-                self.column.encode([v])[1].get(0, why[v])
-        return codes, out
+        return codes, {i: why[value_at(i)] for i in np.flatnonzero(codes < 0).tolist()}
 
     def encode(self, values: Sequence[Any]) -> tuple[np.ndarray, dict[int, str]]:
         """Cell codes (int64) and ``{position: reason}``, exactly as ``Column.encode(values)``."""

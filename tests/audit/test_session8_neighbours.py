@@ -19,8 +19,10 @@
      rejected when a record ``{"pair": 5}`` came earlier in its batch (D ⊂ D' lost a record).
    * ``parse_numbers`` read ``numpy.timedelta64`` as a number through ``astype(float)`` but not
      through the per-value fallback, so it was 1 alone and malformed beside ``10**400``.
-   * The text table also answers for ``str`` subclasses (``np.str_``): a rejected one got the
-     stored reason of the plain string (``value 'zz'``), alone ``value np.str_('zz')``.
+   * The text table also answers for ``str`` subclasses (``np.str_``, equal to their text): a
+     datetime ``np.str_('2020-03-04')`` was used once the plain string was in the memo, and alone
+     dead-lettered (pandas' parser raised "Expected str"); a rejected one got the plain string's
+     reason. ``Column.encode`` now reads a ``str`` subclass as its text.
 """
 
 from __future__ import annotations
@@ -215,16 +217,19 @@ def test_pairs_of_all_pool_values_encode_as_alone() -> None:
     assert not bad, bad[:5]
 
 
-def test_a_str_subclass_gets_its_own_reason_after_the_plain_string() -> None:
-    """The text table answers for np.str_('zz') once 'zz' was learned: same code, and the reason
-    names the value as it is (as alone), not the stored 'zz'."""
+@pytest.mark.parametrize("column, value", [("cat", "zz"), ("dt", "2020-03-04")])
+def test_a_str_subclass_encodes_as_alone_after_the_plain_string(column: str, value: str) -> None:
+    """The text table answers for np.str_(v) once v was learned (equal, same hash): alone it
+    must give the same code and reason (it raised for a datetime: pandas wants exact str)."""
     memo = SchemaMemo(SCHEMA)
     for line in range(3):
-        _outcomes([_record(10 * line + k, [("cat", "zz")]) for k in range(4)], memo)
-    r = _record(100, [("cat", np.str_("zz"))])
-    assert memo.columns[0].encode_records([r], "cat")[1] == {
-        0: "column 'cat': value np.str_('zz') is outside the declared categorical domain"}
+        _outcomes([_record(10 * line + k, [(column, value)]) for k in range(4)], memo)
+    r = _record(100, [(column, np.str_(value))])
     assert _outcomes([r, _record(101, [])], memo)[100] == _alone(r)
+    j = SCHEMA.names.index(column)
+    assert memo.columns[j].encode_records([r], column) is not None  # the text table answered
+    assert memo.columns[j].encode_records([r], column)[1] == \
+        SCHEMA.columns[j].encode([np.str_(value)])[1]
 
 
 # -- the same through the real API and the CLI ------------------------------------------------------
