@@ -401,7 +401,7 @@ class WindowedSynthesis(beam.PTransform):
         return display_items(
             mechanism=f"{self._plan.method.name} synthesis per declared window",
             epsilon_per_window=total.epsilon, delta_per_window=total.delta,
-            declared_cells=sum(c.domain.size for c in self._plan.schema.columns),
+            declared_cells=sum(self._plan.schema.shape),
             windows_start=_iso(self._start),
             windows_end="open" if self._end is None else _iso(self._end),
             window_seconds=self._seconds, allowed_lateness=self._lateness)

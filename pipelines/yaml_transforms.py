@@ -504,7 +504,7 @@ class Synthesize(beam.PTransform):
         return display_items(
             mechanism=f"{plan.method.name} synthesis (Beam YAML step)", epsilon=total.epsilon,
             delta=total.delta, columns=len(plan.schema.columns),
-            declared_cells=sum(c.domain.size for c in plan.schema.columns),
+            declared_cells=sum(plan.schema.shape),
             rows="DP count" if plan.config.rows is None else plan.config.rows,
             declared_windows=self._windows is not None)
 

@@ -243,7 +243,7 @@ class DPIndependentMarginals(beam.PTransform):
             epsilon=self._epsilon, delta=0.0, columns=m, open_columns=len(self._open),
             epsilon_per_column=self._epsilon / m, sensitivity=self._k,
             noise_scale=discrete_laplace_scale(sensitivity=self._k, epsilon=self._epsilon / m),
-            declared_cells=sum(c.domain.size for c in self._schema.columns))
+            declared_cells=sum(self._schema.shape))
 
     def expand(self, batches):
         shape = self._schema.shape

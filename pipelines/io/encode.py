@@ -143,7 +143,7 @@ class EncodeBlocks(beam.PTransform):
         return display_items(step="encode raw blocks to declared cells (dead letters tagged "
                                   "'rejected')", schema=self._schema.name,
                              columns=len(self._schema.columns),
-                             declared_cells=sum(c.domain.size for c in self._schema.columns))
+                             declared_cells=sum(self._schema.shape))
 
     def expand(self, blocks):
         batches, rejected = _apply_with_dead_letters(

@@ -173,3 +173,21 @@ def test_schema_validate_counts_the_null_cell(tmp_path, capsys):
     shape = bs.load_schema(str(path)).shape  # what marginals, PrivBayes, CatHist allocate
     assert shape == (7, 2)
     assert "2 columns, cells (MSP=7 (6 + null), SEX=2)" in out, out
+
+
+def test_display_data_counts_the_null_cell():
+    from apache_beam.transforms.display import DisplayDataItem
+
+    from beamsynth.pipelines.io.encode import EncodeBlocks
+    from beamsynth.transforms.budget import PureDP
+    from beamsynth.transforms.synthesis import DPIndependentMarginals
+
+    schema = bs.load_schema({"name": "s", "columns": [
+        {"name": "MSP", "type": "categorical", "nullable": True,
+         "domain": {"kind": "categorical", "values": ["1", "2", "3", "4", "5", "6"]}},
+        {"name": "SEX", "type": "categorical",
+         "domain": {"kind": "categorical", "values": ["1", "2"]}}]})
+    for step in (DPIndependentMarginals(schema=schema, budget=PureDP(epsilon=1.0), seed=0),
+                 EncodeBlocks(schema)):
+        item = step.display_data()["declared_cells"]
+        assert (item.value if isinstance(item, DisplayDataItem) else item) == 9  # 7 + 2
