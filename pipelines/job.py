@@ -351,6 +351,13 @@ class WriteManifest(beam.PTransform):
         if job.disjoint:  # declared by the user, not checked: parallel composition with other jobs
             public["disjoint_from_other_jobs"] = True
         p = pbegin.pipeline
+        if any(not c.is_bounded for c in job.count_outputs):
+            raise ValueError(
+                f"{self.label}: job {job.name!r} reads an unbounded source; its manifest's exact "
+                "counts are never final (a record late for its window is a dead letter until "
+                "a year after the window's release) and records outside the declared windows "
+                "belong to none, so bs.WriteManifest needs a bounded pipeline; the spends are "
+                "known now: job.accountant.to_dict() (docs/beam-api.md, windows)")
         if job.count_outputs:
             items = tuple(job.count_outputs) | "JoinCounts" >> beam.Flatten()
         else:

@@ -68,7 +68,7 @@ from beamsynth.pipelines.methods.synthesize import SynthesisPlan, synthesize_bat
 from beamsynth.schemas.schema import EncodedBatch, Schema
 from beamsynth.transforms.conventions import display_items, element_types
 from beamsynth.transforms.units import BoundContributions
-from beamsynth.transforms.windows import DeclaredWindows
+from beamsynth.transforms.windows import DeclaredWindows, is_late_pane, late_windowing
 from beamsynth.transforms.windows import declared_range as _declared_range
 
 __all__ = [
@@ -214,7 +214,7 @@ class _CountLateFn(beam.DoFn):
 
     def process(self, count: int, window=beam.DoFn.WindowParam,
                 pane=beam.DoFn.PaneInfoParam) -> Iterable[LateCount]:
-        if pane.timing == beam.utils.windowed_value.PaneInfoTiming.LATE and count:
+        if is_late_pane(pane) and count:
             yield LateCount(_iso(window.start), _iso(window.end), int(count))
 
 
@@ -417,11 +417,7 @@ class WindowedSynthesis(beam.PTransform):
         # EncodedBatch per daily window, fired once
         late = (
             batches
-            | "WindowForLate" >> beam.WindowInto(
-                beam_window.FixedWindows(self._seconds),
-                trigger=trigger.AfterWatermark(late=trigger.AfterCount(1)),
-                accumulation_mode=trigger.AccumulationMode.DISCARDING,
-                allowed_lateness=Duration(seconds=max(self._lateness, 365 * DAY)))
+            | "WindowForLate" >> late_windowing(beam_window.FixedWindows(self._seconds), self._lateness)
             | "RowsPerBatch" >> beam.Map(_batch_rows)
             | "SumRows" >> beam.CombineGlobally(sum).without_defaults()
             | "LatePanes" >> beam.ParDo(_CountLateFn())

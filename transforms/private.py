@@ -26,7 +26,9 @@ releases exactly once per declared window, records or not; output rows carry the
 (``window_start``, ISO 8601 UTC, first field) and stay in their Beam windows. The job's ε is
 spent once and holds **per window** (each window's releases are ε-DP for adding/removing one
 unit's records in that window; a unit present in ``w`` windows gets ``w·ε``, docs/streaming.md).
-Elements stamped outside ``[start, end)`` become dead letters. Any other windowing (undeclared
+Elements stamped outside ``[start, end)`` become dead letters, and so, on an unbounded input,
+do elements arriving after their window's release fired (``windows.SplitLate``, reason
+``arrived after window [start, end) was released``). Any other windowing (undeclared
 ``FixedWindows``, sliding, sessions) and triggers that can fire twice are refused when the
 pipeline is built.
 
@@ -62,9 +64,11 @@ from beamsynth.transforms.inputs import (
 from beamsynth.transforms.units import BoundContributions
 from beamsynth.transforms.windows import (
     DeclaredWindows,
+    SplitLate,
     check_release_windowing,
     event_time_text,
     iso_seconds,
+    window_text,
 )
 
 __all__ = [
@@ -518,6 +522,14 @@ class MakePrivate(beam.PTransform):
             elements = split.inside
             outside = split.outside | "GlobalOutside" >> beam.WindowInto(GlobalWindows())
             # inside: user elements stamped in [start, end); outside: dead-letter Rows (global)
+            if not elements.is_bounded:  # a stream: records late for their window's release
+                gate = elements | "SplitLate" >> SplitLate()
+                elements = gate["on_time"]
+                late = (gate["late"]
+                        | "LateDeadLetters" >> beam.ParDo(_LateFn(source, self._position))
+                        | "GlobalLate" >> beam.WindowInto(GlobalWindows()))
+                outside = (outside, late) | "JoinLate" >> beam.Flatten()
+                # dead-letter Rows (global): outside the declared range, or late
             elements.element_type = INPUT_TYPES
         enc = elements | "Encode" >> EncodeElements(
             layout=self._layout, source=source, position_field=self._position,
@@ -575,6 +587,17 @@ class _OutsideFn(beam.DoFn):
         for d in reject_elements(element, source=self._source, position_field=self._position,
                                  reason=reason):
             yield beam.pvalue.TaggedOutput("outside", d)
+
+
+class _LateFn(beam.DoFn):
+    """Elements that missed their window's release (``SplitLate``'s late panes) → dead letters."""
+
+    def __init__(self, source: str, position_field: str | None) -> None:
+        self._source, self._position = source, position_field
+
+    def process(self, element: Any, window=beam.DoFn.WindowParam):
+        yield from reject_elements(element, source=self._source, position_field=self._position,
+                                   reason=f"arrived after window {window_text(window)} was released")
 
 
 class _WindowRowsFn(beam.DoFn):

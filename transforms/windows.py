@@ -23,7 +23,16 @@ Triggers: a release must fire once per window. Accepted are the default trigger 
 allowed lateness on declared windows: with lateness the default trigger fires again for every late
 record) and ``AfterWatermark()`` without early or late firings (any allowed lateness: late records
 are dropped). Early/late firings, ``AfterCount``, ``Repeatedly``, processing-time triggers would
-make the number of releases depend on the data and are refused.
+make the number of releases depend on the data and are refused. :class:`CombineDeclaredWindows`
+itself combines under ``AfterWatermark()``, which closes a window when it fires: the default
+trigger, even with zero lateness, fired a second release for a record arriving while the
+watermark sat exactly at the window's end (TestStream: day 2 released as 0, then as 7).
+
+Late records (a stream): a release fires once, so a record arriving after it is dropped by
+Beam. :class:`SplitLate` decides once per record whether it is late (one grouping under
+:func:`late_windowing`, the late-branch windowing also used by ``pipelines/stream.py``'s
+``LateCount``) and routes the late ones away *before* any release step, which the public API
+turns into dead letters (``transforms/private.py``).
 
 :class:`DeclaredWindows` is a ``FixedWindows`` (it assigns the same windows and runs on every
 runner as fixed windows); it only carries the declared range, which the checks read at build time.
@@ -39,6 +48,8 @@ import apache_beam as beam
 from apache_beam.transforms import trigger as beam_trigger
 from apache_beam.transforms import window as beam_window
 from apache_beam.transforms.periodicsequence import PeriodicImpulse
+from apache_beam.utils.timestamp import Duration
+from apache_beam.utils.windowed_value import PaneInfoTiming
 
 from beamsynth.schemas.schema import EncodedBatch
 from beamsynth.transforms.conventions import display_items
@@ -50,10 +61,15 @@ __all__ = [
     "Heartbeat",
     "HeartbeatCombineFn",
     "Heartbeats",
+    "LATE_LATENESS",
+    "SplitLate",
     "check_release_windowing",
     "declared_range",
     "epoch_seconds",
+    "is_late_pane",
     "iso_seconds",
+    "late_windowing",
+    "window_text",
 ]
 
 METRICS_NAMESPACE = "beamsynth"
@@ -373,13 +389,18 @@ class CombineDeclaredWindows(beam.PTransform):
 
     def expand(self, pcoll):
         w = pcoll.windowing
-        inside = pcoll | "DropOutside" >> DropOutsideDeclared(self._windows)
+        # AfterWatermark() finishes a window when it fires: the default trigger fires again for a
+        # record arriving while the watermark is exactly at the window's end (a second release)
+        once = {"trigger": beam_trigger.AfterWatermark(),
+                "accumulation_mode": beam_trigger.AccumulationMode.DISCARDING,
+                "timestamp_combiner": w.timestamp_combiner, "allowed_lateness": w.allowed_lateness}
+        inside = (pcoll
+                  | "DropOutside" >> DropOutsideDeclared(self._windows)
+                  | "FireOnce" >> beam.WindowInto(w.windowfn, **once))
         # input elements stamped in a declared window
         beats = (pcoll.pipeline
                  | "Heartbeats" >> Heartbeats(self._windows)
-                 | "WindowHeartbeats" >> beam.WindowInto(
-                     w.windowfn, trigger=w.triggerfn, accumulation_mode=w.accumulation_mode,
-                     timestamp_combiner=w.timestamp_combiner, allowed_lateness=w.allowed_lateness))
+                 | "WindowHeartbeats" >> beam.WindowInto(w.windowfn, **once))
         # one Heartbeat per declared window
         partial = inside | "Accumulate" >> beam.CombineGlobally(_AccumulateFn(self._fn)).without_defaults()
         # fn's accumulator per window holding records. Heartbeats join after this GroupByKey, not
@@ -389,3 +410,112 @@ class CombineDeclaredWindows(beam.PTransform):
                 | "WithHeartbeats" >> beam.Flatten()
                 | "Combine" >> beam.CombineGlobally(HeartbeatCombineFn(self._fn)).without_defaults())
         # fn's output, once per declared window
+
+
+# -- late records ------------------------------------------------------------------------------
+#: Seconds after its end that a window's late branch keeps catching late records (a year; Beam
+#: drops records later than that without a trace: docs/streaming.md "Late data").
+LATE_LATENESS = 365 * 86_400
+
+
+def late_windowing(windowfn: beam_window.WindowFn, allowed_lateness: int = 0, *,
+                   early: bool = False) -> beam.WindowInto:
+    """The windowing of a late branch: the on-time pane when the watermark passes a window's end,
+    then one ``LATE`` pane per late arrival (:func:`is_late_pane`), for
+    ``max(allowed_lateness, LATE_LATENESS)`` seconds; discarding, so each record is in one pane.
+    ``early=True`` also fires a pane per arrival before the end, so the branch holds no records
+    while it waits for the watermark."""
+    return beam.WindowInto(
+        windowfn,
+        trigger=beam_trigger.AfterWatermark(
+            early=beam_trigger.AfterCount(1) if early else None, late=beam_trigger.AfterCount(1)),
+        accumulation_mode=beam_trigger.AccumulationMode.DISCARDING,
+        allowed_lateness=Duration(seconds=max(int(allowed_lateness), LATE_LATENESS)))
+
+
+def is_late_pane(pane: Any) -> bool:
+    """Whether a pane of a :func:`late_windowing` branch holds records that arrived after the
+    window's on-time pane fired."""
+    return pane.timing == PaneInfoTiming.LATE
+
+
+def window_text(window: Any) -> str:
+    """``[start, end)`` of a window, ISO 8601 UTC (dead-letter reasons)."""
+    return f"[{iso_seconds(window.start)}, {iso_seconds(window.end)})"
+
+
+class _ShardFn(beam.DoFn):
+    """element → ``(shard, element)``, shards taken in turn (any key works: a key's panes only
+    spread the grouping; which records are late is decided per window)."""
+
+    def __init__(self, shards: int) -> None:
+        self._shards = shards
+
+    def setup(self) -> None:
+        self._next = 0
+
+    def process(self, element: Any) -> Iterable[tuple[int, Any]]:
+        self._next = (self._next + 1) % self._shards
+        yield self._next, element
+
+
+class _RouteLateFn(beam.DoFn):
+    """``(shard, records)`` of one pane → the records: on the main output when the pane is early
+    or on time, on ``late`` when it is late (in their window)."""
+
+    def process(self, keyed: tuple[int, Iterable[Any]],
+                pane=beam.DoFn.PaneInfoParam) -> Iterable[Any]:
+        if is_late_pane(pane):
+            for element in keyed[1]:
+                yield beam.pvalue.TaggedOutput(SplitLate.LATE, element)
+        else:
+            yield from keyed[1]
+
+
+class SplitLate(beam.PTransform):
+    """Records of declared windows → ``{"on_time", "late"}``: each record exactly once, on
+    ``late`` if it reaches the split after its window's release fired, else on ``on_time``.
+
+    One decision per record, made by one grouping with :func:`late_windowing` (early panes per
+    arrival, so nothing is held while a window is open): the records of early and on-time panes
+    go on (``on_time``, windowed again like the input and stamped at their window's end, which
+    Beam's watermark holds keep on time for every release downstream: a release fires once its
+    input watermark passes the window's end, and a record of an on-time pane holds that
+    watermark until it is consumed); the records of late panes go to ``late`` (in their window).
+    A release downstream therefore never sees a late record (it can neither drop one unseen nor
+    fire again for it). Records later than ``LATE_LATENESS`` after their window's end are dropped
+    by Beam, uncounted. Only for unbounded input: a bounded one has no late records.
+    """
+
+    LATE = "late"
+
+    def __init__(self, shards: int = 16, label: str | None = None) -> None:
+        super().__init__(label)
+        if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
+            raise ValueError(f"shards ({shards!r}) must be an int >= 1")
+        self._shards = shards
+
+    def display_data(self) -> dict[str, Any]:
+        """The late branch's settings (public; no data values)."""
+        return display_items(step="records late for their window's release to 'late'",
+                             late_lateness_seconds=LATE_LATENESS, shards=self._shards)
+
+    def expand(self, pcoll):
+        w = pcoll.windowing
+        windows = check_release_windowing(pcoll, "SplitLate")
+        if windows is None:
+            raise ValueError(f"{_full_label(pcoll, 'SplitLate')}: input must be windowed with "
+                             f"DeclaredWindows, not the global window; see {_DOCS}")
+        routed = (pcoll
+                  | "Shard" >> beam.ParDo(_ShardFn(self._shards))
+                  | "LateWindowing" >> late_windowing(windows, int(w.allowed_lateness.micros) // 10**6,
+                                                      early=True)
+                  | "Panes" >> beam.GroupByKey()
+                  # (shard, records) per pane: early/on-time or late
+                  | "Route" >> beam.ParDo(_RouteLateFn()).with_outputs(self.LATE, main="on_time"))
+        on_time = routed.on_time | "Rewindow" >> beam.WindowInto(
+            w.windowfn, trigger=w.triggerfn, accumulation_mode=w.accumulation_mode,
+            timestamp_combiner=w.timestamp_combiner, allowed_lateness=w.allowed_lateness)
+        # records in time for their window's release, windowed like the input
+        return {"on_time": on_time, "late": routed[self.LATE]}
+        # late: records that arrived after their window's release, in their window

@@ -170,6 +170,7 @@ def _factories(tmp_path) -> dict:
         DeclaredWindows,
         DropOutsideDeclared,
         Heartbeats,
+        SplitLate,
     )
 
     csv = tmp_path / "in.csv"
@@ -187,6 +188,7 @@ def _factories(tmp_path) -> dict:
         "Heartbeats": Heartbeats(days),
         "DropOutsideDeclared": DropOutsideDeclared(days),
         "CombineDeclaredWindows": CombineDeclaredWindows(beam.combiners.CountCombineFn(), days),
+        "SplitLate": SplitLate(),
         "DPMarginals": DPMarginals(specs=[(0,), (1, 2)], shape=SCHEMA.shape, names=SCHEMA.names,
                                    budgets=[PureDP(epsilon=0.25), PureDP(epsilon=0.75)]),
         "DPCount": DPCount(budget=PureDP(epsilon=0.5)),
@@ -278,6 +280,7 @@ UNTYPED = {
     "Heartbeats": "emits Beam-timestamped heartbeats for any windowed input",
     "DropOutsideDeclared": "passes any element through",
     "CombineDeclaredWindows": "combines any element with any CombineFn",
+    "SplitLate": "passes any element through",
 }
 
 
