@@ -141,7 +141,7 @@ class NetworkSizing:
                     "independent 1-way marginals with the whole ε (AIM-style sizing, PrivBayes "
                     "θ-usefulness)",
             "theta": self.theta, "max_degree": self.max_degree, "epsilon": self.epsilon,
-            "rows_source": "public --input-rows" if self.rows is not None
+            "rows_source": "public input row count (CLI --input-rows)" if self.rows is not None
             else "DP count in the measurement step (discrete Laplace, Δ = m)"}
         if self.count_budget is not None:
             out["count_epsilon"] = self.count_budget.epsilon
