@@ -20,7 +20,11 @@ Privacy rules of the step (docs/releases.md, "Beam YAML"):
   or logs while reading rows carries a value of a row.
 * **Windows**: the global window (one release), or the step's ``windows: {start, end, size}``
   (:class:`~beamsynth.transforms.windows.DeclaredWindows`: one release per declared window, data
-  or not). Any other windowing of the input is refused when the pipeline is built.
+  or not). Any other windowing of the input is refused when the pipeline is built. On an
+  unbounded input, a row arriving after its window's release fired is an error row, exactly
+  once (``arrived after window [start, end) was released``; ``SplitLate`` decides once per row,
+  before any release step), counted in ``beamsynth/rows_late``, never in a release or in the
+  window's manifest (written at the release).
 * **Steps compose.** All ``BeamsynthSynthesize`` steps of one pipeline spend from one job ledger
   (:func:`job_accountant`); with more than one step the pipeline must declare its total with
   ``job_budget: {epsilon: E, delta: D}`` (on one step at least, the same value wherever given),
@@ -71,9 +75,11 @@ from beamsynth.transforms.measure import combine_globally
 from beamsynth.transforms.units import BoundContributions
 from beamsynth.transforms.windows import (
     DeclaredWindows,
+    SplitLate,
     check_release_windowing,
     event_time_text,
     iso_seconds,
+    window_text,
 )
 
 __all__ = ["STEP", "Synthesize", "job_accountant", "rows_to_block", "row_type_for"]
@@ -268,11 +274,29 @@ class _OutsideRowsFn(beam.DoFn):
             yield row
             return
         beam.metrics.Metrics.counter(METRICS_NAMESPACE, "rows_outside_windows").inc()
-        d = _as_dict(row)
-        position = _position(d, self._position, None) if d is not None else None
-        yield beam.pvalue.TaggedOutput("outside", Rejected(
-            source=_SOURCE, row=position, raw=_raw_text(d) if d is not None else "",
-            reason=f"timestamp {event_time_text(ts)} is outside the declared windows {self._range}"))
+        yield beam.pvalue.TaggedOutput("outside", _reject_row(
+            row, self._position,
+            f"timestamp {event_time_text(ts)} is outside the declared windows {self._range}"))
+
+
+def _reject_row(row: Any, position_field: Optional[str], reason: str) -> Rejected:  # noqa: UP045
+    """A whole row as a dead letter with ``reason`` (its own ``position_field``, else no row)."""
+    d = _as_dict(row)
+    position = _position(d, position_field, None) if d is not None else None
+    return Rejected(source=_SOURCE, row=position, raw=_raw_text(d) if d is not None else "",
+                    reason=reason)
+
+
+class _LateRowsFn(beam.DoFn):
+    """Rows of ``SplitLate``'s late panes (they missed their window's release) → ``Rejected``,
+    counted in ``beamsynth/rows_late``."""
+
+    def __init__(self, position_field: Optional[str]) -> None:  # noqa: UP045
+        self._position = position_field
+
+    def process(self, row: Any, window=beam.DoFn.WindowParam):
+        beam.metrics.Metrics.counter(METRICS_NAMESPACE, "rows_late").inc()
+        yield _reject_row(row, self._position, f"arrived after window {window_text(window)} was released")
 
 
 def _table_rows(table, names: list[str]):
@@ -513,12 +537,20 @@ class Synthesize(beam.PTransform):
         ledger = self._register(pcoll.pipeline)  # raises when the pipeline's steps overspend
         plan, cfg, schema = self._plan, self._plan.config, self._plan.schema
         outside = None
+        late_rows = self._windows is not None and not pcoll.is_bounded  # SplitLate below
         if self._windows is not None:
             split = pcoll | "Outside" >> beam.ParDo(
                 _OutsideRowsFn(self._windows, self._position)).with_outputs("outside", main="inside")
             outside = split.outside  # Rejected (global window): stamped outside the declared range
             pcoll = split.inside | "DeclaredWindows" >> beam.WindowInto(self._windows)
             # beam.Row in its declared window
+            if late_rows:  # a stream: rows arriving after their window's release
+                gate = pcoll | "SplitLate" >> SplitLate()
+                pcoll = gate["on_time"]  # in time for every release of the window
+                late = (gate["late"] | "LateRows" >> beam.ParDo(_LateRowsFn(self._position))
+                        | "GlobalLate" >> beam.WindowInto(GlobalWindows()))
+                outside = (outside, late) | "JoinLate" >> beam.Flatten()
+                # Rejected (global window): outside the declared range, or late
         enc = (
             pcoll
             | "Batch" >> beam.BatchElements(min_batch_size=1, max_batch_size=self._batch_rows)
@@ -540,7 +572,7 @@ class Synthesize(beam.PTransform):
             row_type_for(schema))
         # beam.Row per synthetic record
         if self._manifest is not None:
-            self._write_manifest(enc, batches, tables, ledger)
+            self._write_manifest(enc, batches, tables, ledger, late_rows=late_rows)
         if self._errors is None:
             return out  # rejected rows: counted (metrics, manifest) and dropped
         rejected = enc["rejected"]
@@ -553,7 +585,8 @@ class Synthesize(beam.PTransform):
             [("source", str), ("row", Optional[int]), ("reason", str), ("raw", str)]))  # noqa: UP045
         return {"output": out, self._errors: rejected}
 
-    def _write_manifest(self, enc, batches, tables, ledger: "_JobLedger") -> None:
+    def _write_manifest(self, enc, batches, tables, ledger: "_JobLedger", *,
+                        late_rows: bool = False) -> None:
         plan, cfg = self._plan, self._plan.config
         counts = (
             (enc["batches"] | "ReadCounts" >> beam.Map(lambda b: ("rows_read", len(b))),
@@ -580,6 +613,11 @@ class Synthesize(beam.PTransform):
                         "dead_letters": "error_handling output" if self._errors else
                                         "dropped and counted (no error_handling output)"},
         }
+        if late_rows:  # known when built: the input is a stream
+            info["details"]["late_rows"] = (
+                "rows arriving after their window's release are not in these counts: "
+                + ("error_handling output" if self._errors else "dropped")
+                + ", counted in beamsynth/rows_late")
         _ = (combine_globally(counts, _SumCountsFn(), "SumCounts")
              # dict of exact counts, once per release window (operational, not DP)
              | "WriteManifest" >> beam.ParDo(_WriteManifestFn(path=self._manifest, info=info,
