@@ -509,6 +509,11 @@ class Synthesize(beam.PTransform):
     def _check_windows(self, pcoll) -> None:
         if self._windows is not None:
             return
+        if not pcoll.is_bounded and isinstance(pcoll.windowing.windowfn, GlobalWindows):
+            raise ValueError(
+                f"{STEP} {self.label!r}: the input is unbounded (a stream) and the step has no "
+                "windows, so it would never release; give the step windows: {start: S, end: E, "
+                "size: SECONDS} (declared in advance, docs/releases.md)")
         try:
             check_release_windowing(pcoll, f"{STEP} {self.label!r}", qualify=False)
         except ValueError as exc:

@@ -195,3 +195,17 @@ output:
         _ = out["bad"] | "Errors" >> beam.ParDo(_Append(str(tmp_path / "bad.jsonl"), False))
     assert _lines(tmp_path / "bad.jsonl") == [_error_row(2, "M", _late(D1, D2))]
     assert _lines(tmp_path / "out.jsonl") == ON_TIME_OUT
+
+
+def test_unbounded_input_without_windows_is_refused_with_the_way_out(tmp_path):
+    """A stream into the step without ``windows`` could never release: refused when built with a
+    message naming the step's ``windows`` (before: Beam's bare GroupByKey error on global windows
+    with the default trigger)."""
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps(SCHEMA), encoding="utf-8")
+    p = beam.Pipeline(options=_options())
+    stream = _stream()
+    with pytest.raises(ValueError, match=r"the input is unbounded \(a stream\) and the step has "
+                                         r"no windows, so it would never release; give the step "
+                                         r"windows: \{start: S, end: E, size: SECONDS\}"):
+        _ = p | stream | Synthesize(schema=str(schema), epsilon=1.0, rows=2, seed=3)
