@@ -4,7 +4,9 @@
   (:func:`~beamsynth.transforms.privbayes_structure.choose_structure`) or, below the θ-useful
   size, the small-input model (``_measure_forest``, ``_measure_independent``); the noisy tables
   (``_release_tables``: discrete Laplace, or discrete Gaussian under a zCDP plan); with
-  ``plan.refine``, the refinement rounds on the network fitted from those tables;
+  ``plan.refine``, the refinement rounds on the network fitted from those tables (with the DP
+  count, as many pairs as :meth:`~beamsynth.transforms.privbayes_sizing.NetworkSizing.refine_plan`
+  chooses from it);
 * :class:`PrivBayesMeasureFn` — the DoFn running it on one element per window;
   :class:`PrivBayesMeasurement` — what it releases.
 
@@ -18,7 +20,10 @@ build time (:mod:`~beamsynth.transforms.privbayes_plan`): the size count with di
 McKenna & Sheldon 2020); the tables with discrete Laplace, Δ = m, ``ε_t ∝ √cells`` (PrivBayes
 §4.2, add/remove counts), or discrete Gaussian, L2 Δ = m, ``ρ_t ∝ cells^⅔`` (Canonne, Kamath &
 Steinke 2020); the refinement as in :mod:`~beamsynth.transforms.refine`. Sequential (or zCDP)
-composition gives the plan's total; what follows the noisy tables is post-processing. Draws come
+composition gives the plan's total; what follows the noisy tables is post-processing. The
+degree and the refinement's number of pairs/rounds chosen from the DP count are post-processing
+of it; a larger refinement splits the same planned ε_sel/ε_meas over more picks/tables, so the
+total is unchanged. Draws come
 from the stream ``(seed, "privbayes", window)``, so a retried bundle redraws identically.
 """
 
@@ -90,7 +95,7 @@ def measure_privbayes(
     ``ordered``: whether each column's declared domain is ordered, default all unordered)."""
     tables = {tuple(f): np.asarray(t) for f, t in zip(families, counts)}
     d = len(shape)
-    degree, sizing = plan.degree, None
+    degree, sizing, refine = plan.degree, None, plan.refine
     if plan.sizing is not None and plan.sizing.count_budget is not None and plan.degree > 0:
         # n̂: the exact count (every family table sums to it) + discrete Laplace, Δ = m
         exact_rows = int(np.asarray(counts[0]).sum()) if len(counts) else 0
@@ -99,6 +104,11 @@ def measure_privbayes(
         rows_hat = exact_rows + int(discrete_laplace(rs.child("size_count"), count_scale, 1)[0])
         degree = plan.sizing.degree(rows_hat)  # post-processing of the DP count
         sizing = {"rows_hat": rows_hat, "degree": degree, "max_degree": plan.degree}
+        if degree > 0 and refine is not None:
+            # the refinement's size from the same DP count (post-processing; its ε fixed at build
+            # time and split over the chosen picks/tables: NetworkSizing.refine_plan)
+            refine = plan.sizing.refine_plan(rows_hat, refine)
+            sizing.update(refine_pairs=refine.pairs, refine_rounds=refine.rounds)
         if degree == 0:
             # a zCDP plan's network ε are Laplace-equivalents, not budget: the pure-DP forest gets
             # the ε whose parts cost at most the planned ρ (forest_zcdp_epsilon)
@@ -129,7 +139,7 @@ def measure_privbayes(
                                None if plan.zcdp is None else plan.zcdp.marginal_rho)
     measurement = PrivBayesMeasurement(tuple((x, tuple(p)) for x, p in structure), released,
                                        sizing=sizing)
-    if plan.refine is None:
+    if refine is None:
         return measurement
     # post-processing: the network (and its tables as targets) from the released tables only
     network, base_targets = _fit_network(measurement, shape, names, shrink, sampling)
@@ -139,7 +149,7 @@ def measure_privbayes(
     refinement = measure_refinement(
         lambda a, b: _family_table(tables, (a, b)), network, total=total,
         ordered=list(ordered) if ordered is not None else [False] * d, names=names,
-        plan=plan.refine, rs=rs.child("refine"), candidates=pairs, base_targets=base_targets)
+        plan=refine, rs=rs.child("refine"), candidates=pairs, base_targets=base_targets)
     return PrivBayesMeasurement(measurement.structure, released, refinement, sizing=sizing)
 
 
@@ -239,4 +249,8 @@ class PrivBayesMeasureFn(beam.DoFn):
         if out.sizing is not None:  # the run-time size decision (DP n̂): public, for the manifest
             beam.metrics.Metrics.counter(
                 SIZING_METRICS_NAMESPACE, f"privbayes_degree_{out.sizing['degree']}").inc()
+            if "refine_pairs" in out.sizing:  # the refinement's run-time size (same DP count)
+                beam.metrics.Metrics.counter(
+                    SIZING_METRICS_NAMESPACE,
+                    f"privbayes_refine_pairs_{out.sizing['refine_pairs']}").inc()
         yield out

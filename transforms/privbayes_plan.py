@@ -40,7 +40,7 @@ from beamsynth.transforms.privbayes_sizing import (
     NetworkSizing,
     plan_forest,
     refine_pairs_for_rows,
-    refine_rounds_for_pairs,
+    refine_size,
 )
 from beamsynth.transforms.privbayes_structure import (
     INDIF_SENSITIVITY,
@@ -230,16 +230,21 @@ def plan_privbayes(
     step, the split below is the planned network's, and a smaller degree chosen there spends the
     same shares (in the fallback the structure and refinement shares go to the 1-way tables).
 
-    With ``sizing="auto"`` and public ``rows`` the refinement may measure more than
-    ``refine_pairs`` coarse pairs: ``min(d, ⌊√(κ·n̂·ε_meas/(m·groups²))⌋)``
+    With ``sizing="auto"`` the refinement may measure more than ``refine_pairs`` coarse pairs:
+    ``min(d, ⌊√(κ·n̂·ε_meas/(m·groups²))⌋)``
     (:func:`~beamsynth.transforms.privbayes_sizing.refine_pairs_for_rows`, κ = 0.9: the tables'
-    summed expected L1 noise ≤ 0.9·n̂) when that is larger, in rounds of at most 5 picks
-    (:func:`~beamsynth.transforms.privbayes_sizing.refine_rounds_for_pairs`); census_kdd
-    (199,523 rows, 41 columns) at ε = 1: 37 pairs in 8 rounds instead of 15 in 3, Adult
-    unchanged. Privacy: the count is a function of public values (rows, declared shape, ε); the
-    refinement's ε_sel and ε_meas are unchanged and split over the P picks (permute-and-flip,
-    Δ = m each) and the P tables (discrete Laplace, L1 Δ = m each), so sequential composition
-    gives the same total; the spends' details list P, ε per pick and per table."""
+    summed expected L1 noise ≤ 0.9·n̂) when that is larger than requested, in rounds of at most 5
+    picks (:func:`~beamsynth.transforms.privbayes_sizing.refine_size`); census_kdd (199,523 rows,
+    41 columns) at ε = 1: 37 pairs in 8 rounds instead of 15 in 3, Adult unchanged at every ε.
+    With public ``rows`` that is decided here; without them the plan keeps the requested count
+    and the measurement step applies the same rule to the DP count n̂
+    (:meth:`~beamsynth.transforms.privbayes_sizing.NetworkSizing.refine_plan`). Privacy: the
+    count is a function of public values (rows or the released DP count, declared shape, ε:
+    post-processing); the refinement's ε_sel and ε_meas are fixed here, before any data, and
+    are only split over the P picks (permute-and-flip, Δ = m each, ε_sel/P) and the P tables
+    (discrete Laplace, L1 Δ = m each, ε_meas/P), so sequential (adaptive) composition gives
+    P·ε_sel/P + P·ε_meas/P = ε_sel + ε_meas whatever P is: the spends recorded here are exact;
+    their details list the planned P and the manifest's ``sizing`` the run-time one."""
     if not isinstance(budget, ApproxDP):
         raise TypeError(f"budget must be an ApproxDP/PureDP, got {type(budget).__name__}")
     if degree is not None and (isinstance(degree, bool) or not isinstance(degree, int)
@@ -294,13 +299,16 @@ def plan_privbayes(
     rounds = min(refine_rounds, pairs)
     wide = 0
     if sized and rows is not None and refine_pairs > 0:
-        # public rows: more pairs where n̂·ε supports them (refine_pairs_for_rows, up to d; wide
-        # tables, issue 18), in rounds of at most REFINE_PICKS_PER_ROUND picks
-        wide = min(countable, refine_pairs_for_rows(
-            rows, refine_budget.epsilon * (1 - SELECTION_SHARE), shape, groups=refine_groups,
-            max_contributions=max_contributions))
-        if wide > pairs:
-            pairs, rounds = wide, refine_rounds_for_pairs(wide, refine_rounds)
+        # public rows: more pairs where n̂·ε supports more than requested (refine_size, up to d;
+        # wide tables, issue 18), in rounds of at most REFINE_PICKS_PER_ROUND picks; without
+        # them the same rule runs on the DP count in the measurement step
+        measure_epsilon = refine_budget.epsilon * (1 - SELECTION_SHARE)
+        wide = min(countable, refine_pairs_for_rows(rows, measure_epsilon, shape,
+                                                    groups=refine_groups,
+                                                    max_contributions=max_contributions))
+        pairs, rounds = refine_size(rows, measure_epsilon, shape, requested=refine_pairs,
+                                    planned=pairs, rounds=refine_rounds, countable=countable,
+                                    groups=refine_groups, max_contributions=max_contributions)
     if pairs < REFINE_MIN_PAIRS or len(shape) < 2:
         pairs = 0
     if degree is None:
@@ -314,7 +322,9 @@ def plan_privbayes(
     if sized:
         spec = NetworkSizing(epsilon=model_epsilon, max_degree=degree, shape=tuple(shape),
                              max_contributions=max_contributions, rows=rows,
-                             count_budget=count_budget, refine_pairs_for_rows=wide)
+                             count_budget=count_budget, refine_pairs_for_rows=wide,
+                             refine_requested=refine_pairs if pairs and degree > 0 else 0,
+                             refine_rounds=refine_rounds, refine_countable=countable)
         if rows is not None:  # public row count: the size is a build-time decision
             degree = spec.degree(rows)
     if sized and rows is not None and degree == 0:
@@ -323,7 +333,8 @@ def plan_privbayes(
         forest = plan_forest(rows, budget.epsilon, shape, max_contributions=max_contributions,
                              max_family_cells=max_family_cells)
         if forest.steps > 0:
-            spec = dataclasses.replace(spec, refine_pairs_for_rows=0)  # no refinement here
+            spec = dataclasses.replace(spec, refine_pairs_for_rows=0,
+                                       refine_requested=0)  # no refinement here
             return PrivBayesPlan(
                 degree=1, structure_budget=forest.structure_budget,
                 marginal_budget=forest.pair_budget, n_columns=len(shape),
@@ -335,6 +346,8 @@ def plan_privbayes(
         refine = plan_refinement(refine_budget, pairs=pairs, rounds=rounds,
                                  groups=refine_groups, max_contributions=max_contributions)
         network = budget.epsilon - refine.selection_budget.epsilon - refine.measure_budget.epsilon
+    if spec is not None and refine is None and spec.refine_requested:
+        spec = dataclasses.replace(spec, refine_requested=0)  # no refinement to size at run time
     if len(shape) == 1 or degree == 0:  # nothing to choose: all of it on the 1-way tables
         structure, rest = 0.0, network
     else:
@@ -521,4 +534,10 @@ def spend_privbayes(accountant: PrivacyAccountant, plan: PrivBayesPlan, prefix: 
                  "paper": "PrivBayes §4.2 (noisy conditionals), converted to add/remove counts"},
     )
     if plan.refine is not None:
-        spend_refinement(accountant, plan.refine, f"{prefix}.refine")
+        note = None
+        if (plan.sizing is not None and plan.sizing.count_budget is not None
+                and plan.sizing.refine_requested):
+            note = ("picks/tables listed are the planned minimum: the measurement step may raise "
+                    "them from the DP count n̂ (refine_size, post-processing) and splits this same "
+                    "ε evenly over the chosen P; details.method.privbayes.sizing records P")
+        spend_refinement(accountant, plan.refine, f"{prefix}.refine", note)

@@ -7,8 +7,10 @@
   every column's 1-way table plus a private forest of the affordable 2-way tables;
   :func:`forest_zcdp_epsilon` — that forest's pure ε when it replaces a zCDP plan at run time;
 * :func:`split_marginal_budget` — ``ε_i ∝ √min(cells_i, SPLIT_CELLS_CAP)`` over released tables;
-* :func:`refine_pairs_for_rows`, :func:`refine_rounds_for_pairs` — how many coarse pairs the
-  refinement measures when ``n̂·ε`` supports more than the default (wide tables, issue 18).
+* :func:`refine_pairs_for_rows`, :func:`refine_rounds_for_pairs`, :func:`refine_size` — how many
+  coarse pairs the refinement measures when ``n̂·ε`` supports more than requested (wide tables,
+  issue 18), from a public row count at build time or the DP count at run time
+  (:meth:`NetworkSizing.refine_plan`).
 
 Shapes: public numbers and the declared shape in, frozen plans out; :func:`choose_forest` reads
 the exact candidate counts (``dict[tuple[int, ...], np.ndarray]``) inside the measurement step
@@ -26,6 +28,7 @@ sequential composition. :func:`forest_zcdp_epsilon` bounds its zCDP cost with ε
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Sequence
@@ -64,6 +67,7 @@ __all__ = [
     "REFINE_PICKS_PER_ROUND",
     "refine_pairs_for_rows",
     "refine_rounds_for_pairs",
+    "refine_size",
 ]
 
 SIZING_THETA = 2.5  # usefulness a k-parent family needs (docs/privbayes.md "Model size from n̂·ε")
@@ -75,6 +79,10 @@ FOREST_THETA = 4.0  # usefulness a forest edge's 2-way table needs (n̂·ε_t/(m
 NETWORK_THETA = 4.5  # PrivBayes keeps a k = 1 network from here (below: the forest model)
 REFINE_NOISE_MASS = 0.9  # κ: the refinement tables' summed expected L1 noise stays ≤ κ·n̂ ...
 REFINE_PICKS_PER_ROUND = 5  # ... and its pairs are picked at most this many per round
+REFINE_PAIRS_RULE = ("P = min(countable pairs, d, ⌊√(κ·n̂·ε_meas/(m·groups²))⌋) in max(rounds, "
+                     f"⌈P/{REFINE_PICKS_PER_ROUND}⌉) rounds where P exceeds the requested pairs, "
+                     "else the requested pairs that get ε ≥ 0.01 each; κ = "
+                     f"{REFINE_NOISE_MASS}")
 
 
 # -- model size from n̂ and ε ---------------------------------------------------------------------
@@ -127,11 +135,39 @@ class NetworkSizing:
     count_budget: PureDP | None = None
     theta: float = NETWORK_THETA
     refine_pairs_for_rows: int = 0  # public rows: the refinement's pairs by refine_pairs_for_rows
+    # the refinement's requested pairs and rounds and the pairs with exact counts (refine_size)
+    refine_requested: int = 0
+    refine_rounds: int = 0
+    refine_countable: int = 0
 
     def degree(self, rows_hat: float) -> int:
         """The degree for an estimate ``rows_hat`` (public or DP: post-processing)."""
         return choose_network_degree(rows_hat, self.epsilon, self.shape, max_degree=self.max_degree,
                                      max_contributions=self.max_contributions, theta=self.theta)
+
+    def refine_plan(self, rows_hat: float, refine: Any) -> Any:
+        """The refinement plan (:class:`~beamsynth.transforms.refine.RefinePlan`) for a DP count
+        ``rows_hat`` (post-processing): ``refine`` with the pairs and rounds of
+        :func:`refine_size`, its ``selection_budget`` and ``measure_budget`` unchanged (so each
+        pick gets ``ε_sel/P``, each table ``ε_meas/P``). ``None``, a zCDP refinement (``sigma``,
+        sized by its own rule) or a disabled refinement come back as they are."""
+        if refine is None or refine.sigma is not None or self.refine_requested <= 0:
+            return refine
+        pairs, rounds = refine_size(
+            rows_hat, refine.measure_budget.epsilon, self.shape, requested=self.refine_requested,
+            planned=refine.pairs, rounds=self.refine_rounds, countable=self.refine_countable,
+            groups=refine.groups, max_contributions=self.max_contributions)
+        if (pairs, rounds) == (refine.pairs, refine.rounds):
+            return refine
+        return dataclasses.replace(refine, pairs=pairs, rounds=rounds)
+
+    def refine_plan_for(self, refine: Any, pairs: int) -> Any:
+        """The plan :meth:`refine_plan` returns when it chooses ``pairs`` (for the manifest: the
+        run-time ``P`` is reported through a metric; the rounds and ε per pick/table follow)."""
+        if refine is None or pairs == refine.pairs:
+            return refine
+        return dataclasses.replace(refine, pairs=pairs,
+                                   rounds=refine_rounds_for_pairs(pairs, self.refine_rounds))
 
     def details(self) -> dict[str, Any]:
         """Manifest details: the rule, where n̂ comes from, and (public rows) the decision."""
@@ -143,6 +179,11 @@ class NetworkSizing:
             "theta": self.theta, "max_degree": self.max_degree, "epsilon": self.epsilon,
             "rows_source": "public input row count (CLI --input-rows)" if self.rows is not None
             else "DP count in the measurement step (discrete Laplace, Δ = m)"}
+        if self.refine_requested > 0:
+            out.update(refine_pairs_rule=REFINE_PAIRS_RULE,
+                       refine_pairs_source="public input row count (CLI --input-rows), at build "
+                       "time" if self.rows is not None else "the DP count n̂ (size_count), in the "
+                       "measurement step: post-processing, the refinement's ε fixed at build time")
         if self.count_budget is not None:
             out["count_epsilon"] = self.count_budget.epsilon
         if self.rows is not None:
@@ -153,11 +194,7 @@ class NetworkSizing:
                        chosen="1-way tables + forest of affordable pairs (plan 'forest'; "
                               "none affordable: independent 1-way marginals)" if k == 0
                        else f"network with {k} parent(s) per column",
-                       refine_pairs_for_rows=self.refine_pairs_for_rows,
-                       refine_pairs_rule="max(requested pairs that get ε ≥ 0.01 each, "
-                                         "min(d, ⌊√(κ·n̂·ε_meas/(m·groups²))⌋)), κ = "
-                                         f"{REFINE_NOISE_MASS}; ≤ {REFINE_PICKS_PER_ROUND} "
-                                         "picks per round")
+                       refine_pairs_for_rows=self.refine_pairs_for_rows)
         return out
 
 
@@ -194,6 +231,28 @@ def refine_rounds_for_pairs(pairs: int, rounds: int) -> int:
     if pairs <= 0:
         return 0
     return max(min(int(rounds), pairs), math.ceil(pairs / REFINE_PICKS_PER_ROUND))
+
+
+def refine_size(rows: float, measure_epsilon: float, shape: Sequence[int], *, requested: int,
+                planned: int, rounds: int, countable: int, groups: int,
+                max_contributions: int = 1) -> tuple[int, int]:
+    """``(pairs, rounds)`` of the refinement at ``n̂ = rows``: the one rule for a public row count
+    (:func:`~beamsynth.transforms.privbayes_plan.plan_privbayes`, build time) and for the DP count
+    (:meth:`NetworkSizing.refine_plan`, measurement step).
+
+    ``P = min(countable, refine_pairs_for_rows(...))`` in :func:`refine_rounds_for_pairs` rounds
+    when ``P`` exceeds both the ``requested`` pairs and the ``planned`` ones (the requested count
+    capped by the countable pairs and the ε ≥ 0.01-per-table floor); otherwise ``planned`` in
+    ``min(rounds, planned)`` rounds. The rule only raises the requested count: where ``n̂·ε``
+    does not support more than requested (Adult: ``d`` = 15), the floor-capped plan stays as it
+    was. A pure function of public values (``rows`` public or a DP count, the declared shape, ε,
+    the parameters): no budget, no data.
+    """
+    wide = min(int(countable), refine_pairs_for_rows(rows, measure_epsilon, shape, groups=groups,
+                                                     max_contributions=max_contributions))
+    if wide > requested and wide > planned:
+        return wide, refine_rounds_for_pairs(wide, rounds)
+    return planned, min(int(rounds), planned)
 
 
 # -- the small-input model: 1-way tables + a budget-aware forest -----------------------------------

@@ -208,22 +208,26 @@ def plan_refinement(budget: PureDP, *, pairs: int = DEFAULT_REFINE_PAIRS,
                       rake_iterations=rake_iterations)
 
 
-def spend_refinement(accountant: PrivacyAccountant, plan: RefinePlan, prefix: str) -> None:
-    """Record the two spends (selection, measurement) on ``accountant`` (raises if overspent)."""
+def spend_refinement(accountant: PrivacyAccountant, plan: RefinePlan, prefix: str,
+                     note: str | None = None) -> None:
+    """Record the two spends (selection, measurement) on ``accountant`` (raises if overspent);
+    ``note``, if given, is added to both spends' details as ``"pairs_note"``."""
     m = plan.max_contributions
+    extra = {} if note is None else {"pairs_note": note}
     accountant.spend(
         f"{prefix}.selection", plan.selection_budget,
         mechanism="permute-and-flip on ‖T − M‖₁ − cells·b of coarse 2-way tables",
         details={"picks": plan.pairs, "rounds": plan.rounds, "epsilon_per_pick": plan.pick_epsilon,
                  "sensitivity": float(m), "neighbours": "add/remove one privacy unit",
-                 "paper": "AIM §4 (McKenna et al. 2022), permute-and-flip (McKenna & Sheldon 2020)"})
+                 "paper": "AIM §4 (McKenna et al. 2022), permute-and-flip (McKenna & Sheldon 2020)",
+                 **extra})
     accountant.spend(
         f"{prefix}.marginals", plan.measure_budget,
         mechanism="discrete Laplace on the selected coarse 2-way marginals",
         details={"tables": plan.pairs, "epsilon_per_table": plan.table_epsilon,
                  "scale": plan.table_scale, "sensitivity_per_table": float(m),
                  "groups_per_column": plan.groups,
-                 "paper": "PrivSyn §4 (Zhang et al. 2021), AIM §4"})
+                 "paper": "PrivSyn §4 (Zhang et al. 2021), AIM §4", **extra})
 
 
 # -- post-processing helpers -----------------------------------------------------------------------

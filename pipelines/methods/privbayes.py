@@ -81,6 +81,7 @@ class PrivBayesMethod(Method):
             noise=str(opts.get("pb_noise") or "laplace"),
             max_contributions=self.max_contributions, seed=self.seed, accountant=self.accountant)
         self._chosen: dict[str, int] = {}
+        self._refined: dict[str, dict[str, Any]] = {}
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
@@ -153,9 +154,16 @@ class PrivBayesMethod(Method):
             value = counter_value(result, f"privbayes_degree_{k}")
             if value:
                 self._chosen[str(k)] = value
+        for p in range(1, plan.sizing.refine_countable + 1 if plan.sizing.refine_requested else 1):
+            value = counter_value(result, f"privbayes_refine_pairs_{p}")
+            if value:  # the refinement's size chosen from the same DP count (refine_size)
+                self._refined[str(p)] = {"windows": value, **plan.sizing.refine_plan_for(
+                    plan.refine, p).details()}
 
     def details(self) -> dict[str, Any]:
         out = self._transform.plan.details()
         if self._chosen:  # windows per chosen degree ("0" = independent 1-way marginals)
             out["sizing"] = {**out["sizing"], "chosen_degree_windows": dict(self._chosen)}
+        if self._refined:  # refinement per chosen pair count: windows, rounds, ε per pick/table
+            out["sizing"] = {**out["sizing"], "chosen_refine": dict(self._refined)}
         return {"privbayes": out}

@@ -166,3 +166,60 @@ def test_wide_tables_measure_more_refinement_pairs_when_public_rows_allow():
     assert plan_privbayes(CENSUS_KDD_SHAPE, eps, sizing="auto").refine.pairs == 15
     assert plan_privbayes(CENSUS_KDD_SHAPE, eps, sizing="off", rows=n).refine.pairs == 15
     assert plan_privbayes(CENSUS_KDD_SHAPE, eps, sizing="auto", rows=n, refine_pairs=0).refine is None
+
+
+def test_refinement_size_follows_the_dp_count_at_run_time():
+    """Without public rows the plan keeps the requested 15 pairs and the measurement step applies
+    refine_size to the DP count n̂ (post-processing), with the refinement's ε fixed at build time."""
+    from beamsynth.transforms.privbayes_sizing import refine_size
+
+    eps = PureDP(epsilon=1.0)
+    plan = plan_privbayes(CENSUS_KDD_SHAPE, eps, sizing="auto")
+    assert (plan.refine.pairs, plan.refine.rounds) == (15, 3)
+    run = plan.sizing.refine_plan(199_523, plan.refine)  # n̂ of census_kdd's train split
+    assert (run.pairs, run.rounds) == (37, 8)
+    assert plan.sizing.refine_plan_for(plan.refine, 37) == run  # what the manifest reports
+    # same ε, split over more picks and tables: P·(ε/P) = ε by sequential composition
+    assert run.selection_budget == plan.refine.selection_budget
+    assert run.measure_budget == plan.refine.measure_budget
+    assert run.pick_epsilon * run.pairs == pytest.approx(plan.refine.selection_budget.epsilon)
+    assert run.table_epsilon * run.pairs == pytest.approx(plan.refine.measure_budget.epsilon)
+    # the same rule as with public rows
+    pub = plan_privbayes(CENSUS_KDD_SHAPE, eps, sizing="auto", rows=199_523).refine
+    assert (pub.pairs, pub.rounds) == (run.pairs, run.rounds)
+    assert plan.sizing.refine_plan(1_000, plan.refine) is plan.refine  # small n̂: as planned
+    acc = PrivacyAccountant(total=eps)
+    spend_privbayes(acc, plan)
+    assert math.isclose(acc.spent_epsilon, 1.0, rel_tol=1e-9)
+    notes = [s.details.get("pairs_note") for s in acc.spends if s.step.startswith("privbayes.refine")]
+    assert len(notes) == 2 and all(n and "DP count" in n for n in notes)
+    assert plan.details()["sizing"]["refine_pairs_source"].startswith("the DP count")
+    # Adult's shape: the plan the DP count gets is the planned one at every ε, n̂ around 32k
+    # and the bundled 48,842 (the rule only raises pairs above the requested 15; d = 15)
+    for e in (0.1, 0.25, 0.3, 0.5, 1.0, 2.0, 4.0, 8.0):
+        adult = plan_privbayes(ADULT_SHAPE, PureDP(epsilon=e), sizing="auto")
+        for n_hat in (30_000, 32_561, 35_000, 48_842):
+            assert adult.sizing.refine_plan(n_hat, adult.refine) == adult.refine, (e, n_hat)
+    # and with public rows Adult keeps the floor-capped count (not raised above it at small ε)
+    assert [plan_privbayes(ADULT_SHAPE, PureDP(epsilon=e), sizing="auto", rows=32_561).refine.pairs
+            for e in (0.25, 0.3, 0.5, 1.0)] == [5, 6, 10, 15]
+    assert refine_size(32_561, 0.05, ADULT_SHAPE, requested=15, planned=5, rounds=3,
+                       countable=105, groups=5) == (5, 3)
+    assert refine_size(199_523, 0.2, CENSUS_KDD_SHAPE, requested=15, planned=15, rounds=3,
+                       countable=820, groups=5) == (37, 8)
+
+
+def test_measurement_with_dp_count_measures_the_chosen_number_of_pairs():
+    shape = (2,) * 20  # d = 20: at n̂ = 60,000, ε = 1: ⌊√(0.9·60,000·0.196/25)⌋ = 20 > 15 pairs
+    plan = plan_privbayes(shape, PureDP(epsilon=1.0), sizing="auto")
+    assert plan.refine.pairs == 15 and plan.sizing.count_budget is not None
+    rng = np.random.default_rng(5)
+    base = rng.integers(0, 2, size=(60_000, 1))
+    codes = np.where(rng.random((60_000, 20)) < 0.8, base, 1 - base)  # correlated columns
+    m = _measure(codes, shape, plan)
+    assert len(m.refinement.tables) == 20  # the old code measured the planned 15
+    assert m.sizing["degree"] == 1 and abs(m.sizing["rows_hat"] - 60_000) < 2_000
+    assert (m.sizing["refine_pairs"], m.sizing["refine_rounds"]) == (20, 4)
+    # each table at ε_meas/20 (its budget), together the planned ε_meas
+    assert sum(t.budget.epsilon for t in m.refinement.tables) == pytest.approx(
+        plan.refine.measure_budget.epsilon)
