@@ -92,15 +92,17 @@ def load_dataset(name: str):
 def run_beamsynth(schema, train_csv: str, rows: int, epsilon: float, seed: int, out_dir: str,
                   degree: int | None = None, sampling: str | None = None, method: str = "privbayes",
                   read_back: bool = True, noise: str | None = None,
-                  delta: float = 0.0) -> tuple[pd.DataFrame | None, float]:
+                  delta: float = 0.0, input_rows: bool = True) -> tuple[pd.DataFrame | None, float]:
     """The synthesize pipeline end to end on the DirectRunner; returns (synthetic frame, seconds)
-    (frame None without ``read_back``)."""
+    (frame None without ``read_back``; ``input_rows=False``: no public input size, the model is
+    sized from a DP count as for a CLI user without --input-rows)."""
     from apache_beam.options.pipeline_options import PipelineOptions
 
     from beamsynth.pipelines.methods.synthesize import SynthesisConfig, run_synthesis
 
     out = os.path.join(out_dir, f"pb_eps{epsilon}_seed{seed}_{sampling}.csv")
-    opts: dict = {"input_rows": rows}  # public input size (peers are given n too): model sizing
+    # public input size (peers are given n too): model sizing
+    opts: dict = {"input_rows": rows} if input_rows else {}
     if degree is not None:
         opts["degree"] = degree
     if sampling is not None:
@@ -209,7 +211,8 @@ def quality_main(a: argparse.Namespace) -> int:
         train_csv = os.path.join(tmp, "train.csv")
         train[schema.names].to_csv(train_csv, index=False)
         earlier = {}
-        ours = "beamsynth privbayes" + (" gaussian" if a.pb_noise == "gaussian" else "")
+        ours = "beamsynth privbayes" + (" gaussian" if a.pb_noise == "gaussian" else "") + (
+            " (DP n̂)" if a.no_input_rows else "")
         for f in (a.beamsynth_from or "").split(","):
             # beamsynth rows of earlier runs: the main method's are reused, others kept as they are
             for r in json.loads(Path(f).read_text()) if f else []:
@@ -234,7 +237,8 @@ def quality_main(a: argparse.Namespace) -> int:
                     r = earlier[(eps, seed)]
                 else:
                     synth, secs = run_beamsynth(schema, train_csv, len(train), eps, seed, tmp, a.degree,
-                                                noise=a.pb_noise, delta=a.delta)
+                                                noise=a.pb_noise, delta=a.delta,
+                                                input_rows=not a.no_input_rows)
                     r = {"method": ours, "epsilon": eps, "seed": seed, "seconds": secs}
                     if a.pb_noise == "gaussian":
                         r["delta"] = a.delta
@@ -370,6 +374,8 @@ def main() -> int:
                     help="beamsynth privbayes noise (gaussian: zCDP at --delta, rows named "
                          "'beamsynth privbayes gaussian')")
     ap.add_argument("--delta", type=float, default=0.0, help="beamsynth δ (gaussian: AIM's 1e-9)")
+    ap.add_argument("--no-input-rows", action="store_true",
+                    help="beamsynth without the public input size: sized from a DP count")
     ap.add_argument("--aim-mms", type=float, default=80.0, help="AIM max_model_size (MB; paper default 80)")
     ap.add_argument("--aim-iters", type=int, default=1000, help="AIM max_iters (mirror descent)")
     ap.add_argument("--aim-seeds", default="0", help="seeds at which AIM runs are read or run")
