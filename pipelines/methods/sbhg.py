@@ -46,8 +46,11 @@ class SBHGMethod(Method):
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
         if self.budget.delta <= 0:
+            who = (self.say.option("method", "sbhg") if self.say.caller == "cli"
+                   else "the sbhg method (bs.SBHG, bs.Synthesize(method='sbhg'))")
             raise ValueError(
-                f"{self.say.option('method', 'sbhg')} needs delta > 0 (the stability-based algorithm is "
+                f"{who} "
+                "needs delta > 0 (the stability-based algorithm is "
                 f"(ε, δ)-DP), got delta={self.budget.delta!r}; pass e.g. "
                 f"{self.say.option('delta', 1e-6)}" + (" on a bs.PrivacyJob(epsilon=..., delta=...) "
                                                        "that has δ" if self.say.caller == "api" else ""))

@@ -79,7 +79,8 @@ def _apply(mechanism, *, delta):
                                      options={"plausible_test": "deterministic"}), 1e-5,
      ["options={'plausible_test': 'deterministic'} (Privacy Test 1)",
       "pass options={'allow_non_dp': True} to release"]),
-    (lambda: bs.SBHG(epsilon=1.0), 0.0, ["method='sbhg' needs delta > 0", "pass e.g. delta=1e-06 on a "
+    (lambda: bs.SBHG(epsilon=1.0), 0.0, ["the sbhg method (bs.SBHG, bs.Synthesize(method='sbhg')) needs delta > 0",
+                                    "pass e.g. delta=1e-06 on a "
                                     "bs.PrivacyJob(epsilon=..., delta=...) that has δ"]),
 ], ids=["plausible-overspend", "plausible-no-rows", "plausible-non-dp", "sbhg-no-delta"])
 def test_api_messages_speak_keywords_not_flags(make, job_delta, expected):
