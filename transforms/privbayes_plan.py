@@ -168,6 +168,15 @@ class PrivBayesPlan:
         return discrete_laplace_scale(sensitivity=self.max_contributions,
                                       epsilon=self.marginal_budget.epsilon / tables)
 
+    def _refine_details(self) -> dict[str, Any]:
+        """The refinement's planned details; where the run may choose more pairs from the DP
+        count, also the largest such plan and the note (never the planned split alone)."""
+        out = self.refine.details()  # type: ignore[union-attr]
+        largest = None if self.sizing is None else self.sizing.refine_largest(self.refine)
+        if largest is not None:
+            out.update(largest=largest.details(), pairs_note=REFINE_RUN_TIME_NOTE)
+        return out
+
     def details(self) -> dict[str, Any]:
         """Manifest details."""
         return {
@@ -181,7 +190,7 @@ class PrivBayesPlan:
             "max_tables": self.max_tables,
             "max_family_cells": self.max_family_cells,
             "parent_sets": "exact k" if self.exact_degree else "any size ≤ k",
-            "refine": None if self.refine is None else self.refine.details(),
+            "refine": None if self.refine is None else self._refine_details(),
             "sizing": None if self.sizing is None
             else self.sizing.details(),
             **({} if self.zcdp is None else {"noise": "discrete Gaussian", "zcdp": self.zcdp.details()}),
@@ -467,6 +476,15 @@ def spend_zcdp(accountant: PrivacyAccountant, plan: PrivBayesPlan, prefix: str =
                           "Kamath & Steinke 2020); PrivBayes (Zhang et al. 2014)"})
 
 
+REFINE_RUN_TIME_NOTE = (
+    "the number of pairs P (picks = tables) is chosen in the measurement step from the DP count "
+    "n̂ (refine_size; post-processing, public) between the two values listed; picks/tables, "
+    "rounds, ε per pick/table and scale are [min, max] over that range; every P splits this same "
+    "ε evenly (ε/P per pick or table), so the spend is exact. The run's P per window: a CLI "
+    "synthesize manifest's release.details.method.privbayes.sizing.chosen_refine; any run: the "
+    "Beam counter beamsynth/privbayes_refine_pairs_<P> (windows that chose P)")
+
+
 def spend_privbayes(accountant: PrivacyAccountant, plan: PrivBayesPlan, prefix: str = "privbayes") -> None:
     """Record the spends (size count, structure, marginals, refinement) on ``accountant`` (raises
     if overspent)."""
@@ -534,10 +552,6 @@ def spend_privbayes(accountant: PrivacyAccountant, plan: PrivBayesPlan, prefix: 
                  "paper": "PrivBayes §4.2 (noisy conditionals), converted to add/remove counts"},
     )
     if plan.refine is not None:
-        note = None
-        if (plan.sizing is not None and plan.sizing.count_budget is not None
-                and plan.sizing.refine_requested):
-            note = ("picks/tables listed are the planned minimum: the measurement step may raise "
-                    "them from the DP count n̂ (refine_size, post-processing) and splits this same "
-                    "ε evenly over the chosen P; details.method.privbayes.sizing records P")
-        spend_refinement(accountant, plan.refine, f"{prefix}.refine", note)
+        largest = None if plan.sizing is None else plan.sizing.refine_largest(plan.refine)
+        spend_refinement(accountant, plan.refine, f"{prefix}.refine", largest,
+                         None if largest is None else REFINE_RUN_TIME_NOTE)

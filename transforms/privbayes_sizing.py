@@ -169,6 +169,19 @@ class NetworkSizing:
         return dataclasses.replace(refine, pairs=pairs,
                                    rounds=refine_rounds_for_pairs(pairs, self.refine_rounds))
 
+    def refine_largest(self, refine: Any) -> Any:
+        """The plan with the most pairs :meth:`refine_plan` can choose at run time from a DP
+        count (``min(countable, d)`` pairs, where that exceeds the requested count), or ``None``
+        when the run always keeps ``refine`` (public rows, zCDP, no refinement, or a rule that
+        cannot raise the request). Public: a function of the declared shape and parameters."""
+        if (refine is None or refine.sigma is not None or self.refine_requested <= 0
+                or self.rows is not None or self.count_budget is None):
+            return None
+        most = min(int(self.refine_countable), len(self.shape))
+        if most <= max(self.refine_requested, refine.pairs):
+            return None
+        return self.refine_plan_for(refine, most)
+
     def details(self) -> dict[str, Any]:
         """Manifest details: the rule, where n̂ comes from, and (public rows) the decision."""
         out: dict[str, Any] = {

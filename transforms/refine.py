@@ -209,23 +209,33 @@ def plan_refinement(budget: PureDP, *, pairs: int = DEFAULT_REFINE_PAIRS,
 
 
 def spend_refinement(accountant: PrivacyAccountant, plan: RefinePlan, prefix: str,
-                     note: str | None = None) -> None:
-    """Record the two spends (selection, measurement) on ``accountant`` (raises if overspent);
-    ``note``, if given, is added to both spends' details as ``"pairs_note"``."""
+                     largest: RefinePlan | None = None, note: str | None = None) -> None:
+    """Record the two spends (selection, measurement) on ``accountant`` (raises if overspent).
+
+    ``largest``: the plan with the most pairs the run may choose instead of ``plan`` (same
+    ε_sel/ε_meas split over more picks/tables, chosen from a DP count at run time); the details
+    then give picks/tables, rounds, ε per pick/table and the scale as ``[min, max]`` over the
+    pair counts the run can choose, and ``note`` (added as ``"pairs_note"``) says so."""
     m = plan.max_contributions
+
+    def span(value: Any) -> Any:  # [min, max] over plan .. largest (plan's value without one)
+        low, high = value(plan), value(plan if largest is None else largest)
+        return low if low == high else sorted([low, high])
+
     extra = {} if note is None else {"pairs_note": note}
     accountant.spend(
         f"{prefix}.selection", plan.selection_budget,
         mechanism="permute-and-flip on ‖T − M‖₁ − cells·b of coarse 2-way tables",
-        details={"picks": plan.pairs, "rounds": plan.rounds, "epsilon_per_pick": plan.pick_epsilon,
+        details={"picks": span(lambda r: r.pairs), "rounds": span(lambda r: r.rounds),
+                 "epsilon_per_pick": span(lambda r: r.pick_epsilon),
                  "sensitivity": float(m), "neighbours": "add/remove one privacy unit",
                  "paper": "AIM §4 (McKenna et al. 2022), permute-and-flip (McKenna & Sheldon 2020)",
                  **extra})
     accountant.spend(
         f"{prefix}.marginals", plan.measure_budget,
         mechanism="discrete Laplace on the selected coarse 2-way marginals",
-        details={"tables": plan.pairs, "epsilon_per_table": plan.table_epsilon,
-                 "scale": plan.table_scale, "sensitivity_per_table": float(m),
+        details={"tables": span(lambda r: r.pairs), "epsilon_per_table": span(lambda r: r.table_epsilon),
+                 "scale": span(lambda r: r.table_scale), "sensitivity_per_table": float(m),
                  "groups_per_column": plan.groups,
                  "paper": "PrivSyn §4 (Zhang et al. 2021), AIM §4", **extra})
 
