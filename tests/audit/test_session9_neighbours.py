@@ -8,6 +8,11 @@
    run that measured 15 at ε 0.0131 (scale 76.5). Now the spends give ``[min, max]`` over the
    pair counts the run can choose and say where the run's ``P`` is (CLI ``chosen_refine``, the
    Beam counter ``beamsynth/privbayes_refine_pairs_<P>``).
+2. ``SplitLate`` on a stream (45493a5): TestStream with records before the watermark, behind it
+   in an open window, stamped 1 s before the end, at the watermark exactly at the end, an empty
+   window and 30 late records; under the round-robin shard keys, one key and keys by line: the
+   same one release per window, each late record one dead letter, never also used. No breach.
+   The test fails with the split disabled (late records silently dropped, counted used).
 """
 
 from __future__ import annotations
@@ -110,3 +115,125 @@ def test_cli_manifest_spends_match_the_run_and_chosen_refine(tmp_path: Path) -> 
     assert default["marginals"]["details"]["tables"] == 15
     assert "pairs_note" not in default["marginals"]["details"]
     assert lines == outs["default"][1] == 41  # header + 40 rows whatever P
+
+
+# -- 2. SplitLate on a stream (45493a5, f18665d) ----------------------------------------------------
+# A record is late iff it reaches SplitLate's grouping after the watermark passed its window's end;
+# Beam's trigger driver marks a pane fired by an arriving element LATE from the output watermark
+# alone (not from the key's earlier panes), so the round-robin shard key cannot change a decision.
+DAY = 86_400
+T0 = 1_704_067_200  # 2024-01-01T00:00:00Z
+D1, D2, D3, D4 = (f"2024-01-0{i}T00:00:00Z" for i in (1, 2, 3, 4))
+STREAM_SCHEMA = bs.load_schema({"name": "toy", "columns": [
+    {"name": "sex", "type": "categorical", "domain": {"kind": "categorical", "values": ["F", "M"]}}]})
+LATE_MANY = [(100 + i, "FM"[i % 2], T0 + (i % 3) * DAY + 30 * i) for i in range(30)]
+
+
+def _event(line: int, sex: str, ts: int) -> Any:
+    from apache_beam.transforms import window as beam_window
+
+    return beam_window.TimestampedValue({"sex": sex, "line": line}, ts)
+
+
+def _stream(late: bool) -> Any:
+    """Day 1: line 1 early, lines 2 (behind the watermark, window open) and 3 (stamped 1 s before
+    the end) while the watermark is 1 s before the end; the watermark then sits exactly at the
+    end: line 4 (day 1, late) and line 5 (day 2, on time) arrive. Day 3 gets nothing. With
+    ``late``, 30 records of days 1-3 arrive after every release."""
+    from apache_beam.testing import test_stream
+
+    s = (test_stream.TestStream().advance_watermark_to(T0)
+         .add_elements([_event(1, "F", T0 + 60)])
+         .advance_watermark_to(T0 + DAY - 1)
+         .add_elements([_event(2, "M", T0 + 10), _event(3, "F", T0 + DAY - 1)])
+         .advance_watermark_to(T0 + DAY)
+         .add_elements([_event(4, "M", T0 + DAY - 1), _event(5, "F", T0 + DAY)])
+         .advance_watermark_to(T0 + 3 * DAY + 5))
+    if late:
+        s = s.add_elements([_event(*e) for e in LATE_MANY])
+    return s.advance_watermark_to_infinity()
+
+
+def _late_reason(ts: int) -> str:
+    day = (ts - T0) // DAY
+    return f"arrived after window [{(D1, D2, D3)[day]}, {(D2, D3, D4)[day]}) was released"
+
+
+def _stream_outputs(late: bool, folder: Path) -> dict[str, list]:
+    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+
+    options = PipelineOptions(["--direct_running_mode=in_memory"])
+    options.view_as(StandardOptions).streaming = True
+    windows = bs.DeclaredWindows(start=T0, end=T0 + 3 * DAY, size=DAY)
+    job = bs.PrivacyJob(epsilon=200.0, seed=7)
+    folder.mkdir(parents=True)
+
+    def keep(name: str) -> Any:  # the matcher runs on a pickled copy: write what it sees
+        def write(items: Any, path: str = str(folder / f"{name}.json")) -> None:
+            Path(path).write_text(json.dumps(sorted(map(list, items))), encoding="utf-8")
+        return write
+
+    from apache_beam.testing.util import assert_that
+    from apache_beam.transforms import window as beam_window
+
+    with beam.Pipeline(options=options) as p:
+        private = p | _stream(late) | job.private(STREAM_SCHEMA, position_field="line",
+                                                  source="ev", windows=windows)
+        glob = beam_window.GlobalWindows()
+        assert_that(private.dead_letters | beam.Map(lambda d: (d.position, d.reason)),
+                    keep("dead"), label="Dead")
+        assert_that(private | bs.Count(epsilon=100.0) | "C" >> beam.Map(tuple)
+                    | "GC" >> beam.WindowInto(glob), keep("counts"), label="Counts")
+        cells = (private | bs.Marginals(marginals=[("sex",)], epsilon=100.0))["sex"]
+        assert_that(cells | "M" >> beam.Map(tuple) | "GM" >> beam.WindowInto(glob),
+                    keep("cells"), label="Cells")
+        assert_that(tuple(job.count_outputs) | beam.Flatten(), keep("exact"), label="Exact")
+    got = {n: [tuple(x) for x in json.loads((folder / f"{n}.json").read_text("utf-8"))]
+           for n in ("dead", "counts", "cells", "exact")}
+    sums: dict[str, int] = {}
+    for _source, field, n in got.pop("exact"):
+        sums[field] = sums.get(field, 0) + n
+    got["exact"] = sorted(sums.items())
+    return got
+
+
+def _shard_variants() -> dict[str, Any]:
+    from beamsynth.transforms import windows as windows_module
+
+    def constant(self: Any, element: Any) -> Any:
+        yield 0, element
+
+    def by_line(self: Any, element: Any) -> Any:
+        yield hash(element["line"]) % 5, element
+
+    return {"round_robin": None, "one_key": constant, "key_by_line": by_line,
+            "module": windows_module}
+
+
+@pytest.mark.slow
+def test_stream_releases_once_per_window_and_late_records_are_dead_letters_once(
+        tmp_path: Path) -> None:
+    """Neighbours D (no late arrivals) and D + 30 late records, under three shard keyings: every
+    window released exactly once (an empty day 3 too) with the same values, the at-the-end arrival
+    (line 4) and the 30 late ones dead-lettered exactly once each, never also released."""
+    from unittest import mock
+
+    variants = _shard_variants()
+    module = variants.pop("module")
+    runs = {}
+    for name, process in variants.items():
+        for late in (False, True):
+            if process is None:
+                runs[name, late] = _stream_outputs(late, tmp_path / f"{name}{late}")
+            else:
+                with mock.patch.object(module._ShardFn, "process", process):
+                    runs[name, late] = _stream_outputs(late, tmp_path / f"{name}{late}")
+    counts = [(D1, 3), (D2, 1), (D3, 0)]
+    cells = [(D1, "F", 2), (D1, "M", 1), (D2, "F", 1), (D2, "M", 0), (D3, "F", 0), (D3, "M", 0)]
+    for (name, late), got in runs.items():
+        dead = [(4, _late_reason(T0 + DAY - 1))] + (
+            [(line, _late_reason(ts)) for line, _s, ts in LATE_MANY] if late else [])
+        extra = len(LATE_MANY) if late else 0
+        assert got == {"dead": sorted(dead), "counts": counts, "cells": cells,
+                       "exact": [("encoded", 4), ("read", 5 + extra), ("rejected", 1 + extra),
+                                 ("used", 4)]}, (name, late, got)
