@@ -649,7 +649,12 @@ class _BagVisitor(PipelineVisitor):
         if kind is _Create:
             self._set(outputs, self._create(node.transform.values))
         elif kind is _SourceSplits:
-            self._set(outputs, self._parts(_deal_parts(*self._read_parts(node.transform.source)),
+            splits, partitions = self._read_parts(node.transform.source)
+            parts = _deal_parts(splits, partitions)
+            # always `partitions` partitions (empty ones past the splits): the split count follows
+            # the file sizes, and the partitions after the read (rows' order, a default sink's
+            # file count) must not (rule 7)
+            self._set(outputs, self._parts(parts + [[] for _ in range(partitions - len(parts))],
                                            "read-splits"))
         elif kind is beam.Impulse:  # one empty bytes element (Beam's Impulse), was an empty bag
             self._set(outputs, self._parts([[b""]], "impulse"))

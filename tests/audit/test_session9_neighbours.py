@@ -13,6 +13,11 @@
    window and 30 late records; under the round-robin shard keys, one key and keys by line: the
    same one release per window, each late record one dead letter, never also used. No breach.
    The test fails with the split disabled (late records silently dropped, counted used).
+3. Beam's ``Read`` on the DaskRunner (94d3fbb): the read had min(splits, partitions)
+   partitions, the splits following the file sizes, and every step after it kept that width, so
+   a release's row order (fixed file name) and file count (Beam's default sharding) followed the
+   input's size and file layout; neighbours D (just under 1.25 MiB, 1 split) and D + 1 row (2
+   splits): 1 vs 2 synthetic files. Fixed: the read always has its planned partitions.
 4. Whole floats retried as integer text (d5b3cea): 17 odd values (1.0, 1.00000000000000001,
    -0.0, 1e16, nan, inf, np.float32/64, Decimal, '1.0'/'1' text, 1, True, 2.0, 1.5) in a column
    declaring both '1' and '1.0' and in one declaring '1' only: each value's outcome alone is as
@@ -317,3 +322,73 @@ def test_whole_floats_are_judged_alone(column: str) -> None:
             if got[0] != alone[a] or got[1] != alone[b]:
                 bad.append((a, b, got, alone[a], alone[b]))
     assert not bad, bad[:5]
+
+
+# -- 3. Beam's Read on the DaskRunner (94d3fbb) ------------------------------------------------------
+MIB = 1 << 20  # the default smallest split (runners/dask_runner.py _MIN_SPLIT_BYTES)
+# a file splits in two from 1.25 MiB (Beam's OffsetRange.split folds a last split < 1/4 of it)
+TWO_SPLITS = MIB + MIB // 4
+
+
+def _dask_release(args: list[str], pattern: str, header: list[str], folder: Path) -> dict[str, Any]:
+    """ReadFromText → job.private → bs.Count + bs.Synthesize, seeded: each release written once
+    with a fixed name (``num_shards=1``, rows in the runner's order, not sorted) and once with
+    Beam's default sharding; the manifest's release part."""
+    folder.mkdir(parents=True)
+    job = bs.PrivacyJob(epsilon=2.0, seed=11)
+    with beam.Pipeline(options=bs.pipeline_options(args)) as p:
+        private = (p | "Read" >> beam.io.ReadFromText(pattern, skip_header_lines=1)
+                   | "Parse" >> beam.Map(lambda line: dict(zip(header, line.split(","))))
+                   | job.private(bs.load_schema("adult")))
+        outputs = {"count": private | bs.Count(epsilon=0.5),
+                   "synthetic": private | bs.Synthesize(epsilon=1.0, rows=3000, shard_rows=500)}
+        for name, rows in outputs.items():
+            lines = rows | f"Json[{name}]" >> beam.Map(
+                lambda r: json.dumps(r._asdict(), sort_keys=True, default=str))
+            _ = lines | f"Fixed[{name}]" >> beam.io.WriteToText(
+                str(folder / name), num_shards=1, shard_name_template="")
+            _ = lines | f"Default[{name}]" >> beam.io.WriteToText(str(folder / "default" / name))
+        _ = p | bs.WriteManifest(job=job, path=str(folder / "manifest.json"))
+    release = json.loads((folder / "manifest.json").read_text("utf-8"))["release"]
+    release.pop("outputs")
+    return {"count": (folder / "count").read_bytes(), "synthetic": (folder / "synthetic").read_bytes(),
+            "release": release,
+            "default_files": sorted(f.name for f in (folder / "default").iterdir())}
+
+
+@pytest.mark.slow
+def test_dask_read_release_shape_does_not_follow_the_input_splits(tmp_path: Path,
+                                                                 dask_address: str) -> None:
+    """Found: the read's partitions were min(splits, partitions), the splits following the file
+    sizes (1 MiB floor), and every step after the read kept that width: the same 3,000 rows as
+    one file (1 split) or three (3 splits) gave the synthetic rows in another order under a
+    fixed file name and 1 vs 3 synthetic files under Beam's default sharding; neighbours D (a
+    file just under 1.25 MiB: 1 split) and D + 1 row (2 splits) gave 1 vs 2 files. Now the read
+    always has the partitions it was planned with (empty ones past the splits)."""
+    lines = ADULT.read_text(encoding="utf-8").splitlines()
+    header, body = lines[0], lines[1:]
+    dask = ["--runner", "dask", f"--dask_client_address={dask_address}"]
+    (tmp_path / "one").mkdir()
+    (tmp_path / "three").mkdir()
+    (tmp_path / "one" / "a.csv").write_text("\n".join([header, *body[:3000]]) + "\n", "utf-8")
+    for i, (a, b) in enumerate([(0, 500), (500, 2200), (2200, 3000)]):
+        (tmp_path / "three" / f"p{i}.csv").write_text("\n".join([header, *body[a:b]]) + "\n",
+                                                      "utf-8")
+    names = header.split(",")
+    one = _dask_release(dask, str(tmp_path / "one" / "*.csv"), names, tmp_path / "r1")
+    three = _dask_release(dask, str(tmp_path / "three" / "*.csv"), names, tmp_path / "r3")
+    assert one == three
+    assert len(one["synthetic"].splitlines()) == 3000
+    # neighbours across the size where a file becomes two splits
+    size, n = len(header) + 1, 0
+    while size + len(body[n]) + 1 < TWO_SPLITS:
+        size, n = size + len(body[n]) + 1, n + 1
+    for name, rows in {"d": body[:n], "d1": body[:n + 1]}.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "in.csv").write_text("\n".join([header, *rows]) + "\n", "utf-8")
+    sizes = [(tmp_path / name / "in.csv").stat().st_size for name in ("d", "d1")]
+    assert sizes[0] < TWO_SPLITS <= sizes[1], sizes
+    d = _dask_release(dask, str(tmp_path / "d" / "in.csv"), names, tmp_path / "rd")
+    d1 = _dask_release(dask, str(tmp_path / "d1" / "in.csv"), names, tmp_path / "rd1")
+    assert d["default_files"] == d1["default_files"], (d["default_files"], d1["default_files"])
+    assert d["release"]["budget"] == d1["release"]["budget"]
