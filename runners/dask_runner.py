@@ -699,13 +699,17 @@ class _BagVisitor(PipelineVisitor):
         if npartitions and partition_size:
             raise ValueError(f"give --dask_npartitions ({npartitions}) or --dask_partition_size "
                              f"({partition_size}), not both")
-        if not npartitions and not partition_size:
-            npartitions = max(1, min(len(items), self._max_partitions))
-        if partition_size:
-            npartitions = max(1, math.ceil(len(items) / partition_size))
-        bag = db.from_sequence(items, npartitions=npartitions)
-        self.width = max(self.width, bag.npartitions)
-        return bag
+        if partition_size:  # the user's choice: partitions follow the element count
+            bag = db.from_sequence(items, npartitions=max(1, math.ceil(len(items) / partition_size)))
+            self.width = max(self.width, bag.npartitions)
+            return bag
+        # always `n` partitions (empty ones past the elements): a Create of a user's records, or of
+        # file parts whose count follows file sizes, must not set the width of the steps after it
+        # (rows' order, a default sink's file count; rule 7). from_sequence would give fewer
+        # partitions than asked for (10 elements into 8 -> 5)
+        n = max(1, int(npartitions) if npartitions else self._max_partitions)
+        parts = _deal_parts(items, n)
+        return self._parts(parts + [[] for _ in range(n - len(parts))], "create")
 
     def _read_parts(self, source: BoundedSource) -> tuple[list[SourceBundle], int]:
         """A bounded source's splits by its own ``split(desired_bundle_size)``, and the partitions

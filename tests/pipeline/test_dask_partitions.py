@@ -84,9 +84,14 @@ def test_tasks_do_not_grow_with_the_elements_of_a_create(monkeypatch):
     assert tasks_240 == tasks_24, (tasks_24, tasks_240)
 
 
-def test_few_elements_keep_one_partition_each(monkeypatch):
-    _, width = _run(5, monkeypatch)
-    assert width == 5
+def test_the_width_after_a_create_never_follows_its_element_count(monkeypatch):
+    """1, 5, 10 and 24 elements (a user's records, or file parts whose count follows file sizes):
+    always the cap's 8 partitions and the same graph, so nothing after the Create (rows' order, a
+    default sink's file count) follows the count (rule 7). Before: 1 / 5 / 5 / 8 partitions
+    (dask's from_sequence puts 10 elements into 5)."""
+    runs = [_run(n, monkeypatch) for n in (1, 5, 10, 24)]
+    assert [width for _, width in runs] == [8, 8, 8, 8]
+    assert len({tasks for tasks, _ in runs}) == 1, runs
 
 
 def test_partition_cap_follows_the_cluster(monkeypatch):
