@@ -66,6 +66,11 @@ __all__ = [
 
 
 # -- level steps (Beam-free) ---------------------------------------------------------------------------
+def _same(state: LevelState) -> LevelState:
+    """Identity (a one-output step in front of a side input; see ``_PrefixLevels.expand``)."""
+    return state
+
+
 def _release(depth: int, prefixes: np.ndarray, counts: np.ndarray, leaf: np.ndarray) -> LevelRelease:
     return LevelRelease(depth, prefixes, counts.astype(np.int64), leaf.astype(bool))
 
@@ -278,7 +283,10 @@ class _PrefixLevels(beam.PTransform):
             out = counts | f"Step{d}" >> beam.ParDo(self.step_fn(d), *side).with_outputs(
                 "release", main="state")
             # state: LevelState (frontier at depth d+1); release: LevelRelease
-            state = out.state
+            state = out.state | f"State{d}" >> beam.Map(_same)
+            # LevelState, from a one-output step: Beam's BundleBasedDirectRunner (the DirectRunner
+            # on streams) handed the singleton view of a multi-output step's main output both
+            # outputs, at random (apache/beam#19540: 'PCollection of size 2 ... singleton view')
             releases.append(out.release)
         return releases | "Released" >> beam.Flatten()
         # -> LevelRelease (released nodes of every level)
