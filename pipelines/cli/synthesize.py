@@ -67,8 +67,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         f"(default {DEFAULT_SPLIT_BYTES >> 20} MiB; 0: one reader per file)")
     p.add_argument("--max-record-lines", type=int, default=1, metavar="L",
                    help="physical lines one CSV record may span (a quoted field with line breaks; "
-                        "default 1: every line is one record, exactly stable; L >= 3: one record may "
-                        "change up to L-1 used records, see docs/schema-format.md)")
+                        "default 1: every line is one record, exactly stable; L >= 2: one record may "
+                        "change up to L used records, see docs/schema-format.md)")
     p.add_argument("--seed", type=int, default=None,
                    help="fixed seed for tests and demos: output is marked 'seeded: not for release'")
     add_check_arguments(p)

@@ -120,7 +120,7 @@ def _iter_csv_records(src: _LineSource, line_no: int, max_lines: int) -> Iterato
     span up to ``L`` lines: an *opener* line (see :func:`_line_role`) followed by *inner* lines and
     a *closer* within ``L`` lines is one record; otherwise the opener alone is malformed and
     reading resumes at the next line. See docs/schema-format.md for why one added line then
-    changes at most ``L - 1`` records (``L = 1``: only itself).
+    changes at most ``L`` used records (``L = 1``: only itself).
     """
     if max_lines == 1:
         yield from _iter_csv_single(src, line_no)

@@ -159,12 +159,11 @@ def check_max_record_lines(value: Any) -> int:
 
 def record_lines_note(max_record_lines: int) -> dict[str, Any]:
     """What ``max_record_lines`` means for the guarantee, for the manifest's ``privacy_unit``:
-    nothing for 1 (exactly stable); for ``L > 1`` the bound, and for ``L >= 3`` the group of
-    ``L - 1`` records one added or removed record may change (docs/schema-format.md)."""
+    nothing for 1 (exactly stable); for ``L > 1`` the bound and the group of ``L`` records one
+    added or removed record may change (docs/schema-format.md: a line inserted inside an
+    ``L``-line quoted record splits it: that record lost, the line and ``L - 2`` inner lines
+    read as records)."""
     lines = check_max_record_lines(max_record_lines)
     if lines == 1:
         return {}
-    note = {"csv_max_record_lines": lines}
-    if lines >= 3:
-        note["csv_records_one_record_may_change"] = lines - 1
-    return note
+    return {"csv_max_record_lines": lines, "csv_records_one_record_may_change": lines}

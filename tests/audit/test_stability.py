@@ -171,10 +171,11 @@ def _csv_case(seed: int, max_lines: int) -> None:
     alone = _csv_file(rng, r)
     before, after = _used(d, "csv", schema, block_rows, max_lines), _used(d_r, "csv", schema, block_rows, max_lines)
     solo = _used(alone, "csv", schema, block_rows, max_lines)
-    if max_lines == 1 or len(r) > 1:
-        _check(before, after, solo)  # one line per record, or a whole record inserted
-    else:
-        _check(before, after, solo, lost=max(max_lines - 2, 0), gained=1)
+    if max_lines == 1:
+        _check(before, after, solo)  # one line per record: exactly stable
+    else:  # r inside an L-line quoted record splits it: L used records at most (schema-format.md)
+        changed = sum(((after - before) + (before - after)).values())
+        assert changed <= max_lines, (before, after)
 
 
 # -- JSONL -----------------------------------------------------------------------------------------
@@ -268,3 +269,19 @@ def test_the_property_catches_the_old_readers(fmt, monkeypatch):
     monkeypatch.undo()
     before, after = (_used(x, fmt, schema, 5) for x in pair)
     assert before - after == Counter() and sum((after - before).values()) <= 1
+
+
+def test_a_line_inside_a_two_line_record_changes_two_used_records():
+    """The bound the manifest states (``csv_records_one_record_may_change: L``) is reached at
+    L = 2: ``"a`` / ``b",1,p`` is one used record (a = 'a⏎b'); a record ``y,3,p`` added between
+    its lines splits it (the opener is rejected, ``y,3,p`` read, the closer rejected). Until the
+    ninth session the docs called L = 2 exactly stable and the manifest stated no group."""
+    from beamsynth.pipelines.io.records import record_lines_note
+
+    schema = SCHEMAS["ignore"]
+    d = b'a,n,note\n"a\nb",1,p\n'
+    d_r = b'a,n,note\n"a\ny,3,p\nb",1,p\n'
+    before, after = _used(d, "csv", schema, 1000, 2), _used(d_r, "csv", schema, 1000, 2)
+    assert before == Counter({json.dumps(["a\nb", "1", "p"]): 1})
+    assert after == Counter({json.dumps(["y", "3", "p"]): 1})
+    assert record_lines_note(2) == {"csv_max_record_lines": 2, "csv_records_one_record_may_change": 2}
