@@ -181,11 +181,19 @@ DASK_GAPS = sorted(PROBES)
 @pytest.mark.slow
 @pytest.mark.parametrize("probe", DASK_GAPS)
 def test_dask_runner_gap_is_reproduced(probe, dask_address, tmp_path):
-    """Beam's own DaskRunner (not the ``dask`` preset) still gets each probe wrong."""
+    """Beam's own DaskRunner (not the ``dask`` preset) still gets each probe wrong — in at least one
+    of three runs: the side-input gap depends on which task dask's scheduler runs first, so the
+    stock runner is right in some runs (seen at load 11)."""
     options = options_for([f"--runner={BEAM_DASK_RUNNER}", f"--dask_client_address={dask_address}"])
-    got = run_probe(probe, options, tmp_path)
     expected = PROBES[probe][1]
-    assert got != expected, f"Beam's DaskRunner now gets {probe!r} right: update docs/runners.md"
+    runs = []
+    for attempt in range(3):
+        folder = tmp_path / f"run{attempt}"
+        folder.mkdir()
+        runs.append(run_probe(probe, options, folder))
+        if runs[-1] != expected:
+            break
+    assert runs[-1] != expected, f"Beam's DaskRunner got {probe!r} right in 3 runs: update docs/runners.md"
 
 
 def test_beamsynth_dask_runner_gets_every_probe_right(dask_address):
