@@ -77,8 +77,6 @@ from beamsynth.transforms.windows import (
     DeclaredWindows,
     SplitLate,
     check_release_windowing,
-    event_time_text,
-    iso_seconds,
     window_text,
 )
 
@@ -266,8 +264,6 @@ class _OutsideRowsFn(beam.DoFn):
 
     def __init__(self, windows: DeclaredWindows, position_field: Optional[str]) -> None:  # noqa: UP045
         self._windows, self._position = windows, position_field
-        end = "open" if windows.declared_end is None else iso_seconds(windows.declared_end)
-        self._range = f"[{iso_seconds(windows.declared_start)}, {end})"
 
     def process(self, row: Any, ts=beam.DoFn.TimestampParam):
         if self._windows.contains(ts):
@@ -275,8 +271,7 @@ class _OutsideRowsFn(beam.DoFn):
             return
         beam.metrics.Metrics.counter(METRICS_NAMESPACE, "rows_outside_windows").inc()
         yield beam.pvalue.TaggedOutput("outside", _reject_row(
-            row, self._position,
-            f"timestamp {event_time_text(ts)} is outside the declared windows {self._range}"))
+            row, self._position, self._windows.outside_reason(ts)))
 
 
 def _reject_row(row: Any, position_field: Optional[str], reason: str) -> Rejected:  # noqa: UP045

@@ -66,7 +66,6 @@ from beamsynth.transforms.windows import (
     DeclaredWindows,
     SplitLate,
     check_release_windowing,
-    event_time_text,
     iso_seconds,
     window_text,
 )
@@ -576,14 +575,12 @@ class _OutsideFn(beam.DoFn):
 
     def __init__(self, windows: DeclaredWindows, source: str, position_field: str | None) -> None:
         self._windows, self._source, self._position = windows, source, position_field
-        end = "open" if windows.declared_end is None else iso_seconds(windows.declared_end)
-        self._range = f"[{iso_seconds(windows.declared_start)}, {end})"
 
     def process(self, element: Any, ts=beam.DoFn.TimestampParam):
         if self._windows.contains(ts):
             yield element
             return
-        reason = f"timestamp {event_time_text(ts)} is outside the declared windows {self._range}"
+        reason = self._windows.outside_reason(ts)
         for d in reject_elements(element, source=self._source, position_field=self._position,
                                  reason=reason):
             yield beam.pvalue.TaggedOutput("outside", d)

@@ -162,6 +162,13 @@ class DeclaredWindows(beam_window.FixedWindows):
         t = float(timestamp)
         return t >= self.declared_start and (self.declared_end is None or t < self.declared_end)
 
+    def outside_reason(self, timestamp: Any) -> str:
+        """Dead-letter reason of an element stamped outside every declared window (its own
+        timestamp and the declared range only)."""
+        end = "open" if self.declared_end is None else iso_seconds(self.declared_end)
+        return (f"timestamp {event_time_text(timestamp)} is outside the declared windows "
+                f"[{iso_seconds(self.declared_start)}, {end})")
+
     def describe(self) -> dict[str, Any]:
         """JSON form for manifests: the declaration (public)."""
         return {"start": _iso(self.declared_start),
