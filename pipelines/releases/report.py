@@ -373,6 +373,15 @@ def _spend_rows(spends: Sequence[Mapping[str, Any]]) -> list[list[Any]]:
     return rows
 
 
+def _guarantee_rows(details: Mapping[str, Any] | None) -> list[list[Any]]:
+    """Rows of a method's ``release_guarantee.side_by_side`` (e.g. plausible deniability: per
+    released record next to the dataset-level charge), empty when the method states none."""
+    method = (details or {}).get("method")
+    side = ((method or {}).get("release_guarantee") or {}).get("side_by_side") if isinstance(method, Mapping) else None
+    return [[r.get("level"), f"{r.get('epsilon', 0):.6g}", f"{r.get('delta', 0):.3g}", r.get("neighbours", "")]
+            for r in side or [] if isinstance(r, Mapping)]
+
+
 def _declared_scale(details: Mapping[str, Any]) -> float | None:
     """The noise scale a spend declares (``scale``, ``scale_per_table``, or any ``*scale*`` key)."""
     keys = ["scale", "scale_per_table"] + sorted(
@@ -490,6 +499,10 @@ def public_report_html(release: Mapping[str, Any], synthetic: Mapping[str, pd.Da
             _table_html(_spend_rows(spends),
                         ["step", "mechanism", "ε", "δ", "noise scale b", "95% noise interval"]),
         ]
+        guarantee = _guarantee_rows(tab.get("details"))
+        if guarantee:
+            sections += ["<h3>Guarantee per released record and for the whole release</h3>",
+                         _table_html(guarantee, ["level", "ε", "δ", "neighbouring datasets"])]
         net = _network((models or {}).get(name), schemas[name].names if name in schemas else [])
         if net:
             sections += ["<h3>Released model structure</h3>", net]

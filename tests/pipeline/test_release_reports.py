@@ -242,3 +242,23 @@ def test_example_adult_release_from_the_readme(tmp_path: Path) -> None:
         assert (folder / rel).is_file(), rel
     manifest = json.loads((folder / "private" / "adult.manifest.json").read_text(encoding="utf-8"))
     assert manifest["operational"]["rows_read"] == 48842
+
+
+def test_public_report_states_per_record_and_dataset_guarantees_side_by_side() -> None:
+    """Issue 18: a plausible-deniability release's public report shows the manifest's
+    ``release_guarantee.side_by_side`` (per released record next to the dataset-level C·ε₁)."""
+    from beamsynth.pipelines.releases.report import public_report_html
+
+    side = [{"level": "per released record (Theorem 1)", "epsilon": 1.1484200051182734, "delta": 1.39e-11,
+             "neighbours": "add/remove one record of D_S"},
+            {"level": "dataset: every candidate (C·ε₁, C·δ₁ + δ_tail), charged", "epsilon": 3777.153396834001,
+             "delta": 1.4567e-07, "neighbours": "add/remove one record of D_S"}]
+    tab = {"method": "plausible", "source": "s", "privacy_unit": None, "rows_out": 10, "randomness": "secure",
+           "budget": {"spends": []}, "details": {"method": {"release_guarantee": {"side_by_side": side}}}}
+    release = {"name": "r", "budget": {"epsilon": 3778.2, "delta": 1e-6},
+               "spent": {"epsilon": 3778.2, "delta": 1.5e-7}, "tables": {"t": tab}}
+    page = public_report_html(release, {}, {})
+    assert "Guarantee per released record and for the whole release" in page
+    assert "<td>1.14842</td>" in page and "<td>3777.15</td>" in page and "per released record (Theorem 1)" in page
+    tab["details"] = {"method": {"k": 50}}
+    assert "Guarantee per released record" not in public_report_html(release, {}, {})
