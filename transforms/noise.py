@@ -434,9 +434,12 @@ def discrete_gaussian(rs: RandomSource, sigma: float, size: int | tuple[int, ...
     Algorithm 3: ``Y`` discrete Laplace of scale ``t = ⌊σ⌋ + 1`` (:func:`discrete_laplace`,
     unbounded support), kept with probability ``exp(-(|Y| − σ²/t)² / (2σ²))``; rejected draws
     are redrawn from fresh child streams (``("dg", round)``), so the result depends only on
-    ``rs``'s labels. The acceptance test compares a 53-bit uniform with a float ``exp`` (the
-    paper's exact Bernoulli(exp(−γ)) uses rational arithmetic): accepted probabilities are off
-    by at most ~2^-52 relative, and the released value is an integer (no float bits to leak).
+    ``rs``'s labels. The acceptance test is ``log U < −γ`` with ``log U`` from
+    :func:`_log_uniform` (exact lower tail, unbounded), so every ``Y`` keeps its probability
+    ``exp(−γ)`` (float relative error ~2^-33 at most; the paper's exact Bernoulli(exp(−γ)) uses
+    rational arithmetic) and the support is unbounded; a 53-bit uniform ``U < exp(−γ)`` (U ≥
+    2^-54) never kept a draw with γ > 37.4, i.e. ``|Z| ≥ σ²/t + 8.65σ``. The released value is
+    an integer (no float bits to leak).
     Adding it to an integer query of L2 sensitivity Δ is ``Δ²/(2σ²)``-zCDP (their Thm. 4).
     """
     if not (sigma > 0 and math.isfinite(sigma)):
@@ -451,7 +454,7 @@ def discrete_gaussian(rs: RandomSource, sigma: float, size: int | tuple[int, ...
         sub = rs.child("dg", rnd)
         y = discrete_laplace(sub, float(t), todo.size)
         gamma = (np.abs(y) - sigma * sigma / t) ** 2 / (2.0 * sigma * sigma)
-        keep = sub.uniform(todo.size) < np.exp(-gamma)
+        keep = _log_uniform(sub, todo.size) < -gamma
         out[todo[keep]] = y[keep]
         todo = todo[~keep]
         rnd += 1
