@@ -5,13 +5,23 @@
   selection call of one measurement recorded and its zCDP cost summed (ε-DP → ε²/2, Bun & Steinke
   2016 Prop. 1.4; discrete Gaussian of L2 sensitivity m → m²/(2σ²), CKS Thm. 4) against the ρ the
   (ε, δ) spend covers; the discrete Gaussian sampler's tails.
+* Plausible deniability: Theorem 1 composed over the public bound C on Poisson(rows) invocations,
+  ``(C·ε_u, C·δ_u + δ_tail)``, recomputed (C from a log-space Poisson tail).
+* Release ledger: nights compose on the source, a failed night is refunded and reruns once, and
+  the ledger's spends are the manifests' step for step.
+* One API job with every public mechanism: each spends what it was asked, once; the written
+  manifest states the accountant.
 """
 
 from __future__ import annotations
 
 import collections
+import csv
+import json
 import math
+from pathlib import Path
 
+import apache_beam as beam
 import numpy as np
 import pytest
 from scipy import optimize
@@ -168,3 +178,225 @@ def test_discrete_gaussian_tail_is_unbounded(monkeypatch):
     monkeypatch.setattr(RandomSource, "words", words)
     monkeypatch.setattr(noise, "discrete_laplace", fake_laplace)
     assert discrete_gaussian(RandomSource(seed=1).child("x"), sigma, 1).tolist() == [y]
+
+
+# -- 2. plausible deniability ------------------------------------------------------------------------
+def _poisson_sf(c: int, lam: float) -> float:
+    """P(Poisson(lam) > c), summed in log space (independent of scipy)."""
+    k = c + 1
+    lp = -lam + k * math.log(lam) - math.lgamma(k + 1)
+    total = 0.0
+    while True:
+        total += math.exp(lp)
+        k += 1
+        lp += math.log(lam) - math.log(k)
+        if lp < math.log(total) - 50:
+            return total
+
+
+@pytest.mark.parametrize(("rows", "tail"), [(1, 1e-9), (10, 1e-7), (100, 1e-9), (1000, 1e-9),
+                                            (3000, 1e-7), (10_000, 1e-9)])
+@pytest.mark.parametrize("c", [1, 3])
+def test_candidate_release_cost_recomputed(rows, tail, c):
+    """(C·ε_u, C·δ_u + δ_tail) with ε_u = c·ε₁, δ_u = c·e^{(c−1)ε₁}·δ₁ (group privacy of Theorem 1,
+    ε₁ = ε0 + ln(1 + γ/t), δ₁ = e^{−ε0(k−t)}) and C the smallest integer with
+    P(Poisson(rows) > C) ≤ δ_tail, each recomputed here. Measured: rows 3,000, δ_tail 1e-7 gives
+    C = 3,289 (tail 9.6e-8; C − 1: 1.06e-7), ε = 3,777.15, δ = 1.457e-7 (docs/plausible.md)."""
+    from beamsynth.transforms.plausible_privacy import candidate_release_cost
+
+    k, gamma, eps0, t = 50, 4.0, 1.0, 25
+    cost = candidate_release_cost(rows=rows, k=k, gamma=gamma, epsilon0=eps0, t=t,
+                                  tail_delta=tail, max_contributions=c)
+    big_c = cost["C"]
+    assert _poisson_sf(big_c, rows) <= tail < _poisson_sf(big_c - 1, rows)
+    eps1, delta1 = eps0 + math.log(1 + gamma / t), math.exp(-eps0 * (k - t))
+    assert cost["epsilon"] == pytest.approx(big_c * c * eps1, rel=1e-12)
+    assert cost["delta"] == pytest.approx(big_c * c * math.exp((c - 1) * eps1) * delta1 + tail,
+                                          rel=1e-12)
+
+
+# -- 4. one API job, every public mechanism -----------------------------------------------------------
+ADULT_CSV = Path(__file__).resolve().parents[2] / "examples" / "data" / "adult" / "adult.csv"
+
+
+def _adult_rows(n: int) -> list[dict[str, str]]:
+    with open(ADULT_CSV, encoding="utf-8") as fh:
+        reader = csv.reader(fh)
+        header = next(reader)
+        return [dict(zip(header, r)) for _, r in zip(range(n), reader)]
+
+
+def _all_mechanisms_job(p, rows, manifest_path):
+    """Every public mechanism once under one job; returns (job, {label: (ε, δ, steps)})."""
+    import beamsynth as bs
+
+    job = bs.PrivacyJob(epsilon=60.0, delta=1e-5, seed=3)
+    keys = {"sexkey": bs.TextKey(column="sex", alphabet="abcdefghijklmnopqrstuvwxyz",
+                                 max_length=6, casefold=True)}
+    private = p | beam.Create(rows) | job.private(bs.load_schema("adult"), keys=keys)
+    asked = {}
+    for label, t, eps, delta in [
+        ("Count", bs.Count(epsilon=0.05), 0.05, 0.0),
+        ("Marginals", bs.Marginals(marginals=[("age", "sex"), ("race", "income")], epsilon=0.25), 0.25, 0.0),
+        ("Histogram", bs.Histogram(column="native-country", epsilon=0.3, tolerance=0.001), 0.3, 0.0),
+        ("Prefix", bs.PrefixTree(key="sexkey", epsilon=0.2, method="improved"), 0.2, 0.0),
+        ("Indep", bs.IndependentSynthesis(epsilon=0.7, rows=100), 0.7, 0.0),
+        ("IndepDP", bs.Synthesize(method="independent", epsilon=0.4), 0.4, 0.0),
+        ("PB", bs.PrivBayes(epsilon=1.0, rows=100, options={"degree": 1}), 1.0, 0.0),
+        ("PBG", bs.PrivBayes(epsilon=1.0, delta=1e-6, rows=100, options={"pb_noise": "gaussian"}), 1.0, 1e-6),
+        ("SBHG", bs.SBHG(epsilon=1.0, delta=1e-6, rows=100), 1.0, 1e-6),
+        ("PD", bs.PlausibleDeniability(epsilon=40.0, delta=1e-6, rows=10), 40.0, 1e-6),
+    ]:
+        before = len(job.accountant.spends)
+        _ = private | label >> t
+        asked[label] = (eps, delta, [s.step for s in job.accountant.spends[before:]])
+    p | bs.WriteManifest(job=job, path=manifest_path)
+    return job, asked
+
+
+def test_api_job_spends_each_mechanism_once(tmp_path):
+    """Each mechanism's spends sum to what it was asked (plausible: at most, its model share plus
+    the candidates' Theorem 1 composition), every spend is under its own step, and the
+    accountant's total is their sum. Measured: Count 0.05, Marginals 0.25, Histogram 0.3, Prefix
+    0.2, Indep 0.7, IndepDP 0.4 (row_count 0.02 + 0.38), PB 1 (5 steps), PBG 1 / 1e-6 (one zCDP
+    spend), SBHG 1 / 1e-6, PD 4 + 34.4526 / 1.004e-7; total 43.3526 / 2.1004e-6."""
+    from beamsynth.transforms.plausible_privacy import candidate_release_cost
+
+    job, asked = _all_mechanisms_job(beam.Pipeline(), _adult_rows(50), str(tmp_path / "m.json"))
+    spends = job.accountant.spends
+    assert sorted(s.step for s in spends) == sorted(x for v in asked.values() for x in v[2])
+    for label, (eps, delta, steps) in asked.items():
+        mine = [s for s in spends if s.step in steps]
+        assert mine and all(s.step.split("/")[0] == label for s in mine)
+        e, d = math.fsum(s.budget.epsilon for s in mine), math.fsum(s.budget.delta for s in mine)
+        if label == "PD":
+            cost = candidate_release_cost(rows=10, k=50, gamma=4.0, epsilon0=1.0, t=25,
+                                          tail_delta=0.1 * delta)
+            model = [s for s in mine if s.step != "PD/plausible.candidates"]
+            assert math.fsum(s.budget.epsilon for s in model) == pytest.approx(0.1 * eps)
+            assert (e, d) == (pytest.approx(0.1 * eps + cost["epsilon"]), pytest.approx(cost["delta"]))
+            assert e <= eps and d <= delta
+        else:
+            assert (e, d) == (pytest.approx(eps, rel=1e-12), pytest.approx(delta, rel=1e-12))
+    assert job.accountant.spent_epsilon == pytest.approx(math.fsum(s.budget.epsilon for s in spends))
+    assert job.accountant.spent_delta == pytest.approx(math.fsum(s.budget.delta for s in spends))
+
+
+@pytest.mark.slow  # runs every mechanism on 1,000 Adult rows (~30 s)
+def test_api_job_manifest_states_the_accountant(tmp_path):
+    """The written manifest's total, spent and spends are the accountant's (nothing added at
+    run time, nothing dropped)."""
+    path = str(tmp_path / "manifest.json")
+    p = beam.Pipeline()
+    job, _ = _all_mechanisms_job(p, _adult_rows(1000), path)
+    p.run().wait_until_finish()
+    with open(path, encoding="utf-8") as fh:
+        budget = json.load(fh)["release"]["budget"]
+    acct = job.accountant
+    assert budget["total"] == {"epsilon": acct.total.epsilon, "delta": acct.total.delta}
+    assert [(s["step"], s["epsilon"], s["delta"]) for s in budget["spends"]] == [
+        (s.step, s.budget.epsilon, s.budget.delta) for s in acct.spends]
+    assert budget["spent"]["epsilon"] == pytest.approx(math.fsum(s["epsilon"] for s in budget["spends"]))
+    assert budget["spent"]["delta"] == pytest.approx(math.fsum(s["delta"] for s in budget["spends"]))
+
+
+# -- 3. release ledger ---------------------------------------------------------------------------------
+RELEASE = """
+name: h24
+folder: {root}/out/h24-{{date}}
+budget: {{epsilon: 3.0, delta: 1.0e-6}}
+seed: 5
+demo: true
+ledger:
+  path: {root}/ledger.sqlite
+  policies:
+    adult: {{epsilon: 5.6, delta: 2.0e-6}}
+tables:
+  - name: ind
+    source: adult
+    input: {data}
+    schema: adult
+    method: independent
+    epsilon: 0.5
+    columns:
+      age: {{}}
+      sex: {{}}
+      income: {{}}
+      native-country: {{mechanism: cathist, epsilon: 0.3, tolerance: 0.001}}
+    formats: [csv]
+  - name: pbg
+    source: adult
+    input: {data}
+    schema: adult
+    method: privbayes
+    epsilon: 1.5
+    delta: 1.0e-6
+    options: {{pb_noise: gaussian}}
+    formats: [csv]
+  - name: countries
+    kind: histogram
+    source: adult
+    input: {data}
+    schema: adult
+    column: native-country
+    tolerance: 0.001
+    epsilon: 0.5
+    formats: [csv]
+reports: {{private: false, public: false}}
+"""
+
+
+@pytest.mark.slow  # four release runs (~25 s)
+def test_release_ledger_matches_the_manifests_once_per_night(tmp_path, monkeypatch):
+    """Two nights of a three-table release (independent + a CatHist column, zCDP PrivBayes with δ,
+    a CatHist table) on one lifetime policy; night 2 first fails in its last table (aborted:
+    refunded, nothing published), then runs once; a rerun and night 3 are refused. For every
+    committed night the ledger's spends are the manifests' spends step for step (ε 2.8,
+    δ 1e-6 each), and the source's total is their sum over the committed nights."""
+    import sqlite3
+
+    import beamsynth.pipelines.releases.release as release_mod
+    from beamsynth.pipelines.releases.config import load_release_config
+    from beamsynth.pipelines.releases.ledger import LedgerBudgetExceededError, LedgerError
+
+    data = tmp_path / "adult.csv"
+    data.write_text("".join(ADULT_CSV.read_text(encoding="utf-8").splitlines(keepends=True)[:601]),
+                    encoding="utf-8")
+    config = tmp_path / "release.yaml"
+    config.write_text(RELEASE.format(root=tmp_path, data=data), encoding="utf-8")
+
+    def run(date):
+        return release_mod.run_release(load_release_config(config, date=date))
+
+    run("2026-01-01")
+    real = release_mod._run_histogram_table
+    monkeypatch.setattr(release_mod, "_run_histogram_table",
+                        lambda *a, **k: (_ for _ in ()).throw(RuntimeError("worker lost")))
+    with pytest.raises(RuntimeError, match="worker lost"):
+        run("2026-01-02")
+    monkeypatch.setattr(release_mod, "_run_histogram_table", real)
+    run("2026-01-02")
+    with pytest.raises(LedgerError, match="already published"):
+        run("2026-01-02")
+    with pytest.raises(LedgerBudgetExceededError):
+        run("2026-01-03")
+    with sqlite3.connect(tmp_path / "ledger.sqlite") as con:
+        releases = con.execute("SELECT release_id, folder, state FROM releases ORDER BY created").fetchall()
+        spends = con.execute("SELECT release_id, step, epsilon, delta FROM spends").fetchall()
+    assert [(f.rsplit("/", 1)[-1], s) for _, f, s in releases] == [
+        ("h24-2026-01-01", "committed"), ("h24-2026-01-02", "aborted"), ("h24-2026-01-02", "committed")]
+    committed = [(rid, folder) for rid, folder, state in releases if state == "committed"]
+    total = 0.0
+    for rid, folder in committed:
+        ledger = sorted((step, e, d) for r, step, e, d in spends if r == rid)
+        manifests = []
+        for path in sorted(Path(folder, "private").glob("*.manifest.json")):
+            table = path.name.split(".manifest.json")[0]
+            budget = json.loads(path.read_text(encoding="utf-8"))["release"]["budget"]
+            manifests += [(f"{table}.{s['step']}", s["epsilon"], s["delta"]) for s in budget["spends"]]
+        assert ledger == sorted(manifests)
+        assert math.fsum(e for _, e, _ in ledger) == pytest.approx(2.8)
+        assert math.fsum(d for _, _, d in ledger) == pytest.approx(1e-6)
+        total += math.fsum(e for _, e, _ in ledger)
+    assert total == pytest.approx(5.6)
+    assert not list(tmp_path.glob("out/.h24-*"))  # the failed night's temp folder is gone
