@@ -636,10 +636,16 @@ def hypergeometric(rs: RandomSource, good: np.ndarray, bad: np.ndarray, nsample:
 def binomial(rs: RandomSource, n: int, p: float) -> int:
     """One exact-law draw of Binomial(n, p) for any Python int ``n`` (up to 10^30) and 0 ≤ p ≤ 1.
 
-    Inversion from the mode-free recurrence ``P(k+1)/P(k) = (n-k)/(k+1) · p/(1-p)`` in log space,
-    started at ``log P(0) = n·log1p(-p)``. Stable for n up to 10^12 and beyond; the expected number
-    of steps is ``n·p + O(sqrt(n·p))``, which is why it is used where ``n·p`` is modest (CatHist:
-    ``n·p ≈ -ln ρ``). For larger means it falls back to a normal-approximation-free split:
+    Inversion of ``U ~ U(0, 1)`` against the pmf from the mode-free recurrence
+    ``P(k+1)/P(k) = (n-k)/(k+1) · p/(1-p)`` in log space, started at ``log P(0) = n·log1p(-p)``.
+    Both tails are exact and unbounded: a random bit picks the half of ``U`` and ``W ∈ (0, 1/2]``
+    its distance to the nearer end, with ``log W`` from :func:`_log_uniform` (exact lower tail);
+    the lower half returns the smallest ``k`` with ``P(X ≤ k) ≥ W``, the upper half the smallest
+    ``k`` with ``P(X > k) ≤ W`` (the pmf is summed until it is 40 nats below ``W``, so every
+    ``k ≤ n`` can come out). A 53-bit ``U`` (≥ 2^-54, ≤ 1 − 2^-54) never gave a ``k`` beyond
+    ``P(X > k) ≈ 1.5e-15`` (n = 10^6, p = 7e-6: never above 36), a support that could differ
+    between neighbouring ``n``. The expected number of steps is ``n·p + O(sqrt(n·p))``, which is
+    why it is used where ``n·p`` is modest (CatHist: ``n·p ≈ -ln ρ``); larger means are split:
     ``Binomial(n, p) = Σ Binomial(n_i, p)`` over chunks whose mean is at most 1e5.
     """
     n = int(n)
@@ -658,18 +664,21 @@ def binomial(rs: RandomSource, n: int, p: float) -> int:
         chunks = int(math.ceil(mean / 1e5))
         base, extra = divmod(n, chunks)
         return sum(binomial(rs, base + (1 if i < extra else 0), p) for i in range(chunks))
-    log_u = math.log(float(rs.uniform(1)[0]))
+    upper = bool(rs.words(1)[0] >> np.uint64(63))  # which half of U
+    log_w = float(_log_uniform(rs, 1)[0]) - _LN2  # W = min(U, 1 - U) ∈ (0, 1/2], exact lower tail
     log_ratio_p = math.log(p) - math.log1p(-p)
-    log_pk = n * math.log1p(-p)
-    log_cdf = log_pk
+    logs = [n * math.log1p(-p)]
     k = 0
-    while log_cdf < log_u and k < n:
-        log_pk += math.log(n - k) - math.log(k + 1) + log_ratio_p
+    while k < n and (k <= mean or logs[-1] >= log_w - 40.0):
+        logs.append(logs[-1] + math.log(n - k) - math.log(k + 1) + log_ratio_p)
         k += 1
-        log_cdf = float(np.logaddexp(log_cdf, log_pk))
-        if k > mean + 50 * math.sqrt(mean + 1) + 50:  # cumulative round-off: restart is exact enough
-            break
-    return k
+    log_pmf = np.asarray(logs)
+    if not upper:  # U = W: the smallest k with P(X ≤ k) ≥ W
+        below = np.logaddexp.accumulate(log_pmf) >= log_w
+        return int(np.argmax(below)) if below.any() else log_pmf.size - 1
+    tail = np.logaddexp.accumulate(log_pmf[::-1])[::-1]  # log P(X ≥ k)
+    above = np.append(tail[1:], -np.inf)  # log P(X > k)
+    return int(np.argmax(above <= log_w))
 
 
 def sample_categorical(rs: RandomSource, probs: np.ndarray, size: int) -> np.ndarray:

@@ -400,3 +400,26 @@ def test_release_ledger_matches_the_manifests_once_per_night(tmp_path, monkeypat
         total += math.fsum(e for _, e, _ in ledger)
     assert total == pytest.approx(5.6)
     assert not list(tmp_path.glob("out/.h24-*"))  # the failed night's temp folder is gone
+
+
+def test_binomial_tails_are_unbounded(monkeypatch):
+    """Rule 4 (CatHist draws how many empty declared bins pass its threshold as Binomial(empty
+    bins, p), n·p ≈ −ln ρ): inversion of a 53-bit uniform (≤ 1 − 2^-54) never returned a k with
+    P(X > k) below ≈ 1.5e-15 (n = 10^6, p = 7e-6: never above 36), a cut that can fall differently
+    for neighbouring n. With U at its top end and W = 1 − U = e^-200/2 the draw must be the exact
+    quantile, the smallest k with P(X > k) ≤ W (recomputed here with lgamma)."""
+    n, p = 10**6, 7e-6
+    log_w = -200.0 - math.log(2.0)
+
+    def log_pmf(k):
+        return (math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+                + k * math.log(p) + (n - k) * math.log1p(-p))
+
+    def log_sf(k):  # P(X > k), k well above the mean: the terms fall fast
+        return float(np.logaddexp.reduce([log_pmf(j) for j in range(k + 1, k + 400)]))
+
+    want = next(k for k in range(int(n * p), n) if log_sf(k) <= log_w)
+    assert want > 60
+    monkeypatch.setattr(RandomSource, "words", lambda self, m: np.full(m, 2**64 - 1, dtype=np.uint64))
+    monkeypatch.setattr(noise, "_log_uniform", lambda rs, size: np.full(size, -200.0))
+    assert noise.binomial(RandomSource(seed=1), n, p) == want
