@@ -69,6 +69,7 @@ __all__ = [
     "sample_categorical",
     "binomial",
     "gumbel",
+    "poisson",
 ]
 
 _TWO_POW_53 = float(2**53)
@@ -664,21 +665,70 @@ def binomial(rs: RandomSource, n: int, p: float) -> int:
         chunks = int(math.ceil(mean / 1e5))
         base, extra = divmod(n, chunks)
         return sum(binomial(rs, base + (1 if i < extra else 0), p) for i in range(chunks))
-    upper = bool(rs.words(1)[0] >> np.uint64(63))  # which half of U
-    log_w = float(_log_uniform(rs, 1)[0]) - _LN2  # W = min(U, 1 - U) ∈ (0, 1/2], exact lower tail
+    upper, log_w = _two_sided_uniform(rs, 1)
     log_ratio_p = math.log(p) - math.log1p(-p)
     logs = [n * math.log1p(-p)]
     k = 0
-    while k < n and (k <= mean or logs[-1] >= log_w - 40.0):
+    while k < n and (k <= mean or logs[-1] >= log_w[0] - _TAIL_NATS):
         logs.append(logs[-1] + math.log(n - k) - math.log(k + 1) + log_ratio_p)
         k += 1
-    log_pmf = np.asarray(logs)
-    if not upper:  # U = W: the smallest k with P(X ≤ k) ≥ W
-        below = np.logaddexp.accumulate(log_pmf) >= log_w
-        return int(np.argmax(below)) if below.any() else log_pmf.size - 1
-    tail = np.logaddexp.accumulate(log_pmf[::-1])[::-1]  # log P(X ≥ k)
-    above = np.append(tail[1:], -np.inf)  # log P(X > k)
-    return int(np.argmax(above <= log_w))
+    return int(_invert_two_sided(np.asarray(logs), upper, log_w)[0])
+
+
+_TAIL_NATS = 40.0  # a law's pmf is listed until this far below the smallest W (the rest: < W·e^-39)
+_POISSON_CHUNK = 1e6  # larger means are drawn as sums of Poisson(mean / c) (table size)
+
+
+def _two_sided_uniform(rs: RandomSource, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` uniforms ``U`` on (0, 1) as (which half, ``log W``) with ``W = min(U, 1 − U)`` on
+    (0, 1/2]: a random bit and ``log W`` from :func:`_log_uniform` (exact, unbounded lower tail),
+    so inversion reaches both tails of a law (a 53-bit ``U`` stops 2^-54 from either end)."""
+    upper = (rs.words(n) >> np.uint64(63)).astype(bool)
+    return upper, _log_uniform(rs, n) - _LN2
+
+
+def _invert_two_sided(log_pmf: np.ndarray, upper: np.ndarray, log_w: np.ndarray) -> np.ndarray:
+    """Inversion of :func:`_two_sided_uniform` draws against ``log_pmf`` (values 0..J, listed
+    until ``_TAIL_NATS`` below the smallest ``W``): the lower half gives the smallest ``k`` with
+    ``P(X ≤ k) ≥ W``, the upper half the smallest ``k`` with ``P(X > k) ≤ W``."""
+    log_cdf = np.logaddexp.accumulate(log_pmf)
+    log_sf = np.append(np.logaddexp.accumulate(log_pmf[::-1])[::-1][1:], -np.inf)  # log P(X > k)
+    low = np.minimum(np.searchsorted(log_cdf, log_w, side="left"), log_pmf.size - 1)
+    high = np.searchsorted(-log_sf, -log_w, side="left")
+    return np.where(upper, high, low).astype(np.int64)
+
+
+def poisson(rs: RandomSource, lam: float, size: int | tuple[int, ...]) -> np.ndarray:
+    """Poisson(``lam``) draws as int64, exact law with unbounded tails.
+
+    Inversion of :func:`_two_sided_uniform` draws (both tails exact) against the pmf
+    ``exp(−λ)·λ^k/k!`` listed until past the mean and ``_TAIL_NATS`` below the smallest ``W``;
+    ``λ`` above 10^6 is a sum of Poisson(λ/c) draws (same law). A 53-bit uniform (≥ 2^-54,
+    ≤ 1 − 2^-54) never gave a draw with ``P(X > k)`` below about 2^-54 (λ = 0.12: never above 10;
+    plausible deniability's Poisson(rows/|D_S|) candidates per seed).
+    """
+    lam = float(lam)
+    if not (lam >= 0 and math.isfinite(lam)):
+        raise ValueError(f"lam ({lam!r}) must be a finite number >= 0")
+    shape = (size,) if isinstance(size, (int, np.integer)) else tuple(size)
+    n = int(np.prod(shape)) if shape else 1
+    if lam == 0 or n == 0:
+        return np.zeros(shape, dtype=np.int64)
+    if lam > _POISSON_CHUNK:
+        parts = int(math.ceil(lam / _POISSON_CHUNK))
+        return sum((poisson(rs.child("part", i), lam / parts, shape) for i in range(parts)),
+                   np.zeros(shape, dtype=np.int64))
+    upper, log_w = _two_sided_uniform(rs, n)
+    floor = float(log_w.min()) - _TAIL_NATS
+    top = int(lam + 10 * math.sqrt(lam) + 40)
+    while True:
+        k = np.arange(top + 1, dtype=np.float64)
+        log_fact = np.concatenate(([0.0], np.cumsum(np.log(k[1:]))))
+        log_pmf = -lam + k * math.log(lam) - log_fact
+        if log_pmf[-1] < floor:
+            break
+        top *= 2
+    return _invert_two_sided(log_pmf, upper, log_w).reshape(shape)
 
 
 def sample_categorical(rs: RandomSource, probs: np.ndarray, size: int) -> np.ndarray:

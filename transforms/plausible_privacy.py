@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from beamsynth.transforms.noise import RandomSource, hypergeometric, laplace_internal
+from beamsynth.transforms.noise import RandomSource, hypergeometric, laplace_internal, poisson
 
 __all__ = [
     "count_plausible_generic",
@@ -42,7 +42,6 @@ __all__ = [
 ]
 
 _BELOW_ONE = float(np.nextafter(1.0, 0.0))
-_POISSON_TABLE_MAX = 10_000_000  # inversion table size limit (above: scipy's ppf, slower)
 
 
 # =============================================================================================
@@ -112,27 +111,20 @@ def theorem1_guarantee(*, k: int, gamma: float, epsilon0: float, t: int) -> tupl
 
 
 def poisson_counts(rs: RandomSource, lam: float, n: int) -> np.ndarray:
-    """``n`` i.i.d. ``Poisson(lam)`` draws by inversion of ``RandomSource.uniform`` (no numpy RNG).
+    """``n`` i.i.d. ``Poisson(lam)`` draws from :func:`~beamsynth.transforms.noise.poisson`
+    (exact law, unbounded tails; no numpy RNG).
 
     These multiplicities decide how many candidates each seed yields, i.e. the number of
     invocations of Mechanism 1 and which seeds they use, so they are part of the mechanism, not
-    post-processing: they come from the project's primitive stream. ``X = min{x : F(x) ≥ u}`` with
-    the exact CDF table ``F`` (scipy, double precision) up to the quantile of the largest uniform.
+    post-processing: they come from the project's primitive stream. Until the tenth session they
+    inverted a 53-bit uniform against a double-precision CDF table, which never gave a count with
+    ``P(X > x)`` below about 2^-54, so the total was not exactly Poisson(rows) as the bound ``C``
+    assumes.
     """
     lam = float(lam)
     if not (lam >= 0 and math.isfinite(lam)):
         raise ValueError(f"lam ({lam!r}) must be a finite number >= 0")
-    n = int(n)
-    if lam == 0 or n == 0:
-        return np.zeros(n, dtype=np.int64)
-    from scipy.stats import poisson
-
-    u = rs.uniform(n)
-    hi = int(poisson.ppf(_BELOW_ONE, lam))
-    if hi > _POISSON_TABLE_MAX:
-        return poisson.ppf(u, lam).astype(np.int64)
-    table = poisson.cdf(np.arange(hi + 1), lam)
-    return np.minimum(np.searchsorted(table, u, side="left"), hi).astype(np.int64)
+    return poisson(rs, lam, int(n))
 
 
 def candidate_bound(rows: int, tail_delta: float) -> int:

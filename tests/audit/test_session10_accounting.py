@@ -423,3 +423,24 @@ def test_binomial_tails_are_unbounded(monkeypatch):
     monkeypatch.setattr(RandomSource, "words", lambda self, m: np.full(m, 2**64 - 1, dtype=np.uint64))
     monkeypatch.setattr(noise, "_log_uniform", lambda rs, size: np.full(size, -200.0))
     assert noise.binomial(RandomSource(seed=1), n, p) == want
+
+
+def test_poisson_counts_tails_are_unbounded(monkeypatch):
+    """Plausible deniability's bound C assumes the Poisson(rows) total of the per-seed
+    Poisson(rows/|D_S|) counts; inverting a 53-bit uniform against a float CDF table never gave a
+    count beyond the quantile 1 − 2^-54 (λ = 3000/24421: never above 10, P(X > 10) = 2.2e-18).
+    With U at its top end and W = e^-200/2 the draw must be the exact quantile."""
+    from beamsynth.transforms.plausible_privacy import poisson_counts
+
+    lam = 3000 / 24421
+    log_w = -200.0 - math.log(2.0)
+
+    def log_sf(k):
+        return float(np.logaddexp.reduce([-lam + j * math.log(lam) - math.lgamma(j + 1)
+                                          for j in range(k + 1, k + 400)]))
+
+    want = next(k for k in range(200) if log_sf(k) <= log_w)
+    assert want > 40
+    monkeypatch.setattr(RandomSource, "words", lambda self, m: np.full(m, 2**64 - 1, dtype=np.uint64))
+    monkeypatch.setattr(noise, "_log_uniform", lambda rs, size: np.full(size, -200.0))
+    assert poisson_counts(RandomSource(seed=1), lam, 3).tolist() == [want] * 3
