@@ -6,6 +6,7 @@ Usage::
     nice -n 10 python benchmarks/plausible.py --only grid --data adult
     nice -n 10 python benchmarks/plausible.py --only throughput --candidates 1000000
     nice -n 10 python benchmarks/plausible.py --only target --generator privbayes cfs --seeds 1,2,3
+    nice -n 10 python benchmarks/plausible.py --only target --generator privbayes --via cli --no-input-rows
 
 * ``grid``: pass rate of Privacy Test 2 (ε0 = 1) for k ∈ {10, 50, 100}, γ ∈ {2, 4, 8}, ω from 5 to
   all attributes, with the model learned with ε = 1 on the train part (Beam-free core functions of
@@ -30,7 +31,9 @@ Usage::
   ω = 9, ``--rows 3000`` candidates, δ = 1e-6, total ε = 1 + the charged candidate release; the
   released rows scored by ``benchmarks/correlated.py``'s evaluator (TVD1/2/3 over declared cells,
   gradient boosting trained on the released rows and tested on the real test split), with the
-  pass rate, seconds, and the manifest's per-record and dataset-level (ε, δ).
+  pass rate, seconds, and the manifest's per-record and dataset-level (ε, δ). ``--via cli`` runs the
+  ``beamsynth synthesize`` command (progress output on) instead; ``--no-input-rows`` sizes the model
+  from its DP count; ``--dataset census_kdd --train-rows 30000`` checks a second data set.
 
 Evaluation reads real data in the clear: a benchmark, never a release.
 """
@@ -304,52 +307,82 @@ def throughput(data, seed, n_cand, baseline_cand):
           f"({beam_s * 1e6 / max(tested, 1):.0f} s per 1M)")
 
 
+def _run_cli(src: str, out: str, schema_name: str, *, total: float, delta: float, rows: int, seed: int,
+             opts: dict) -> None:
+    """``beamsynth synthesize`` as a user runs it (progress output on, DirectRunner); raises on failure."""
+    import subprocess
+
+    flags = {"generator": "--generator", "k": "--k", "gamma": "--gamma", "epsilon0": "--epsilon0",
+             "omega": "--omega", "pd_model_fraction": "--pd-model-fraction", "input_rows": "--input-rows"}
+    cmd = [os.path.join(os.path.dirname(sys.executable), "beamsynth"), "synthesize", src, "--schema", schema_name,
+           "--epsilon", repr(total), "--delta", repr(delta), "--output", out, "--method", "plausible",
+           "--rows", str(rows), "--seed", str(seed)]
+    for name, value in opts.items():
+        cmd += [flags[name], repr(value) if isinstance(value, float) else str(value)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {done.returncode}: {done.stderr[-2000:]}")
+
+
 def target(generators, seeds, *, model_eps=1.0, rows=3000, k=50, gamma=4.0, eps0=1.0, omega=9,
-           delta=1e-6) -> list[dict]:
-    """Issue 18's target through the real pipeline, per generator and seed (module docstring)."""
+           delta=1e-6, dataset="adult", train_rows=None, via="pipeline", input_rows=True) -> list[dict]:
+    """Issue 18's target through the real pipeline, per generator and seed (module docstring).
+
+    ``via="cli"`` runs the ``beamsynth synthesize`` command instead of ``run_synthesis``;
+    ``input_rows=False`` gives no public input size (the model is sized from its DP count, as for
+    a CLI user without ``--input-rows``); ``train_rows`` subsamples the train split (fixed
+    ``random_state=0``); ``dataset`` is a name of ``benchmarks/correlated.py`` with a target."""
     import json
     import tempfile
 
     from apache_beam.options.pipeline_options import PipelineOptions
 
     sys.path.insert(0, os.path.dirname(__file__))
-    from correlated import evaluate, load_dataset
+    from correlated import DATASETS, evaluate, load_dataset
 
     from beamsynth.pipelines.methods.plausible import TAIL_DELTA_FRACTION
     from beamsynth.pipelines.methods.synthesize import SynthesisConfig, run_synthesis
 
-    schema, train, test = load_dataset("adult")
+    spec = DATASETS[dataset]
+    schema, train, test = load_dataset(dataset)
+    if train_rows is not None and train_rows < len(train):
+        train = train.sample(n=train_rows, random_state=0).reset_index(drop=True)
     test_codes, _ = encode_frame(schema, test)
     cost = P.candidate_release_cost(rows=rows, k=k, gamma=gamma, epsilon0=eps0, t=k // 2,
                                     tail_delta=TAIL_DELTA_FRACTION * delta)["epsilon"]
     total = (cost + model_eps) * (1 + 1e-9)  # the model gets model_eps, the rest covers the test
     out_rows = []
-    print(f"\n## target: Adult train ({len(train)} rows) → released rows scored on test ({len(test)}); "
+    print(f"\n## target: {dataset} train ({len(train)} rows) → released rows scored on test ({len(test)}); "
           f"model ε={model_eps:g}, k={k}, γ={gamma:g}, ε0={eps0:g}, ω={omega}, rows={rows}, δ={delta:g}, "
-          f"total ε={total:.6g}")
+          f"total ε={total:.6g}; via {via}, {'public' if input_rows else 'no (DP n̂)'} input size")
     with tempfile.TemporaryDirectory() as tmp:
         src = os.path.join(tmp, "train.csv")
         train[schema.names].to_csv(src, index=False)
         for gen in generators:
             for seed in seeds:
                 out = os.path.join(tmp, f"{gen}_{seed}.csv")
-                cfg = SynthesisConfig(
-                    input=src, schema=schema, output=out, epsilon=total, delta=delta, method="plausible",
-                    rows=rows, seed=seed,
-                    options={"generator": gen, "k": k, "gamma": gamma, "epsilon0": eps0, "omega": omega,
-                             "pd_model_fraction": model_eps / total, "input_rows": len(train)})
+                opts = {"generator": gen, "k": k, "gamma": gamma, "epsilon0": eps0, "omega": omega,
+                        "pd_model_fraction": model_eps / total}
+                if input_rows:
+                    opts["input_rows"] = len(train)
+                load = os.getloadavg()[0]
                 t0 = time.perf_counter()
-                run_synthesis(cfg, PipelineOptions(["--runner=DirectRunner"]))
+                if via == "cli":
+                    _run_cli(src, out, spec["schema"], total=total, delta=delta, rows=rows, seed=seed, opts=opts)
+                else:
+                    cfg = SynthesisConfig(input=src, schema=schema, output=out, epsilon=total, delta=delta,
+                                          method="plausible", rows=rows, seed=seed, options=opts)
+                    run_synthesis(cfg, PipelineOptions(["--runner=DirectRunner"]))
                 secs = time.perf_counter() - t0
                 man = json.loads(open(out + ".manifest.json").read())
                 det = man["release"]["details"]["method"]
                 side = det["release_guarantee"]["side_by_side"]
                 synth = pd.read_csv(out, dtype=str, keep_default_na=False)
                 r = {"generator": gen, "seed": seed, "tested": det["tested"], "released": det["released"],
-                     "pass_rate": det["pass_rate"], "seconds": secs,
+                     "pass_rate": det["pass_rate"], "seconds": secs, "load": load,
                      "record_eps": side[0]["epsilon"], "record_delta": side[0]["delta"],
                      "dataset_eps": side[-1]["epsilon"], "dataset_delta": side[-1]["delta"]}
-                r.update(evaluate(schema, test_codes, synth, "income", ">50K", seed))
+                r.update(evaluate(schema, test_codes, synth, spec["target"], spec["positive"], seed))
                 out_rows.append(r)
                 print(json.dumps(r), flush=True)
     df = pd.DataFrame(out_rows)
@@ -374,6 +407,14 @@ def main(argv=None) -> int:
     ap.add_argument("--generator", nargs="+", choices=["privbayes", "cfs"], default=["privbayes", "cfs"],
                     help="target: the seed-based generators to run side by side (default both)")
     ap.add_argument("--seeds", default="1,2,3", help="target: seeds (default 1,2,3)")
+    ap.add_argument("--via", choices=["pipeline", "cli"], default="pipeline",
+                    help="target: run_synthesis in this process, or the beamsynth synthesize command")
+    ap.add_argument("--dataset", choices=["adult", "census_kdd"], default="adult",
+                    help="target: data set (benchmarks/correlated.py's train/test splits)")
+    ap.add_argument("--train-rows", type=int, default=None, help="target: subsample of the train split")
+    ap.add_argument("--omega", type=int, default=9, help="target: ω (default 9)")
+    ap.add_argument("--no-input-rows", dest="input_rows", action="store_false",
+                    help="target: no public input size (the model sized from its DP count)")
     ap.add_argument("--data", choices=["adult", "acs", "both"], default="both")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--model-epsilon", type=float, nargs="+", default=[1.0, 10.0],
@@ -383,7 +424,8 @@ def main(argv=None) -> int:
     ap.add_argument("--baseline-candidates", type=int, default=5000)
     args = ap.parse_args(argv)
     if args.only == "target":
-        target(args.generator, [int(s) for s in args.seeds.split(",")])
+        target(args.generator, [int(s) for s in args.seeds.split(",")], omega=args.omega, dataset=args.dataset,
+               train_rows=args.train_rows, via=args.via, input_rows=args.input_rows)
         return 0
     if args.only in (None, "accounting"):
         accounting()

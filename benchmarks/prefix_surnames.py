@@ -21,12 +21,15 @@ the number of persons and ``repeat`` so the defaults are not tuned to one distri
 1M-row query log (k = 1 per user) is checked too.
 
 The trees run Beam-free (``prefix_levels`` ``run_in_memory``: the same level functions and labelled
-draws as the Beam graph on the global window); ``--beam`` runs one stand-in through
-``beamsynth prefixes`` on the DirectRunner for seconds.
+draws as the Beam graph on the global window); ``--beam`` runs the ``--beam-standins`` (default
+base) through ``beamsynth prefixes`` (``run_prefixes``, DirectRunner) for every seed, with the
+seconds and the load (``--beam-only`` skips the Beam-free runs).
 
     nice -n 10 python benchmarks/prefix_surnames.py                 # all stand-ins, 3 seeds, ε = 1
     nice -n 10 python benchmarks/prefix_surnames.py --standins base --methods improved
     nice -n 10 python benchmarks/prefix_surnames.py --standins querylog --methods improved --k 2
+    nice -n 10 python benchmarks/prefix_surnames.py --methods improved direct --beam --beam-only \
+        --beam-standins base querylog --out /tmp/prefix_surnames_beam.json
 
 Measured 2026-11-24 (3 seeds, mean, load 12-14; docs/prefixes.md has every stand-in):
 ``improved`` recovers 1.000 / 1.000 of ≥300 / 100–299 on every stand-in and 0.995 / 0.612 on the
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import tempfile
@@ -202,7 +206,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="rows kept per person (max_contributions; the noise scales with it)")
     ap.add_argument("--max-length", type=int, default=20, help="declared max_length (default 20)")
     ap.add_argument("--alphabet", default=None, help="declared alphabet (default the codec's a-z0-9 space .)")
-    ap.add_argument("--beam", action="store_true", help="also time one DirectRunner run per method (base)")
+    ap.add_argument("--beam", action="store_true",
+                    help="also run the pipeline (beamsynth prefixes, DirectRunner) per method and seed on --beam-standins")
+    ap.add_argument("--beam-standins", nargs="+", default=["base"], choices=[*STANDINS, "querylog"],
+                    help="stand-ins run through the pipeline with --beam (default base)")
+    ap.add_argument("--beam-only", action="store_true", help="skip the Beam-free runs (with --beam)")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "out" / "prefix_surnames.json")
     args = ap.parse_args(argv)
     if not (DATA / "wordfreq_en_top200k.csv").exists():
@@ -213,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     names = surname_list()
     results: dict[str, dict[str, object]] = {}
     print(" | ".join(["stand-in", "method", *BAND_NAMES, "non_key", "rows", "seconds"]))
-    for sname in args.standins:
+    for sname in [] if args.beam_only else args.standins:
         for seed in args.seeds:
             if sname == "querylog":
                 rows = query_log(DATA / "query_log_1m.csv", codec)
@@ -235,15 +243,27 @@ def main(argv: list[str] | None = None) -> int:
             print(" | ".join([sname, mname, *[f"{mean[b]:.3f}" for b in BAND_NAMES],
                               f"{mean['non_key']:.3f}", f"{mean['rows']:.0f}", f"{mean['seconds']:.1f}"]),
                   flush=True)
-    if args.beam:
-        rows = make_standin(STANDINS["base"], names, args.seeds[0])
-        units, kept_keys = holders(rows), set(rows["surname"].unique())
+    for sname in args.beam_standins if args.beam else []:
+        # the pipeline bounds contributions itself (BoundContributions), so non_key is against every
+        # key of the data, not the Beam-free runs' bounded keys
         for mname in args.methods:
-            synth, secs = run_beam(rows, codec, METHODS[mname][0], args.epsilon, args.seeds[0])
-            rec = recovery(units, kept_keys, synth)
-            results.setdefault("beam/base", {})[mname] = {**rec, "seconds": round(secs, 1)}
-            print(f"beam base {mname}: " + " ".join(f"{b} {rec[b]:.3f}" for b in BAND_NAMES)
-                  + f" non_key {rec['non_key']:.3f} (vs all data keys), {secs:.0f} s", flush=True)
+            per_seed = {}
+            for seed in args.seeds:
+                rows = (query_log(DATA / "query_log_1m.csv", codec) if sname == "querylog"
+                        else make_standin(STANDINS[sname], names, seed))
+                units, kept_keys = holders(rows), set(rows["surname"].unique())
+                load = os.getloadavg()[0]
+                synth, secs = run_beam(rows, codec, METHODS[mname][0], args.epsilon, seed)
+                rec = recovery(units, kept_keys, synth)
+                per_seed[str(seed)] = {**rec, "seconds": round(secs, 1), "load": round(load, 1)}
+                print(f"beam {sname} {mname} seed {seed}: " + " ".join(f"{b} {rec[b]:.3f}" for b in BAND_NAMES)
+                      + f" non_key {rec['non_key']:.3f} (vs all data keys), rows {rec['rows']}, {secs:.0f} s"
+                      f" at load {load:.1f}", flush=True)
+            per_seed["mean"] = {k: float(np.mean([r[k] for r in per_seed.values()])) for k in per_seed[str(args.seeds[0])]}
+            results[f"beam/{sname}/{mname}"] = per_seed
+            m = per_seed["mean"]
+            print(f"beam {sname} {mname} mean: " + " ".join(f"{b} {m[b]:.3f}" for b in BAND_NAMES)
+                  + f" non_key {m['non_key']:.3f}, rows {m['rows']:.0f}, {m['seconds']:.0f} s", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     return 0
