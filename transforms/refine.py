@@ -15,7 +15,14 @@ Security 2021, §4–5: 2-way marginals chosen by dependence, records adjusted t
    float, date, datetime) into contiguous groups of about equal model mass, categorical domains
    into the ``groups − 1`` most frequent categories plus one group for the rest. A coarse pair
    table has at most ``groups²`` cells, so its noise per cell buys far more than a full-resolution
-   one (Adult's 14 × 14-bin pairs would drown in noise at these budgets).
+   one (Adult's 14 × 14-bin pairs would drown in noise at these budgets). With the A/B switch
+   :data:`PAIR_CELLS` (off by default; issue 18, eleventh session) the ``groups²`` cells belong
+   to the table, not to each column (:func:`pair_group_counts`): in a pair with a column of
+   fewer than ``groups`` declared cells that column is kept whole and the other gets
+   ``⌊C/cells⌋`` groups (Adult: sex × age 2 × 12 instead of 2 × 5), where ``C = min(groups², ⌊n̂/(θ·b)⌋)`` keeps the table
+   θ-useful (θ = :data:`PAIR_CELLS_THETA` = 4, PrivBayes §4.4; ``b`` the tables' noise scale,
+   ``n̂`` the network's noisy total: PUMS 1k at ε = 2 keeps 2 × 5). A function of declared
+   sizes and released values; same number of tables, same sensitivity and noise per table.
 3. **Rounds** (``rounds`` of them, ``pairs`` tables in all):
 
    a. *Select* (private): each not-yet-measured pair ``(a, b)`` is scored
@@ -80,6 +87,8 @@ __all__ = [
     "DEFAULT_REFINE_GROUPS",
     "DEFAULT_REFINE_PAIRS",
     "DEFAULT_REFINE_ROUNDS",
+    "PAIR_CELLS",
+    "PAIR_CELLS_THETA",
     "POOL_FACTOR",
     "REFINE_MIN_PAIRS",
     "REFINE_MIN_TABLE_EPSILON",
@@ -94,6 +103,7 @@ __all__ = [
     "RakeTarget",
     "coarse_groups",
     "coarse_table",
+    "pair_group_counts",
     "measure_refinement",
     "plan_refinement",
     "rake_weights",
@@ -116,6 +126,11 @@ POOL_FACTOR = 8  # a sampling shard of n rows rakes a pool of max(8n, POOL_MIN_R
 POOL_MIN_ROWS = 20_000
 RAKE_ITERATIONS = 10
 SAMPLE_RAKE_ITERATIONS = 5  # sweeps when a sampling shard rakes its pool (as good as 10 on Adult)
+# A/B switch (off: the default layout, groups per column): a small column leaves its share of the
+# groups² cells to the other (pair_group_counts) while n̂ ≥ θ·cells·b. Eleventh session: TVD2/3
+# better on Adult/ACS, GBM AUC lower on Adult (docs/privbayes.md), so not the default
+PAIR_CELLS = False
+PAIR_CELLS_THETA = 4.0
 
 
 @dataclass(frozen=True)
@@ -264,6 +279,22 @@ def coarse_groups(mass: np.ndarray, groups: int, *, ordered: bool) -> np.ndarray
     # renumber the groups actually used 0..g-1 (a heavy cell can swallow a whole quantile run)
     _, g = np.unique(g, return_inverse=True)
     return g.astype(np.int64)
+
+
+def pair_group_counts(size_a: int, size_b: int, groups: int,
+                      max_cells: int | None = None) -> tuple[int, int]:
+    """Groups per column of one coarse pair table: ``groups`` each, except that a column
+    declaring fewer than ``groups`` cells is kept whole and the other column gets
+    ``max(groups, ⌊max_cells/cells⌋)`` groups (``max_cells``, default ``groups²``: Adult, 5
+    groups, sex × age is 2 × 12, not 2 × 5). ``measure_refinement`` passes the θ-useful cap
+    :data:`PAIR_CELLS_THETA`. From public values only; :func:`coarse_groups` then caps each
+    count at the column's own cells."""
+    cap = groups * groups if max_cells is None else min(groups * groups, int(max_cells))
+    if size_a < groups <= size_b:
+        return size_a, max(groups, cap // size_a)
+    if size_b < groups <= size_a:
+        return max(groups, cap // size_b), size_b
+    return groups, groups
 
 
 def coarse_table(table: np.ndarray, ga: np.ndarray, gb: np.ndarray) -> np.ndarray:
@@ -442,13 +473,24 @@ def measure_refinement(
     pool_rows = int(min(plan.pool_rows, max(POOL_MIN_ROWS, 8 * total)))
     pool = model.sample_codes(pool_rows, rs.child("pool"))
     # post-processing: groupings from the network's own (noisy) 1-way marginals
-    groups = [coarse_groups(np.bincount(pool[:, j], minlength=shape[j]), plan.groups,
-                            ordered=bool(ordered[j])) for j in range(d)]
+    masses = [np.bincount(pool[:, j], minlength=shape[j]) for j in range(d)]
+    # cells a table may spread over while it stays θ-useful: n̂ ≥ θ·cells·b (public values)
+    max_cells = int(total / (PAIR_CELLS_THETA * plan.table_scale))
+    cached: dict[tuple[int, int], np.ndarray] = {}
+
+    def column_groups(j: int, g: int) -> np.ndarray:
+        if (j, g) not in cached:
+            cached[(j, g)] = coarse_groups(masses[j], g, ordered=bool(ordered[j]))
+        return cached[(j, g)]
+
+    def pair_groups(a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+        ga, gb = (pair_group_counts(shape[a], shape[b], plan.groups, max_cells) if PAIR_CELLS
+                  else (plan.groups, plan.groups))
+        return column_groups(a, ga), column_groups(b, gb)
+
     weights = np.ones(pool.shape[0])
-    # coarse codes of the pool, one small-int column per schema column (keys are built per pair
-    # when scored: holding every pair's keys would take pairs × pool rows of memory)
-    coarse = np.stack([groups[j][pool[:, j]] for j in range(d)], axis=1).astype(np.int32)
-    sizes = [int(g.max()) + 1 for g in groups]
+    pool32 = pool.astype(np.int32) if max(shape) < 2**31 else pool
+    groupings = {p: pair_groups(*p) for p in cands}
     scale = plan.table_scale
     exact: dict[tuple[int, int], np.ndarray] = {}
     released: list[NoisyMarginal] = []
@@ -460,10 +502,11 @@ def measure_refinement(
         estimates = {}
         scores = []
         for a, b in left:
+            ga, gb = groupings[(a, b)]
             if (a, b) not in exact:
-                exact[(a, b)] = coarse_table(pair_counts(a, b), groups[a], groups[b])
+                exact[(a, b)] = coarse_table(pair_counts(a, b), ga, gb)
             t = exact[(a, b)]
-            key = coarse[:, a] * sizes[b] + coarse[:, b]
+            key = ga[pool32[:, a]] * t.shape[1] + gb[pool32[:, b]]
             est = np.bincount(key, weights=weights, minlength=t.size).reshape(t.shape) * factor
             estimates[(a, b)] = est
             scores.append(float(np.abs(t - est).sum()) - t.size * scale)
@@ -473,7 +516,8 @@ def measure_refinement(
             a, b = left.pop(i)
             scores.pop(i)
             t = exact[(a, b)]
-            meta = {"coarse": True, "groups": [groups[a].tolist(), groups[b].tolist()], "round": r}
+            ga, gb = groupings[(a, b)]
+            meta = {"coarse": True, "groups": [ga.tolist(), gb.tolist()], "round": r}
             if plan.sigma is None:
                 noisy = t.astype(np.int64) + discrete_laplace(rs.child("measure", pick), scale, t.shape)
                 kind, noise_scale = "discrete Laplace", scale
@@ -488,7 +532,7 @@ def measure_refinement(
                 sensitivity=float(plan.max_contributions), meta=meta, noise=kind))
             # post-processing from here on: the released table and the model only
             prop = target_from_noisy(noisy, estimates[(a, b)], released[-1].variance, total)
-            targets.append(RakeTarget((a, b), (groups[a], groups[b]), prop))
+            targets.append(RakeTarget((a, b), (ga, gb), prop))
             pick += 1
         weights = rake_weights(pool, shape, [*base_targets, *targets], plan.rake_iterations)
     return RefineMeasurement(tuple(released), tuple(targets),

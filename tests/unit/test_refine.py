@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 
+from beamsynth.transforms import refine
 from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, PureDP
 from beamsynth.transforms.measure import NoisyMarginal
 from beamsynth.transforms.noise import RandomSource, discrete_laplace_scale
@@ -27,6 +28,7 @@ from beamsynth.transforms.refine import (
     coarse_groups,
     coarse_table,
     measure_refinement,
+    pair_group_counts,
     plan_refinement,
     rake_weights,
     systematic_resample,
@@ -429,6 +431,42 @@ def test_data_is_read_only_through_pair_counts_of_candidates():
     calls.clear()
     _refine(codes, pair_counts=recording)  # default: all pairs a < b
     assert set(calls) <= set(itertools.combinations(range(4), 2)) and len(calls) == len(set(calls))
+
+
+def test_pair_group_counts_leave_a_small_columns_cells_to_the_other():
+    assert pair_group_counts(2, 14, 5) == (2, 12)  # Adult sex × age: 2 × 12, not 2 × 5
+    assert pair_group_counts(14, 2, 5) == (12, 2)
+    assert pair_group_counts(3, 40, 8) == (3, 21)
+    assert pair_group_counts(14, 16, 5) == (5, 5)  # both wide: groups each
+    assert pair_group_counts(5, 14, 5) == (5, 5)  # not smaller than groups
+    assert pair_group_counts(3, 4, 5) == (5, 5)  # both whole (coarse_groups keeps them)
+    # the θ-useful cap: fewer cells than the small column × groups keeps the old layout
+    assert pair_group_counts(2, 14, 5, max_cells=6) == (2, 5)
+    assert pair_group_counts(2, 14, 5, max_cells=16) == (2, 8)
+    assert pair_group_counts(2, 14, 5, max_cells=1000) == (2, 12)
+    for a, b in itertools.product(range(1, 30), repeat=2):
+        ga, gb = pair_group_counts(a, b, 5)
+        assert min(ga, a) * min(gb, b) <= 25
+
+
+def test_a_pair_with_a_small_column_is_measured_finer_on_the_other(monkeypatch):
+    # d (3 cells) is below groups (4): the pair (a, d) gets a in ⌊16/3⌋ = 5 groups, d whole
+    codes = _dependent_data()
+    _, _, off = _refine(codes, candidates=[(0, 3), (0, 1)], pairs=2)
+    assert {t.columns: t.values.shape for t in off.tables}[(0, 3)] == (4, 3)  # default: off
+    monkeypatch.setattr(refine, "PAIR_CELLS", True)
+    _, _, m = _refine(codes, candidates=[(0, 3), (0, 1)], pairs=2)
+    shapes = {t.columns: t.values.shape for t in m.tables}
+    assert shapes == {(0, 3): (5, 3), (0, 1): (4, 4)}
+    target = next(t for t in m.targets if t.columns == (0, 3))
+    assert target.proportions.shape == (5, 3) and np.array_equal(target.groups[1], np.arange(3))
+    # where n̂ < θ·cells·b the table keeps groups per column (4 × 3): b = 62.5, n̂ = 3000
+    plan = plan_refinement(PureDP(epsilon=0.04), pairs=2, rounds=2, groups=4, pool_rows=5000)
+    assert len(codes) / (4.0 * plan.table_scale) < 5 * 3
+    low = measure_refinement(_pair_counts(codes), _independent_network(codes),
+                             total=float(len(codes)), ordered=ORDERED, names=NAMES, plan=plan,
+                             rs=RandomSource(seed=0), candidates=[(0, 3)])
+    assert low.tables[0].values.shape == (4, 3)
 
 
 def test_refinement_is_deterministic_for_a_seed():
