@@ -332,9 +332,9 @@ def test_plausible_suggestion_is_feasible(tmp_path, out, capsys):
     # it used to suggest k=379944 plausible seeds, more records than a 6,000-row data set has
     assert "would fit with k=" not in msg
     assert msg.endswith(
-        "; no feasible k gets there: k can be at most about 3000 (the seed share of a data set of about "
-        "6000 records, as --rows 6000 requests), and with k=3000, t=885, γ=4, ε0=0.01073 the requested "
-        "rows need a total ε ≥ 108.5; release fewer rows (--rows), or use --method independent or "
+        "; no feasible k gets there: k can be at most about 1800 (the seed share of a data set of about "
+        "6000 records, as --rows 6000 requests), and with k=1800, t=531, γ=4, ε0=0.01788 the requested "
+        "rows need a total ε ≥ 180.7; release fewer rows (--rows), or use --method independent or "
         "--method privbayes, whose cost does not grow with the rows released")
     _nothing_written(out)
 

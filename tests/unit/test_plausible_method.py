@@ -130,13 +130,18 @@ def test_deterministic_test_with_the_flag_claims_no_dp(generator):
 
 
 def test_privbayes_generator_sizes_from_the_public_input_rows():
-    """--input-rows scales to the model split (0.2 + 0.3 of 0.5/0.2/0.3) and replaces the DP count."""
+    """--input-rows scales to the model split (0.2 + 0.5 of the privbayes default 0.3/0.2/0.5; cfs
+    keeps the paper's 0.5/0.2/0.3) and replaces the DP count."""
     with_rows = {s.step for s in _plan(generator="privbayes", input_rows=32_000).accountant.spends}
     without = {s.step for s in _plan(generator="privbayes").accountant.spends}
     assert "plausible.model.size_count" in without and "plausible.model.size_count" not in with_rows
     plan = _plan(generator="privbayes", input_rows=32_000)
-    assert plan.method.model_rows == 16_000
-    assert plan.method.details()["model"]["privbayes"]["sizing"]["rows"] == 16_000
+    assert plan.method.fractions == (0.3, 0.2, 0.5)
+    assert plan.method.model_rows == 22_400
+    assert plan.method.details()["model"]["privbayes"]["sizing"]["rows"] == 22_400
+    assert _plan(generator="cfs").method.fractions == (0.5, 0.2, 0.3)
+    explicit = _plan(generator="privbayes", input_rows=32_000, plausible_split="0.5,0.2,0.3")
+    assert explicit.method.fractions == (0.5, 0.2, 0.3) and explicit.method.model_rows == 16_000
 
 
 @pytest.mark.parametrize("opts,msg", [
