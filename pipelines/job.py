@@ -23,6 +23,7 @@ from typing import Any
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.transforms.window import GlobalWindow, GlobalWindows
 
 from beamsynth.pipelines.io.manifest import build_manifest
 from beamsynth.pipelines.methods.registry import get_method
@@ -180,6 +181,13 @@ class Synthesize(PrivateTransform):
             # EncodedBatch of the schema's columns only
         tables, models, _rows = synthesize_batches(batches, self._plan)
         # pyarrow.Table shards of synthetic records
+        run_counts = getattr(self._plan.method, "run_counts", None)
+        if run_counts is not None:  # run-time figures for the manifest (e.g. plausible's released)
+            p.job.count_outputs.append(
+                run_counts
+                | "KeyRunCounts" >> beam.ParDo(_KeyRunCountFn(self.label))
+                | "GlobalRunCounts" >> beam.WindowInto(GlobalWindows()))
+            # ((MECHANISM, step), (window_start or None, field), n): WriteManifest's exact counts
         if self._typed:
             return {"tables": tables, "models": models}
         return tables | "ToRows" >> release_rows(p, table_rows, p.schema,
@@ -217,6 +225,23 @@ class PlausibleDeniability(Synthesize):
 
 
 # -- the manifest --------------------------------------------------------------------------------
+_MECHANISM = "mechanism"
+"""First part of the count key of a mechanism's run-time figures (a tuple: never a source name)."""
+
+
+class _KeyRunCountFn(beam.DoFn):
+    """``(field, n)`` of one step, in its window → ``((MECHANISM, step), (window_start, field), n)``
+    (``window_start`` ISO 8601 for a declared window, ``None`` on the global window)."""
+
+    def __init__(self, step: str) -> None:
+        self._step = step
+
+    def process(self, item: tuple[str, int], window=beam.DoFn.WindowParam):
+        start = None if isinstance(window, GlobalWindow) else iso_seconds(window.start)
+        field, n = item
+        yield (_MECHANISM, self._step), (start, field), int(n)
+
+
 class _MergeCountsFn(beam.CombineFn):
     """``(source, field, rows)`` → ``{source: {field: total}}`` (exact, private)."""
 
@@ -278,18 +303,53 @@ def windows_section(windows: Any, accountant: Mapping[str, Any]) -> dict[str, An
             "every window from the declared start on, each with the job's spends"}
 
 
+def _run_time_mechanisms(counts: Mapping[Any, Mapping[Any, int]], public: Mapping[str, Any]
+                         ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Every mechanism's public details with its run-time figures (a method's
+    ``run_time_details`` over the counts its step registered: public part, private part), and
+    the private parts by step. Windowed jobs list every declared window, empty ones as zeros;
+    an open-ended range lists the windows that have counts (``every_window=False``)."""
+    windows = public.get("windows")
+    starts = None if windows is None else windows.start_labels()
+    mechanisms, private = [], {}
+    for entry in public["mechanisms"]:
+        method = entry.get("method")  # a Synthesize step records mechanism "synthesis (<method>)"
+        hook = (getattr(get_method(method), "run_time_details", None)
+                if entry.get("mechanism") == f"synthesis ({method})" else None)
+        if hook is None:
+            mechanisms.append(entry)
+            continue
+        mine = counts.get((_MECHANISM, entry["step"]), {})  # {(window_start, field): n}
+        totals: dict[str, int] = {}
+        per_window: dict[str, dict[str, int]] | None = None
+        if windows is not None:
+            per_window = {s: {} for s in (starts or sorted({w for w, _ in mine}))}
+        for (start, field), n in mine.items():
+            totals[field] = totals.get(field, 0) + n
+            if per_window is not None:
+                per_window.setdefault(start, {})[field] = n
+        details, private[entry["step"]] = hook(entry["details"], totals, per_window,
+                                               every_window=starts is not None)
+        mechanisms.append({**entry, "details": details})
+    return mechanisms, private
+
+
 def assemble_manifest(counts: Mapping[str, Mapping[str, int]], *, public: Mapping[str, Any],
                       path: str) -> dict[str, Any]:
     """The job manifest from the public facts (taken at build time) and the exact counts."""
     sources = [s["source"] for s in public["sources"]]
+    mechanisms, private = _run_time_mechanisms(counts, public)
+    operational = _operational(counts, sources)
+    if private:
+        operational["mechanisms"] = private
     first = public["sources"][0] if public["sources"] else {"schema": None, "schema_sha256": None}
     return build_manifest(
         command="api", method="; ".join(m["step"] for m in public["mechanisms"]),
         inputs=sources, outputs={"manifest": path}, schema_name=first["schema"],
         schema_fingerprint=first["schema_sha256"], accountant=public["accountant"],
         seed=public["seed"], privacy_unit=public["privacy_unit"],
-        counts=_operational(counts, sources),
-        details={"job": public["job"], "mechanisms": public["mechanisms"],
+        counts=operational,
+        details={"job": public["job"], "mechanisms": mechanisms,
                  "sources": public["sources"],
                  "windows": windows_section(public.get("windows"), public["accountant"])})
 

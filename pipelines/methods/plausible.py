@@ -470,7 +470,53 @@ class PlausibleMethod(Method):
             alpha=self.alpha, max_records=self.max_records, max_contributions=self.max_contributions,
             fast_path=self.fast_path, seed=self.seed, generator=self.generator,
             model_rows=self.model_rows)
+        self.run_counts = ((out["released"] | "CountReleased" >> beam.Map(_released_items),
+                            out["rejected"] | "CountRejected" >> beam.FlatMap(_rejected_items))
+                           | "RunCounts" >> beam.Flatten())
+        # (field, n) per window: released / tested totals, per-reason rejections (for the API
+        # manifest, pipelines/job.py; the CLI reads the same totals from Beam metrics)
         return out["tables"]
+
+    @staticmethod
+    def run_time_details(details: dict[str, Any], totals: dict[str, int],
+                         per_window: dict[str, dict[str, int]] | None = None, *,
+                         every_window: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The API manifest's run-time figures from :attr:`run_counts` (``field → n``, summed
+        over the job and per declared window start): ``(public details, private part)``.
+
+        Public: ``released`` (the output's own size, also per window). Private: ``tested`` (=
+        ``candidates``: every candidate is tested once), ``pass_rate`` and the per-reason
+        rejections. ``tested`` is Poisson(rows) whatever the data only while the seed split D_S
+        is non-empty; an empty D_S gives 0 candidates (measured: 2 records → 0 tested, the same
+        plus one record → 113 tested at rows=100, 0 released in both), so it would reveal that
+        D_S (or a window's D_S) is empty and stays private here. ``every_window=False`` (an
+        open-ended declared range: only windows with counts are known) lists publicly only the
+        windows that released rows, as a window with seeds but no released row must look like
+        an empty one."""
+        def figures(c: dict[str, int]) -> dict[str, Any]:
+            released = int(c.get("released", 0))
+            tested = released + int(c.get("rejected", 0))
+            return {"candidates": tested, "tested": tested, "released": released,
+                    "pass_rate": released / tested if tested else None,
+                    "rejection_reasons": {r: int(c.get(f"rejected_{r}", 0))
+                                          for r in (REJECT_BELOW_K, REJECT_NOISY_THRESHOLD)}}
+
+        private = figures(totals)
+        public = {k: v for k, v in details.items() if k not in ("candidates", "tested", "pass_rate")}
+        public["released"] = private["released"]
+        public["counts_note"] = (
+            "released is the output's own size (public); candidates, tested and pass_rate are 0 "
+            "whenever the seed split D_S is empty and Poisson(rows) otherwise, so they would reveal "
+            "an empty D_S: they are in the manifest's private operational part (mechanisms), with "
+            "the per-reason rejection counts")
+        if per_window is not None:
+            windows = {start: figures(c) for start, c in per_window.items()}
+            public["released_per_window"] = [{"window_start": start, "released": w["released"]}
+                                             for start, w in windows.items()
+                                             if every_window or w["released"]]
+            private["per_window"] = [{"window_start": start, **w} for start, w in windows.items()]
+        private["note"] = "exact counts on private data, not covered by the DP guarantee"
+        return public, private
 
     def collect_metrics(self, result: Any) -> None:
         names = ["plausible_candidates", "plausible_tested", "plausible_released",
@@ -572,6 +618,16 @@ class PlausibleMethod(Method):
             },
             "note": "computed on private data without noise; not covered by the DP guarantee",
         }
+
+
+def _released_items(batch: EncodedBatch) -> tuple[str, int]:
+    return "released", len(batch)
+
+
+def _rejected_items(rej: RejectedCandidates):
+    yield "rejected", len(rej)
+    for reason, n in rej.reason_counts().items():
+        yield f"rejected_{reason}", n
 
 
 def _int(value: Any, name: str, low: int) -> int:
