@@ -378,8 +378,9 @@ def target(generators, seeds, *, model_eps=1.0, rows=3000, k=50, gamma=4.0, eps0
                 det = man["release"]["details"]["method"]
                 side = det["release_guarantee"]["side_by_side"]
                 synth = pd.read_csv(out, dtype=str, keep_default_na=False)
-                r = {"generator": gen, "seed": seed, "tested": det["tested"], "released": det["released"],
-                     "pass_rate": det["pass_rate"], "seconds": secs, "load": load,
+                op = man["operational"]["method"]  # tested / pass rate: private diagnostics
+                r = {"generator": gen, "seed": seed, "tested": op["tested"], "released": det["released"],
+                     "pass_rate": op["pass_rate"], "seconds": secs, "load": load,
                      "record_eps": side[0]["epsilon"], "record_delta": side[0]["delta"],
                      "dataset_eps": side[-1]["epsilon"], "dataset_delta": side[-1]["delta"]}
                 r.update(evaluate(schema, test_codes, synth, spec["target"], spec["positive"], seed))

@@ -63,6 +63,11 @@ at ε = 1 limits the released rows' ML scores, while the pass rate has room: 70%
 the model (Adult, seeds 1-6: accuracy mean 0.818, min 0.810, pass 68-71%; with 0.5 seeds 0.810,
 min 0.796, pass 75-78%; docs/plausible.md)."""
 TAIL_DELTA_FRACTION = 0.1
+COUNTS_NOTE = ("released is the output's own size (public); candidates, tested and pass_rate are 0 "
+               "whenever the seed split D_S is empty and Poisson(rows) otherwise, so they would reveal "
+               "an empty D_S: they are in the manifest's private operational part, with the "
+               "per-reason rejection counts")
+"""Why a manifest's public part carries ``released`` only (CLI and API)."""
 """Share of the user's δ given to ``δ_tail = P(Poisson(rows) > C)`` (the bound on invocations)."""
 NON_DP_WARNING = ("NOT DIFFERENTIALLY PRIVATE: the released records passed Privacy Test 1 "
                   "(deterministic, --allow-non-dp), which gives (k, γ)-plausible deniability only. "
@@ -504,11 +509,7 @@ class PlausibleMethod(Method):
         private = figures(totals)
         public = {k: v for k, v in details.items() if k not in ("candidates", "tested", "pass_rate")}
         public["released"] = private["released"]
-        public["counts_note"] = (
-            "released is the output's own size (public); candidates, tested and pass_rate are 0 "
-            "whenever the seed split D_S is empty and Poisson(rows) otherwise, so they would reveal "
-            "an empty D_S: they are in the manifest's private operational part (mechanisms), with "
-            "the per-reason rejection counts")
+        public["counts_note"] = COUNTS_NOTE
         if per_window is not None:
             windows = {start: figures(c) for start, c in per_window.items()}
             public["released_per_window"] = [{"window_start": start, "released": w["released"]}
@@ -587,8 +588,6 @@ class PlausibleMethod(Method):
         return rows
 
     def details(self) -> dict[str, Any]:
-        tested = self._metrics.get("plausible_tested")
-        released = self._metrics.get("plausible_released")
         warning = {"WARNING": NON_DP_WARNING, "differential_privacy": False} if self.test == "deterministic" else {}
         return warning | {
             "k": self.k, "gamma": self.gamma, "epsilon0": self.epsilon0, "omega": self.omega,
@@ -600,18 +599,22 @@ class PlausibleMethod(Method):
                        "privbayes": self.model_plan} if self.generator == "privbayes" else
                       {"epsilon": self.model_budget.epsilon, "delta": 0.0, "generator": "cfs",
                        "max_parents": self.max_parents, "max_cost": self.max_cost, "alpha": self.alpha}),
-            "release_guarantee": self.release_guarantee(tested),
-            "candidates": self._metrics.get("plausible_candidates"),
-            "tested": tested, "released": released,
-            "pass_rate": (released / tested) if tested else None,
-            "counts_note": "candidates ~ Poisson(rows) do not depend on the data and 'released' is the "
-                           "output's own size, so these totals are public; the per-reason rejection "
-                           "counts are private and go to the manifest's operational part",
+            "release_guarantee": self.release_guarantee(),
+            "released": self._metrics.get("plausible_released"),
+            "counts_note": COUNTS_NOTE,
         }
 
     def operational(self) -> dict[str, Any]:
-        """Per-reason rejection counts: exact diagnostics on private data (not DP)."""
+        """Exact diagnostics on private data (not DP): the candidates tested (0 exactly when the
+        seed split is empty, see :data:`COUNTS_NOTE`), the pass rate, the composition over the
+        tested count, and the per-reason rejection counts."""
+        tested = self._metrics.get("plausible_tested")
+        released = self._metrics.get("plausible_released")
+        guarantee = self.release_guarantee(tested) if tested is not None else {}
         return {
+            "candidates": self._metrics.get("plausible_candidates"), "tested": tested,
+            "pass_rate": (released / tested) if tested and released is not None else None,
+            "composed_over_tested": guarantee.get("composed"),
             "rejection_reasons": {
                 REJECT_BELOW_K: self._metrics.get(f"plausible_rejected_{REJECT_BELOW_K}"),
                 REJECT_NOISY_THRESHOLD: self._metrics.get(f"plausible_rejected_{REJECT_NOISY_THRESHOLD}"),

@@ -85,7 +85,8 @@ ORDER_SCHEMA_SPEC = {
                 for c in ("a", "b", "c")],
 }
 ORDER_SCHEMA = load_schema(ORDER_SCHEMA_SPEC)
-PLAUSIBLE = {"k": 10, "gamma": 4.0, "epsilon0": 5.0, "omega": 1, "plausible_t": 1}
+PLAUSIBLE = {"k": 10, "gamma": 4.0, "epsilon0": 5.0, "omega": 1, "plausible_t": 1,
+             "plausible_split": "0.5,0.2,0.3"}  # the split both order audits were calibrated on
 
 
 def _records() -> list[tuple[int, int, int]]:

@@ -130,10 +130,15 @@ def test_synthesize_cli_plausible_writes_released_rows_and_manifest(tmp_path):
     assert "WARNING" not in man["release"]
     det = man["release"]["details"]["method"]
     assert det["generator"] == "privbayes" and det["model"]["privbayes"]["degree"] >= 0
-    assert det["tested"] == det["candidates"] > 2000
-    assert "rejection_reasons" not in det  # private diagnostics stay out of the release part
-    rej = man["operational"]["method"]["rejection_reasons"]
-    assert det["released"] + sum(v for v in rej.values()) == det["tested"]
+    op = man["operational"]["method"]
+    assert op["tested"] == op["candidates"] > 2000
+    # private diagnostics stay out of the release part: tested/candidates are 0 exactly when the
+    # seed split is empty, so they would reveal it (H28's neighbour pair)
+    assert not {"rejection_reasons", "tested", "candidates", "pass_rate"} & set(det)
+    assert "candidates_tested" not in det["release_guarantee"] and "composed" not in det["release_guarantee"]
+    rej = op["rejection_reasons"]
+    assert det["released"] + sum(v for v in rej.values()) == op["tested"]
+    assert op["pass_rate"] == pytest.approx(det["released"] / op["tested"])
     assert man["release"]["rows_out"] == det["released"]
     g = det["release_guarantee"]["per_record"]
     assert g["t"] == 25 and g["delta"] == pytest.approx(np.exp(-25))
@@ -142,7 +147,7 @@ def test_synthesize_cli_plausible_writes_released_rows_and_manifest(tmp_path):
     assert "plausible.model.marginals" in model and all(k.startswith("plausible.model.") for k in model)
     assert sum(v["epsilon"] for v in model.values()) == pytest.approx(0.1 * 5000)
     cand = spends["plausible.candidates"]
-    assert cand["details"]["C"] >= det["tested"]  # the public bound covers the realized count
+    assert cand["details"]["C"] >= op["tested"]  # the public bound covers the realized count
     assert cand["epsilon"] == pytest.approx(cand["details"]["C"] * g["epsilon"])
     assert man["release"]["budget"]["spent"]["epsilon"] <= 5000
     # per-record and dataset-level guarantees side by side (Theorem 1; C·ε₁; + the model)
@@ -353,3 +358,36 @@ def test_generic_check_sample_is_stable_and_independent_of_batching_and_equal_ba
     assert sum((sample[4] - sample[2]).values()) <= 1 and sum((sample[2] - sample[4]).values()) <= 1
     odd = sum(1 for c in sample[2].values() if c % 2)
     assert odd > 10, f"only {odd} rows sampled an odd number of times: twins sampled together"
+
+
+_TOY_SCHEMA = """name: toy
+columns:
+  - {name: sex, type: categorical, domain: {kind: categorical, values: [F, M]}}
+  - {name: city, type: categorical, domain: {kind: categorical, values: [Oslo, Rome, Lima, Kiev, Baku]}}
+  - {name: band, type: integer, domain: {kind: integer, low: 0, high: 5}}
+"""
+
+
+def _toy_cli_manifest(folder, lines):
+    from beamsynth.pipelines.cli.main import main
+
+    folder.mkdir()
+    (folder / "s.yaml").write_text(_TOY_SCHEMA, encoding="utf-8")
+    (folder / "in.csv").write_text("sex,city,band\n" + "".join(f"{x}\n" for x in lines), encoding="utf-8")
+    assert main(["synthesize", str(folder / "in.csv"), "--schema", str(folder / "s.yaml"), "--epsilon", "500",
+                 "--delta", "1e-5", "--method", "plausible", "--rows", "100", "--seed", "3", "--quiet",
+                 "--allow-empty", "--output", str(folder / "out.csv"), "--runner=DirectRunner"]) == 0
+    return json.loads((folder / "out.csv.manifest.json").read_text())
+
+
+def test_cli_manifest_public_part_hides_an_empty_seed_split(tmp_path):
+    """Neighbours through the CLI (seed 3): D = 2 records whose seed split D_S is empty (0
+    candidates) and D + one record that lands in D_S (~Poisson(100) candidates, none released).
+    The number tested differs, so it must stay in the private operational part: until the tenth
+    session the public part carried candidates / tested / pass_rate (0 vs 105 here)."""
+    small = _toy_cli_manifest(tmp_path / "d", ["F,Oslo,0", "M,Rome,1"])
+    large = _toy_cli_manifest(tmp_path / "d1", ["F,Oslo,0", "M,Rome,1", "F,Baku,4"])
+    assert small["operational"]["method"]["tested"] == 0 < large["operational"]["method"]["tested"]
+    pub = [m["release"]["details"]["method"] for m in (small, large)]
+    assert pub[0]["released"] == pub[1]["released"] == 0
+    assert pub[0] == pub[1]
