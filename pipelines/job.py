@@ -411,6 +411,14 @@ class WriteManifest(beam.PTransform):
         if job.disjoint:  # declared by the user, not checked: parallel composition with other jobs
             public["disjoint_from_other_jobs"] = True
         p = pbegin.pipeline
+        if job.windows is not None and job.windows.declared_end is None:
+            raise ValueError(
+                f"{self.label}: job {job.name!r} declares open-ended windows ({job.windows!r}, "
+                "end=None): every release step is driven by heartbeats that never stop "
+                "(PeriodicImpulse), so the pipeline never finishes and a manifest would never be "
+                "written, even on a bounded input; declare the range's end "
+                "(bs.DeclaredWindows(start=..., end=..., size=...)) or drop bs.WriteManifest (the "
+                "spends are known now: job.accountant.to_dict(); docs/beam-api.md, windows)")
         if any(not c.is_bounded for c in job.count_outputs):
             raise ValueError(
                 f"{self.label}: job {job.name!r} reads an unbounded source; its manifest's exact "

@@ -157,3 +157,19 @@ def test_write_manifest_refuses_an_unbounded_pipeline_when_built(tmp_path):
         "bs.WriteManifest needs a bounded pipeline; the spends are known now: "
         "job.accountant.to_dict() (docs/beam-api.md, windows)")
     assert not (tmp_path / "manifest.json").exists()
+
+
+def test_write_manifest_refuses_open_ended_windows_on_a_bounded_input(tmp_path):
+    """end=None drives every release with PeriodicImpulse heartbeats that never stop: a bounded
+    job (Create) with bs.WriteManifest ran forever (H28: timed out after 90 s with bs.Count and
+    10 records). Now refused when built, with the way out."""
+    job = bs.PrivacyJob(epsilon=1.0, seed=7)
+    open_ended = bs.DeclaredWindows(start=T0, end=None, size=DAY)
+    p = beam.Pipeline(options=PipelineOptions(["--direct_running_mode=in_memory"]))
+    rows = p | beam.Create([{"sex": "F"}] * 3) | beam.Map(lambda r: beam_window.TimestampedValue(r, T0 + 60))
+    private = rows | job.private(SCHEMA, source=SOURCE, windows=open_ended)
+    _ = private | bs.Count(epsilon=1.0)
+    with pytest.raises(ValueError, match=r"declares open-ended windows .*end=None.*never finishes.*"
+                                         r"declare the range's end"):
+        _ = p | bs.WriteManifest(job=job, path=str(tmp_path / "manifest.json"))
+    assert not (tmp_path / "manifest.json").exists()
