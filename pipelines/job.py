@@ -204,7 +204,8 @@ class IndependentSynthesis(Synthesize):
 
 class PrivBayes(Synthesize):
     """:class:`Synthesize` with ``method="privbayes"``: a private Bayesian network from noisy
-    marginals (seed 004; docs/privbayes.md), pure ε-DP."""
+    marginals (seed 004; docs/privbayes.md), pure ε-DP; with ``delta > 0`` and
+    ``options={"pb_noise": "gaussian"}`` discrete Gaussian tables under zCDP, converted to (ε, δ)."""
 
     method_name = "privbayes"
 
