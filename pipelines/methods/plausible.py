@@ -63,12 +63,12 @@ at ε = 1 limits the released rows' ML scores, while the pass rate has room: 70%
 the model (Adult, seeds 1-6: accuracy mean 0.818, min 0.810, pass 68-71%; with 0.5 seeds 0.810,
 min 0.796, pass 75-78%; docs/plausible.md)."""
 TAIL_DELTA_FRACTION = 0.1
+"""Share of the user's δ given to ``δ_tail = P(Poisson(rows) > C)`` (the bound on invocations)."""
 COUNTS_NOTE = ("released is the output's own size (public); candidates, tested and pass_rate are 0 "
                "whenever the seed split D_S is empty and Poisson(rows) otherwise, so they would reveal "
                "an empty D_S: they are in the manifest's private operational part, with the "
                "per-reason rejection counts")
 """Why a manifest's public part carries ``released`` only (CLI and API)."""
-"""Share of the user's δ given to ``δ_tail = P(Poisson(rows) > C)`` (the bound on invocations)."""
 NON_DP_WARNING = ("NOT DIFFERENTIALLY PRIVATE: the released records passed Privacy Test 1 "
                   "(deterministic, --allow-non-dp), which gives (k, γ)-plausible deniability only. "
                   "The budget covers the model alone; the records carry no DP guarantee.")
@@ -507,7 +507,7 @@ class PlausibleMethod(Method):
                                           for r in (REJECT_BELOW_K, REJECT_NOISY_THRESHOLD)}}
 
         private = figures(totals)
-        public = {k: v for k, v in details.items() if k not in ("candidates", "tested", "pass_rate")}
+        public = dict(details)  # details() states no tested count (COUNTS_NOTE)
         public["released"] = private["released"]
         public["counts_note"] = COUNTS_NOTE
         if per_window is not None:
