@@ -476,20 +476,22 @@ def measure_refinement(
     masses = [np.bincount(pool[:, j], minlength=shape[j]) for j in range(d)]
     # cells a table may spread over while it stays θ-useful: n̂ ≥ θ·cells·b (public values)
     max_cells = int(total / (PAIR_CELLS_THETA * plan.table_scale))
-    cached: dict[tuple[int, int], np.ndarray] = {}
+    # (column, groups) → (group of every cell, the pool's coarse codes): each column is coded once
+    # per group count (the pool has up to plan.pool_rows rows; a pair's keys are built when scored)
+    cached: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
 
-    def column_groups(j: int, g: int) -> np.ndarray:
+    def column_groups(j: int, g: int) -> tuple[np.ndarray, np.ndarray]:
         if (j, g) not in cached:
-            cached[(j, g)] = coarse_groups(masses[j], g, ordered=bool(ordered[j]))
+            cells = coarse_groups(masses[j], g, ordered=bool(ordered[j]))
+            cached[(j, g)] = cells, cells[pool[:, j]].astype(np.int32)
         return cached[(j, g)]
 
-    def pair_groups(a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+    def pair_groups(a: int, b: int) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
         ga, gb = (pair_group_counts(shape[a], shape[b], plan.groups, max_cells) if PAIR_CELLS
                   else (plan.groups, plan.groups))
         return column_groups(a, ga), column_groups(b, gb)
 
     weights = np.ones(pool.shape[0])
-    pool32 = pool.astype(np.int32) if max(shape) < 2**31 else pool
     groupings = {p: pair_groups(*p) for p in cands}
     scale = plan.table_scale
     exact: dict[tuple[int, int], np.ndarray] = {}
@@ -502,11 +504,11 @@ def measure_refinement(
         estimates = {}
         scores = []
         for a, b in left:
-            ga, gb = groupings[(a, b)]
+            (ga, ca), (gb, cb) = groupings[(a, b)]
             if (a, b) not in exact:
                 exact[(a, b)] = coarse_table(pair_counts(a, b), ga, gb)
             t = exact[(a, b)]
-            key = ga[pool32[:, a]] * t.shape[1] + gb[pool32[:, b]]
+            key = ca * t.shape[1] + cb
             est = np.bincount(key, weights=weights, minlength=t.size).reshape(t.shape) * factor
             estimates[(a, b)] = est
             scores.append(float(np.abs(t - est).sum()) - t.size * scale)
@@ -516,7 +518,7 @@ def measure_refinement(
             a, b = left.pop(i)
             scores.pop(i)
             t = exact[(a, b)]
-            ga, gb = groupings[(a, b)]
+            (ga, _), (gb, _) = groupings[(a, b)]
             meta = {"coarse": True, "groups": [ga.tolist(), gb.tolist()], "round": r}
             if plan.sigma is None:
                 noisy = t.astype(np.int64) + discrete_laplace(rs.child("measure", pick), scale, t.shape)
