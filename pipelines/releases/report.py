@@ -31,6 +31,7 @@ import pandas as pd
 from beamsynth.pipelines.io.filesystem import exists, is_local, join, read_text, write_text_atomic
 from beamsynth.pipelines.releases.ledger import lifetime_text
 from beamsynth.pipelines.releases.quality import (
+    as_codes,
     encode_frame,
     marginal_table,
     ml_efficacy,
@@ -49,6 +50,7 @@ __all__ = [
     "private_report_html",
     "public_report_html",
     "read_table",
+    "real_codes",
     "write_release_reports",
 ]
 
@@ -325,20 +327,27 @@ def _tstr_section(schema: Schema, real: np.ndarray, synth: np.ndarray, target: s
 
 def private_report_html(
     schema: Schema,
-    real: pd.DataFrame,
+    real: pd.DataFrame | np.ndarray,
     synthetic: pd.DataFrame,
     *,
     title: str = "beamsynth quality report",
     target: str | None = None,
     model_description: Mapping[str, Any] | None = None,
     seed: int = 0,
+    real_dropped: int = 0,
 ) -> str:
-    """The quality report comparing ``real`` with ``synthetic`` (contains private statistics)."""
+    """The quality report comparing ``real`` with ``synthetic`` (contains private statistics).
+
+    ``real``: a DataFrame of values, or the code matrix of the records a pipeline used
+    (:func:`real_codes`; ``real_dropped`` then counts the records its reader rejected)."""
     if not isinstance(schema, Schema):
         raise TypeError(f"schema must be a Schema, got {type(schema).__name__}")
     if target is not None and target not in schema.names:
         raise ValueError(f"target ({target!r}) is not a column of the schema ({schema.names})")
-    real_codes, real_dropped = encode_frame(schema, _aligned(schema, real))
+    if isinstance(real, pd.DataFrame):
+        real_codes, real_dropped = encode_frame(schema, _aligned(schema, real))
+    else:
+        real_codes = as_codes(schema, real)
     synth_codes, synth_dropped = encode_frame(schema, _aligned(schema, synthetic))
     sections = [
         f"<p>Real rows compared: {real_codes.shape[0]} ({real_dropped} outside the declared "
@@ -541,18 +550,46 @@ def write_release_reports(cfg: Any, folder: str, release: Mapping[str, Any],
     if cfg.private_report and synth_tables:
         parts = []
         for t in synth_tables:
-            real = pd.concat([read_table(p, max_rows=cfg.max_plot_rows) for p in _expand(t.inputs)],
-                             ignore_index=True)
-            model = models[t.name]
-            target = cfg.target if cfg.target in schemas[t.name].names else None
-            parts.append((t.name, private_report_html(schemas[t.name], real, synth[t.name],
-                                                      title=f"{cfg.name} / {t.name}: quality report",
-                                                      target=target, model_description=model)))
+            title = f"{cfg.name} / {t.name}: quality report"
+            try:  # reads the private rows: nothing in them may stop the release (rules 7 and 8)
+                real, rejected = real_codes(schemas[t.name], _expand(t.inputs), max_rows=cfg.max_plot_rows)
+                target = cfg.target if cfg.target in schemas[t.name].names else None
+                page = private_report_html(schemas[t.name], real, synth[t.name], title=title,
+                                           target=target, model_description=models[t.name],
+                                           real_dropped=rejected)
+            except Exception as exc:  # any failure here depends on the private rows
+                page = _page(title, PRIVATE_BANNER, "banner",
+                             [f"<p>The quality report could not be computed: {_e(type(exc).__name__)}: "
+                              f"{_e(exc)}</p>"])
+            parts.append((t.name, page))
         path = join(folder, "private", "report.html")
         body = parts[0][1] if len(parts) == 1 else _join_pages(parts)
         _write_text(path, body)
         written["private"] = path
     return written
+
+
+def real_codes(schema: Schema, paths: Sequence[str], *, max_rows: int) -> tuple[np.ndarray, int]:
+    """``(codes, rejected)`` of up to ``max_rows`` records of ``paths`` that the pipeline uses,
+    read by its own readers and encoder (every record judged alone: a malformed line or a value
+    outside the declared domain is counted in ``rejected``, never an error)."""
+    from beamsynth.pipelines.io.encode import encode_block
+    from beamsynth.pipelines.io.read import iter_raw_blocks
+    from beamsynth.pipelines.io.records import RawBlock
+
+    parts, rejected, kept = [], 0, 0
+    for path in paths:
+        for block in iter_raw_blocks(path):
+            if kept >= max_rows:
+                return np.concatenate(parts), rejected
+            if not isinstance(block, RawBlock):
+                rejected += 1
+                continue
+            batch, bad = encode_block(schema, block)
+            rejected += len(bad)
+            parts.append(np.asarray(batch.codes, dtype=np.int64)[:max_rows - kept])
+            kept += parts[-1].shape[0]
+    return (np.concatenate(parts) if parts else np.zeros((0, len(schema.shape)), np.int64)), rejected
 
 
 def _expand(patterns: Sequence[str]) -> list[str]:
