@@ -178,6 +178,7 @@ class PrivacyJob:
         self.windows: DeclaredWindows | None = None  # the declared windows of its collections
         self._windowing: str | None = None  # first collection's windowing, for the message
         self._frozen: str | None = None
+        self._pipeline: weakref.ref[beam.Pipeline] | None = None  # the one pipeline it budgets
 
     def private(self, schema: Schema | str, **kwargs: Any) -> MakePrivate:
         """``records | job.private(schema)``: a :class:`MakePrivate` step of this job."""
@@ -503,7 +504,15 @@ class MakePrivate(beam.PTransform):
                 "over the same records. Use one bs.PrivacyJob per pipeline and call job.private "
                 "on every source (its ε is the pipeline's total), or, only for jobs over disjoint "
                 "people, declare disjoint=True on every job")
-        jobs.append(self._job)
+        job = self._job
+        if job._pipeline is not None and job._pipeline() is not pipeline:
+            raise ValueError(
+                f"{self.label}: job {job.name!r} ({job.accountant.total}) already belongs to "
+                "another pipeline (its spends and exact counts are that pipeline's manifest); "
+                "make a new bs.PrivacyJob for each pipeline, e.g. inside the loop that builds "
+                "them (runs over the same people add up: give each its share of the total ε)")
+        job._pipeline = weakref.ref(pipeline)
+        jobs.append(job)
 
     def expand(self, elements):
         declared = self._declared(elements)

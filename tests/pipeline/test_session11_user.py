@@ -1,0 +1,42 @@
+"""Session 11 (H31): an ETL user's jobs beyond the documented snippets. Each test is a bug that
+user hit, failing on the code before its fix."""
+
+from __future__ import annotations
+
+import json
+
+import apache_beam as beam
+import pytest
+
+import beamsynth as bs
+
+ROW = {"age": 39, "sex": "Male", "race": "White", "income": "<=50K"}
+SMALL = bs.load_schema("adult").select(["age", "sex", "race", "income"])
+
+
+def test_one_job_in_a_second_pipeline_is_refused_when_built(tmp_path):
+    """A job reused by a per-day loop of pipelines: the second pipeline's manifest failed with
+    Beam's 'Mixing values in different pipelines' after the first had run. Now job.private
+    refuses the second pipeline, naming the job and what to do (also once the first pipeline is
+    gone)."""
+    job = bs.PrivacyJob(epsilon=1.0, name="daily")
+    with beam.Pipeline() as p:
+        private = p | beam.Create([ROW] * 5) | job.private(SMALL)
+        private | bs.Count(epsilon=0.3) | beam.Map(lambda r: None)
+    del p, private
+    p2 = beam.Pipeline()
+    rows = p2 | beam.Create([ROW] * 6)
+    with pytest.raises(ValueError, match=r"MakePrivate\(adult\): job 'daily' \(ε=1\) already "
+                       r"belongs to another pipeline.*make a new bs\.PrivacyJob for each pipeline"):
+        rows | job.private(SMALL)
+    assert job.accountant.spent_epsilon == pytest.approx(0.3)  # nothing more was spent
+    # the same job on the same pipeline twice (two sources) stays fine
+    job2 = bs.PrivacyJob(epsilon=1.0)
+    p3 = beam.Pipeline()
+    a = p3 | "A" >> beam.Create([ROW]) | "PA" >> job2.private(SMALL, source="a")
+    b = p3 | "B" >> beam.Create([ROW]) | "PB" >> job2.private(SMALL, source="b")
+    a | "CA" >> bs.Count(epsilon=0.1)
+    b | "CB" >> bs.Count(epsilon=0.1)
+    p3 | bs.WriteManifest(job=job2, path=str(tmp_path / "m.json"))
+    p3.run().wait_until_finish()
+    assert json.loads((tmp_path / "m.json").read_text())["operational"]["sources"]["b"]["read"] == 1
