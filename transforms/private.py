@@ -468,8 +468,14 @@ class MakePrivate(beam.PTransform):
                 "windows=bs.DeclaredWindows(start=..., end=..., size=...) to job.private on "
                 "timestamped input in the global window (docs/beam-api.md, docs/streaming.md)")
         check_release_windowing(elements, self.label, qualify=False)  # triggers that fire twice
-        return declared if declared is not None else (
+        declared = declared if declared is not None else (
             windowfn if isinstance(windowfn, DeclaredWindows) else None)
+        if declared is None and not elements.is_bounded:
+            raise ValueError(
+                f"{self.label}: the input is unbounded (a stream) in the global window, whose "
+                "release would never fire; pass windows=bs.DeclaredWindows(start=..., end=..., "
+                "size=...) to job.private (one release per declared window, docs/streaming.md)")
+        return declared
 
     def _check_runner(self, elements: beam.PCollection, declared: DeclaredWindows | None) -> None:
         runner = elements.pipeline.runner

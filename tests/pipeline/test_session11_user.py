@@ -40,3 +40,20 @@ def test_one_job_in_a_second_pipeline_is_refused_when_built(tmp_path):
     p3 | bs.WriteManifest(job=job2, path=str(tmp_path / "m.json"))
     p3.run().wait_until_finish()
     assert json.loads((tmp_path / "m.json").read_text())["operational"]["sources"]["b"]["read"] == 1
+
+
+def test_a_stream_without_declared_windows_is_refused_by_job_private():
+    """On an unbounded source in the global window, bs.Count failed with Beam's 'GroupByKey cannot
+    be applied to an unbounded PCollection with global windowing and a default trigger', after
+    spending its ε, and without saying that windows must be declared."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.testing.test_stream import TestStream
+
+    job = bs.PrivacyJob(epsilon=1.0)
+    p = beam.Pipeline(options=PipelineOptions(["--streaming"]))
+    stream = p | TestStream().add_elements([ROW]).advance_watermark_to_infinity()
+    with pytest.raises(ValueError, match=r"MakePrivate\(adult\): the input is unbounded \(a "
+                       r"stream\) in the global window.*windows=bs\.DeclaredWindows\(start=\.\.\., "
+                       r"end=\.\.\., size=\.\.\.\)"):
+        stream | job.private(SMALL)
+    assert job.accountant.spent_epsilon == 0
