@@ -35,9 +35,12 @@ from typing import Any
 from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, PureDP, zcdp_rho
 from beamsynth.transforms.noise import discrete_laplace_scale
 from beamsynth.transforms.privbayes_sizing import (
+    GAUSSIAN_REFINE_MIN_TABLE_RHO,
     SIZE_COUNT_FRACTION,
     ForestPlan,
     NetworkSizing,
+    gaussian_refine_pairs_for_rows,
+    gaussian_refine_size,
     plan_forest,
     refine_pairs_for_rows,
     refine_size,
@@ -95,7 +98,7 @@ NOISE_MODES = ("laplace", "gaussian")
 GAUSSIAN_SHARES = {"structure": 0.03, "marginals": 0.45, "selection": 0.10, "measure": 0.42}
 GAUSSIAN_REFINE_PAIRS = 40
 GAUSSIAN_REFINE_GROUPS = 8
-GAUSSIAN_REFINE_MIN_TABLE_RHO = 2.5e-5  # σ ≤ 141: the std of the Laplace rule's b = 100 tables
+# GAUSSIAN_REFINE_MIN_TABLE_RHO (privbayes_sizing): σ ≤ 141, the std of the Laplace rule's b = 100
 
 
 # -- budget plan ---------------------------------------------------------------------------------
@@ -392,6 +395,14 @@ def gaussian_plan(plan: PrivBayesPlan, budget: ApproxDP, *, pairs: int = GAUSSIA
     are the Laplace plan's; ``marginal_budget`` and the refinement's ``measure_budget`` become the
     Laplace-equivalent ε (same noise std), used only for data-independent penalties. Plans of
     the small-input models (``forest``/``one_way``, if present) stay pure DP (returned as is).
+
+    Refinement size (wide tables, docs/privbayes.md "Twelfth session"): ``pairs`` (capped by the
+    ρ floor per table, :data:`GAUSSIAN_REFINE_MIN_TABLE_RHO`) in ``rounds``, unless the plan is
+    sized (``sizing="auto"``) and ``n̂·√ρ_meas`` supports more:
+    :func:`~beamsynth.transforms.privbayes_sizing.gaussian_refine_size` (up to ``d`` pairs, at
+    most 5 picks a round), decided here with a public row count, else in the measurement step
+    from the DP count (:meth:`NetworkSizing.refine_plan`: the same ρ_sel and ρ_meas re-split over
+    the chosen ``P``, so the spend is exact for every ``P``).
     """
     if budget.delta <= 0:
         raise ValueError("noise='gaussian' needs delta > 0 (zCDP converted to (ε, δ)); got δ = 0")
@@ -425,17 +436,39 @@ def gaussian_plan(plan: PrivBayesPlan, budget: ApproxDP, *, pairs: int = GAUSSIA
     # Laplace-equivalent ε of the tables (same std: σ = √2·m/ε_t) for the penalties only
     sigma_eq = m / math.sqrt(2 * marginal_rho / plan.max_tables)
     marginal_budget = PureDP(epsilon=plan.max_tables * math.sqrt(2) * m / sigma_eq)
+    n_rounds = min(rounds, n_pairs)
+    sizing = plan.sizing
+    if sizing is not None:
+        # the refinement's size follows n̂·√ρ_meas (wide tables), public rows here, else the DP
+        # count at run time (NetworkSizing.refine_plan with refine_noise="gaussian")
+        wide = 0
+        if n_pairs and sizing.rows is not None:
+            wide = gaussian_refine_pairs_for_rows(sizing.rows, measure_rho, plan_shape(plan),
+                                                  groups=groups, max_contributions=m)
+            n_pairs, n_rounds = gaussian_refine_size(
+                sizing.rows, measure_rho, plan_shape(plan), requested=pairs, planned=n_pairs,
+                rounds=rounds, countable=sizing.refine_countable, groups=groups,
+                max_contributions=m)
+        sizing = dataclasses.replace(sizing, refine_noise="gaussian", refine_pairs_for_rows=wide,
+                                     refine_requested=pairs if n_pairs else 0,
+                                     refine_rounds=rounds if n_pairs else 0)
     if n_pairs:
         sigma_r = m / math.sqrt(2 * measure_rho / n_pairs)
         refine = RefinePlan(
-            pairs=n_pairs, rounds=min(rounds, n_pairs), groups=groups,
+            pairs=n_pairs, rounds=n_rounds, groups=groups,
             selection_budget=PureDP(epsilon=math.sqrt(2 * selection_rho / n_pairs) * n_pairs),
             measure_budget=PureDP(epsilon=n_pairs * math.sqrt(2) * m / sigma_r),
             max_contributions=m, sigma=sigma_r, delta=budget.delta)
     zcdp = ZCDPPlan(budget=budget, rho=rho, count_rho=count_rho, structure_rho=structure_rho,
                     marginal_rho=marginal_rho, selection_rho=selection_rho, measure_rho=measure_rho)
     return dataclasses.replace(plan, structure_budget=structure_budget,
-                               marginal_budget=marginal_budget, refine=refine, zcdp=zcdp)
+                               marginal_budget=marginal_budget, refine=refine, zcdp=zcdp,
+                               sizing=sizing)
+
+
+def plan_shape(plan: PrivBayesPlan) -> tuple[int, ...]:
+    """The declared shape a sized plan was made for (``plan.sizing.shape``)."""
+    return tuple(plan.sizing.shape)
 
 
 def spend_zcdp(accountant: PrivacyAccountant, plan: PrivBayesPlan, prefix: str = "privbayes") -> None:
@@ -466,8 +499,14 @@ def spend_zcdp(accountant: PrivacyAccountant, plan: PrivBayesPlan, prefix: str =
         parts["refine.marginals"] = {
             "mechanism": "discrete Gaussian on the selected coarse 2-way marginals",
             "tables": plan.refine.pairs, "sigma": plan.refine.sigma, "rho": z.measure_rho,
-            "groups_per_column": plan.refine.groups,
+            "groups_per_column": plan.refine.groups, "rounds": plan.refine.rounds,
             "l2_sensitivity_per_table": plan.max_contributions}
+        largest = None if plan.sizing is None else plan.sizing.refine_largest(plan.refine)
+        if largest is not None:  # the run may choose more pairs from the DP count: same ρ
+            parts["refine.largest"] = {"picks": largest.pairs, "tables": largest.pairs,
+                                       "rounds": largest.rounds,
+                                       "epsilon_per_pick": largest.pick_epsilon,
+                                       "sigma": largest.sigma, "note": REFINE_RUN_TIME_NOTE_ZCDP}
     accountant.spend(
         f"{prefix}.zcdp", z.budget,
         mechanism="PrivBayes network + refinement under zCDP (discrete Gaussian tables)",
@@ -483,6 +522,15 @@ REFINE_RUN_TIME_NOTE = (
     "ε evenly (ε/P per pick or table), so the spend is exact. The run's P per window: a CLI "
     "synthesize manifest's release.details.method.privbayes.sizing.chosen_refine; any run: the "
     "Beam counter beamsynth/privbayes_refine_pairs_<P> (windows that chose P)")
+
+
+REFINE_RUN_TIME_NOTE_ZCDP = (
+    "the number of pairs P (picks = tables) is chosen in the measurement step from the DP count "
+    "n̂ (gaussian_refine_size; post-processing, public) between the planned P and this one; "
+    "every P splits the same ρ_sel and ρ_meas evenly (ε_pick = √(2ρ_sel/P), σ = m/√(2ρ_meas/P)), "
+    "so the spend is exact. The run's P per window: a CLI synthesize manifest's "
+    "release.details.method.privbayes.sizing.chosen_refine; any run: the Beam counter "
+    "beamsynth/privbayes_refine_pairs_<P>")
 
 
 def spend_privbayes(accountant: PrivacyAccountant, plan: PrivBayesPlan, prefix: str = "privbayes") -> None:

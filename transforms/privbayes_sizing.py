@@ -10,7 +10,9 @@
 * :func:`refine_pairs_for_rows`, :func:`refine_rounds_for_pairs`, :func:`refine_size` — how many
   coarse pairs the refinement measures when ``n̂·ε`` supports more than requested (wide tables,
   issue 18), from a public row count at build time or the DP count at run time
-  (:meth:`NetworkSizing.refine_plan`).
+  (:meth:`NetworkSizing.refine_plan`); :func:`gaussian_refine_pairs_for_rows`,
+  :func:`gaussian_refine_size`, :func:`resize_gaussian_refinement` — the same for the zCDP
+  plan's discrete Gaussian tables (``n̂·√ρ``).
 
 Shapes: public numbers and the declared shape in, frozen plans out; :func:`choose_forest` reads
 the exact candidate counts (``dict[tuple[int, ...], np.ndarray]``) inside the measurement step
@@ -68,6 +70,11 @@ __all__ = [
     "refine_pairs_for_rows",
     "refine_rounds_for_pairs",
     "refine_size",
+    "GAUSSIAN_REFINE_NOISE_MASS",
+    "GAUSSIAN_REFINE_MIN_TABLE_RHO",
+    "gaussian_refine_pairs_for_rows",
+    "gaussian_refine_size",
+    "resize_gaussian_refinement",
 ]
 
 SIZING_THETA = 2.5  # usefulness a k-parent family needs (docs/privbayes.md "Model size from n̂·ε")
@@ -83,6 +90,15 @@ REFINE_PAIRS_RULE = ("P = min(countable pairs, d, ⌊√(κ·n̂·ε_meas/(m·gr
                      f"⌈P/{REFINE_PICKS_PER_ROUND}⌉) rounds where P exceeds the requested pairs, "
                      "else the requested pairs that get ε ≥ 0.01 each; κ = "
                      f"{REFINE_NOISE_MASS}")
+# zCDP plan (noise="gaussian"): the same rule for discrete Gaussian tables (docs/privbayes.md
+# "Twelfth session: Gaussian mode on wide tables")
+GAUSSIAN_REFINE_NOISE_MASS = 3.6  # κ_G: reproduces the tuned 40 pairs on Adult at ε = 1, δ = 1e-9
+GAUSSIAN_REFINE_MIN_TABLE_RHO = 2.5e-5  # ρ floor per table: σ ≤ 141, the std of Laplace b = 100
+GAUSSIAN_REFINE_PAIRS_RULE = (
+    "P = min(countable pairs, d, ⌊ρ_meas/ρ_min⌋, ⌊(κ_G·n̂·√(π·ρ_meas)/(m·groups²))^(2/3)⌋) in "
+    f"max(rounds, ⌈P/{REFINE_PICKS_PER_ROUND}⌉) rounds where P exceeds the requested pairs, else "
+    f"the requested pairs (≥ ρ_min each) in the requested rounds; κ_G = "
+    f"{GAUSSIAN_REFINE_NOISE_MASS}, ρ_min = {GAUSSIAN_REFINE_MIN_TABLE_RHO}")
 
 
 # -- model size from n̂ and ε ---------------------------------------------------------------------
@@ -139,6 +155,7 @@ class NetworkSizing:
     refine_requested: int = 0
     refine_rounds: int = 0
     refine_countable: int = 0
+    refine_noise: str = "laplace"  # "gaussian": the zCDP plan's rule (gaussian_refine_size)
 
     def degree(self, rows_hat: float) -> int:
         """The degree for an estimate ``rows_hat`` (public or DP: post-processing)."""
@@ -149,10 +166,23 @@ class NetworkSizing:
         """The refinement plan (:class:`~beamsynth.transforms.refine.RefinePlan`) for a DP count
         ``rows_hat`` (post-processing): ``refine`` with the pairs and rounds of
         :func:`refine_size`, its ``selection_budget`` and ``measure_budget`` unchanged (so each
-        pick gets ``ε_sel/P``, each table ``ε_meas/P``). ``None``, a zCDP refinement (``sigma``,
-        sized by its own rule) or a disabled refinement come back as they are."""
-        if refine is None or refine.sigma is not None or self.refine_requested <= 0:
+        pick gets ``ε_sel/P``, each table ``ε_meas/P``); a zCDP refinement (``sigma``) with the
+        pairs and rounds of :func:`gaussian_refine_size` and its ``ρ_sel``/``ρ_meas`` unchanged
+        (:func:`resize_gaussian_refinement`). ``None`` or a disabled refinement come back as they
+        are."""
+        if refine is None or self.refine_requested <= 0:
             return refine
+        if refine.sigma is not None:
+            if self.refine_noise != "gaussian":
+                return refine
+            pairs, rounds = gaussian_refine_size(
+                rows_hat, refine.pairs * refine.table_rho, self.shape,
+                requested=self.refine_requested, planned=refine.pairs, rounds=self.refine_rounds,
+                countable=self.refine_countable, groups=refine.groups,
+                max_contributions=self.max_contributions)
+            if (pairs, rounds) == (refine.pairs, refine.rounds):
+                return refine
+            return resize_gaussian_refinement(refine, pairs, rounds)
         pairs, rounds = refine_size(
             rows_hat, refine.measure_budget.epsilon, self.shape, requested=self.refine_requested,
             planned=refine.pairs, rounds=self.refine_rounds, countable=self.refine_countable,
@@ -166,18 +196,25 @@ class NetworkSizing:
         run-time ``P`` is reported through a metric; the rounds and ε per pick/table follow)."""
         if refine is None or pairs == refine.pairs:
             return refine
-        return dataclasses.replace(refine, pairs=pairs,
-                                   rounds=refine_rounds_for_pairs(pairs, self.refine_rounds))
+        rounds = refine_rounds_for_pairs(pairs, self.refine_rounds)
+        if refine.sigma is not None:
+            return resize_gaussian_refinement(refine, pairs, rounds)
+        return dataclasses.replace(refine, pairs=pairs, rounds=rounds)
 
     def refine_largest(self, refine: Any) -> Any:
         """The plan with the most pairs :meth:`refine_plan` can choose at run time from a DP
         count (``min(countable, d)`` pairs, where that exceeds the requested count), or ``None``
         when the run always keeps ``refine`` (public rows, zCDP, no refinement, or a rule that
-        cannot raise the request). Public: a function of the declared shape and parameters."""
-        if (refine is None or refine.sigma is not None or self.refine_requested <= 0
-                or self.rows is not None or self.count_budget is None):
+        cannot raise the request; zCDP: also capped by the ρ floor per table). Public: a function
+        of the declared shape and parameters."""
+        if (refine is None or self.refine_requested <= 0 or self.rows is not None
+                or self.count_budget is None
+                or (refine.sigma is not None and self.refine_noise != "gaussian")):
             return None
         most = min(int(self.refine_countable), len(self.shape))
+        if refine.sigma is not None:
+            most = min(most, int(refine.pairs * refine.table_rho / GAUSSIAN_REFINE_MIN_TABLE_RHO
+                                 + 1e-9))
         if most <= max(self.refine_requested, refine.pairs):
             return None
         return self.refine_plan_for(refine, most)
@@ -193,7 +230,8 @@ class NetworkSizing:
             "rows_source": "public input row count (CLI --input-rows)" if self.rows is not None
             else "DP count in the measurement step (discrete Laplace, Δ = m)"}
         if self.refine_requested > 0:
-            out.update(refine_pairs_rule=REFINE_PAIRS_RULE,
+            out.update(refine_pairs_rule=GAUSSIAN_REFINE_PAIRS_RULE
+                       if self.refine_noise == "gaussian" else REFINE_PAIRS_RULE,
                        refine_pairs_source="public input row count (CLI --input-rows), at build "
                        "time" if self.rows is not None else "the DP count n̂ (size_count), in the "
                        "measurement step: post-processing, the refinement's ε fixed at build time")
@@ -266,6 +304,64 @@ def refine_size(rows: float, measure_epsilon: float, shape: Sequence[int], *, re
     if wide > requested and wide > planned:
         return wide, refine_rounds_for_pairs(wide, rounds)
     return planned, min(int(rounds), planned)
+
+
+def gaussian_refine_pairs_for_rows(rows: float, measure_rho: float, shape: Sequence[int], *,
+                                   groups: int, max_contributions: int = 1,
+                                   noise_mass: float = GAUSSIAN_REFINE_NOISE_MASS) -> int:
+    """How many coarse 2-way tables a zCDP refinement (``noise="gaussian"``) can measure at
+    ``n̂ = rows``: :func:`refine_pairs_for_rows` for discrete Gaussian tables.
+
+    ``P`` tables share ``measure_rho`` equally, so each gets σ = m·√(P/(2ρ_meas)) on at most
+    ``groups²`` cells; a cell's expected |noise| is about σ·√(2/π), so the tables' summed expected
+    L1 noise is ``groups²·m·P^{3/2}/√(π·ρ_meas)``. The rule keeps it at most ``κ_G·n̂``:
+    ``P = ⌊(κ_G·n̂·√(π·ρ_meas)/(m·groups²))^{2/3}⌋``, capped at ``d`` as the Laplace rule.
+    κ_G = :data:`GAUSSIAN_REFINE_NOISE_MASS` = 3.6 reproduces the tuned 40 pairs of 8 groups on
+    Adult at ε = 1, δ = 1e-9 (32,561 rows, ρ_meas = 0.0063); census_kdd (199,523 rows, 41
+    columns) reaches the cap ``d`` = 41 at every ε ≥ 0.5. A pure function of public values
+    (``rows`` public or a DP count, the declared shape, ρ): no budget, no data.
+    """
+    d = len(shape)
+    if d < 2 or rows <= 0 or measure_rho <= 0:
+        return 0
+    cells = int(groups) ** 2
+    p = (noise_mass * float(rows) * math.sqrt(math.pi * float(measure_rho))
+         / (max_contributions * cells)) ** (2 / 3)
+    return int(min(d, math.floor(p + 1e-9)))
+
+
+def gaussian_refine_size(rows: float, measure_rho: float, shape: Sequence[int], *, requested: int,
+                         planned: int, rounds: int, countable: int, groups: int,
+                         max_contributions: int = 1,
+                         min_table_rho: float = GAUSSIAN_REFINE_MIN_TABLE_RHO) -> tuple[int, int]:
+    """``(pairs, rounds)`` of a zCDP refinement at ``n̂ = rows``: :func:`refine_size` with
+    :func:`gaussian_refine_pairs_for_rows`, also capped by the ρ floor per table
+    (``⌊ρ_meas/min_table_rho⌋``). Where ``P`` exceeds both the ``requested`` and the ``planned``
+    pairs: ``P`` in :func:`refine_rounds_for_pairs` rounds (at most 5 picks a round); otherwise
+    ``planned`` in ``min(rounds, planned)`` rounds (Adult and ACS: 40 pairs in 3 rounds, as
+    tuned). Public values only (build time with ``--input-rows``, the DP count at run time)."""
+    floor = int(measure_rho / min_table_rho + 1e-9) if measure_rho > 0 else 0
+    wide = min(int(countable), floor, gaussian_refine_pairs_for_rows(
+        rows, measure_rho, shape, groups=groups, max_contributions=max_contributions))
+    if wide > requested and wide > planned:
+        return wide, refine_rounds_for_pairs(wide, rounds)
+    return planned, min(int(rounds), planned)
+
+
+def resize_gaussian_refinement(refine: Any, pairs: int, rounds: int) -> Any:
+    """A zCDP refinement plan (``refine.sigma`` set) re-split over ``pairs`` picks and tables with
+    the same ``ρ_sel`` and ``ρ_meas``: each pick ``ε = √(2ρ_sel/P)`` (``ε²/2``-zCDP, Bun & Steinke
+    2016 Prop. 1.4), each table ``σ = m/√(2ρ_meas/P)`` (``m²/(2σ²)``-zCDP, CKS 2020 Thm. 4), so
+    the ``P`` picks and ``P`` tables cost ``ρ_sel + ρ_meas`` whatever ``P`` is (zCDP composition);
+    ``measure_budget`` stays the Laplace-equivalent ε (same std) the selection penalty uses."""
+    m = refine.max_contributions
+    selection_rho = refine.pairs * refine.pick_epsilon ** 2 / 2
+    measure_rho = refine.pairs * refine.table_rho
+    sigma = m / math.sqrt(2 * measure_rho / pairs)
+    return dataclasses.replace(
+        refine, pairs=int(pairs), rounds=int(rounds), sigma=sigma,
+        selection_budget=PureDP(epsilon=math.sqrt(2 * selection_rho / pairs) * pairs),
+        measure_budget=PureDP(epsilon=pairs * math.sqrt(2) * m / sigma))
 
 
 # -- the small-input model: 1-way tables + a budget-aware forest -----------------------------------

@@ -138,3 +138,118 @@ def test_gaussian_small_input_fallback_stays_within_the_planned_rho():
     except ImportError:  # before the fix: the tables alone already exceed ρ
         pass
     assert _released_rho(m.marginals) + structure_rho <= rest * (1 + 1e-9)
+
+
+# -- the zCDP refinement's size on wide tables (H29, docs/privbayes.md "Twelfth session") ----------
+def _census_shape():
+    from beamsynth.schemas.schema import load_schema
+
+    return tuple(load_schema("census_kdd").shape)
+
+
+def _refine_rhos(refine):
+    """(ρ_sel, ρ_meas) from a refinement plan's own parameters: P picks of ε²/2, P tables of
+    m²/(2σ²)."""
+    m = refine.max_contributions
+    return (refine.pairs * refine.pick_epsilon ** 2 / 2,
+            refine.pairs * m ** 2 / (2 * refine.sigma ** 2))
+
+
+@pytest.mark.parametrize("eps", [0.5, 1.0, 2.0])
+def test_gaussian_refinement_follows_rows_on_wide_tables_only(eps):
+    """census_kdd (41 columns, 199,523 rows): 41 pairs in 9 rounds (≤ 5 picks a round), from
+    --input-rows at build time or the DP count at run time; Adult and ACS keep the tuned 40
+    pairs in 3 rounds; a smaller census_kdd input keeps 40 (the rule only raises)."""
+    from beamsynth.schemas.schema import load_schema
+
+    budget = ApproxDP(epsilon=eps, delta=1e-9)
+    census = _census_shape()
+
+    def plan(shape, rows):
+        return gaussian_plan(plan_privbayes(shape, budget, sizing="auto", rows=rows,
+                                            refine_pairs=40, refine_groups=8), budget)
+
+    public = plan(census, 199_523)
+    assert (public.refine.pairs, public.refine.rounds) == (41, 9)
+    run_time = plan(census, None)
+    assert (run_time.refine.pairs, run_time.refine.rounds) == (40, 3)  # planned; n̂ decides
+    chosen = run_time.sizing.refine_plan(199_523, run_time.refine)
+    assert (chosen.pairs, chosen.rounds) == (41, 9)
+    assert run_time.sizing.refine_largest(run_time.refine).pairs == 41
+    small = run_time.sizing.refine_plan(5_000, run_time.refine)
+    assert small is run_time.refine
+    for name, rows in (("adult", 32_561), ("acs_national", 27_253)):
+        shape = tuple(load_schema(name).shape)
+        for p in (plan(shape, rows), plan(shape, None)):
+            got = p.sizing.refine_plan(rows, p.refine) if p.sizing.rows is None else p.refine
+            assert (got.pairs, got.rounds) == (40, 3), name
+
+
+@pytest.mark.parametrize("rows", [199_523, None])
+def test_gaussian_wide_refinement_spends_exactly_its_rho(rows):
+    """Whatever P the rule picks (build time or run time), the P picks and P tables cost the
+    planned ρ_sel and ρ_meas, and the parts add up to ρ: the (ε, δ) spend stays exact."""
+    budget = ApproxDP(epsilon=1.0, delta=1e-9)
+    plan = gaussian_plan(plan_privbayes(_census_shape(), budget, sizing="auto", rows=rows,
+                                        refine_pairs=40, refine_groups=8), budget)
+    z = plan.zcdp
+    assert z.spent_rho == pytest.approx(z.rho, rel=1e-12)
+    refines = [plan.refine]
+    if rows is None:
+        refines += [plan.sizing.refine_plan(199_523, plan.refine),
+                    plan.sizing.refine_plan_for(plan.refine, 41)]
+    for refine in refines:
+        sel, meas = _refine_rhos(refine)
+        assert sel == pytest.approx(z.selection_rho, rel=1e-12)
+        assert meas == pytest.approx(z.measure_rho, rel=1e-12)
+        assert refine.table_rho >= 2.5e-5 - 1e-15  # the ρ floor per table
+    assert refines[-1].pairs == 41
+
+
+def test_gaussian_refinement_manifest_says_which_rule():
+    budget = ApproxDP(epsilon=1.0, delta=1e-9)
+    public = gaussian_plan(plan_privbayes(_census_shape(), budget, sizing="auto", rows=199_523,
+                                          refine_pairs=40, refine_groups=8), budget)
+    sizing = public.details()["sizing"]
+    assert "κ_G" in sizing["refine_pairs_rule"] and sizing["refine_pairs_for_rows"] == 41
+    assert "public input row count" in sizing["refine_pairs_source"]
+    acc = PrivacyAccountant(total=budget)
+    spend_privbayes(acc, public)
+    parts = acc.to_dict()["spends"][0]["details"]["parts"]
+    assert parts["refine.marginals"]["tables"] == 41 and parts["refine.marginals"]["rounds"] == 9
+    assert "refine.largest" not in parts
+    run_time = gaussian_plan(plan_privbayes(_census_shape(), budget, sizing="auto",
+                                            refine_pairs=40, refine_groups=8), budget)
+    details = run_time.details()
+    assert "DP count" in details["sizing"]["refine_pairs_source"]
+    assert details["refine"]["largest"]["pairs"] == 41
+    acc = PrivacyAccountant(total=budget)
+    spend_privbayes(acc, run_time)
+    parts = acc.to_dict()["spends"][0]["details"]["parts"]
+    assert parts["refine.largest"]["tables"] == 41 and parts["refine.largest"]["rounds"] == 9
+    assert "gaussian_refine_size" in parts["refine.largest"]["note"]
+
+
+def test_gaussian_run_time_refinement_releases_the_chosen_tables_at_the_planned_rho():
+    """The measurement step (DP count path) on a wide input: the rule's P tables are released,
+    each with its σ, and their ρ adds up to the planned ρ_meas."""
+    from beamsynth.transforms.privbayes import candidate_families, measure_privbayes
+
+    shape = (3,) * 16
+    budget = ApproxDP(epsilon=1.0, delta=1e-9)
+    plan = gaussian_plan(plan_privbayes(shape, budget, sizing="auto", refine_pairs=10,
+                                        refine_groups=8), budget, pairs=10)
+    assert plan.refine.pairs == 10 and plan.sizing.count_budget is not None
+    rng = np.random.default_rng(5)
+    codes = rng.integers(0, 3, (20_000, len(shape)))
+    codes[:, 1::2] = (codes[:, 0::2] + (rng.random((20_000, 8)) < 0.2)) % 3
+    fams = candidate_families(len(shape), plan.degree, shape=shape,
+                              max_family_cells=plan.max_family_cells)
+    counts = [c.reshape([shape[i] for i in f]) for c, f in zip(count_marginals(codes, fams, shape), fams)]
+    m = measure_privbayes(counts, fams, shape=shape, names=[f"c{i}" for i in range(len(shape))],
+                          plan=plan, rs=RandomSource(seed=1))
+    chosen = plan.sizing.refine_plan(m.sizing["rows_hat"], plan.refine)
+    assert m.sizing["refine_pairs"] == chosen.pairs == 16 and m.sizing["refine_rounds"] == 4
+    tables = m.refinement.tables
+    assert len(tables) == 16 and {t.scale for t in tables} == {chosen.sigma}
+    assert sum(t.meta["rho"] for t in tables) == pytest.approx(plan.zcdp.measure_rho, rel=1e-12)
