@@ -346,6 +346,8 @@ class _JobLedger:
             return
         acct = PrivacyAccountant(total=self.total)
         for name, steps in self.steps:
+            if steps is spent and not acct.can_spend(spent.total):  # name the step's whole ε
+                acct.spend(name, spent.total, mechanism="probe")  # raises BudgetExceededError
             for s in steps.spends:
                 acct.spend(f"{name}/{s.step}", s.budget, mechanism=s.mechanism, details=s.details)
         self.accountant = acct

@@ -286,7 +286,7 @@ def test_steps_of_one_yaml_pipeline_share_the_job_budget(tmp_path: Path) -> None
         _build_yaml(_two_steps(tmp_path, (0.6, 0.6), job))
     assert isinstance(err.value.__cause__, BudgetExceededError)
     assert str(err.value).endswith(
-        "step 'Synth1/independent.marginals' asks for ε=0.6 but only (ε=0.4, δ=0) of the total "
+        "step 'Synth1' asks for ε=0.6 but only (ε=0.4, δ=0) of the total "
         "ε=1 remains (already spent: Synth0/independent.marginals ε=0.6)")
     with pytest.raises(ValueError, match=r"steps \['Synth0', 'Synth1'\] run in one pipeline"):
         _build_yaml(_two_steps(tmp_path, (0.5, 0.5), ""))

@@ -57,3 +57,22 @@ def test_a_stream_without_declared_windows_is_refused_by_job_private():
                        r"end=\.\.\., size=\.\.\.\)"):
         stream | job.private(SMALL)
     assert job.accountant.spent_epsilon == 0
+
+
+def test_yaml_step_overspending_the_job_budget_names_the_step_and_its_epsilon():
+    """Two BeamsynthSynthesize steps (independent 0.4, privbayes 0.7) under job_budget ε = 1 were
+    refused as "step 'PB/privbayes.refine.marginals' asks for ε=0.1372 ...": a sub-spend the
+    user never wrote. Now the step's whole ε is named."""
+    pytest.importorskip("apache_beam.yaml.yaml_transform")
+    from beamsynth.pipelines.yaml_transforms import Synthesize
+
+    p = beam.Pipeline()
+    rows = p | beam.Create([beam.Row(age="39", sex="Male", race="White", income="<=50K")])
+    job = {"epsilon": 1.0}
+    _ = rows | "Indep" >> Synthesize(schema="adult", epsilon=0.4, method="independent", rows=5,
+                                     job_budget=job)
+    with pytest.raises(bs.BudgetExceededError) as err:
+        _ = rows | "PB" >> Synthesize(schema="adult", epsilon=0.7, method="privbayes", rows=5,
+                                      job_budget=job)
+    assert str(err.value) == ("step 'PB' asks for ε=0.7 but only (ε=0.6, δ=0) of the total ε=1 "
+                              "remains (already spent: Indep/independent.marginals ε=0.4)")
