@@ -503,10 +503,10 @@ def spend_zcdp(accountant: PrivacyAccountant, plan: PrivBayesPlan, prefix: str =
             "l2_sensitivity_per_table": plan.max_contributions}
         largest = None if plan.sizing is None else plan.sizing.refine_largest(plan.refine)
         if largest is not None:  # the run may choose more pairs from the DP count: same ρ
-            parts["refine.largest"] = {"picks": largest.pairs, "tables": largest.pairs,
-                                       "rounds": largest.rounds,
-                                       "epsilon_per_pick": largest.pick_epsilon,
-                                       "sigma": largest.sigma, "note": REFINE_RUN_TIME_NOTE_ZCDP}
+            parts["refine.marginals"]["largest"] = {
+                "picks": largest.pairs, "tables": largest.pairs, "rounds": largest.rounds,
+                "epsilon_per_pick": largest.pick_epsilon, "sigma": largest.sigma,
+                "note": REFINE_RUN_TIME_NOTE_ZCDP}
     accountant.spend(
         f"{prefix}.zcdp", z.budget,
         mechanism="PrivBayes network + refinement under zCDP (discrete Gaussian tables)",

@@ -217,7 +217,7 @@ def test_gaussian_refinement_manifest_says_which_rule():
     spend_privbayes(acc, public)
     parts = acc.to_dict()["spends"][0]["details"]["parts"]
     assert parts["refine.marginals"]["tables"] == 41 and parts["refine.marginals"]["rounds"] == 9
-    assert "refine.largest" not in parts
+    assert "largest" not in parts["refine.marginals"]
     run_time = gaussian_plan(plan_privbayes(_census_shape(), budget, sizing="auto",
                                             refine_pairs=40, refine_groups=8), budget)
     details = run_time.details()
@@ -226,8 +226,10 @@ def test_gaussian_refinement_manifest_says_which_rule():
     acc = PrivacyAccountant(total=budget)
     spend_privbayes(acc, run_time)
     parts = acc.to_dict()["spends"][0]["details"]["parts"]
-    assert parts["refine.largest"]["tables"] == 41 and parts["refine.largest"]["rounds"] == 9
-    assert "gaussian_refine_size" in parts["refine.largest"]["note"]
+    largest = parts["refine.marginals"]["largest"]
+    assert largest["tables"] == 41 and largest["rounds"] == 9
+    assert "gaussian_refine_size" in largest["note"]
+    assert sum(p["rho"] for p in parts.values()) == pytest.approx(run_time.zcdp.rho, rel=1e-12)
 
 
 def test_gaussian_run_time_refinement_releases_the_chosen_tables_at_the_planned_rho():
