@@ -48,6 +48,7 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.options.pipeline_options import StandardOptions
 from apache_beam.transforms.window import GlobalWindows
+from apache_beam.typehints import typehints
 from apache_beam.typehints.row_type import RowTypeConstraint
 
 from beamsynth.schemas.keys import KeyCodec
@@ -387,6 +388,21 @@ def _with_unit(schema: Schema, unit: PrivacyUnit) -> Schema:
     return dataclasses.replace(schema, privacy_id=unit.id_column)
 
 
+def _may_hold_records(hint: Any) -> bool:
+    """Whether some elements of a PCollection typed ``hint`` can be records: a union with a record
+    type among its members, or any dict type. Such an input is judged element by element (others
+    are dead letters), never refused when built: ``beam.Create`` types its PCollection from the
+    values, so ``Create(dicts + [None])`` is ``Union[NoneType, Dict[str, str]]`` and
+    ``Create(dicts + [{1: 2}])`` is ``Dict[Union[int, str], ...]``; refusing those made whether the
+    pipeline builds depend on one element (rules 7, 8; found by H30). A type with no record
+    member (``str`` from ``ReadFromText``) is still refused when built."""
+    if isinstance(hint, typehints.UnionConstraint):
+        return any(_may_hold_records(h) for h in hint.union_types)
+    if isinstance(hint, typehints.DictConstraint):
+        return True
+    return False
+
+
 class MakePrivate(beam.PTransform):
     """User elements → a :class:`PrivateCollection` of encoded, bounded records.
 
@@ -443,6 +459,8 @@ class MakePrivate(beam.PTransform):
         subclass to Beam but are read by field name like one."""
         hint = getattr(pvalueish, "element_type", None)
         if isinstance(hint, type) and issubclass(hint, tuple) and hasattr(hint, "_fields"):
+            return
+        if _may_hold_records(hint):  # a type inferred from the values (beam.Create): see below
             return
         super().type_check_inputs(pvalueish)
 

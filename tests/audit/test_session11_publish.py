@@ -100,3 +100,57 @@ def test_release_publishes_the_same_with_one_malformed_line_more(tmp_path: Path,
     assert [k for k in pub_d if pub_d[k] != pub_d1[k]] == []
     private = (rel_d1 / "private" / "report.html").read_text(encoding="utf-8")
     assert "Real rows compared: 100 (1 outside the declared domains dropped)" in private
+
+
+# -- 2. the API: an element that is no record must not stop the pipeline from being built -----------
+def _api_run(elements: list, folder: Path) -> dict:
+    import apache_beam as beam
+
+    import beamsynth as bs
+
+    folder.mkdir()
+    with beam.Pipeline() as p:
+        job = bs.PrivacyJob(epsilon=1.0, seed=11)
+        private = p | beam.Create(elements) | job.private(bs.load_schema("adult"))
+        _ = (private | bs.Count(epsilon=1.0, typed=True) | beam.Map(lambda c: int(c.value))
+             | beam.Map(lambda v: (folder / "count.json").write_text(json.dumps(v))))
+        _ = p | bs.WriteManifest(job=job, path=str(folder / "m.json"))
+    man = json.loads((folder / "m.json").read_text())
+    man.pop("created")
+    man["release"]["outputs"].pop("manifest")
+    return {"count": json.loads((folder / "count.json").read_text()), "manifest": man}
+
+
+@needs_adult
+@pytest.mark.parametrize("bad", [None, "a line that is no record", 5, ("a",), {1: 2}],
+                         ids=["none", "str", "int", "tuple", "int_keys"])
+def test_api_builds_and_releases_the_same_with_one_element_that_is_no_record(tmp_path: Path, bad) -> None:
+    """Neighbours through ``beam.Create(D) | job.private(schema)``: D = 30 Adult dicts, D' = D +
+    one element that is no record. ``beam.Create`` types its PCollection from the values
+    (``Union[NoneType, Dict[str, str]]``, ``Dict[Union[int, str], ...]``), and ``job.private``
+    refused that type when the pipeline was built (``TypeCheckError: Input type hint violation at
+    MakePrivate(adult)``) while D built and released: one element decided whether the job ran.
+    Now the element is a dead letter and, with the same seed, the release and the manifest's
+    public part are identical."""
+    import csv
+
+    with ADULT.open(encoding="utf-8") as fh:
+        rows = [dict(r) for _, r in zip(range(30), csv.DictReader(fh))]
+    d = _api_run(rows, tmp_path / "d")
+    d1 = _api_run(rows + [bad], tmp_path / "d1")
+    assert d1["count"] == d["count"]
+    assert d1["manifest"]["release"] == d["manifest"]["release"]
+    assert (d["manifest"]["operational"]["rows_rejected"], d1["manifest"]["operational"]["rows_rejected"]) == (0, 1)
+
+
+def test_api_still_refuses_a_collection_that_holds_no_record_when_built() -> None:
+    """The build-time refusal stays for a PCollection whose type admits no record (``str`` lines
+    of ``ReadFromText`` passed without ``json.loads``): that is the job's wiring, not its data."""
+    import apache_beam as beam
+    from apache_beam.typehints.decorators import TypeCheckError
+
+    import beamsynth as bs
+
+    p = beam.Pipeline()
+    with pytest.raises(TypeCheckError, match="MakePrivate"):
+        _ = p | beam.Create(["a", "b"]) | bs.PrivacyJob(epsilon=1.0).private(bs.load_schema("adult"))
