@@ -47,6 +47,7 @@ from typing import Any
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
 from beamsynth.runners.local import LOCAL_DIRECT_RUNNER
+from beamsynth.runners.options import suggest_flag
 
 __all__ = [
     "BEAM_DASK_RUNNER",
@@ -338,6 +339,7 @@ def expand_args(beam_args: Sequence[str]) -> list[str]:
     if runner is None:  # no --runner: the direct preset (Beam's default runner, minus Prism)
         runner = DEFAULT_PRESET
     if runner is None or runner not in PRESETS:
+        _check_beam_runner(runner)
         out = list(beam_args)
         _check_values(out)
         return out
@@ -354,6 +356,22 @@ def expand_args(beam_args: Sequence[str]) -> list[str]:
     out = preset.args(rest) + rest
     _check_values(out)
     return out
+
+
+def _check_beam_runner(runner: str | None) -> None:
+    """A ``--runner`` that is no preset must be a name Beam resolves (as ``create_runner`` does:
+    a known runner, with or without ``Runner``, any case, or a dotted class path); else
+    ``PresetError`` naming the closest preset (``direct_multi`` → ``direct-multi``)."""
+    if runner is None or "." in runner:
+        return
+    known = {p.rsplit(".", 1)[-1].lower() for p in StandardOptions.ALL_KNOWN_RUNNERS}
+    if runner.lower() in known or f"{runner.lower()}runner" in known:
+        return
+    hint = suggest_flag(runner.lower(), list(PRESETS))
+    raise PresetError(f"--runner {runner}: no such preset or Beam runner"
+                      + (f" (did you mean {hint}?)" if hint else "")
+                      + f"; presets: {', '.join(PRESETS)}; Beam's runners by class name "
+                      "(DirectRunner, FlinkRunner, ...) or a dotted class path (docs/runners.md)")
 
 
 def options_for(beam_args: Sequence[str]) -> PipelineOptions:

@@ -76,3 +76,20 @@ def test_yaml_step_overspending_the_job_budget_names_the_step_and_its_epsilon():
                                       job_budget=job)
     assert str(err.value) == ("step 'PB' asks for ε=0.7 but only (ε=0.6, δ=0) of the total ε=1 "
                               "remains (already spent: Indep/independent.marginals ε=0.4)")
+
+
+@pytest.mark.parametrize("runner,hint", [("direct_multi", "direct-multi"), ("Direct-Multi", "direct-multi"),
+                                         ("dask-multi", "direct-multi"), ("directt", "direct")])
+def test_a_mistyped_runner_preset_is_refused_with_the_preset_named(runner, hint):
+    """`--runner direct_multi` (Beam's own options use underscores) went to Beam, which refused it
+    when the pipeline was made ('Unexpected pipeline runner: direct_multi. Valid values are
+    DataflowRunner, ...'), naming none of the presets; the CLI printed its plan first."""
+    with pytest.raises(bs.PresetError, match=rf"--runner {runner}: no such preset or Beam runner "
+                       rf"\(did you mean {hint}\?\); presets: direct, direct-multi, dask"):
+        bs.pipeline_options(["--runner", runner])
+
+
+def test_beam_runner_names_still_go_to_beam():
+    for runner in ("DirectRunner", "FnApiRunner", "PrismRunner", "flinkrunner",
+                   "apache_beam.runners.direct.direct_runner.BundleBasedDirectRunner"):
+        assert bs.pipeline_options(["--runner", runner]).get_all_options()["runner"] == runner
