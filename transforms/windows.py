@@ -90,22 +90,26 @@ def epoch_seconds(value: Any, name: str) -> int:
     return value
 
 
-def declared_range(windows_start: Any, windows_end: Any, window_seconds: Any) -> tuple[int, int | None]:
+def declared_range(windows_start: Any, windows_end: Any, window_seconds: Any, *,
+                   names: tuple[str, str, str] = ("windows_start", "windows_end", "window_seconds"),
+                   ) -> tuple[int, int | None]:
     """Validated ``(start, end or None)`` epoch seconds of declared fixed windows.
 
     Windows are aligned to the epoch: both ends must be multiples of ``window_seconds``; ``end``
-    (exclusive) is after ``start``, or ``None`` for every window from ``start`` on.
+    (exclusive) is after ``start``, or ``None`` for every window from ``start`` on. ``names``: the
+    caller's names of the three parameters, for messages.
     """
+    n_start, n_end, n_size = names
     if isinstance(window_seconds, bool) or not isinstance(window_seconds, int) or window_seconds < 1:
-        raise ValueError(f"window_seconds ({window_seconds!r}) must be an int >= 1")
-    start = epoch_seconds(windows_start, "windows_start")
-    end = None if windows_end is None else epoch_seconds(windows_end, "windows_end")
-    for name, value in (("windows_start", start), ("windows_end", end)):
+        raise ValueError(f"{n_size} ({window_seconds!r}) must be an int >= 1")
+    start = epoch_seconds(windows_start, n_start)
+    end = None if windows_end is None else epoch_seconds(windows_end, n_end)
+    for name, value in ((n_start, start), (n_end, end)):
         if value is not None and value % window_seconds:
-            raise ValueError(f"{name} ({value}) must be a multiple of window_seconds "
+            raise ValueError(f"{name} ({value}) must be a multiple of {n_size} "
                              f"({window_seconds}): windows are aligned to the epoch")
     if end is not None and end <= start:
-        raise ValueError(f"windows_end ({end}) must be after windows_start ({start})")
+        raise ValueError(f"{n_end} ({end}) must be after {n_start} ({start})")
     return start, end
 
 
@@ -140,7 +144,8 @@ class DeclaredWindows(beam_window.FixedWindows):
 
     def __init__(self, *, start: int | _dt.datetime, end: int | _dt.datetime | None,
                  size: int) -> None:
-        self.declared_start, self.declared_end = declared_range(start, end, size)
+        self.declared_start, self.declared_end = declared_range(
+            start, end, size, names=("start", "end", "size"))
         super().__init__(size)
         self.seconds = size
 

@@ -93,3 +93,19 @@ def test_beam_runner_names_still_go_to_beam():
     for runner in ("DirectRunner", "FnApiRunner", "PrismRunner", "flinkrunner",
                    "apache_beam.runners.direct.direct_runner.BundleBasedDirectRunner"):
         assert bs.pipeline_options(["--runner", runner]).get_all_options()["runner"] == runner
+
+
+def test_declared_windows_messages_name_its_own_keywords():
+    """bs.DeclaredWindows(start=, end=, size=) answered in the CLI stream's parameter names:
+    'windows_end (100) must be a multiple of window_seconds (30)'."""
+    import datetime as dt
+
+    with pytest.raises(ValueError, match=r"^end \(100\) must be a multiple of size \(30\): "):
+        bs.DeclaredWindows(start=0, end=100, size=30)
+    with pytest.raises(ValueError, match=r"^start \(datetime\.datetime\(2024, 1, 1, 0, 0\)\) must "
+                       r"be timezone-aware"):
+        bs.DeclaredWindows(start=dt.datetime(2024, 1, 1), end=None, size=3600)
+    with pytest.raises(ValueError, match=r"^end \(0\) must be after start \(3600\)"):
+        bs.DeclaredWindows(start=3600, end=0, size=3600)
+    with pytest.raises(ValueError, match=r"^size \(0\) must be an int >= 1"):
+        bs.DeclaredWindows(start=0, end=3600, size=0)
