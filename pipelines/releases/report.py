@@ -638,9 +638,9 @@ def build_report(*, real: str, synthetic: str, schema: Schema, output: str,
     for what, path in (("real", real), ("synthetic", synthetic)):
         if not _expand([path]):
             raise FileNotFoundError(f"{what} table {path!r}: no such file")
-    real_df = pd.concat([read_table(p, max_rows=max_rows) for p in _expand([real])], ignore_index=True)
+    real_rows, rejected = real_codes(schema, _expand([real]), max_rows=max_rows)  # the pipeline's reading rules
     synth_df = read_table(synthetic, max_rows=max_rows)
-    text = private_report_html(schema, real_df, synth_df, target=target, seed=seed,
+    text = private_report_html(schema, real_rows, synth_df, target=target, seed=seed, real_dropped=rejected,
                                title=f"Quality report: {os.path.basename(synthetic)} vs "
                                      f"{os.path.basename(real)}")
     _write_text(output, text)

@@ -154,3 +154,18 @@ def test_api_still_refuses_a_collection_that_holds_no_record_when_built() -> Non
     p = beam.Pipeline()
     with pytest.raises(TypeCheckError, match="MakePrivate"):
         _ = p | beam.Create(["a", "b"]) | bs.PrivacyJob(epsilon=1.0).private(bs.load_schema("adult"))
+
+
+@needs_adult
+def test_report_cli_reads_the_real_rows_by_the_pipeline_rules(tmp_path: Path) -> None:
+    """``beamsynth report`` (private) on a real file with one malformed line: the line is counted
+    as dropped, as the pipeline dead-letters it, instead of pandas failing the command."""
+    header, rows = _adult_lines(60)
+    real = tmp_path / "real.csv"
+    real.write_text(header + "\n" + "".join(r + "\n" for r in rows) + rows[0] + ",EXTRA\n", encoding="utf-8")
+    synth = tmp_path / "synth.csv"
+    synth.write_text(header + "\n" + "".join(r + "\n" for r in rows[:30]), encoding="utf-8")
+    out = tmp_path / "r.html"
+    assert main(["--quiet", "report", "--real", str(real), "--synthetic", str(synth), "--schema", "adult",
+                 "--output", str(out)]) == 0
+    assert "Real rows compared: 60 (1 outside the declared domains dropped)" in out.read_text(encoding="utf-8")
