@@ -49,6 +49,7 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import StandardOptions
 from apache_beam.transforms.window import GlobalWindows
 from apache_beam.typehints import typehints
+from apache_beam.typehints.decorators import TypeCheckError
 from apache_beam.typehints.row_type import RowTypeConstraint
 
 from beamsynth.schemas.keys import KeyCodec
@@ -462,7 +463,13 @@ class MakePrivate(beam.PTransform):
             return
         if _may_hold_records(hint):  # a type inferred from the values (beam.Create): see below
             return
-        super().type_check_inputs(pvalueish)
+        try:
+            super().type_check_inputs(pvalueish)
+        except TypeCheckError as exc:  # Beam's text names the types, not what to do
+            raise TypeCheckError(
+                f"{exc}; job.private takes dicts, beam.Rows (or named tuples) and pyarrow "
+                "Tables/RecordBatches: parse each element first, e.g. beam.Map(json.loads) for "
+                "JSON lines or a csv parse to dicts (docs/beam-api.md, 'Inputs')") from None
 
     def display_data(self) -> dict[str, Any]:
         unit = self._job.unit

@@ -109,3 +109,18 @@ def test_declared_windows_messages_name_its_own_keywords():
         bs.DeclaredWindows(start=3600, end=0, size=3600)
     with pytest.raises(ValueError, match=r"^size \(0\) must be an int >= 1"):
         bs.DeclaredWindows(start=0, end=3600, size=0)
+
+
+def test_text_lines_given_to_job_private_are_refused_with_the_parse_step_named():
+    """`ReadFromText(csv) | job.private(schema)` (the parse step forgotten) got Beam's bare
+    'Input type hint violation at MakePrivate(adult): expected Union[Row, RecordBatch, Table,
+    Dict[str, Any]], got <class 'str'>', which says nothing of what to do."""
+    from apache_beam.typehints.decorators import TypeCheckError
+
+    job = bs.PrivacyJob(epsilon=1.0)
+    lines = beam.Pipeline() | beam.Create(["39,Male,White,<=50K"])
+    with pytest.raises(TypeCheckError, match=r"Input type hint violation at MakePrivate\(adult\): "
+                       r".*got <class 'str'>; job\.private takes dicts, beam\.Rows.*parse each "
+                       r"element first"):
+        lines | job.private(SMALL)
+    assert job.accountant.spent_epsilon == 0
