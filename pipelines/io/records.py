@@ -20,6 +20,7 @@ __all__ = [
     "DEFAULT_SPLIT_BYTES",
     "MAX_RECORD_LINES_LIMIT",
     "check_max_record_lines",
+    "empty_input_note",
     "record_lines_note",
     "FilePart",
     "PartCount",
@@ -155,6 +156,19 @@ def check_max_record_lines(value: Any) -> int:
         raise ValueError(f"max_record_lines ({value!r}) must be an int in [1, {MAX_RECORD_LINES_LIMIT}] "
                          "(physical lines one CSV record may span; 1: no line breaks inside fields)")
     return value
+
+
+EMPTY_INPUT_REFUSED = ("an input holding no record is refused (exit 2, nothing released), so the "
+                       "guarantee holds between neighbouring inputs that both hold a record; the "
+                       "commands' --allow-empty releases from an empty input too and keeps it for every "
+                       "pair (docs/methods.md, 'Empty inputs')")
+
+
+def empty_input_note(refused: bool) -> dict[str, Any]:
+    """What the caller's refusal of an empty input means for the guarantee, for the manifest's
+    ``privacy_unit`` (the one pair it changes: no record vs one record); nothing when the caller
+    did not refuse it (``--allow-empty``, or a run that made no such check)."""
+    return {"empty_input": EMPTY_INPUT_REFUSED} if refused else {}
 
 
 def record_lines_note(max_record_lines: int) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from beamsynth.pipelines.io.dead_letters import write_rejected
 from beamsynth.pipelines.io.manifest import build_manifest, manifest_path, write_json_atomic
 from beamsynth.pipelines.io.preflight import check_noise_scales
 from beamsynth.pipelines.io.read import ReadRecords
-from beamsynth.pipelines.io.records import METRICS_NAMESPACE, rejected_path
+from beamsynth.pipelines.io.records import METRICS_NAMESPACE, empty_input_note, rejected_path
 from beamsynth.pipelines.io.single_file import remove_temp_folders_on_failure
 from beamsynth.pipelines.io.write import WriteTables, ensure_parent
 from beamsynth.pipelines.methods.synthesize import counter_value
@@ -47,6 +47,7 @@ class HistogramConfig:
     privacy_id: str | None = None
     max_contributions: int = 1
     domain_spec: str = ""
+    empty_input_refused: bool = False  # the caller refused an input with no record (CLI default, releases)
 
 
 def _count_column_name(column: str) -> str:
@@ -126,11 +127,13 @@ def run_histogram(cfg: HistogramConfig, options: PipelineOptions | None = None) 
         schema_name=schema.name, schema_fingerprint=schema.fingerprint(),
         accountant=accountant.to_dict(), seed=cfg.seed,
         privacy_unit={"privacy_id": cfg.privacy_id, "max_contributions": k,
-                      "neighbouring": "add/remove one privacy unit"},
+                      "neighbouring": "add/remove one privacy unit", **empty_input_note(cfg.empty_input_refused)},
         counts=counts,
         details={"column": column.name, "domain": cfg.domain_spec or column.domain.to_spec(),
                  **hist.plan.details(),
-                 "empty_input": "still ε-DP: only random categories (none with probability ≥ ρ)"},
+                 "empty_input": ("refused by the command (privacy_unit.empty_input); " if cfg.empty_input_refused
+                                 else "") + "the mechanism is still ε-DP on an empty input: only random "
+                                            "categories (none with probability ≥ ρ)"},
     )
     write_json_atomic(manifest_path(cfg.output), manifest)
     return manifest

@@ -23,7 +23,13 @@ from beamsynth.pipelines.io.dead_letters import write_rejected
 from beamsynth.pipelines.io.encode import _row_text
 from beamsynth.pipelines.io.manifest import build_manifest, manifest_path, write_json_atomic
 from beamsynth.pipelines.io.read import ReadRawBlocks
-from beamsynth.pipelines.io.records import METRICS_NAMESPACE, RawBlock, Rejected, rejected_path
+from beamsynth.pipelines.io.records import (
+    METRICS_NAMESPACE,
+    RawBlock,
+    Rejected,
+    empty_input_note,
+    rejected_path,
+)
 from beamsynth.pipelines.io.single_file import remove_temp_folders_on_failure
 from beamsynth.pipelines.io.write import WriteTables, ensure_parent
 from beamsynth.pipelines.methods.synthesize import counter_value
@@ -190,7 +196,7 @@ def build_prefix_pipeline(p: beam.Pipeline, *, input: str | Sequence[str], codec
 def run_prefixes(*, input: str, codec: KeyCodec, method: str, epsilon: float, output: str,
                  privacy_id: str | None = None, max_contributions: int = 1, seed: int | None = None,
                  options: Any = None, restore: bool = False, reduce: bool | None = None,
-                 **method_args: Any) -> dict[str, Any]:
+                 empty_input_refused: bool = False, **method_args: Any) -> dict[str, Any]:
     """Build (spending the budget), run, write the manifest; returns the manifest.
 
     ``reduce`` (direct only; default on for direct): put unresolved mass on the nearest released
@@ -239,7 +245,8 @@ def run_prefixes(*, input: str, codec: KeyCodec, method: str, epsilon: float, ou
         schema_name=f"key:{codec.kind}",
         schema_fingerprint=hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest(),
         accountant=accountant.to_dict(), seed=seed,
-        privacy_unit={"privacy_id": privacy_id, "max_contributions": max_contributions},
+        privacy_unit={"privacy_id": privacy_id, "max_contributions": max_contributions,
+                      **empty_input_note(empty_input_refused)},
         counts=counts, details={"key": spec, "accounting": transform.accounting.to_dict(),
                                 "restore_discount": bool(restore), "reduce_to_ancestor": bool(reduce),
                                 "tree_note": "improved: internal nodes carry no count (only split "

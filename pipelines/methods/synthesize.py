@@ -26,6 +26,7 @@ from beamsynth.pipelines.io.read import ReadRecords
 from beamsynth.pipelines.io.records import (
     DEFAULT_SPLIT_BYTES,
     METRICS_NAMESPACE,
+    empty_input_note,
     record_lines_note,
     rejected_path,
 )
@@ -74,6 +75,7 @@ class SynthesisConfig:
     block_rows: int = 20_000
     split_bytes: int = DEFAULT_SPLIT_BYTES  # CSV/JSONL larger than this: read in parts (0: never)
     max_record_lines: int = 1  # physical lines one CSV record may span (1: exactly stable)
+    empty_input_refused: bool = False  # the caller refused an input with no record (CLI default, releases)
 
 
 @dataclass
@@ -292,7 +294,7 @@ def run_synthesis(cfg: SynthesisConfig, pipeline_options: PipelineOptions | None
         privacy_unit={"privacy_id": plan.schema.privacy_id,
                       "max_contributions": cfg.max_contributions,
                       "neighbouring": "add/remove one privacy unit",
-                      **record_lines_note(cfg.max_record_lines)},
+                      **record_lines_note(cfg.max_record_lines), **empty_input_note(cfg.empty_input_refused)},
         counts=counts,
         details={"method": plan.method.details(), "rows_requested": cfg.rows},
     )

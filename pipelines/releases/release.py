@@ -46,7 +46,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from beamsynth.pipelines.io import filesystem as fs
 from beamsynth.pipelines.io.manifest import SEEDED_NOTE, build_manifest, write_json_atomic
 from beamsynth.pipelines.io.preflight import check_table_inputs
-from beamsynth.pipelines.io.records import METRICS_NAMESPACE, rejected_path
+from beamsynth.pipelines.io.records import METRICS_NAMESPACE, empty_input_note, rejected_path
 from beamsynth.pipelines.io.write import WriteTables
 from beamsynth.pipelines.methods.progress import Progress
 from beamsynth.pipelines.methods.synthesize import (
@@ -91,7 +91,7 @@ def _synthesis_config(cfg: ReleaseConfig, t: TableSpec, output: str) -> Synthesi
         input=list(t.inputs) if len(t.inputs) > 1 else t.inputs[0], schema=t.schema, output=output,
         epsilon=t.epsilon, delta=t.delta, method=t.method, rows=t.rows, privacy_id=t.privacy_id,
         max_contributions=t.max_contributions, seed=cfg.seed, count_fraction=t.count_fraction,
-        options=dict(t.options))
+        options=dict(t.options), empty_input_refused=True)  # check_table_inputs refuses empty inputs
 
 
 def plan_release(cfg: ReleaseConfig, *, output_root: str | None = None) -> ReleasePlan:
@@ -131,7 +131,7 @@ def _histogram_config(cfg: ReleaseConfig, t: TableSpec, output: str) -> Any:
         input=list(t.inputs) if len(t.inputs) > 1 else t.inputs[0],  # type: ignore[arg-type]
         column=t.schema.column(t.column), output=output, epsilon=t.epsilon,
         tolerance=float(t.tolerance), seed=cfg.seed, privacy_id=t.privacy_id,
-        max_contributions=t.max_contributions)
+        max_contributions=t.max_contributions, empty_input_refused=True)
 
 
 def _plan_histogram(cfg: ReleaseConfig, t: TableSpec) -> LedgerSpend:
@@ -229,7 +229,8 @@ def _finish_table(plan: SynthesisPlan, t: TableSpec, tmp: str, result: Any, star
         accountant=plan.accountant.to_dict(), seed=cfg.seed,
         privacy_unit={"privacy_id": plan.schema.privacy_id,
                       "max_contributions": cfg.max_contributions,
-                      "neighbouring": "add/remove one privacy unit"},
+                      "neighbouring": "add/remove one privacy unit",
+                      **empty_input_note(plan.config.empty_input_refused)},
         counts=counts,
         details={"method": plan.method.details(), "rows_requested": cfg.rows, "table": t.name,
                  "source": t.source, "columns": plan.schema.names},

@@ -98,6 +98,9 @@ def test_release_publishes_the_same_with_one_malformed_line_more(tmp_path: Path,
     pub_d1 = {k: _RUN_IDS.sub(b"X", v) for k, v in _files(rel_d1).items() if not k.startswith("private/")}
     assert pub_d.keys() == pub_d1.keys() and "public/report.html" in pub_d
     assert [k for k in pub_d if pub_d[k] != pub_d1[k]] == []
+    # a release refuses an empty input (check_table_inputs) and says so (section 3)
+    unit = json.loads((rel_d / "release.json").read_text(encoding="utf-8"))["tables"]["adult"]["privacy_unit"]
+    assert "inputs that both hold a record" in unit["empty_input"]
     private = (rel_d1 / "private" / "report.html").read_text(encoding="utf-8")
     assert "Real rows compared: 100 (1 outside the declared domains dropped)" in private
 
@@ -169,3 +172,49 @@ def test_report_cli_reads_the_real_rows_by_the_pipeline_rules(tmp_path: Path) ->
     assert main(["--quiet", "report", "--real", str(real), "--synthetic", str(synth), "--schema", "adult",
                  "--output", str(out)]) == 0
     assert "Real rows compared: 60 (1 outside the declared domains dropped)" in out.read_text(encoding="utf-8")
+
+
+# -- 3. the stated guarantee when an empty input is refused ---------------------------------------------
+_TOY_SCHEMA = """name: toy
+columns:
+  - {name: sex, type: categorical, domain: {kind: categorical, values: [F, M]}}
+  - {name: band, type: integer, domain: {kind: integer, low: 0, high: 5}}
+"""
+_COMMANDS = {
+    "synthesize": lambda d: ["synthesize", "--schema", str(d / "s.yaml"), "--epsilon", "1", "--rows", "5",
+                             "--output", str(d / "out.csv")],
+    "histogram": lambda d: ["histogram", "--column", "sex", "--domain", f"{d / 's.yaml'}:sex", "--epsilon", "1",
+                            "--tolerance", "0.5", "--output", str(d / "out.csv")],
+    "prefixes": lambda d: ["prefixes", "--kind", "text", "--column", "sex", "--alphabet", "fm", "--max-length",
+                           "2", "--epsilon", "1", "--output", str(d / "out.csv")],
+}
+
+
+def _toy_run(folder: Path, command: str, records: list[str], *extra: str) -> tuple[int, dict | None]:
+    folder.mkdir()
+    (folder / "s.yaml").write_text(_TOY_SCHEMA, encoding="utf-8")
+    (folder / "in.csv").write_text("sex,band\n" + "".join(f"{r}\n" for r in records), encoding="utf-8")
+    rc = main(["--quiet", *_COMMANDS[command](folder), str(folder / "in.csv"), "--seed", "1",
+               "--runner=DirectRunner", *extra])
+    path = folder / "out.csv.manifest.json"
+    return rc, json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+
+
+@pytest.mark.parametrize("command", sorted(_COMMANDS))
+def test_manifest_states_that_an_empty_input_was_refused(tmp_path: Path, command: str) -> None:
+    """Neighbours (no record, one record): by default the command refuses the first (exit 2) and
+    releases the second, so the (ε, δ) guarantee holds only between inputs that both hold a record
+    (docs/methods.md, 'Empty inputs'). The published manifest must say so; until the eleventh
+    session it stated plain 'add/remove one privacy unit' (and the histogram's details 'still ε-DP'
+    on an empty input) whether or not the empty neighbour had been refused. With --allow-empty both
+    sides release and the full guarantee stands (no note)."""
+    from beamsynth.pipelines.io.records import EMPTY_INPUT_REFUSED
+
+    assert _toy_run(tmp_path / "empty", command, [])[0] == 2
+    rc, man = _toy_run(tmp_path / "one", command, ["F,1"])
+    assert rc == 0 and man["release"]["privacy_unit"]["empty_input"] == EMPTY_INPUT_REFUSED
+    rc_e, man_e = _toy_run(tmp_path / "empty_allowed", command, [], "--allow-empty")
+    rc_1, man_1 = _toy_run(tmp_path / "one_allowed", command, ["F,1"], "--allow-empty")
+    assert (rc_e, rc_1) == (0, 0)
+    assert "empty_input" not in man_e["release"]["privacy_unit"]
+    assert man_e["release"]["privacy_unit"] == man_1["release"]["privacy_unit"]

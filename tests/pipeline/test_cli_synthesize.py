@@ -9,6 +9,7 @@ import pytest
 from beamsynth.pipelines.cli.main import main
 from beamsynth.pipelines.io import read as bio
 from beamsynth.pipelines.io.manifest import SECURE_NOTE
+from beamsynth.pipelines.io.records import EMPTY_INPUT_REFUSED
 from beamsynth.pipelines.methods.synthesize import SynthesisConfig, run_synthesis
 from beamsynth.schemas.schema import load_schema
 from beamsynth.transforms.budget import BudgetExceededError
@@ -112,7 +113,8 @@ def test_privacy_id_bounds_contributions(tmp_path):
     # "used" counts rows after the bound: 50 persons × 2 of their 12 rows (issue 19, item 4)
     assert (op["rows_read"], op["rows_rejected"], op["rows_dropped_by_bound"], op["rows_used"]) == (600, 0, 500, 100)
     assert rel["privacy_unit"] == {"privacy_id": "person", "max_contributions": 2,
-                                   "neighbouring": "add/remove one privacy unit"}
+                                   "neighbouring": "add/remove one privacy unit",
+                                   "empty_input": EMPTY_INPUT_REFUSED}
     assert rel["budget"]["spends"][0]["details"]["sensitivity_per_table"] == 2
     assert "person" not in pd.read_csv(out).columns
 
