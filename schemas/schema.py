@@ -432,6 +432,9 @@ class Schema:
 
     def select(self, names: Sequence[str]) -> Schema:
         """A schema with only the named columns (same privacy id)."""
+        if isinstance(names, str):  # else its letters would be looked up as column names
+            raise TypeError(f"select takes a list of column names, e.g. [{names!r}], not the "
+                            f"string {names!r}")
         return Schema(
             name=self.name,
             columns=tuple(self.column(n) for n in names),

@@ -124,3 +124,11 @@ def test_text_lines_given_to_job_private_are_refused_with_the_parse_step_named()
                        r"element first"):
         lines | job.private(SMALL)
     assert job.accountant.spent_epsilon == 0
+
+
+def test_schema_select_of_one_string_is_refused_naming_the_list_form():
+    """schema.select("age") iterated the string's letters: KeyError "has no column 'a'"."""
+    with pytest.raises(TypeError, match=r"^select takes a list of column names, e.g. \['age'\], "
+                       r"not the string 'age'$"):
+        bs.load_schema("adult").select("age")
+    assert bs.load_schema("adult").select(["age"]).names == ["age"]
