@@ -39,6 +39,7 @@ message saying how to make one.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import logging
 import weakref
@@ -53,7 +54,7 @@ from apache_beam.typehints.decorators import TypeCheckError
 from apache_beam.typehints.row_type import RowTypeConstraint
 
 from beamsynth.schemas.keys import KeyCodec
-from beamsynth.schemas.schema import EncodedBatch, Schema, load_schema
+from beamsynth.schemas.schema import EncodedBatch, Schema, avro_field_name, load_schema
 from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, PureDP, as_budget
 from beamsynth.transforms.inputs import (
     DEAD_LETTER_TYPE,
@@ -673,7 +674,18 @@ def names_of(schema: Schema, columns: Sequence[str], what: str) -> list[int]:
     out = []
     for c in columns:
         if not isinstance(c, str) or c not in schema.names:
+            hint = _declared_name_hint(schema, c)
             raise ValueError(f"{what}: {c!r} is not a declared column of schema {schema.name!r} "
-                             f"(columns: {schema.names})")
+                             f"({hint}columns: {schema.names})")
         out.append(schema.names.index(c))
     return out
+
+
+def _declared_name_hint(schema: Schema, name: Any) -> str:
+    """``"did you mean 'native-country'?; "`` for a column's field name (``native_country``, what
+    output rows and job.private use), another case or a close spelling; else ``""``."""
+    if not isinstance(name, str):
+        return ""
+    same = [d for d in schema.names if name.lower() in (d.lower(), avro_field_name(d).lower())]
+    close = same or difflib.get_close_matches(name, schema.names, n=1, cutoff=0.75)
+    return f"did you mean {close[0]!r}?; " if close else ""

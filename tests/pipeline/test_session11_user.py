@@ -132,3 +132,16 @@ def test_schema_select_of_one_string_is_refused_naming_the_list_form():
                        r"not the string 'age'$"):
         bs.load_schema("adult").select("age")
     assert bs.load_schema("adult").select(["age"]).names == ["age"]
+
+
+@pytest.mark.parametrize("given,declared", [("native_country", "native-country"),
+                                            ("Sex", "sex"), ("educaton", "education")])
+def test_an_undeclared_column_name_suggests_the_declared_one(given, declared):
+    """Output rows (and job.private's input) use the field name native_country; a mechanism given
+    that name said only "'native_country' is not a declared column" and listed all 15."""
+    job = bs.PrivacyJob(epsilon=1.0)
+    private = beam.Pipeline() | beam.Create([ROW]) | job.private(bs.load_schema("adult"))
+    with pytest.raises(ValueError, match=rf"Histogram\[{given}\]: '{given}' is not a declared column "
+                       rf"of schema 'adult' \(did you mean '{declared}'\?; columns: \['age'"):
+        private | bs.Histogram(column=given, epsilon=0.1, tolerance=0.9)
+    assert job.accountant.spent_epsilon == 0
