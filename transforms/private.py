@@ -51,6 +51,7 @@ from apache_beam.options.pipeline_options import StandardOptions
 from apache_beam.transforms.window import GlobalWindows
 from apache_beam.typehints import typehints
 from apache_beam.typehints.decorators import TypeCheckError
+from apache_beam.typehints.native_type_compatibility import convert_to_beam_type
 from apache_beam.typehints.row_type import RowTypeConstraint
 
 from beamsynth.schemas.keys import KeyCodec
@@ -390,6 +391,9 @@ def _with_unit(schema: Schema, unit: PrivacyUnit) -> Schema:
     return dataclasses.replace(schema, privacy_id=unit.id_column)
 
 
+_INPUT_HINT = convert_to_beam_type(INPUT_TYPES)
+
+
 def _may_hold_records(hint: Any) -> bool:
     """Whether some elements of a PCollection typed ``hint`` can be records: a union with a record
     type among its members, or any dict type. Such an input is judged element by element (others
@@ -400,9 +404,14 @@ def _may_hold_records(hint: Any) -> bool:
     member (``str`` from ``ReadFromText``) is still refused when built."""
     if isinstance(hint, typehints.UnionConstraint):
         return any(_may_hold_records(h) for h in hint.union_types)
-    if isinstance(hint, typehints.DictConstraint):
+    if isinstance(hint, (typehints.DictConstraint, RowTypeConstraint)):
         return True
-    return False
+    if isinstance(hint, type) and issubclass(hint, tuple) and hasattr(hint, "_fields"):
+        return True  # schema'd rows typed as generated NamedTuples
+    try:
+        return typehints.is_consistent_with(hint, _INPUT_HINT)
+    except Exception:  # a hint Beam cannot compare: leave it to Beam's own check
+        return False
 
 
 class MakePrivate(beam.PTransform):
@@ -462,7 +471,7 @@ class MakePrivate(beam.PTransform):
         hint = getattr(pvalueish, "element_type", None)
         if isinstance(hint, type) and issubclass(hint, tuple) and hasattr(hint, "_fields"):
             return
-        if _may_hold_records(hint):  # a type inferred from the values (beam.Create): see below
+        if _may_hold_records(hint):  # incl. a type beam.Create inferred from the values
             return
         try:
             super().type_check_inputs(pvalueish)

@@ -146,6 +146,32 @@ def test_api_builds_and_releases_the_same_with_one_element_that_is_no_record(tmp
     assert (d["manifest"]["operational"]["rows_rejected"], d1["manifest"]["operational"]["rows_rejected"]) == (0, 1)
 
 
+@pytest.mark.parametrize("kind", ["row_none", "row_str", "table_none", "batch_str"])
+def test_api_builds_with_rows_or_arrow_beside_one_element_that_is_no_record(tmp_path: Path, kind: str) -> None:
+    """The same for beam.Rows and Arrow inputs: ``Create([None, Row(...)])`` is typed
+    ``Union[NoneType, Row(...)]``, ``Create([Table, None])`` ``Union[NoneType, Table]``; both were
+    refused when built (the first fix only accepted unions with a dict member). The extra element
+    is first where Beam's Create needs it (it reads every element as a Row if the first is one)."""
+    import apache_beam as beam
+    import pyarrow as pa
+
+    import beamsynth as bs
+
+    schema = bs.load_schema({"name": "t", "columns": [
+        {"name": "sex", "type": "categorical", "domain": {"kind": "categorical", "values": ["F", "M"]}}]})
+    records = {"row_none": [None, beam.Row(sex="F"), beam.Row(sex="M")],
+               "row_str": ["x", beam.Row(sex="F"), beam.Row(sex="M")],
+               "table_none": [pa.table({"sex": ["F", "M"]}), None],
+               "batch_str": [pa.record_batch({"sex": ["F", "M"]}), "x"]}[kind]
+    with beam.Pipeline() as p:
+        job = bs.PrivacyJob(epsilon=1.0, seed=1)
+        private = p | beam.Create(records) | job.private(schema)
+        _ = private | bs.Count(epsilon=1.0)
+        _ = p | bs.WriteManifest(job=job, path=str(tmp_path / "m.json"))
+    op = json.loads((tmp_path / "m.json").read_text(encoding="utf-8"))["operational"]
+    assert (op["rows_read"], op["rows_rejected"]) == (3, 1)
+
+
 def test_api_still_refuses_a_collection_that_holds_no_record_when_built() -> None:
     """The build-time refusal stays for a PCollection whose type admits no record (``str`` lines
     of ``ReadFromText`` passed without ``json.loads``): that is the job's wiring, not its data."""
