@@ -67,6 +67,9 @@ __all__ = [
 METRICS_NAMESPACE = "beamsynth"
 DEFAULT_BATCH_ROWS = 20_000
 _RAW_LIMIT = 500
+# reasons of a null value, named 'missing' when the element lacks the field: a required column's,
+# and a privacy id's (both quote the name first)
+_NULL_REASONS = (NULL_CODE_REASON, "' is empty")
 
 # what a private collection accepts (Beam checks it when the pipeline is built)
 INPUT_TYPES = Union[dict[str, Any], beam.Row, pa.Table, pa.RecordBatch]  # noqa: UP007 (Beam hints)
@@ -316,7 +319,7 @@ def _encode_records(layout: KeyLayout, records: list[Mapping[str, Any]],
     series = _RecordColumns(records)
     batch, reasons = _encode_columns(layout, series, n, memo)
     for i, why in list(reasons.items()):  # name a missing field as missing, not as null
-        if why.endswith(NULL_CODE_REASON) and "'" in why:
+        if why.endswith(_NULL_REASONS) and "'" in why:
             col = why.split("'")[1]
             if not _present(records[i], col):
                 reasons[i] = f"required field {col!r} is missing"
@@ -412,7 +415,7 @@ def _encode_tuples(layout: KeyLayout, elements: Sequence[tuple], memo: SchemaMem
         return None
     dead = []
     for i, why in sorted(reasons.items()):
-        if why.endswith(NULL_CODE_REASON) and "'" in why and why.split("'")[1] in missing:
+        if why.endswith(_NULL_REASONS) and "'" in why and why.split("'")[1] in missing:
             why = f"required field {why.split(chr(39))[1]!r} is missing"
         record = elements[i]._asdict()
         dead.append(_dead(source, _position(record, position_field), why, dict(record)))
@@ -495,7 +498,7 @@ def _encode_arrow(layout: KeyLayout, table: pa.Table | pa.RecordBatch, *, source
     if not reasons:
         return batch, []
     for i, why in list(reasons.items()):
-        if why.endswith(NULL_CODE_REASON) and "'" in why and why.split("'")[1] in missing:
+        if why.endswith(_NULL_REASONS) and "'" in why and why.split("'")[1] in missing:
             reasons[i] = f"required field {why.split(chr(39))[1]!r} is missing"
     rows = table.to_pylist()
     return batch, [_dead(source, _position(rows[i], position_field), why, rows[i])

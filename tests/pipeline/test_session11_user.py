@@ -145,3 +145,26 @@ def test_an_undeclared_column_name_suggests_the_declared_one(given, declared):
                        rf"of schema 'adult' \(did you mean '{declared}'\?; columns: \['age'"):
         private | bs.Histogram(column=given, epsilon=0.1, tolerance=0.9)
     assert job.accountant.spent_epsilon == 0
+
+
+@pytest.mark.parametrize("kind", ["dicts", "rows", "arrow"])
+def test_a_privacy_id_field_the_elements_lack_is_named_missing(kind):
+    """PrivacyUnit(id_column='usr') on elements keyed 'user' (a typo): every element became a dead
+    letter with "privacy id column 'usr' is empty", as if the ids were blank."""
+    import pyarrow as pa
+    from apache_beam.testing.util import assert_that, equal_to
+
+    records = [dict(ROW, user=f"u{i}") for i in range(3)] + [dict(ROW, user="", usr="")]
+    elements = {"dicts": [records[:3], records[3:]],
+                "rows": [[beam.Row(**r) for r in records[:3]], [beam.Row(**records[3])]],
+                "arrow": [[pa.Table.from_pylist(records[:3])], [pa.Table.from_pylist(records[3:])]]}
+    job = bs.PrivacyJob(epsilon=1.0, privacy_unit=bs.PrivacyUnit(id_column="usr", max_contributions=2))
+    with beam.Pipeline() as p:
+        lacking = p | "Lacking" >> beam.Create(elements[kind][0]) | "PL" >> job.private(
+            SMALL, source="lacking")
+        blank = p | "Blank" >> beam.Create(elements[kind][1]) | "PB" >> job.private(
+            SMALL, source="blank")
+        assert_that(lacking.dead_letters | "RL" >> beam.Map(lambda r: r.reason),
+                    equal_to(["required field 'usr' is missing"] * 3), label="CheckLacking")
+        assert_that(blank.dead_letters | "RB" >> beam.Map(lambda r: r.reason),
+                    equal_to(["privacy id column 'usr' is empty"]), label="CheckBlank")

@@ -83,7 +83,7 @@ def test_privacy_id_travels_with_the_rows():
     batches, dead = encode_elements(KeyLayout(schema), [{"sex": "M", "uid": 5}, {"sex": "F"}],
                                     source="s")
     assert batches[0].pids.tolist() == ["5"]
-    assert [d.reason for d in dead] == ["privacy id column 'uid' is empty"]
+    assert [d.reason for d in dead] == ["required field 'uid' is missing"]  # no uid key
 
 
 @pytest.mark.parametrize("kwargs, message", [
