@@ -427,6 +427,14 @@ class WriteManifest(beam.PTransform):
                 "a year after the window's release) and records outside the declared windows "
                 "belong to none, so bs.WriteManifest needs a bounded pipeline; the spends are "
                 "known now: job.accountant.to_dict() (docs/beam-api.md, windows)")
+        named = [s["source"] for s in job.sources]
+        stray = [s for s in job.rejected_sources if s not in named]
+        if stray:  # its counts would match no input of the manifest and be lost
+            raise ValueError(
+                f"{self.label}: job.count_rejected(source={stray[0]!r}) names no source of "
+                f"job.private (sources: {named}); give both the same name, "
+                "job.private(schema, source=...), so the manifest counts those records as read "
+                "and rejected (read = used + rejected + dropped by the bound)")
         if job.count_outputs:
             items = tuple(job.count_outputs) | "JoinCounts" >> beam.Flatten()
         else:

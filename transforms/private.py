@@ -178,6 +178,7 @@ class PrivacyJob:
                          "manifest says so)", self.name, seed, _SEEDED)
         self.sources: list[dict[str, Any]] = []   # one entry per private collection
         self.count_outputs: list[beam.PCollection] = []  # (source, field, n) exact, private
+        self.rejected_sources: list[str] = []  # named by count_rejected: job.private's sources
         self.mechanisms: list[dict[str, Any]] = []
         self.windows: DeclaredWindows | None = None  # the declared windows of its collections
         self._windowing: str | None = None  # first collection's windowing, for the message
@@ -200,6 +201,7 @@ class PrivacyJob:
             raise ValueError(f"source ({source!r}) must be a non-empty string")
         if not isinstance(dead_letters, beam.PCollection):
             raise TypeError(f"dead_letters must be a PCollection, got {type(dead_letters).__name__}")
+        self.rejected_sources.append(source)  # WriteManifest checks job.private names it
         self.count_outputs.append(dead_letters | f"CountRejected[{source}]" >> beam.FlatMap(
             lambda _, s=source: [(s, "read", 1), (s, "rejected", 1)]))
         # (source, field, 1): exact, private

@@ -168,3 +168,29 @@ def test_a_privacy_id_field_the_elements_lack_is_named_missing(kind):
                     equal_to(["required field 'usr' is missing"] * 3), label="CheckLacking")
         assert_that(blank.dead_letters | "RB" >> beam.Map(lambda r: r.reason),
                     equal_to(["privacy id column 'usr' is empty"]), label="CheckBlank")
+
+
+def test_count_rejected_for_a_source_job_private_never_named_is_refused_by_the_manifest(tmp_path):
+    """job.count_rejected(bad, source='event') next to job.private(..., source='events') (a typo):
+    the manifest silently dropped the bad lines (6 lines read, rows_read 5, rows_rejected 0)."""
+    import json as _json
+
+    lines = [_json.dumps(ROW)] * 5 + ['{"age": ']
+    job = bs.PrivacyJob(epsilon=1.0)
+    p = beam.Pipeline()
+    dicts, bad = p | beam.Create(lines) | beam.Map(_json.loads).with_exception_handling()
+    job.count_rejected(bad, source="event")
+    private = dicts | job.private(SMALL, source="events")
+    private | bs.Count(epsilon=1.0)
+    with pytest.raises(ValueError, match=r"WriteManifest: job\.count_rejected\(source='event'\) "
+                       r"names no source of job\.private \(sources: \['events'\]\)"):
+        p | bs.WriteManifest(job=job, path=str(tmp_path / "m.json"))
+    # the same source name: counted (read 6 = used 5 + rejected 1)
+    job = bs.PrivacyJob(epsilon=1.0)
+    with beam.Pipeline() as p:
+        dicts, bad = p | beam.Create(lines) | beam.Map(_json.loads).with_exception_handling()
+        job.count_rejected(bad, source="events")
+        dicts | job.private(SMALL, source="events") | bs.Count(epsilon=1.0)
+        p | bs.WriteManifest(job=job, path=str(tmp_path / "m.json"))
+    ops = _json.loads((tmp_path / "m.json").read_text())["operational"]["sources"]["events"]
+    assert ops == {"read": 6, "rejected": 1, "dropped_by_bound": 0, "used": 5}
