@@ -37,9 +37,9 @@ from beamsynth.transforms.privbayes_model import (
 from beamsynth.transforms.privbayes_plan import (
     DEFAULT_STRUCTURE_FRACTION,
     MAX_CANDIDATE_CELLS,
-    NOISE_MODES,
     gaussian_plan,
     plan_privbayes,
+    resolve_noise,
     spend_privbayes,
 )
 from beamsynth.transforms.privbayes_structure import candidate_families
@@ -91,8 +91,9 @@ class DPPrivBayes(beam.PTransform):
     :func:`choose_network_degree`, down to 0 = independent 1-way marginals, the default of
     ``--method privbayes``; ``"off"``, the default here: the planned degree), rows (a public row
     count of the *input* for the sizing, ``--input-rows``; without it a DP count is spent,
-    :func:`plan_privbayes`),
-    accountant.
+    :func:`plan_privbayes`), noise (``"laplace"``, the default here: pure ε-DP; ``"gaussian"``:
+    zCDP discrete Gaussian tables converted to ``budget``'s (ε, δ), :func:`gaussian_plan`;
+    ``"auto"``: gaussian when ``budget.delta > 0``, :func:`resolve_noise`), accountant.
     """
 
     def __init__(self, *, schema: Schema, budget: ApproxDP, degree: int | None = None,
@@ -122,9 +123,8 @@ class DPPrivBayes(beam.PTransform):
                                    refine_pairs=refine_pairs, refine_rounds=refine_rounds,
                                    refine_groups=refine_groups, refine_fraction=refine_fraction,
                                    sizing=sizing, rows=rows)
-        if noise not in NOISE_MODES:
-            raise ValueError(f"noise ({noise!r}) must be one of {NOISE_MODES}")
-        if noise == "gaussian":  # zCDP (issue 18): needs δ > 0, refinement sized for it
+        self.noise, self.noise_reason = resolve_noise(noise, budget.delta)  # "auto" by δ
+        if self.noise == "gaussian":  # zCDP (issue 18): needs δ > 0, refinement sized for it
             self.plan = gaussian_plan(self.plan, budget, pairs=refine_pairs,
                                       rounds=refine_rounds, groups=refine_groups)
         self._delta = budget.delta if self.plan.zcdp is not None else 0.0
@@ -138,7 +138,8 @@ class DPPrivBayes(beam.PTransform):
         """Mechanism, ε split, δ, degree and declared sizes (never data values)."""
         plan = self.plan
         return display_items(
-            mechanism="PrivBayes (permute-and-flip structure, discrete Laplace tables"
+            mechanism="PrivBayes (permute-and-flip structure, discrete "
+                      + ("Gaussian" if plan.zcdp is not None else "Laplace") + " tables"
                       + (", refinement" if plan.refine is not None else "") + ")",
             epsilon=self._epsilon, delta=self._delta, degree=plan.degree,
             structure_epsilon=0.0 if plan.structure_budget is None else plan.structure_budget.epsilon,

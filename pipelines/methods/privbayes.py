@@ -29,6 +29,7 @@ from beamsynth.transforms.privbayes import (
     SIZING_MODES,
     DPPrivBayes,
 )
+from beamsynth.transforms.privbayes_plan import resolve_noise
 from beamsynth.transforms.refine import (
     DEFAULT_REFINE_FRACTION,
     DEFAULT_REFINE_GROUPS,
@@ -60,7 +61,10 @@ class PrivBayesMethod(Method):
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
         opts = self.options
-        gaussian = opts.get("pb_noise") == "gaussian"  # zCDP: its own refinement defaults
+        # laplace (default: pure ε), gaussian (zCDP), auto (gaussian when the method's δ > 0)
+        self._noise = str(opts.get("pb_noise") or "laplace")
+        gaussian = resolve_noise(self._noise, self.budget.delta)[0] == "gaussian"
+        # zCDP: its own refinement defaults
         self._transform = DPPrivBayes(
             schema=self.schema, budget=self.budget,
             degree=None if opts.get("degree") is None else int(opts["degree"]),
@@ -78,7 +82,7 @@ class PrivBayesMethod(Method):
                                   else opts["refine_fraction"]),
             sizing=str(opts.get("pb_sizing") or "auto"),
             rows=None if opts.get("input_rows") is None else int(opts["input_rows"]),
-            noise=str(opts.get("pb_noise") or "laplace"),
+            noise=self._noise,
             max_contributions=self.max_contributions, seed=self.seed, accountant=self.accountant)
         self._chosen: dict[str, int] = {}
         self._refined: dict[str, dict[str, Any]] = {}
@@ -127,10 +131,12 @@ class PrivBayesMethod(Method):
         add_input_rows_argument(parser)
         if "--pb-noise" not in taken:
             parser.add_argument("--pb-noise", dest="pb_noise", choices=NOISE_MODES, default=None,
-                                help="privbayes: laplace (default, pure ε-DP) or gaussian (zCDP "
-                                     "converted to (ε, δ): needs --delta > 0; discrete Gaussian "
-                                     f"tables, {GAUSSIAN_REFINE_PAIRS} refinement pairs of "
-                                     f"{GAUSSIAN_REFINE_GROUPS} groups by default; docs/privbayes.md)")
+                                help="privbayes: laplace (default, pure ε-DP; a --delta is not used), "
+                                     "gaussian (zCDP converted to (ε, δ): needs --delta > 0; "
+                                     f"discrete Gaussian tables, {GAUSSIAN_REFINE_PAIRS} "
+                                     f"refinement pairs of {GAUSSIAN_REFINE_GROUPS} groups by "
+                                     "default) or auto (gaussian when --delta > 0, else "
+                                     "laplace); docs/privbayes.md")
         if "--pb-sampling" not in taken:
             parser.add_argument("--pb-sampling", dest="sampling", choices=SAMPLING_MODES, default=None,
                                 help="privbayes: balanced (refined: rows whose 2-way tables match "
@@ -161,7 +167,14 @@ class PrivBayesMethod(Method):
                     plan.refine, p).details()}
 
     def details(self) -> dict[str, Any]:
-        out = self._transform.plan.details()
+        plan = self._transform.plan
+        out = plan.details()
+        why = self._transform.noise_reason
+        if self._transform.noise == "gaussian" and plan.zcdp is None:  # small-input model
+            why += "; the small-input model (forest) is pure ε-DP, so δ is not used"
+        out["noise_mode"] = {"option": self._noise,
+                             "chosen": "gaussian" if plan.zcdp is not None else "laplace",
+                             "why": why}
         if self._chosen:  # windows per chosen degree ("0" = independent 1-way marginals)
             out["sizing"] = {**out["sizing"], "chosen_degree_windows": dict(self._chosen)}
         if self._refined:  # refinement per chosen pair count: windows, rounds, ε per pick/table

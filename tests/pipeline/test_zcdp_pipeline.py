@@ -1,9 +1,14 @@
 """``--pb-noise gaussian`` through the CLI (issue 18): one (ε, δ) spend ``privbayes.zcdp`` whose
-ρ parts add up to the budget's ρ, Gaussian tables in the release details; δ = 0 exits 2."""
+ρ parts add up to the budget's ρ, Gaussian tables in the release details; δ = 0 exits 2.
+``--pb-noise auto`` (H29): the default's bytes when δ = 0, gaussian's when δ > 0; the default
+(laplace) with δ > 0 writes the δ = 0 bytes and says δ is unused; the API's ``bs.PrivBayes``
+with ``delta=`` and ``pb_noise="auto"`` spends ``privbayes.zcdp``."""
 
+import hashlib
 import json
 from pathlib import Path
 
+import apache_beam as beam
 import pandas as pd
 import pytest
 
@@ -44,3 +49,53 @@ def test_gaussian_cli_without_delta_exits_2(adult_small, tmp_path, capsys):
                  "--method", "privbayes", "--pb-noise", "gaussian",
                  "--output", str(tmp_path / "g.csv")]) == 2
     assert "needs delta > 0" in capsys.readouterr().err
+
+
+# -- pb_noise auto (H29) ---------------------------------------------------------------------------
+def _run(src, out, *extra):
+    # --input-rows: a public size claim large enough that the network (not the forest) runs
+    assert main(["synthesize", str(src), "--schema", "adult", "--epsilon", "1", "--method",
+                 "privbayes", "--rows", "300", "--input-rows", "40000", "--seed", "3", "--quiet",
+                 "--output", str(out), *extra]) == 0
+    manifest = json.loads(Path(str(out) + ".manifest.json").read_text())
+    return hashlib.sha256(Path(out).read_bytes()).hexdigest(), manifest
+
+
+@pytest.mark.parametrize("delta,explicit,steps", [
+    ("0", [], ["privbayes.structure", "privbayes.marginals", "privbayes.refine.selection",
+               "privbayes.refine.marginals"]),
+    ("1e-9", ["--pb-noise", "gaussian"], ["privbayes.zcdp"]),
+])
+def test_cli_auto_is_the_mode_delta_selects(adult_small, tmp_path, delta, explicit, steps):
+    auto, m = _run(adult_small, tmp_path / "auto.csv", "--delta", delta, "--pb-noise", "auto")
+    same, _ = _run(adult_small, tmp_path / "explicit.csv", "--delta", delta, *explicit)
+    assert auto == same
+    assert [s["step"] for s in m["release"]["budget"]["spends"]] == steps
+    mode = m["release"]["details"]["method"]["privbayes"]["noise_mode"]
+    assert (mode["option"], mode["chosen"]) == ("auto", "gaussian" if explicit else "laplace")
+
+
+def test_cli_default_with_delta_is_laplace(adult_small, tmp_path):
+    lap, m = _run(adult_small, tmp_path / "lap.csv", "--delta", "1e-9")
+    plain, _ = _run(adult_small, tmp_path / "plain.csv", "--delta", "0")
+    assert lap == plain  # δ is not used by the pure-ε mode
+    assert m["release"]["budget"]["spent"]["delta"] == 0.0
+    assert "not used" in m["release"]["details"]["method"]["privbayes"]["noise_mode"]["why"]
+
+
+def test_api_privbayes_with_delta_spends_zcdp():
+    import beamsynth as bs
+
+    with open(ADULT, encoding="utf-8") as fh:
+        header = fh.readline().strip().split(",")
+        rows = [dict(zip(header, line.strip().split(","))) for _, line in zip(range(300), fh)]
+    job = bs.PrivacyJob(epsilon=2.0, delta=1e-6, seed=3)
+    with beam.Pipeline() as p:
+        private = p | beam.Create(rows) | job.private(bs.load_schema("adult"))
+        _ = private | "G" >> bs.PrivBayes(epsilon=1.0, delta=1e-6, rows=50,
+                                          options={"input_rows": 40_000, "pb_noise": "auto"})
+        _ = private | "L" >> bs.PrivBayes(epsilon=1.0, rows=50,
+                                          options={"input_rows": 40_000, "pb_noise": "auto"})
+        steps = [s.step for s in job.accountant.spends]
+    assert any(s.endswith("privbayes.zcdp") for s in steps)
+    assert any(s.endswith("privbayes.marginals") for s in steps)
