@@ -202,9 +202,12 @@ class PrivacyJob:
         if not isinstance(dead_letters, beam.PCollection):
             raise TypeError(f"dead_letters must be a PCollection, got {type(dead_letters).__name__}")
         self.rejected_sources.append(source)  # WriteManifest checks job.private names it
-        self.count_outputs.append(dead_letters | f"CountRejected[{source}]" >> beam.FlatMap(
-            lambda _, s=source: [(s, "read", 1), (s, "rejected", 1)]))
-        # (source, field, 1): exact, private
+        self.count_outputs.append(
+            dead_letters
+            | f"CountRejected[{source}]" >> beam.FlatMap(
+                lambda _, s=source: [(s, "read", 1), (s, "rejected", 1)])
+            | f"GlobalRejected[{source}]" >> beam.WindowInto(GlobalWindows()))
+        # (source, field, 1) in the global window (the manifest's one combine): exact, private
 
     def step_seed(self, step: str) -> int | None:
         """The seed of one step: ``None`` in secure mode (each transform draws its own run secret),

@@ -194,3 +194,29 @@ def test_count_rejected_for_a_source_job_private_never_named_is_refused_by_the_m
         p | bs.WriteManifest(job=job, path=str(tmp_path / "m.json"))
     ops = _json.loads((tmp_path / "m.json").read_text())["operational"]["sources"]["events"]
     assert ops == {"read": 6, "rejected": 1, "dropped_by_bound": 0, "used": 5}
+
+
+def test_count_rejected_on_input_windowed_into_the_declared_windows(tmp_path):
+    """JSON lines stamped and windowed into the job's DeclaredWindows before parsing (job.private
+    accepts input so windowed): count_rejected's counts stayed in those windows and
+    bs.WriteManifest failed when built with Beam's 'Default values are not yet supported in
+    CombineGlobally() if the output PCollection is not windowed by GlobalWindows'."""
+    import datetime as dt
+    import json as _json
+
+    utc = dt.timezone.utc
+    days = bs.DeclaredWindows(start=dt.datetime(2024, 1, 1, tzinfo=utc),
+                              end=dt.datetime(2024, 1, 4, tzinfo=utc), size=86_400)
+    t0 = int(dt.datetime(2024, 1, 1, tzinfo=utc).timestamp())
+    lines = [(_json.dumps(ROW), t0 + 60)] * 5 + [('{"age": ', t0 + 86_400 + 5)]
+    job = bs.PrivacyJob(epsilon=1.0, seed=1)
+    with beam.Pipeline() as p:
+        stamped = (p | beam.Create(lines)
+                   | beam.Map(lambda lt: beam.window.TimestampedValue(lt[0], lt[1]))
+                   | beam.WindowInto(days))
+        dicts, bad = stamped | beam.Map(_json.loads).with_exception_handling()
+        job.count_rejected(bad, source="events")
+        dicts | job.private(SMALL, source="events") | bs.Count(epsilon=1.0)
+        p | bs.WriteManifest(job=job, path=str(tmp_path / "m.json"))
+    ops = _json.loads((tmp_path / "m.json").read_text())["operational"]["sources"]["events"]
+    assert ops == {"read": 6, "rejected": 1, "dropped_by_bound": 0, "used": 5}
