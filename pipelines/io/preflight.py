@@ -197,7 +197,9 @@ def _csv_facts(path: str) -> FileFacts:
         ) from None
     fields = next(csv.reader([text]), [])
     rest = data[end:]
-    has_records = True if rest.strip() else (False if whole else None)
+    # a record is any line the reader does not skip: only empty lines (line breaks alone) are
+    # blank; a line of spaces or tabs is a record (a dead letter), as docs/schema-format.md says
+    has_records = True if rest.translate(None, b"\r\n") else (False if whole else None)
     return FileFacts(path, "csv", [f.strip() for f in fields], has_records)
 
 

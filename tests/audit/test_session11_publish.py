@@ -244,3 +244,16 @@ def test_manifest_states_that_an_empty_input_was_refused(tmp_path: Path, command
     assert (rc_e, rc_1) == (0, 0)
     assert "empty_input" not in man_e["release"]["privacy_unit"]
     assert man_e["release"]["privacy_unit"] == man_1["release"]["privacy_unit"]
+
+
+@pytest.mark.parametrize("line", ["   ", "\t", " \x0b "])
+def test_a_csv_line_of_white_space_is_a_record_for_the_empty_input_check_too(tmp_path: Path, line: str) -> None:
+    """The reading rules make a CSV line of white space a record (a dead letter; only empty lines
+    are blank), but the pre-flight called a file whose header is followed only by white space
+    empty. So D = header + one line of spaces (one record, rejected) was refused (exit 2) while
+    its neighbour D + 'F,1' released: the refusal depended on a record being invalid, against the
+    stated guarantee ('between inputs that both hold a record'). Both must release."""
+    rc, man = _toy_run(tmp_path / "d", "synthesize", [line])
+    assert rc == 0 and (man["operational"]["rows_read"], man["operational"]["rows_rejected"]) == (1, 1)
+    assert _toy_run(tmp_path / "d1", "synthesize", [line, "F,1"])[0] == 0
+    assert _toy_run(tmp_path / "blank", "synthesize", ["", ""])[0] == 2  # blank lines are no records

@@ -229,9 +229,11 @@ def test_header_is_the_first_non_blank_line(tmp_path):
     inp = _csv(tmp_path / "a.csv", ["", "", "name,pid", "", "smith,1"])
     facts = preflight.check_inputs(str(inp)).files[0]
     assert facts.columns == ["name", "pid"] and facts.has_records is True
-    _csv(inp, ["", "name,pid", "", "  "])
+    _csv(inp, ["", "name,pid", "", ""])
     with pytest.raises(preflight.PreflightError, match="no data records"):
         preflight.check_inputs(str(inp))
+    _csv(inp, ["", "name,pid", "", "  "])  # a line of spaces is a record (a dead letter), not blank
+    assert preflight.check_inputs(str(inp)).files[0].has_records is True
 
 
 def test_noise_scale_check_passes_ordinary_scales():
