@@ -234,7 +234,9 @@ class NetworkSizing:
                        if self.refine_noise == "gaussian" else REFINE_PAIRS_RULE,
                        refine_pairs_source="public input row count (CLI --input-rows), at build "
                        "time" if self.rows is not None else "the DP count n̂ (size_count), in the "
-                       "measurement step: post-processing, the refinement's ε fixed at build time")
+                       "measurement step: post-processing, the refinement's "
+                       + ("ρ_sel and ρ_meas" if self.refine_noise == "gaussian" else "ε")
+                       + " fixed at build time")
         if self.count_budget is not None:
             out["count_epsilon"] = self.count_budget.epsilon
         if self.rows is not None:
