@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as _dt
 import glob
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -188,8 +189,15 @@ def _keys(data: Any, allowed: set[str], path: str, *, required: tuple[str, ...] 
     return dict(data)
 
 
+# PyYAML follows YAML 1.1, whose float needs a dot: ``delta: 1e-5`` loads as the *string* "1e-5".
+# A plain decimal number written that way is read as the number the user meant.
+_YAML11_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+
+
 def _number(value: Any, path: str, *, low: float, high: float | None = None,
             low_open: bool = True, high_open: bool = False) -> float:
+    if isinstance(value, str) and _YAML11_NUMBER.fullmatch(value.strip()):
+        value = float(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ReleaseConfigError(path, f"must be a number, got {value!r}")
     v = float(value)

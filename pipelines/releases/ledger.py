@@ -536,8 +536,9 @@ class PrivacyLedger:
                     + f" but the ledger has already spent ε={format_budget(eps)}"
                     + (f", δ={format_budget(delta)}" if delta else "")
                     + f" of its {policy.describe()} "
-                    f"(ε={format_budget(_left(policy.epsilon, eps))} left); "
-                    "refused before reading any data")
+                    f"(ε={format_budget(_left(policy.epsilon, eps))}"
+                    + (f", δ={format_budget(_left(policy.delta, delta))}" if want_d else "")
+                    + " left); refused before reading any data")
 
     def check(self, *, run_key: str, spends: Sequence[LedgerSpend],
               policies: Mapping[str, LedgerPolicy]) -> None:

@@ -75,9 +75,10 @@ def test_delta_is_budgeted_too(tmp_path: Path) -> None:
     pol = {"src": LedgerPolicy(epsilon=10.0, delta=1e-6)}
     ledger.reserve(run_key="a", name="n", folder=str(tmp_path / "a"), spends=_spend(1.0, delta=1e-6),
                    policies=pol)
-    with pytest.raises(LedgerBudgetExceededError, match="δ"):
+    with pytest.raises(LedgerBudgetExceededError, match="δ") as info:
         ledger.reserve(run_key="b", name="n", folder=str(tmp_path / "b"),
                        spends=_spend(1.0, delta=1e-7), policies=pol)
+    assert "(ε=9, δ=0 left)" in str(info.value)  # δ is the limit here: its remainder is named too
 
 
 def test_pending_reservations_of_live_processes_count(tmp_path: Path) -> None:

@@ -231,3 +231,16 @@ def test_column_mechanism_errors(tmp_path: Path, opts: dict, path: str, message:
     cfg["tables"][0]["columns"] = {"age": {}, "native-country": opts}
     text = _error(cfg)
     assert text.startswith(f"{path}: ") and message in text, text
+
+
+def test_yaml11_exponent_numbers_are_read_as_numbers(tmp_path: Path) -> None:
+    """PyYAML (YAML 1.1) loads ``delta: 1e-5`` as the string "1e-5"; a user means the number."""
+    cfg = _base(tmp_path)
+    text = yaml.safe_dump(cfg).replace("epsilon: 1.0", "epsilon: 1e0\n  delta: 1e-5", 1)
+    assert isinstance(yaml.safe_load(text)["budget"]["delta"], str)  # the YAML 1.1 quirk itself
+    path = tmp_path / "release.yaml"
+    path.write_text(text, encoding="utf-8")
+    loaded = load_release_config(path, date="2026-01-01")
+    assert (loaded.epsilon, loaded.delta) == (1.0, 1e-5)
+    cfg["budget"]["delta"] = "1e-5x"  # anything else stays an error that echoes the value
+    assert _error(cfg) == "budget.delta: must be a number, got '1e-5x'"
