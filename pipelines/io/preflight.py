@@ -32,6 +32,7 @@ input-check options of the commands are :mod:`beamsynth.pipelines.cli.console`.
 
 from __future__ import annotations
 
+import codecs
 import csv
 import difflib
 import gzip
@@ -219,7 +220,10 @@ def _header_line(data: bytes) -> tuple[int, int | None]:
 
 def _jsonl_facts(path: str) -> FileFacts:
     data, whole = _head(path)
-    return FileFacts(path, "jsonl", None, True if data.strip() else (False if whole else None))
+    # blank as the reader judges it (read_jsonl: ``str.strip``, i.e. Unicode white space such as
+    # U+00A0 or U+2028 too); a multi-byte character cut by the head's end is held back, not judged
+    text = codecs.getincrementaldecoder("utf-8")("surrogateescape").decode(data, final=whole)
+    return FileFacts(path, "jsonl", None, True if text.strip() else (False if whole else None))
 
 
 def _avro_facts(path: str) -> FileFacts:

@@ -137,13 +137,15 @@ def test_no_input_matches(tmp_path, out, capsys):
     assert _error(capsys) == f"beamsynth synthesize: error: {tmp_path}/nothing-*.csv: no input file matches"
 
 
-@pytest.mark.parametrize("fmt", ["csv", "jsonl", "parquet"])
+@pytest.mark.parametrize("fmt", ["csv", "jsonl", "jsonl-unicode-space", "parquet"])
 def test_header_only_input_is_refused(tmp_path, out, capsys, fmt):
-    inp = tmp_path / f"empty.{fmt}"
+    inp = tmp_path / f"empty.{fmt.split('-')[0]}"
     if fmt == "csv":
         _csv(inp, [HEADER, ""])
     elif fmt == "jsonl":
         inp.write_bytes(b"\n")
+    elif fmt == "jsonl-unicode-space":  # lines the JSONL reader skips as blank (str.strip)
+        inp.write_text("\u00a0\n\u2028 \n\u3000\n", encoding="utf-8")
     else:
         pd.DataFrame({c: pd.Series([], dtype=str) for c in HEADER.split(",")}).to_parquet(inp)
     assert _synth(inp, out) == 2
