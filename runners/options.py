@@ -226,6 +226,10 @@ def check_pipeline_args(args: Sequence[str], *, own_flags: Sequence[str] = (),
         raise UnknownOptionError(f"unexpected argument {unknown[0]!r}: every argument after the "
                                  "subcommand's own must be a --option of the subcommand or of Beam")
     name = flags[0].split("=", 1)[0]
+    if name in own_flags:  # the whole command line was passed, the job's own flags included
+        raise UnknownOptionError(f"{name} is this job's own option (own_flags); pass "
+                                 "check_pipeline_args only what your parser left: args, "
+                                 "beam_args = parser.parse_known_args()")
     known = [f for f in list(own_flags) + [s for a in parser._actions for s in a.option_strings]
              if f != name]
     hint = suggest_flag(name, known)

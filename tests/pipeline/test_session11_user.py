@@ -220,3 +220,15 @@ def test_count_rejected_on_input_windowed_into_the_declared_windows(tmp_path):
         p | bs.WriteManifest(job=job, path=str(tmp_path / "m.json"))
     ops = _json.loads((tmp_path / "m.json").read_text())["operational"]["sources"]["events"]
     assert ops == {"read": 6, "rejected": 1, "dropped_by_bound": 0, "used": 5}
+
+
+def test_check_pipeline_args_given_the_jobs_own_flag_says_to_pass_only_beams():
+    """bs.check_pipeline_args(sys.argv[1:], own_flags=['--output']) (before argparse) refused
+    the job's own flag as 'unrecognized option --output (did you mean --update?)'."""
+    with pytest.raises(bs.UnknownOptionError, match=r"^--output is this job's own option "
+                       r"\(own_flags\); pass check_pipeline_args only what your parser left: "
+                       r"args, beam_args = parser\.parse_known_args\(\)"):
+        bs.check_pipeline_args(["--output", "out", "--runner", "direct"], own_flags=["--output"])
+    with pytest.raises(bs.UnknownOptionError, match=r"unrecognized option --outptu \(did you mean "
+                       r"--output\?\)"):
+        bs.check_pipeline_args(["--outptu", "out"], own_flags=["--output"])
