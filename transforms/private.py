@@ -40,7 +40,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import hashlib
+import inspect
 import logging
 import weakref
 from collections.abc import Mapping, Sequence
@@ -302,6 +304,35 @@ class PrivateCollection(tuple):
         return f"PrivateCollection(source={self.source!r}, schema={self.schema.name!r})"
 
 
+def _keywords_checked(init: Any) -> Any:
+    """``init`` with Python's bare keyword errors replaced by the ``bs.`` name, the nearest
+    parameter and the list (``bs.PrivBayes(row=100)`` said ``Synthesize.__init__() got an
+    unexpected keyword argument 'row'``, naming the parent class)."""
+    params = [p for name, p in inspect.signature(init).parameters.items() if name != "self"]
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return init
+    names = [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    positional = sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+
+    @functools.wraps(init)
+    def checked(self: Any, *args: Any, **kwargs: Any) -> None:
+        name = f"bs.{type(self).__name__}"
+        shown = [n for n in names if n in inspect.signature(type(self)).parameters]  # named forms
+        if len(args) > positional and not any(p.kind is p.VAR_POSITIONAL for p in params):
+            raise TypeError(f"{name} takes keyword arguments only ({', '.join(n + '=' for n in shown)}); "
+                            f"got {len(args)} positional: {', '.join(map(repr, args))}")
+        for key in kwargs:
+            if key not in names:
+                close = difflib.get_close_matches(key, shown, n=1, cutoff=0.6)
+                raise TypeError(f"{name} got an unknown keyword {key!r}"
+                                + (f" (did you mean {close[0]!r}?)" if close else "")
+                                + f"; it takes: {', '.join(shown)}")
+        init(self, *args, **kwargs)
+
+    checked._keywords_checked = True  # type: ignore[attr-defined]
+    return checked
+
+
 class PrivateTransform(beam.PTransform):
     """Base of the mechanisms that apply to a :class:`PrivateCollection`.
 
@@ -312,6 +343,12 @@ class PrivateTransform(beam.PTransform):
 
     mechanism = ""
     _private: PrivateCollection | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        if init is not None and not getattr(init, "_keywords_checked", False):
+            cls.__init__ = _keywords_checked(init)  # type: ignore[method-assign]
 
     def _refuse(self, left: Any) -> None:
         kind = type(left).__name__
