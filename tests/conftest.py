@@ -18,3 +18,14 @@ def dask_address():
         for client in list(distributed.client._global_clients.values()):
             client.close()
         cluster.close()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _quiet_unrecorded_jobs():
+    """Most tests build jobs without bs.WriteManifest on purpose; the warning for that
+    (transforms.private.WARN_UNRECORDED) is checked in a fresh interpreter by
+    tests/pipeline/test_unrecorded_job.py."""
+    from beamsynth.transforms import private
+
+    private.WARN_UNRECORDED = False
+    yield

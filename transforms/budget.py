@@ -174,6 +174,7 @@ class PrivacyAccountant:
             raise TypeError(f"total must be a PureDP or ApproxDP budget, got {type(total).__name__}")
         self._total = total
         self._spends: list[Spend] = []
+        self.exported = False  # to_dict() was called: the spends were taken for a manifest
 
     @property
     def total(self) -> ApproxDP:
@@ -235,6 +236,7 @@ class PrivacyAccountant:
 
     def to_dict(self) -> dict[str, Any]:
         """Manifest form: total, every spend, and the sums."""
+        self.exported = True
         return {
             "neighbouring": "add/remove one privacy unit",
             "composition": "basic sequential composition",

@@ -141,6 +141,24 @@ class PrivacyUnit:
                 "neighbouring": "add/remove one privacy unit"}
 
 
+WARN_UNRECORDED = True
+"""Log when a job that spent budget is discarded (or the interpreter exits) and no
+``bs.WriteManifest`` took its manifest and ``job.accountant.to_dict()`` was never read: its spends
+are then recorded nowhere (brief rule 3: every spend is in the manifest). Tests turn it off."""
+
+
+def _warn_unrecorded(name: str, accountant: PrivacyAccountant, recorded: dict[str, Any]) -> None:
+    if not WARN_UNRECORDED or recorded["by"] is not None or accountant.exported:
+        return
+    _LOG.warning("PrivacyJob %r spent %s in %d step(s) (%s) but no bs.WriteManifest took its "
+                 "manifest and job.accountant.to_dict() was never read: these spends are recorded "
+                 "nowhere. Apply `bs.WriteManifest(job=job, path=...)` in the pipeline, or keep "
+                 "job.accountant.to_dict() with the release", name,
+                 f"ε={accountant.spent_epsilon:g}, δ={accountant.spent_delta:g}",
+                 len(accountant.spends), ", ".join(s.step for s in accountant.spends[:4])
+                 + (", ..." if len(accountant.spends) > 4 else ""))
+
+
 class PrivacyJob:
     """One pipeline's privacy budget, privacy unit and randomness mode.
 
@@ -186,6 +204,8 @@ class PrivacyJob:
         self._windowing: str | None = None  # first collection's windowing, for the message
         self._frozen: str | None = None
         self._pipeline: weakref.ref[beam.Pipeline] | None = None  # the one pipeline it budgets
+        self._unrecorded: weakref.finalize | None = None  # warns if spends never reach a manifest
+        self._recorded = {"by": None}  # set by freeze(); read by the finalizer (never holds self)
 
     def private(self, schema: Schema | str, **kwargs: Any) -> MakePrivate:
         """``records | job.private(schema)``: a :class:`MakePrivate` step of this job."""
@@ -225,7 +245,11 @@ class PrivacyJob:
         if self._frozen is not None:
             raise ValueError(f"step {step!r} is applied after {self._frozen!r} took the job's "
                              "manifest; apply every mechanism before bs.WriteManifest")
-        return self.accountant.spend(step, budget, mechanism=mechanism, details=details)
+        spent = self.accountant.spend(step, budget, mechanism=mechanism, details=details)
+        if self._unrecorded is None:
+            self._unrecorded = weakref.finalize(self, _warn_unrecorded, self.name, self.accountant,
+                                                self._recorded)
+        return spent
 
     def check_fits(self, step: str, budget: ApproxDP) -> None:
         """Raise ``BudgetExceededError`` naming ``step`` if ``budget`` does not fit (no spend)."""
@@ -241,6 +265,7 @@ class PrivacyJob:
     def freeze(self, by: str) -> None:
         """No spend after this (the manifest has been taken by step ``by``)."""
         self._frozen = by
+        self._recorded["by"] = by
 
     def use_windows(self, step: str, windows: DeclaredWindows | None) -> None:
         """Every private collection of a job shares one windowing (the ε holds per window)."""
