@@ -120,7 +120,19 @@ def run(a: argparse.Namespace) -> list[dict]:
     from beamsynth.pipelines.releases.quality import encode_frame, ml_efficacy, quality_report
     from beamsynth.schemas.schema import load_schema
 
-    data_dir = Path(a.data_dir or os.environ.get("BEAMSYNTH_UNSEEN_DIR", ""))
+    where = a.data_dir or os.environ.get("BEAMSYNTH_UNSEEN_DIR")
+    if not where:
+        print("skipping: no data (--data-dir or $BEAMSYNTH_UNSEEN_DIR; see the module docstring)")
+        return []
+    data_dir = Path(where)
+    found = {}
+    for name in a.datasets.split(","):
+        found[name] = find_file(data_dir, DATASETS[name]["file"])
+        if found[name] is None:
+            print(f"skipping {name}: {DATASETS[name]['file']} not found under {str(data_dir)!r} "
+                  f"(--data-dir or $BEAMSYNTH_UNSEEN_DIR; see the module docstring)", flush=True)
+    if not any(found.values()):
+        return []
     work = Path(a.work_dir or tempfile.mkdtemp(prefix="unseen_"))
     work.mkdir(parents=True, exist_ok=True)
     log = work / "cli.log"
@@ -134,12 +146,9 @@ def run(a: argparse.Namespace) -> list[dict]:
     if "dask" in a.extra:
         runs += [(1.0, seeds[0], "privbayes", "privbayes dask", ["--runner", "dask"])]
     rows: list[dict] = []
-    for name in a.datasets.split(","):
+    for name, path in found.items():
         spec = DATASETS[name]
-        path = find_file(data_dir, spec["file"])
         if path is None:
-            print(f"skipping {name}: {spec['file']} not found under {str(data_dir)!r} "
-                  f"(--data-dir or $BEAMSYNTH_UNSEEN_DIR; see the module docstring)", flush=True)
             continue
         schema = load_schema(str(spec["schema"]))
         train, test = split(load_raw(name, path))
