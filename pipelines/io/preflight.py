@@ -322,10 +322,12 @@ def _check_columns(facts: FileFacts, required: Sequence[Required], reject_extra:
 
 
 def check_inputs(pattern: str | Sequence[str], *, required: Sequence[Required] = (),
-                 reject_extra: Sequence[str] | None = None, allow_empty: bool = False) -> PreflightReport:
+                 reject_extra: Sequence[str] | None = None, allow_empty: bool = False,
+                 empty_advice: str = "pass --allow-empty to release from it anyway") -> PreflightReport:
     """Check every input file's public structure; raise :class:`PreflightError` on a whole-file
     problem (module docstring). ``reject_extra``: the only columns allowed (schema
-    ``extra_columns: reject``). ``allow_empty``: release from an input with no record at all."""
+    ``extra_columns: reject``). ``allow_empty``: release from an input with no record at all;
+    ``empty_advice``: what the refusal of an empty input tells the caller to do."""
     report = PreflightReport()
     for path in _expand(pattern):
         fmt = detect_format(path)
@@ -338,8 +340,7 @@ def check_inputs(pattern: str | Sequence[str], *, required: Sequence[Required] =
         names = ", ".join(f.path for f in report.files)
         raise PreflightError(
             f"{names}: no data records (the input is empty or header-only). An empty input is "
-            "treated as an operator error; pass --allow-empty to release from it anyway "
-            "(docs/methods.md, 'Empty inputs')")
+            f"treated as an operator error; {empty_advice} (docs/methods.md, 'Empty inputs')")
     if not report.empty and len(report.files) > 1:
         report.warnings += [f"{f.path}: no data records" for f in report.files if f.has_records is False]
     return report
@@ -355,7 +356,9 @@ def check_table_inputs(tables: Iterable[Any]) -> None:
         else:
             required = schema_requirements(t.schema, privacy_id=t.privacy_id,
                                            privacy_id_flag=f"{t.where}.privacy_id")
-        check_inputs(list(t.inputs), required=required)
+        check_inputs(list(t.inputs), required=required, empty_advice=(  # a release has no --allow-empty
+            "a release always refuses it: nothing was spent (its ledger reservation is aborted), so "
+            "rerun this night once the input holds records, or skip the night"))
 
 
 # -- noise scales ---------------------------------------------------------------------------------------

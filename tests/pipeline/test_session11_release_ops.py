@@ -1,0 +1,78 @@
+"""Session 11 (H33): an open-data portal's nightly operator, a simulated week of ``beamsynth release``.
+
+What the week found, each checked here through the CLI as the operator runs it:
+
+1. A night whose input is empty was refused with "pass --allow-empty to release from it anyway",
+   an option ``beamsynth release`` does not have (trying it: "unrecognized option --allow-empty (did
+   you mean --dataflow_endpoint?)"). The refusal now says what a release does: nothing was spent,
+   rerun the night once the input holds records, or skip it; the rerun then publishes.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from beamsynth.pipelines.cli.main import main
+
+ROOT = Path(__file__).resolve().parents[2]
+ADULT = ROOT / "examples" / "data" / "adult" / "adult.csv"
+needs_adult = pytest.mark.skipif(not ADULT.exists(), reason="examples/data/adult/adult.csv absent")
+
+_CONFIG = """
+name: nightly
+folder: {root}/rel/nightly-{{date}}
+budget: {{epsilon: 1.0}}
+ledger: {{path: {root}/ledger.sqlite, policies: {{adult: {{epsilon: 10}}}}}}
+seed: 3
+demo: true
+tables:
+  - name: adult
+    input: {data}
+    schema: {schema}
+    epsilon: 1.0
+    columns: [age, sex, income]
+    formats: [csv]
+reports: {{private: {private}, public: false}}
+"""
+
+
+def _adult(n: int) -> str:
+    lines = ADULT.read_text(encoding="utf-8").splitlines()
+    return "\n".join(lines[:n + 1]) + "\n"
+
+
+def _config(tmp_path: Path, data: Path, *, schema: str = "adult", private: bool = False) -> Path:
+    cfg = tmp_path / "release.yaml"
+    cfg.write_text(_CONFIG.format(root=tmp_path, data=data, schema=schema,
+                                  private=str(private).lower()), encoding="utf-8")
+    return cfg
+
+
+def _states(tmp_path: Path) -> list[str]:
+    con = sqlite3.connect(tmp_path / "ledger.sqlite")
+    try:
+        return [r[0] for r in con.execute("SELECT state FROM releases ORDER BY created")]
+    finally:
+        con.close()
+
+
+@needs_adult
+def test_an_empty_night_says_what_a_release_can_do(tmp_path, capsys):
+    data = tmp_path / "adult.csv"
+    data.write_text(_adult(0), encoding="utf-8")  # header only: nothing came in tonight
+    cfg = _config(tmp_path, data)
+    rc = main(["--quiet", "release", str(cfg), "--date", "2026-03-03"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "--allow-empty" not in err, err  # beamsynth release has no such option
+    assert "nothing was spent" in err and "rerun this night" in err, err
+    assert _states(tmp_path) == ["aborted"]
+    assert not (tmp_path / "rel" / "nightly-2026-03-03").exists()
+    data.write_text(_adult(60), encoding="utf-8")  # the night's rows arrive: the rerun publishes
+    assert main(["--quiet", "release", str(cfg), "--date", "2026-03-03"]) == 0
+    assert _states(tmp_path) == ["aborted", "committed"]
+    assert json.loads((tmp_path / "rel" / "nightly-2026-03-03" / "release.json").read_text())["name"] == "nightly"
