@@ -116,14 +116,15 @@ def summarize_rejected(path: str, *, limit: int = 200_000, examples: int = 3
 
 
 def rejection_report(op: Mapping[str, Any], rejected_file: str, *, warn: float = DEFAULT_WARN_REJECTED,
-                     top: int = 3) -> str | None:
-    """The console warning when more than ``warn`` of the rows read were rejected, else None."""
+                     top: int = 3, limit: str = "--warn-rejected") -> str | None:
+    """The console warning when more than ``warn`` of the rows read were rejected, else None
+    (``limit`` names the threshold: the option that sets it)."""
     read, rej = op.get("rows_read"), op.get("rows_rejected")
     if not read or rej is None or rej / read <= warn:
         return None
     counts, where, n = summarize_rejected(rejected_file)
     lines = [f"warning: {rej} of {read} rows ({rej / read:.1%}) were rejected "
-             f"(more than --warn-rejected {warn:g}); the release is built from the rest. "
+             f"(more than {limit} {warn:g}); the release is built from the rest. "
              f"Top reasons{'' if n >= rej else f' (first {n} dead letters)'}:"]
     for reason, c in counts.most_common(top):
         lines.append(f"  {c} × {reason}  (e.g. {'; '.join(where[reason])}){_hint(reason)}")

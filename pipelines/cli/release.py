@@ -74,10 +74,28 @@ def _run_release(args: argparse.Namespace, beam_args: list[str]) -> int:
     from beamsynth.pipelines.cli.synthesize import pipeline_options
 
     release = run_release(cfg, pipeline_options(beam_args), progress=progress)
+    _warn_rejected(cfg.folder, release["tables"])
     if not progress.quiet:
         print(f"released {release['name']} (ε={release['spent']['epsilon']:g}) → {cfg.folder}",
               file=sys.stderr)
     return 0
+
+
+def _warn_rejected(folder: str, tables: list[str]) -> None:
+    """The synthesize command's warning, per published table, when more than 5% of the rows read
+    went to dead letters (private console only; the release is published either way: rule 7)."""
+    from beamsynth.pipelines.cli.console import rejection_report
+    from beamsynth.pipelines.io import filesystem as fs
+
+    for name in tables:
+        manifest = fs.join(folder, "private", f"{name}.manifest.json")
+        if not fs.exists(manifest):
+            continue
+        op = json.loads(fs.read_text(manifest)).get("operational") or {}
+        warning = rejection_report(op, fs.join(folder, "private", f"{name}.rejected.jsonl"),
+                                   limit="the release's warning threshold")
+        if warning:
+            print(f"beamsynth release: table {name}: {warning}", file=sys.stderr)
 
 
 def _check_release(cfg) -> int:

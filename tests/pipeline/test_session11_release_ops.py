@@ -6,6 +6,11 @@ What the week found, each checked here through the CLI as the operator runs it:
    an option ``beamsynth release`` does not have (trying it: "unrecognized option --allow-empty (did
    you mean --dataflow_endpoint?)"). The refusal now says what a release does: nothing was spent,
    rerun the night once the input holds records, or skip it; the rerun then publishes.
+2. A schema whose domain does not match the data (every row a dead letter) published a table
+   built from 0 rows with only "read 2000 rows, rejected 2000" in the progress lines, and nothing
+   at all under --quiet; ``beamsynth synthesize`` warns there with the top reasons and the
+   dead-letter file. The release now prints that warning per table on the private console, and
+   still publishes (whether a release happens never depends on the data: rule 7).
 """
 
 from __future__ import annotations
@@ -76,3 +81,21 @@ def test_an_empty_night_says_what_a_release_can_do(tmp_path, capsys):
     assert main(["--quiet", "release", str(cfg), "--date", "2026-03-03"]) == 0
     assert _states(tmp_path) == ["aborted", "committed"]
     assert json.loads((tmp_path / "rel" / "nightly-2026-03-03" / "release.json").read_text())["name"] == "nightly"
+
+
+@needs_adult
+def test_a_release_warns_when_most_rows_are_dead_letters(tmp_path, capsys):
+    data = tmp_path / "adult.csv"  # the night's export wrote sex as M/F: outside the declared domain
+    data.write_text(_adult(80).replace(",Male,", ",M,").replace(",Female,", ",F,"), encoding="utf-8")
+    cfg = _config(tmp_path, data)
+    assert main(["--quiet", "release", str(cfg), "--date", "2026-03-04"]) == 0  # published anyway
+    err = capsys.readouterr().err
+    folder = tmp_path / "rel" / "nightly-2026-03-04"
+    op = json.loads((folder / "private" / "adult.manifest.json").read_text())["operational"]
+    assert (op["rows_read"], op["rows_rejected"]) == (80, 80)
+    assert "table adult: warning: 80 of 80 rows (100.0%) were rejected" in err, err
+    assert "column 'sex'" in err and str(folder / "private" / "adult.rejected.jsonl") in err, err
+    assert "--warn-rejected" not in err  # an option the release does not have
+    data.write_text(_adult(80), encoding="utf-8")  # a clean night: no warning
+    assert main(["--quiet", "release", str(cfg), "--date", "2026-03-05"]) == 0
+    assert "warning" not in capsys.readouterr().err
