@@ -271,6 +271,10 @@ def _network(description: Mapping[str, Any] | None, names: Sequence[str]) -> str
 
 
 def _tvd_section(schema: Schema, real: np.ndarray, synth: np.ndarray, seed: int) -> str:
+    empty = [name for name, codes in (("real", real), ("synthetic", synth)) if codes.shape[0] == 0]
+    if empty:  # an empty side's tables are uniform by convention: its TVDs would mean nothing
+        return (f"<p>TVD not computed: no {' and no '.join(empty)} rows to compare (an empty "
+                "table is drawn as uniform in the plots above).</p>")
     plt = _plt()
     rep = quality_report(schema, real, synth, n_three_way=50, seed=seed)
     names = schema.names

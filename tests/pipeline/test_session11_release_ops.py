@@ -11,6 +11,9 @@ What the week found, each checked here through the CLI as the operator runs it:
    at all under --quiet; ``beamsynth synthesize`` warns there with the top reasons and the
    dead-letter file. The release now prints that warning per table on the private console, and
    still publishes (whether a release happens never depends on the data: rule 7).
+3. The private quality report of that release showed "mean TVD 0.0000" for 1-, 2- and 3-way
+   marginals: with no real (or no synthetic) row, both sides' tables are uniform by convention,
+   so the report claimed a perfect fit of nothing. It now says the TVD was not computed and why.
 """
 
 from __future__ import annotations
@@ -19,9 +22,13 @@ import json
 import sqlite3
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from beamsynth.pipelines.cli.main import main
+from beamsynth.pipelines.releases.report import private_report_html
+from beamsynth.schemas.schema import load_schema
 
 ROOT = Path(__file__).resolve().parents[2]
 ADULT = ROOT / "examples" / "data" / "adult" / "adult.csv"
@@ -99,3 +106,16 @@ def test_a_release_warns_when_most_rows_are_dead_letters(tmp_path, capsys):
     data.write_text(_adult(80), encoding="utf-8")  # a clean night: no warning
     assert main(["--quiet", "release", str(cfg), "--date", "2026-03-05"]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("real_rows, synth_rows, missing", [
+    (0, 0, "no real and no synthetic rows"), (0, 30, "no real rows"), (30, 0, "no synthetic rows")])
+def test_the_private_report_claims_no_fit_without_rows(real_rows, synth_rows, missing):
+    pytest.importorskip("matplotlib")
+    schema = load_schema("adult").select(["age", "sex", "income"])
+    real = np.zeros((real_rows, 3), dtype=np.int64)  # codes of the records the release used
+    synth = pd.DataFrame({"age": ["40"] * synth_rows, "sex": ["Male"] * synth_rows,
+                          "income": ["<=50K"] * synth_rows})
+    page = private_report_html(schema, real, synth, real_dropped=80 if real_rows == 0 else 0)
+    assert f"TVD not computed: {missing} to compare" in page
+    assert "mean TVD" not in page
