@@ -132,8 +132,13 @@ def _run_ledger(args: argparse.Namespace, beam_args: list[str]) -> int:
         raise FileNotFoundError(f"no ledger at {args.ledger!r}")
     ledger = PrivacyLedger(args.ledger)
     if args.action == "reconcile":
-        for rid, state in ledger.reconcile(force=args.force):
+        decided = ledger.reconcile(force=args.force)
+        for rid, state in decided:
             print(f"{rid}: {state}")
+        if not decided:
+            print("nothing to decide: no pending reservation of an ended run"
+                  + ("" if args.force else " (a running one keeps counting; --force only when none "
+                                           "is running)"))
         return 0
     if args.json:
         print(json.dumps({"sources": ledger.summary(), "releases": ledger.releases()}, indent=2,

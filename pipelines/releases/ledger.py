@@ -754,6 +754,14 @@ def lifetime_text(sources: Mapping[str, Mapping[str, Any]]) -> str:
     return "; ".join(parts)
 
 
+def _pending_note(r: Mapping[str, Any], path: str) -> str:
+    """What a ``pending`` row of ``ledger show`` means and, for a run that is gone, what to do."""
+    if PrivacyLedger._owner_alive(r["host"], r["pid"]):
+        return f"  (running: process {r['pid']} on {r['host']}; its spend counts until it ends)"
+    return (f"  (its process {r['pid']} has ended without finishing; its spend counts until "
+            f"`beamsynth ledger reconcile {path}` or the next release decides it)")
+
+
 def format_ledger(ledger: PrivacyLedger) -> str:
     """A plain-text view of the ledger for ``beamsynth ledger show`` (budgets to 6 digits)."""
     lines = [f"ledger {ledger.path}", "", "sources:"]
@@ -775,7 +783,8 @@ def format_ledger(ledger: PrivacyLedger) -> str:
                  if len(units) <= 1 else "(several privacy units, not added up)")
         lines.append(f"  {r['created'][:19]}  {r['state']:<9}  {r['run_key']}  {total}"
                      f"  {r['folder']}"
-                     + (f"  ({r['note']})" if r["note"] and r["state"] != "committed" else ""))
+                     + (f"  ({r['note']})" if r["note"] and r["state"] != "committed" else "")
+                     + (_pending_note(r, ledger.path) if r["state"] == "pending" else ""))
         for s in r["spends"]:
             lines.append(f"      {s['source']} [{s['privacy_unit']}] {s['step']}: "
                          f"ε={format_budget(s['epsilon'])}"

@@ -14,12 +14,19 @@ What the week found, each checked here through the CLI as the operator runs it:
 3. The private quality report of that release showed "mean TVD 0.0000" for 1-, 2- and 3-way
    marginals: with no real (or no synthetic) row, both sides' tables are uniform by convention,
    so the report claimed a perfect fit of nothing. It now says the TVD was not computed and why.
+4. After a night killed with SIGKILL, ``ledger show`` listed it as ``pending`` and counted its ε
+   with no word on what that meant or what to do; ``ledger reconcile`` with nothing to decide
+   printed nothing at all. A pending row now says whether its process still runs and, when it has
+   ended, to run ``beamsynth ledger reconcile LEDGER`` (or the next release); reconcile says when
+   there was nothing to decide.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +34,7 @@ import pandas as pd
 import pytest
 
 from beamsynth.pipelines.cli.main import main
+from beamsynth.pipelines.releases.ledger import LedgerPolicy, LedgerSpend, PrivacyLedger
 from beamsynth.pipelines.releases.report import private_report_html
 from beamsynth.schemas.schema import load_schema
 
@@ -119,3 +127,26 @@ def test_the_private_report_claims_no_fit_without_rows(real_rows, synth_rows, mi
     page = private_report_html(schema, real, synth, real_dropped=80 if real_rows == 0 else 0)
     assert f"TVD not computed: {missing} to compare" in page
     assert "mean TVD" not in page
+
+
+def test_ledger_show_says_what_to_do_about_a_killed_night(tmp_path, capsys):
+    path = tmp_path / "ledger.sqlite"
+    ledger = PrivacyLedger(path)
+    spend = [LedgerSpend(source="adult", privacy_unit="record", step="adult.marginals", epsilon=0.8,
+                         delta=0.0, mechanism="discrete Laplace")]
+    rid = ledger.reserve(run_key="nightly@/x/n-04", name="nightly", folder=str(tmp_path / "n-04"),
+                         spends=spend, policies={"adult": LedgerPolicy(epsilon=4.0)})
+    assert main(["ledger", "show", str(path)]) == 0  # this process holds it: still running
+    assert f"(running: process {ledger.releases()[0]['pid']}" in capsys.readouterr().out
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])  # the night's process, killed
+    proc.wait()
+    with sqlite3.connect(path) as con:
+        con.execute("UPDATE releases SET pid = ? WHERE release_id = ?", (proc.pid, rid))
+    assert main(["ledger", "show", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"its process {proc.pid} has ended without finishing" in out, out
+    assert f"beamsynth ledger reconcile {path}" in out
+    assert main(["ledger", "reconcile", str(path)]) == 0
+    assert capsys.readouterr().out == f"{rid}: aborted\n"
+    assert main(["ledger", "reconcile", str(path)]) == 0
+    assert capsys.readouterr().out.startswith("nothing to decide: no pending reservation of an ended run")
