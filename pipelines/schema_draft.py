@@ -242,10 +242,19 @@ def read_dictionary(path: str | Path, fmt: str = "auto") -> tuple[str, list[Draf
     if fmt == "auto":
         fmt = "csv" if p.suffix.lower() in (".csv", ".tsv") else "json"
     if fmt == "csv":
-        rows = list(csv.DictReader(text.splitlines()))
-        if not rows or "column" not in rows[0] or "type" not in rows[0]:
-            raise ValueError(f"dictionary {str(p)!r}: a CSV codebook needs a header with at least "
-                             "'column' and 'type'")
+        lines = text.splitlines()
+        header = next(csv.reader(lines[:1]), [])
+        if "column" not in header or "type" not in header:  # judged before any other line is parsed
+            shown = ", ".join(repr(h) for h in header[:6]) + (", ..." if len(header) > 6 else "")
+            raise ValueError(
+                f"dictionary {str(p)!r}: a CSV codebook needs a header with at least 'column' and "
+                f"'type' (one row per column of your data), but its header is [{shown}]. If this is "
+                "the data itself: draft reads a public data dictionary or codebook, never the data; "
+                "write a codebook with 'column,type,values,min,max,null_values' from the data's "
+                "documentation (docs/schema-guide.md)")
+        rows = list(csv.DictReader(lines))
+        if not rows:
+            raise ValueError(f"dictionary {str(p)!r}: the CSV codebook lists no column")
         return "csv", [_from_csv_row(r, i + 2) for i, r in enumerate(rows)]
     try:
         data = json.loads(text)

@@ -19,6 +19,10 @@ What the week found, each checked here through the CLI as the operator runs it:
    printed nothing at all. A pending row now says whether its process still runs and, when it has
    ended, to run ``beamsynth ledger reconcile LEDGER`` (or the next release); reconcile says when
    there was nothing to decide.
+5. A user preparing a new table ran ``beamsynth schema draft`` on the new CSV itself and got "a
+   CSV codebook needs a header with at least 'column' and 'type'" (after parsing every data row),
+   with no word that draft never reads data or what to write instead. The header is now judged
+   first, and the message shows it and says to write a codebook from the data's documentation.
 """
 
 from __future__ import annotations
@@ -150,3 +154,18 @@ def test_ledger_show_says_what_to_do_about_a_killed_night(tmp_path, capsys):
     assert capsys.readouterr().out == f"{rid}: aborted\n"
     assert main(["ledger", "reconcile", str(path)]) == 0
     assert capsys.readouterr().out.startswith("nothing to decide: no pending reservation of an ended run")
+
+
+def test_schema_draft_on_the_data_itself_says_what_draft_reads(tmp_path, capsys):
+    data = tmp_path / "new_table.csv"
+    data.write_text("PUMA,AGEP,SEX\n01-01301,18,2\n01-01301,27,1\n", encoding="utf-8")
+    assert main(["schema", "draft", str(data), "--output", str(tmp_path / "s.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "its header is ['PUMA', 'AGEP', 'SEX']" in err, err
+    assert "never the data" in err and "docs/schema-guide.md" in err
+    assert "01-01301" not in err  # no value of a data row is echoed
+    assert not (tmp_path / "s.yaml").exists()
+    codebook = tmp_path / "codebook.csv"
+    codebook.write_text("column,type\n", encoding="utf-8")  # a header without rows
+    assert main(["schema", "draft", str(codebook)]) == 2
+    assert "the CSV codebook lists no column" in capsys.readouterr().err
