@@ -505,7 +505,9 @@ def public_report_html(release: Mapping[str, Any], synthetic: Mapping[str, pd.Da
         sections += [
             f"<h2>Table {_e(name)}</h2>",
             f"<p>Method <b>{_e(tab.get('method'))}</b>, data source {_e(tab.get('source'))}, privacy "
-            f"unit {_e(_unit_text(tab.get('privacy_unit')))}; {rows_out} synthetic rows released; "
+            f"unit {_e(_unit_text(tab.get('privacy_unit')))}; "
+            + (f"{rows_out} categories released (rows of category, noisy count); "
+               if tab.get("command") == "histogram" else f"{rows_out} synthetic rows released; ") +
             f"randomness: "
             f"{_e(tab.get('randomness'))}.{count_note}</p>",
             "<h3>Privacy spends (basic sequential composition)</h3>",

@@ -23,6 +23,9 @@ What the week found, each checked here through the CLI as the operator runs it:
    CSV codebook needs a header with at least 'column' and 'type'" (after parsing every data row),
    with no word that draft never reads data or what to write instead. The header is now judged
    first, and the message shows it and says to write a codebook from the data's documentation.
+6. The public report called a histogram table's released categories "20 synthetic rows released"
+   (PUMA histogram of 400 ACS records: 20 rows of category, noisy count, no synthetic record). It
+   now says "20 categories released".
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ import pytest
 
 from beamsynth.pipelines.cli.main import main
 from beamsynth.pipelines.releases.ledger import LedgerPolicy, LedgerSpend, PrivacyLedger
-from beamsynth.pipelines.releases.report import private_report_html
+from beamsynth.pipelines.releases.report import private_report_html, public_report_html
 from beamsynth.schemas.schema import load_schema
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -169,3 +172,18 @@ def test_schema_draft_on_the_data_itself_says_what_draft_reads(tmp_path, capsys)
     codebook.write_text("column,type\n", encoding="utf-8")  # a header without rows
     assert main(["schema", "draft", str(codebook)]) == 2
     assert "the CSV codebook lists no column" in capsys.readouterr().err
+
+
+def test_the_public_report_calls_histogram_rows_categories():
+    spend = {"step": "cathist.PUMA", "mechanism": "CatHist: discrete Laplace on every declared bin",
+             "epsilon": 0.5, "delta": 0.0, "details": {"scale": 2.0, "sensitivity": 1}}
+    table = {"source": "acs", "command": "histogram", "method": "cathist", "rows_out": 20,
+             "privacy_unit": {"privacy_id": None, "max_contributions": 1},
+             "randomness": "seeded: not for release", "budget": {"spends": [spend]}}
+    release = {"name": "portal", "release_id": "x", "created": "2026-03-02",
+               "budget": {"epsilon": 0.5, "delta": 0.0}, "spent": {"epsilon": 0.5, "delta": 0.0},
+               "tables": {"puma": table}}
+    page = public_report_html(release, {}, {})  # no histogram frame: no plot needed here
+    assert "20 categories released" in page and "synthetic rows" not in page
+    table.update(command="release", method="privbayes")
+    assert "20 synthetic rows released" in public_report_html(release, {}, {})
