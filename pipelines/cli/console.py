@@ -203,14 +203,21 @@ CORRELATED_MIN_N_EPSILON = 400
 tied with) independent marginals on Adult subsamples (docs/methods.md, 'Choosing a method')."""
 
 
-def method_advice(*, method: str, epsilon: float, rows: int | None, columns: int) -> str | None:
+def method_advice(*, method: str, epsilon: float, rows: int | None, columns: int,
+                  sizing: str | None = None) -> str | None:
     """Which method fits n (``--rows`` or the released DP row count: public), ε and the number of
     synthesized columns, when the chosen correlated method is outside its regime; else None.
 
     Each of the ``columns`` tables a method measures gets about ε/columns, so its signal-to-noise
-    grows with ``n·ε / columns``; the threshold is :data:`CORRELATED_MIN_N_EPSILON`.
+    grows with ``n·ε / columns``; the threshold is :data:`CORRELATED_MIN_N_EPSILON`. PrivBayes with
+    ``--pb-sizing auto`` (``sizing`` None or "auto", the default) is not advised against: it sizes
+    its own model from n̂·ε (1-way tables plus a forest of affordable pairs below its threshold;
+    docs/privbayes.md), and on COMPAS (5,050 rows, 15 columns, ε = 0.5–2) it beat independent
+    marginals on TVD2/TVD3 by up to 44% / 49% where this note used to tell users to switch.
     """
     if method not in CORRELATED_METHODS or rows is None or not epsilon > 0 or columns < 1:
+        return None
+    if method == "privbayes" and (sizing or "auto") == "auto":
         return None
     need = CORRELATED_MIN_N_EPSILON * columns
     if rows * epsilon >= need:

@@ -92,7 +92,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     # options, spends and noise scales are refused before any input file is opened
     check_noise_scales(plan_synthesis(cfg).accountant.spends)
     advice = method_advice(method=args.method, epsilon=args.epsilon, rows=args.rows,
-                           columns=len(schema.columns))
+                           columns=len(schema.columns), sizing=getattr(args, "pb_sizing", None))
     if advice and not quiet:
         print(f"beamsynth synthesize: note: {advice}", file=sys.stderr)
     if not quiet:
@@ -109,7 +109,7 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     cli_report("synthesize", args, op, rejected_path(args.output))
     if args.rows is None and not advice:
         advice = method_advice(method=args.method, epsilon=args.epsilon, rows=rel.get("rows_out"),
-                               columns=len(schema.columns))
+                               columns=len(schema.columns), sizing=getattr(args, "pb_sizing", None))
         if advice and not quiet:  # from the released DP row count
             print(f"beamsynth synthesize: note: {advice}", file=sys.stderr)
     if not quiet:

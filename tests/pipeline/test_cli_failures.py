@@ -273,7 +273,7 @@ def half_bad(tmp_path_factory):
 def test_rejection_warning_counts_and_advice(half_bad, out, capsys):
     # --fail-on-rejected 0.3: the counting pre-pass finds 25% and lets the run go on
     assert _synth(half_bad, out, "--privacy-id", "person", "--max-contributions", "2", "--rows", "30",
-                  "--method", "privbayes", "--fail-on-rejected", "0.3") == 0
+                  "--method", "privbayes", "--pb-sizing", "off", "--fail-on-rejected", "0.3") == 0
     err = capsys.readouterr().err
     assert ("beamsynth synthesize: note: --method privbayes with about 30 rows at ε=1 over 15 columns "
             "(n·ε ≈ 30 < 6000 = 400 per column): correlated methods need more data or budget; "
@@ -324,8 +324,12 @@ def test_allow_empty_releases_from_header_only(tmp_path, out, capsys):
     ("plausible", 2.0, 3000, 15, False), ("privbayes", 1.0, None, 15, False),
 ])
 def test_method_advice_rule(method, eps, rows, columns, advised):
-    got = console.method_advice(method=method, epsilon=eps, rows=rows, columns=columns)
+    got = console.method_advice(method=method, epsilon=eps, rows=rows, columns=columns, sizing="off")
     assert (got is not None) == advised
+    if method == "privbayes":  # --pb-sizing auto (the default) sizes its own model: no advice
+        assert console.method_advice(method=method, epsilon=eps, rows=rows, columns=columns) is None
+        assert console.method_advice(method=method, epsilon=eps, rows=rows, columns=columns,
+                                     sizing="auto") is None
 
 
 def test_plausible_suggestion_is_feasible(tmp_path, out, capsys):
