@@ -538,7 +538,33 @@ class PrivacyLedger:
                     + f" of its {policy.describe()} "
                     f"(ε={format_budget(_left(policy.epsilon, eps))}"
                     + (f", δ={format_budget(_left(policy.delta, delta))}" if want_d else "")
-                    + " left); refused before reading any data")
+                    + " left); refused before reading any data"
+                    + self._renewal_note(rows, policy, want_e, want_d))
+
+    @staticmethod
+    def _renewal_note(rows: Sequence[Mapping[str, Any]], policy: LedgerPolicy, want_e: float,
+                      want_d: float) -> str:
+        """When a rolling window will have room for ``want_e``/``want_d`` again (what to do next)."""
+        if policy.window_days is None:
+            return ""
+        fits = (lambda e, d: e + want_e <= policy.epsilon * (1 + _TOLERANCE) + _TOLERANCE * 1e-3
+                and d + want_d <= policy.delta * (1 + _TOLERANCE) + 1e-300)
+        if not fits(0.0, 0.0):
+            return (f"; this release alone needs more than the window's {policy.describe()}: "
+                    "lower its budget")
+        since = _iso(_now() - _dt.timedelta(days=policy.window_days))
+        counted = [r for r in rows if r["state"] == "pending" or r["updated"] >= since]
+        pending = [r for r in counted if r["state"] == "pending"]
+        committed = sorted((r for r in counted if r["state"] != "pending"), key=lambda r: r["updated"])
+        for i, r in enumerate(committed):  # spends leave the window in commit order
+            rest = pending + committed[i + 1:]
+            if fits(math.fsum(x["epsilon"] for x in rest), math.fsum(x["delta"] for x in rest)):
+                when = (_dt.datetime.fromisoformat(r["updated"]) + _dt.timedelta(days=policy.window_days)
+                        + _dt.timedelta(seconds=1))  # printed to the second: rounded up
+                return (f"; the window renews: this release fits from {_iso(when)[:19]} UTC on, "
+                        "when the spends committed before it have left the last "
+                        f"{policy.window_days:g} days")
+        return "; it fits only once the pending releases on this source are decided"
 
     def check(self, *, run_key: str, spends: Sequence[LedgerSpend],
               policies: Mapping[str, LedgerPolicy]) -> None:

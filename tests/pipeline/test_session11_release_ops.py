@@ -26,6 +26,10 @@ What the week found, each checked here through the CLI as the operator runs it:
 6. The public report called a histogram table's released categories "20 synthetic rows released"
    (PUMA histogram of 400 ACS records: 20 rows of category, noisy count, no synthetic record). It
    now says "20 categories released".
+7. A night refused by a rolling window (``window_days``) said how much was spent and left, not
+   when the window would have room again; the operator could only guess when to retry. The
+   refusal now names the first time the release fits (the commit time of the spends that must
+   leave the window, plus ``window_days``), or says the release alone is larger than the window.
 """
 
 from __future__ import annotations
@@ -41,7 +45,12 @@ import pandas as pd
 import pytest
 
 from beamsynth.pipelines.cli.main import main
-from beamsynth.pipelines.releases.ledger import LedgerPolicy, LedgerSpend, PrivacyLedger
+from beamsynth.pipelines.releases.ledger import (
+    LedgerBudgetExceededError,
+    LedgerPolicy,
+    LedgerSpend,
+    PrivacyLedger,
+)
 from beamsynth.pipelines.releases.report import private_report_html, public_report_html
 from beamsynth.schemas.schema import load_schema
 
@@ -187,3 +196,35 @@ def test_the_public_report_calls_histogram_rows_categories():
     assert "20 categories released" in page and "synthetic rows" not in page
     table.update(command="release", method="privbayes")
     assert "20 synthetic rows released" in public_report_html(release, {}, {})
+
+
+def test_a_rolling_window_refusal_says_when_the_night_fits(tmp_path):
+    ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
+    policy = {"acs": LedgerPolicy(epsilon=1.0, window_days=2, data_retention_days=1)}
+
+    def spend(eps: float) -> list[LedgerSpend]:
+        return [LedgerSpend(source="acs", privacy_unit="record", step="puma.cathist.PUMA",
+                            epsilon=eps, delta=0.0, mechanism="CatHist")]
+
+    for night, eps, committed in ((1, 0.4, "2026-03-01T10:00:00+00:00"),
+                                  (2, 0.4, "2026-03-02T09:30:00+00:00")):
+        rid = ledger.reserve(run_key=f"n@{night}", name="n", folder=str(tmp_path / str(night)),
+                             spends=spend(eps), policies=policy)
+        ledger.begin_publish(rid)
+        ledger.commit(rid)
+        with sqlite3.connect(ledger.path) as con:  # as if committed on those days, within 2 days
+            con.execute("UPDATE releases SET updated = ? WHERE release_id = ?", (committed, rid))
+    import beamsynth.pipelines.releases.ledger as ledger_module
+
+    now = ledger_module._dt.datetime(2026, 3, 2, 12, 0, tzinfo=ledger_module._dt.timezone.utc)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ledger_module, "_now", lambda: now)
+        with pytest.raises(LedgerBudgetExceededError) as exc:  # needs night 1's 0.4 to leave
+            ledger.check(run_key="n@3", spends=spend(0.4), policies=policy)
+        assert "fits from 2026-03-03T10:00:01 UTC on" in str(exc.value), str(exc.value)
+        with pytest.raises(LedgerBudgetExceededError) as exc:  # needs both to leave
+            ledger.check(run_key="n@3", spends=spend(0.7), policies=policy)
+        assert "fits from 2026-03-04T09:30:01 UTC on" in str(exc.value), str(exc.value)
+        with pytest.raises(LedgerBudgetExceededError) as exc:
+            ledger.check(run_key="n@3", spends=spend(1.5), policies=policy)
+        assert "this release alone needs more than the window's" in str(exc.value)
