@@ -510,8 +510,11 @@ class PrivacyLedger:
                     f"{row['release_id']} committed {row['updated']}); it runs exactly once")
             raise LedgerError(
                 f"release {run_key!r} is running (pid {row['pid']} on {row['host']}, release "
-                f"{row['release_id']}); if that process is gone, run `beamsynth ledger "
-                "reconcile --force`")
+                f"{row['release_id']}); "
+                + (f"it is still running on this host: wait for it to end, then see `beamsynth "
+                   f"ledger show {self.path}`" if row["host"] == socket.gethostname() else
+                   f"if that process is gone, run `beamsynth ledger reconcile --force {self.path}` "
+                   "(only when no release is running)"))
         for source in sorted({s.source for s in spends}):
             policy = policies[source]
             self._ensure_policy(con, source, policy, insert=insert_policies)

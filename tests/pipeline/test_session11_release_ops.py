@@ -30,6 +30,10 @@ What the week found, each checked here through the CLI as the operator runs it:
    when the window would have room again; the operator could only guess when to retry. The
    refusal now names the first time the release fits (the commit time of the spends that must
    leave the window, plus ``window_days``), or says the release alone is larger than the window.
+8. Starting a night again while its first run was still going was refused with "if that process
+   is gone, run `beamsynth ledger reconcile --force`" (no ledger path, and --force aborts runs
+   that may be alive). On the same host the run is known to be alive: it now says to wait and
+   names ``ledger show LEDGER``; for a run on another host it names ``reconcile --force LEDGER``.
 """
 
 from __future__ import annotations
@@ -228,3 +232,22 @@ def test_a_rolling_window_refusal_says_when_the_night_fits(tmp_path):
         with pytest.raises(LedgerBudgetExceededError) as exc:
             ledger.check(run_key="n@3", spends=spend(1.5), policies=policy)
         assert "this release alone needs more than the window's" in str(exc.value)
+
+
+def test_a_night_started_twice_says_to_wait(tmp_path):
+    ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
+    spend = [LedgerSpend(source="adult", privacy_unit="record", step="adult.marginals", epsilon=0.8,
+                         delta=0.0, mechanism="discrete Laplace")]
+    policy = {"adult": LedgerPolicy(epsilon=4.0)}
+    rid = ledger.reserve(run_key="n@05", name="n", folder=str(tmp_path / "n-05"), spends=spend,
+                         policies=policy)  # held by this (live) process
+    with pytest.raises(Exception) as exc:
+        ledger.check(run_key="n@05", spends=spend, policies=policy)
+    assert f"still running on this host: wait for it to end, then see `beamsynth ledger show {ledger.path}`" \
+        in str(exc.value), str(exc.value)
+    assert "--force" not in str(exc.value)
+    with sqlite3.connect(ledger.path) as con:
+        con.execute("UPDATE releases SET host = 'worker-7' WHERE release_id = ?", (rid,))
+    with pytest.raises(Exception) as exc:
+        ledger.check(run_key="n@05", spends=spend, policies=policy)
+    assert f"`beamsynth ledger reconcile --force {ledger.path}`" in str(exc.value), str(exc.value)
