@@ -23,7 +23,7 @@ from apache_beam.transforms.window import GlobalWindow
 
 from beamsynth.schemas.schema import EncodedBatch, Schema, load_schema
 from beamsynth.transforms.audit import AuditCase, NeighbourPair
-from beamsynth.transforms.budget import PureDP
+from beamsynth.transforms.budget import ApproxDP, PureDP
 from beamsynth.transforms.measure import MarginalCountsCombineFn, NoisyMarginal, noisy_marginals
 from beamsynth.transforms.noise import RandomSource, discrete_laplace, discrete_laplace_scale
 from beamsynth.transforms.synthesis import IndependentModel, NoisyCount, _NoiseCountFn
@@ -803,3 +803,262 @@ register_broken(AuditCase(
     statistic=_prefix_stat, thresholds=tuple(range(1, 10)), runs=600,
     broken="the second pass (leaf re-measurement) adds no noise",
 ))
+
+
+# == session 11 (H34): the mechanisms changed in sessions 10-11 ===================================
+# -- PrivBayes zCDP mode (noise="gaussian", issue 18): discrete Gaussian network tables ---------
+# An (ε, δ) of the zCDP curve where the audit can see a miscalibrated σ in a few thousand runs (δ
+# large, so ρ is large against the claim); the code path is the one every (ε, δ) takes.
+PB_GAUSS_BUDGET = ApproxDP(epsilon=2.0, delta=1e-2)
+
+
+@functools.lru_cache(maxsize=4)
+def _pb_gaussian_setup(rho_factor: float = 1.0) -> tuple[Any, list[tuple[int, ...]]]:
+    """The zCDP plan of the audit schema (degree 1, no refinement, m = K); ``rho_factor`` ≠ 1 is
+    the broken variant: the tables get ``rho_factor``·ρ_marginals (σ / √rho_factor) while the
+    spend states ρ."""
+    from beamsynth.transforms.privbayes import candidate_families, gaussian_plan, plan_privbayes
+
+    plan = gaussian_plan(plan_privbayes(SCHEMA.shape, PB_GAUSS_BUDGET, degree=1, max_contributions=K,
+                                        refine_pairs=0), PB_GAUSS_BUDGET)
+    if rho_factor != 1.0:
+        plan = dataclasses.replace(plan, zcdp=dataclasses.replace(
+            plan.zcdp, marginal_rho=plan.zcdp.marginal_rho * rho_factor))
+    return plan, [tuple(f) for f in candidate_families(len(SCHEMA.shape), plan.degree)]
+
+
+def _bounded_codes(data: Any, rs: RandomSource) -> np.ndarray:
+    batch = data.encoded() if isinstance(data, Records) else data
+    if not len(batch):
+        return batch.codes
+    return batch.codes[bound_rows(batch.codes, batch.pids, K, rs)]
+
+
+def run_privbayes_gaussian(data: Records, rs: RandomSource, *, rho_factor: float = 1.0) -> Any:
+    """The zCDP measurement core: bound, candidate counts (CombineFn), measure_privbayes."""
+    from beamsynth.transforms.privbayes import measure_privbayes
+
+    plan, families = _pb_gaussian_setup(rho_factor)
+    counts = _count_tables(_bounded_codes(data, rs.child("bound")), families)
+    return measure_privbayes(counts, families, shape=SCHEMA.shape, names=SCHEMA.names, plan=plan,
+                             rs=rs.child("privbayes"))
+
+
+def gaussian_table_stat(release: Any, pair: NeighbourPair) -> float:
+    """The likelihood-ratio statistic of Gaussian tables: ``Σ_t m·(noisy_t − exact_t)/σ_t²`` at the
+    added row's cell of every released table (network and refinement; coarse tables through their
+    released groupings), over ``√(Σ_t m²/σ_t²)``: about N(0, 1) on ``smaller``, N(μ, 1) on
+    ``larger`` with ``μ² = Σ_t m²/σ_t²`` = 2·(the tables' ρ). Uses released values only (σ_t is
+    public) and the auditor's knowledge (``context``: ``codes`` of ``smaller`` after bounding,
+    the added row's ``target`` codes, ``m``)."""
+    base, row, m = pair.context["codes"], pair.context["target"], float(pair.context["m"])
+    tables = list(release.marginals)
+    if release.refinement is not None:
+        tables += list(release.refinement.tables)
+    num = den = 0.0
+    for t in tables:
+        cols = list(t.columns)
+        maps = ([np.asarray(g) for g in t.meta["groups"]] if t.meta.get("coarse")
+                else [np.arange(s) for s in t.shape])
+        cell = tuple(int(g[row[c]]) for g, c in zip(maps, cols))
+        hit = np.ones(len(base), dtype=bool)
+        for g, c, v in zip(maps, cols, cell):
+            hit &= g[base[:, c]] == v
+        num += m * (float(t.values[cell]) - float(hit.sum())) / t.scale ** 2
+        den += m * m / t.scale ** 2
+    return num / np.sqrt(den)
+
+
+def _pb_gaussian_pair(pair: NeighbourPair) -> NeighbourPair:
+    row = _cell_codes(pair.context["row"]) + (int(SCHEMA.columns[2].encode([pair.context["city"]])[0][0]),)
+    return NeighbourPair(pair.name, pair.smaller, pair.larger,
+                         {**pair.context, "codes": pair.smaller.encoded().codes, "target": row, "m": K})
+
+
+def batch_measure(data: Any, pair: NeighbourPair, runs: int, rs: RandomSource, *, run: Any,
+                  measure: Any, statistic: Any) -> np.ndarray:
+    """``runs`` executions of ``run``; bounding done once when its outcome is fixed (then
+    ``measure(codes, rs)`` runs on the bounded codes: the same law, faster)."""
+    batch = data.encoded() if isinstance(data, Records) else data
+    if not len(batch) or not _bound_is_fixed(batch, K):
+        return np.array([statistic(run(data, rs.child(i)), pair) for i in range(runs)])
+    codes = batch.codes[bound_rows(batch.codes, batch.pids, K, rs.child("bound"))]
+    return np.array([statistic(measure(codes, rs.child(i)), pair) for i in range(runs)])
+
+
+def _pb_gaussian_measure(codes: np.ndarray, rs: RandomSource, *, rho_factor: float = 1.0) -> Any:
+    from beamsynth.transforms.privbayes import measure_privbayes
+
+    plan, families = _pb_gaussian_setup(rho_factor)
+    return measure_privbayes(_count_tables(codes, families), families, shape=SCHEMA.shape,
+                             names=SCHEMA.names, plan=plan, rs=rs.child("privbayes"))
+
+
+def _pb_gaussian_case(name: str, rho_factor: float, **kw: Any) -> AuditCase:
+    return AuditCase(
+        name=name, epsilon=PB_GAUSS_BUDGET.epsilon, delta=PB_GAUSS_BUDGET.delta,
+        run=functools.partial(run_privbayes_gaussian, rho_factor=rho_factor),
+        pairs=PB_GAUSSIAN_PAIRS if not kw.get("broken") else PB_GAUSSIAN_PAIRS[:1],
+        statistic=gaussian_table_stat, thresholds=tuple(x / 2 for x in range(-2, 11)),
+        batch=lambda d, p, n, rs: batch_measure(
+            d, p, n, rs, run=functools.partial(run_privbayes_gaussian, rho_factor=rho_factor),
+            measure=functools.partial(_pb_gaussian_measure, rho_factor=rho_factor),
+            statistic=gaussian_table_stat),
+        # public: the plan, and the tables' ρ always summing to the planned ρ_marginals
+        public=lambda r: (_pb_gaussian_setup(rho_factor)[0].details(),
+                          round(sum(t.meta["rho"] for t in r.marginals), 9)), **kw)
+
+
+PB_GAUSSIAN_PAIRS = tuple(_pb_gaussian_pair(p) for p in PRIVBAYES_PAIRS)
+register(_pb_gaussian_case("privbayes gaussian", 1.0, runs=4000, slow_runs=20_000))
+register_broken(_pb_gaussian_case(
+    "privbayes gaussian: σ halved", 4.0, runs=4000,
+    broken="the network tables get 4·ρ_marginals (σ/2) while the spend states ρ"))
+
+
+# -- CatHist's empty bins (Binomial(n − a, p), noise.binomial's two-sided inversion, 25b90b1) -----
+# A 2,000-bin declared domain with a low tolerance (τ = 4): the binomial draws ~170 surviving empty
+# bins per run, and one empty bin survives with p = 0.084, enough to audit in a few thousand runs.
+CATHIST_BIG_DOMAIN = 2_000
+CATHIST_BIG_TOLERANCE = 1e-80
+
+
+@functools.lru_cache(maxsize=1)
+def _cathist_big_setup() -> tuple[Any, Any]:
+    from beamsynth.schemas.domains import IntegerDomain
+    from beamsynth.transforms.cathist import plan_cathist
+
+    domain = IntegerDomain(low=0, high=CATHIST_BIG_DOMAIN - 1)
+    return domain, plan_cathist(epsilon=EPSILON, tolerance=CATHIST_BIG_TOLERANCE,
+                                domain_size=domain.size, max_contributions=K)
+
+
+@dataclass(frozen=True)
+class _ShiftedPlan:
+    """A CatHist plan whose empty-bin survival probability is that of threshold ``τ + shift``
+    (the broken variant: the binomial gets ``p`` of a wrong threshold)."""
+
+    plan: Any
+    shift: int
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.plan, name)
+
+    @property
+    def tail_probability(self) -> float:
+        from beamsynth.transforms.cathist import log_tail
+
+        return float(np.exp(log_tail(self.plan.tau + self.shift, self.plan.log_q)))
+
+
+def _cathist_big_release(cells: np.ndarray, rs: RandomSource, *, p_shift: int) -> Any:
+    from beamsynth.transforms.cathist import count_values, release_histogram
+
+    domain, plan = _cathist_big_setup()
+    present, counts = count_values(cells)
+    return release_histogram(present, counts, plan=_ShiftedPlan(plan, p_shift) if p_shift else plan,
+                             domain=domain, rs=rs.child("release"))
+
+
+def run_cathist_big(data: Cells, rs: RandomSource, *, p_shift: int = 0) -> Any:
+    """CatHist's core on the large domain: bound, exact value counts, release_histogram."""
+    cells = data.cells
+    if cells.size:
+        cells = cells[bound_rows(cells[:, None], data.pids, K, rs.child("bound"))]
+    return _cathist_big_release(cells, rs, p_shift=p_shift)
+
+
+def batch_cathist_big(data: Cells, pair: NeighbourPair, runs: int, rs: RandomSource, *,
+                      p_shift: int = 0) -> np.ndarray:
+    """:func:`run_cathist_big` over many runs (:func:`batch_measure`: bounding once if fixed)."""
+    return batch_measure(
+        EncodedBatch(data.cells[:, None], data.pids), pair, runs, rs,
+        run=lambda b, r: run_cathist_big(Cells(b.codes[:, 0], b.pids), r, p_shift=p_shift),
+        measure=lambda codes, r: _cathist_big_release(codes[:, 0], r, p_shift=p_shift),
+        statistic=_cathist_stat)
+
+
+_CB0 = Cells(np.array([3, 3, 3, 7, 7, 11, 1500, 1999], np.int64), np.array([f"p{i}" for i in range(8)], dtype=object))
+CATHIST_BIG_PAIRS = (
+    NeighbourPair("heavy unit of an absent value (n − a empty bins → n − a − 1)", _CB0,
+                  _CB0.plus([1234] * HEAVY, "heavy"), {"cell": 1234}),
+    NeighbourPair("one record of an absent value", _CB0, _CB0.plus([1234], "new"), {"cell": 1234}),
+    NeighbourPair("empty dataset + one record", Cells(np.zeros(0, np.int64), np.zeros(0, dtype=object)),
+                  Cells(np.array([0], np.int64), np.array(["only"], dtype=object)), {"cell": 0}),
+)
+
+
+def _cathist_big_case(name: str, p_shift: int, **kw: Any) -> AuditCase:
+    tau = _cathist_big_setup()[1].tau
+    return AuditCase(
+        name=name, epsilon=EPSILON, delta=0.0, run=functools.partial(run_cathist_big, p_shift=p_shift),
+        pairs=CATHIST_BIG_PAIRS if not kw.get("broken") else CATHIST_BIG_PAIRS[:1],
+        statistic=_cathist_stat, thresholds=(tau, tau + 2), public=lambda r: r.plan,
+        batch=functools.partial(batch_cathist_big, p_shift=p_shift), **kw)
+
+
+register(_cathist_big_case(f"cathist ({CATHIST_BIG_DOMAIN:,} bins: binomial empty bins)", 0,
+                           runs=8000, slow_runs=40_000))
+register_broken(_cathist_big_case(
+    "cathist: empty bins at a wrong threshold", 1, runs=10_000,
+    broken="Binomial(n − a, p) with p = P(Z ≥ τ + 1), the active bins thresholded at τ"))
+
+
+# -- plausible deniability: Poisson(rows/|D_S|) candidates per seed (noise.poisson, e9b1e01) -----
+# candidate_release_cost's proof needs the number of invocations N = Σ_seeds Poisson(rows/|D_S|)
+# to be Poisson(rows) whatever D_S is (non-empty): its claim here is ε = 0, audited against a
+# token ε (the harness needs ε > 0); a correct sampler yields a bound of exactly 0.
+PD_ROWS = 20
+PD_COUNT_CLAIM = 0.01
+
+
+def _cut_poisson(rs: RandomSource, lam: float, n: int) -> np.ndarray:
+    """The broken variant: each seed's count cut at its Poisson(λ) 0.99-quantile."""
+    from scipy.stats import poisson as sp_poisson
+
+    from beamsynth.transforms.plausible import poisson_counts
+
+    return np.minimum(poisson_counts(rs, lam, n), int(sp_poisson.ppf(0.99, lam)))
+
+
+def run_candidate_count(data: EncodedBatch, rs: RandomSource, *, counts: Any = None) -> int:
+    """GenerateCandidates' multiplicities (_GenerateFn: λ = rows/|D_S|, poisson_counts over the
+    seeds): the number N of Mechanism 1 invocations."""
+    from beamsynth.transforms.plausible import poisson_counts
+
+    n = len(data)
+    lam = float(PD_ROWS) / max(n, 1)
+    return int((counts or poisson_counts)(rs.child("poisson"), lam, n).sum())
+
+
+def batch_candidate_count(data: EncodedBatch, pair: NeighbourPair, runs: int, rs: RandomSource, *,
+                          counts: Any = None) -> np.ndarray:
+    """:func:`run_candidate_count` over runs: one draw of runs·|D_S| i.i.d. counts (same law)."""
+    from beamsynth.transforms.plausible import poisson_counts
+
+    n = len(data)
+    draws = (counts or poisson_counts)(rs.child("poisson"), float(PD_ROWS) / max(n, 1), runs * n)
+    return draws.reshape(runs, n).sum(axis=1).astype(np.float64)
+
+
+_PD_SEEDS = [(0, 1, 0), (1, 2, 1), (2, 3, 0), (0, 0, 1), (3, 4, 1)]
+PD_COUNT_PAIRS = (
+    NeighbourPair("one seed + one more", _batch_of(_PD_SEEDS[:1], ["s0"]), _batch_of(_PD_SEEDS[:2], ["s0", "s1"]), {}),
+    NeighbourPair("4 seeds + one more", _batch_of(_PD_SEEDS[:4], ["s0", "s1", "s2", "s3"]),
+                  _batch_of(_PD_SEEDS, ["s0", "s1", "s2", "s3", "s4"]), {}),
+)
+
+
+def _pd_count_case(name: str, counts: Any, **kw: Any) -> AuditCase:
+    return AuditCase(
+        name=name, epsilon=PD_COUNT_CLAIM, delta=0.0,
+        run=functools.partial(run_candidate_count, counts=counts),
+        pairs=PD_COUNT_PAIRS if not kw.get("broken") else PD_COUNT_PAIRS[:1],
+        statistic=lambda r, _p: float(r), thresholds=tuple(range(8, 41, 2)),
+        batch=functools.partial(batch_candidate_count, counts=counts), **kw)
+
+
+register(_pd_count_case("plausible: Poisson candidate count", None, runs=20_000, slow_runs=200_000))
+register_broken(_pd_count_case(
+    "plausible: Poisson counts with a cut tail", _cut_poisson, runs=20_000,
+    broken="each seed's Poisson(rows/|D_S|) cut at its 0.99-quantile: N's law depends on |D_S|"))
