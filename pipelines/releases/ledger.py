@@ -549,7 +549,14 @@ class PrivacyLedger:
                       want_d: float) -> str:
         """When a rolling window will have room for ``want_e``/``want_d`` again (what to do next)."""
         if policy.window_days is None:
-            return ""
+            left_e = _left(policy.epsilon, math.fsum(r["epsilon"] for r in rows))
+            left_d = _left(policy.delta, math.fsum(r["delta"] for r in rows))
+            if left_e <= 0 or (want_d and left_d <= 0):
+                return "; a lifetime budget never renews: no later release can charge this source"
+            return (f"; a lifetime budget never renews: only ε={format_budget(left_e)}"
+                    + (f", δ={format_budget(left_d)}" if want_d else "")
+                    + " is left for every later release on this source (lower this release's "
+                    "budget to fit, or stop releasing it)")
         fits = (lambda e, d: e + want_e <= policy.epsilon * (1 + _TOLERANCE) + _TOLERANCE * 1e-3
                 and d + want_d <= policy.delta * (1 + _TOLERANCE) + 1e-300)
         if not fits(0.0, 0.0):

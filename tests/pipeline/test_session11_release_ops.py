@@ -29,7 +29,8 @@ What the week found, each checked here through the CLI as the operator runs it:
 7. A night refused by a rolling window (``window_days``) said how much was spent and left, not
    when the window would have room again; the operator could only guess when to retry. The
    refusal now names the first time the release fits (the commit time of the spends that must
-   leave the window, plus ``window_days``), or says the release alone is larger than the window.
+   leave the window, plus ``window_days``), or says the release alone is larger than the window;
+   a lifetime refusal says the budget never renews and what is left for every later release.
 8. Starting a night again while its first run was still going was refused with "if that process
    is gone, run `beamsynth ledger reconcile --force`" (no ledger path, and --force aborts runs
    that may be alive). On the same host the run is known to be alive: it now says to wait and
@@ -251,3 +252,29 @@ def test_a_night_started_twice_says_to_wait(tmp_path):
     with pytest.raises(Exception) as exc:
         ledger.check(run_key="n@05", spends=spend, policies=policy)
     assert f"`beamsynth ledger reconcile --force {ledger.path}`" in str(exc.value), str(exc.value)
+
+
+def test_a_lifetime_refusal_says_it_never_renews(tmp_path):
+    ledger = PrivacyLedger(tmp_path / "ledger.sqlite")
+    policy = {"adult": LedgerPolicy(epsilon=4.0)}
+
+    def spend(eps: float) -> list[LedgerSpend]:
+        return [LedgerSpend(source="adult", privacy_unit="record", step="adult.marginals",
+                            epsilon=eps, delta=0.0, mechanism="discrete Laplace")]
+
+    for night in range(4):  # 4 × 0.9 = 3.6 of 4
+        rid = ledger.reserve(run_key=f"n@{night}", name="n", folder=str(tmp_path / str(night)),
+                             spends=spend(0.9), policies=policy)
+        ledger.begin_publish(rid)
+        ledger.commit(rid)
+    with pytest.raises(LedgerBudgetExceededError) as exc:
+        ledger.check(run_key="n@4", spends=spend(0.9), policies=policy)
+    assert ("a lifetime budget never renews: only ε=0.4 is left for every later release on this "
+            "source (lower this release's budget to fit, or stop releasing it)") in str(exc.value)
+    rid = ledger.reserve(run_key="n@4", name="n", folder=str(tmp_path / "4"), spends=spend(0.4),
+                         policies=policy)
+    ledger.begin_publish(rid)
+    ledger.commit(rid)
+    with pytest.raises(LedgerBudgetExceededError) as exc:
+        ledger.check(run_key="n@5", spends=spend(0.9), policies=policy)
+    assert "a lifetime budget never renews: no later release can charge this source" in str(exc.value)
