@@ -99,3 +99,18 @@ def test_api_privbayes_with_delta_spends_zcdp():
         steps = [s.step for s in job.accountant.spends]
     assert any(s.endswith("privbayes.zcdp") for s in steps)
     assert any(s.endswith("privbayes.marginals") for s in steps)
+
+
+def test_cli_manifest_names_the_run_time_small_input_model(adult_small, tmp_path):
+    """auto with δ > 0 and no --input-rows on 300 rows: the DP count chooses the pure-ε forest at
+    run time; noise_mode says so (the plan alone said gaussian)."""
+    src = tmp_path / "small.csv"
+    pd.read_csv(adult_small, dtype=str, keep_default_na=False).head(300).to_csv(src, index=False)
+    out = tmp_path / "s.csv"
+    assert main(["synthesize", str(src), "--schema", "adult", "--epsilon", "1", "--delta", "1e-9",
+                 "--method", "privbayes", "--pb-noise", "auto", "--rows", "100", "--seed", "3",
+                 "--quiet", "--output", str(out)]) == 0
+    m = json.loads(Path(str(out) + ".manifest.json").read_text())
+    details = m["release"]["details"]["method"]["privbayes"]
+    assert details["sizing"]["chosen_degree_windows"] == {"0": 1}
+    assert "chose the small-input model" in details["noise_mode"]["why"]
