@@ -105,6 +105,7 @@ def _check_release(cfg) -> int:
     :class:`~beamsynth.pipelines.releases.ledger.LedgerError` (the CLI prints it and exits 2).
     """
     import os
+    import tempfile
 
     from beamsynth.pipelines.releases.release import plan_release, run_key
 
@@ -112,10 +113,11 @@ def _check_release(cfg) -> int:
     for s in plan.spends:
         print(f"{s.source} [{s.privacy_unit}] {s.step}: ε={format_budget(s.epsilon)} "
               f"δ={format_budget(s.delta)} ({s.mechanism})")
-    if os.path.exists(cfg.ledger_path):  # a missing ledger is created by the first release
+    with tempfile.TemporaryDirectory() as empty:  # a missing ledger is created by the first
+        # release, which checks the spends against the policies: ask an empty ledger the same
+        path = cfg.ledger_path if os.path.exists(cfg.ledger_path) else os.path.join(empty, "l.sqlite")
         try:
-            PrivacyLedger(cfg.ledger_path).check(run_key=run_key(cfg), spends=plan.spends,
-                                                 policies=cfg.policies)
+            PrivacyLedger(path).check(run_key=run_key(cfg), spends=plan.spends, policies=cfg.policies)
         except LedgerError as exc:
             raise LedgerError(f"--check: {cfg.name} → {cfg.folder} cannot run: {exc}") from None
     print(f"ok: {cfg.name} → {cfg.folder} (not published yet; the ledger has room)")

@@ -551,8 +551,12 @@ class PrivacyLedger:
         if policy.window_days is None:
             left_e = _left(policy.epsilon, math.fsum(r["epsilon"] for r in rows))
             left_d = _left(policy.delta, math.fsum(r["delta"] for r in rows))
-            if left_e <= 0 or (want_d and left_d <= 0):
+            if left_e <= 0:
                 return "; a lifetime budget never renews: no later release can charge this source"
+            if want_d and left_d <= 0:
+                return ("; " + ("its policy allows no δ" if policy.delta == 0 else
+                                "its lifetime δ is used up") + ": only releases spending δ=0 "
+                        f"(pure-ε mechanisms) can charge this source (ε={format_budget(left_e)} left)")
             return (f"; a lifetime budget never renews: only ε={format_budget(left_e)}"
                     + (f", δ={format_budget(left_d)}" if want_d else "")
                     + " is left for every later release on this source (lower this release's "

@@ -30,11 +30,18 @@ What the week found, each checked here through the CLI as the operator runs it:
    when the window would have room again; the operator could only guess when to retry. The
    refusal now names the first time the release fits (the commit time of the spends that must
    leave the window, plus ``window_days``), or says the release alone is larger than the window;
-   a lifetime refusal says the budget never renews and what is left for every later release.
+   a lifetime refusal says the budget never renews and what is left for every later release
+   (or, for a release spending δ on a source whose policy allows none, that only δ=0 releases can
+   charge it: it said "no later release" in the first version of this fix).
 8. Starting a night again while its first run was still going was refused with "if that process
    is gone, run `beamsynth ledger reconcile --force`" (no ledger path, and --force aborts runs
    that may be alive). On the same host the run is known to be alive: it now says to wait and
    names ``ledger show LEDGER``; for a run on another host it names ``reconcile --force LEDGER``.
+9. ``release --check`` before the first night (no ledger file yet) said "ok: ... the ledger has
+   room" without comparing the spends with the policies, and the real run was then refused
+   (privbayes with ``pb_noise: auto`` spends δ=1e-9; the policy ``{epsilon: 4.0}`` allows δ=0).
+   --check now asks an empty ledger in a temp folder, as the first release's reservation does;
+   it still creates no ledger file.
 """
 
 from __future__ import annotations
@@ -278,3 +285,25 @@ def test_a_lifetime_refusal_says_it_never_renews(tmp_path):
     with pytest.raises(LedgerBudgetExceededError) as exc:
         ledger.check(run_key="n@5", spends=spend(0.9), policies=policy)
     assert "a lifetime budget never renews: no later release can charge this source" in str(exc.value)
+
+
+@needs_adult
+def test_check_before_the_first_night_compares_spends_with_the_policies(tmp_path, capsys):
+    data = tmp_path / "adult.csv"
+    data.write_text(_adult(60), encoding="utf-8")
+    cfg = _config(tmp_path, data)
+    text = cfg.read_text(encoding="utf-8")
+    cfg.write_text(text.replace("{epsilon: 10}", "{epsilon: 0.5}"), encoding="utf-8")  # < the night's 1.0
+    assert main(["release", str(cfg), "--date", "2026-03-01", "--check"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot run: source 'adult': this release needs ε=1" in err, err
+    assert not (tmp_path / "ledger.sqlite").exists()  # --check writes nothing
+    assert main(["--quiet", "release", str(cfg), "--date", "2026-03-01"]) == 2  # as the run does
+    cfg.write_text(text.replace("budget: {epsilon: 1.0}", "budget: {epsilon: 1.0, delta: 1e-9}")
+                   .replace("    epsilon: 1.0\n", "    epsilon: 1.0\n    delta: 1e-9\n"
+                            "    method: privbayes\n    options: {pb_noise: auto}\n"), encoding="utf-8")
+    (tmp_path / "ledger.sqlite").unlink(missing_ok=True)
+    assert main(["release", str(cfg), "--date", "2026-03-01", "--check"]) == 2
+    err = capsys.readouterr().err
+    assert ("its policy allows no δ: only releases spending δ=0 (pure-ε mechanisms) can charge this "
+            "source (ε=10 left)") in err, err
