@@ -421,7 +421,7 @@ def gaussian_plan(plan: PrivBayesPlan, budget: ApproxDP, *, pairs: int = GAUSSIA
     Refinement size (wide tables, docs/privbayes.md "Twelfth session"): ``pairs`` (capped by the
     ρ floor per table, :data:`GAUSSIAN_REFINE_MIN_TABLE_RHO`) in ``rounds``, unless the plan is
     sized (``sizing="auto"``) and ``n̂·√ρ_meas`` supports more:
-    :func:`~beamsynth.transforms.privbayes_sizing.gaussian_refine_size` (up to ``d`` pairs, at
+    :func:`~beamsynth.transforms.privbayes_sizing.gaussian_refine_size` (up to ``⌊1.5·d⌋`` pairs, at
     most 5 picks a round), decided here with a public row count, else in the measurement step
     from the DP count (:meth:`NetworkSizing.refine_plan`: the same ρ_sel and ρ_meas re-split over
     the chosen ``P``, so the spend is exact for every ``P``).

@@ -72,6 +72,7 @@ __all__ = [
     "refine_size",
     "GAUSSIAN_REFINE_NOISE_MASS",
     "GAUSSIAN_REFINE_MIN_TABLE_RHO",
+    "GAUSSIAN_REFINE_PAIRS_PER_COLUMN",
     "gaussian_refine_pairs_for_rows",
     "gaussian_refine_size",
     "resize_gaussian_refinement",
@@ -94,8 +95,9 @@ REFINE_PAIRS_RULE = ("P = min(countable pairs, d, ⌊√(κ·n̂·ε_meas/(m·gr
 # "Twelfth session: Gaussian mode on wide tables")
 GAUSSIAN_REFINE_NOISE_MASS = 3.6  # κ_G: reproduces the tuned 40 pairs on Adult at ε = 1, δ = 1e-9
 GAUSSIAN_REFINE_MIN_TABLE_RHO = 2.5e-5  # ρ floor per table: σ ≤ 141, the std of Laplace b = 100
+GAUSSIAN_REFINE_PAIRS_PER_COLUMN = 1.5  # the Gaussian rule's cap: ⌊1.5·d⌋ pairs (Laplace: d)
 GAUSSIAN_REFINE_PAIRS_RULE = (
-    "P = min(countable pairs, d, ⌊ρ_meas/ρ_min⌋, ⌊(κ_G·n̂·√(π·ρ_meas)/(m·groups²))^(2/3)⌋) in "
+    "P = min(countable pairs, ⌊1.5·d⌋, ⌊ρ_meas/ρ_min⌋, ⌊(κ_G·n̂·√(π·ρ_meas)/(m·groups²))^(2/3)⌋) in "
     f"max(rounds, ⌈P/{REFINE_PICKS_PER_ROUND}⌉) rounds where P exceeds the requested pairs, else "
     f"the requested pairs (≥ ρ_min each) in the requested rounds; κ_G = "
     f"{GAUSSIAN_REFINE_NOISE_MASS}, ρ_min = {GAUSSIAN_REFINE_MIN_TABLE_RHO}")
@@ -212,9 +214,10 @@ class NetworkSizing:
                 or (refine.sigma is not None and self.refine_noise != "gaussian")):
             return None
         most = min(int(self.refine_countable), len(self.shape))
-        if refine.sigma is not None:
-            most = min(most, int(refine.pairs * refine.table_rho / GAUSSIAN_REFINE_MIN_TABLE_RHO
-                                 + 1e-9))
+        if refine.sigma is not None:  # the Gaussian rule's caps: ⌊1.5·d⌋ and the ρ floor
+            most = min(int(self.refine_countable),
+                       math.floor(GAUSSIAN_REFINE_PAIRS_PER_COLUMN * len(self.shape)),
+                       int(refine.pairs * refine.table_rho / GAUSSIAN_REFINE_MIN_TABLE_RHO + 1e-9))
         if most <= max(self.refine_requested, refine.pairs):
             return None
         return self.refine_plan_for(refine, most)
@@ -317,10 +320,12 @@ def gaussian_refine_pairs_for_rows(rows: float, measure_rho: float, shape: Seque
     ``P`` tables share ``measure_rho`` equally, so each gets σ = m·√(P/(2ρ_meas)) on at most
     ``groups²`` cells; a cell's expected |noise| is about σ·√(2/π), so the tables' summed expected
     L1 noise is ``groups²·m·P^{3/2}/√(π·ρ_meas)``. The rule keeps it at most ``κ_G·n̂``:
-    ``P = ⌊(κ_G·n̂·√(π·ρ_meas)/(m·groups²))^{2/3}⌋``, capped at ``d`` as the Laplace rule.
-    κ_G = :data:`GAUSSIAN_REFINE_NOISE_MASS` = 3.6 reproduces the tuned 40 pairs of 8 groups on
-    Adult at ε = 1, δ = 1e-9 (32,561 rows, ρ_meas = 0.0063); census_kdd (199,523 rows, 41
-    columns) reaches the cap ``d`` = 41 at every ε ≥ 0.5. A pure function of public values
+    ``P = ⌊(κ_G·n̂·√(π·ρ_meas)/(m·groups²))^{2/3}⌋``, capped at ``⌊1.5·d⌋``
+    (:data:`GAUSSIAN_REFINE_PAIRS_PER_COLUMN`; the Laplace rule's cap is ``d``: a Gaussian table's
+    noise grows like ``√P``, not ``P``, so more pairs per column stay useful, and the raking cost
+    stays linear in ``d``). κ_G = :data:`GAUSSIAN_REFINE_NOISE_MASS` = 3.6 reproduces the tuned
+    40 pairs of 8 groups on Adult at ε = 1, δ = 1e-9 (32,561 rows, ρ_meas = 0.0063); census_kdd
+    (199,523 rows, 41 columns) reaches the cap 61 at every ε ≥ 0.5. A pure function of public values
     (``rows`` public or a DP count, the declared shape, ρ): no budget, no data.
     """
     d = len(shape)
@@ -329,7 +334,7 @@ def gaussian_refine_pairs_for_rows(rows: float, measure_rho: float, shape: Seque
     cells = int(groups) ** 2
     p = (noise_mass * float(rows) * math.sqrt(math.pi * float(measure_rho))
          / (max_contributions * cells)) ** (2 / 3)
-    return int(min(d, math.floor(p + 1e-9)))
+    return int(min(math.floor(GAUSSIAN_REFINE_PAIRS_PER_COLUMN * d), math.floor(p + 1e-9)))
 
 
 def gaussian_refine_size(rows: float, measure_rho: float, shape: Sequence[int], *, requested: int,

@@ -157,7 +157,7 @@ def _refine_rhos(refine):
 
 @pytest.mark.parametrize("eps", [0.5, 1.0, 2.0])
 def test_gaussian_refinement_follows_rows_on_wide_tables_only(eps):
-    """census_kdd (41 columns, 199,523 rows): 41 pairs in 9 rounds (≤ 5 picks a round), from
+    """census_kdd (41 columns, 199,523 rows): 61 pairs (⌊1.5·d⌋) in 13 rounds (≤ 5 picks a round), from
     --input-rows at build time or the DP count at run time; Adult and ACS keep the tuned 40
     pairs in 3 rounds; a smaller census_kdd input keeps 40 (the rule only raises)."""
     from beamsynth.schemas.schema import load_schema
@@ -170,12 +170,12 @@ def test_gaussian_refinement_follows_rows_on_wide_tables_only(eps):
                                             refine_pairs=40, refine_groups=8), budget)
 
     public = plan(census, 199_523)
-    assert (public.refine.pairs, public.refine.rounds) == (41, 9)
+    assert (public.refine.pairs, public.refine.rounds) == (61, 13)
     run_time = plan(census, None)
     assert (run_time.refine.pairs, run_time.refine.rounds) == (40, 3)  # planned; n̂ decides
     chosen = run_time.sizing.refine_plan(199_523, run_time.refine)
-    assert (chosen.pairs, chosen.rounds) == (41, 9)
-    assert run_time.sizing.refine_largest(run_time.refine).pairs == 41
+    assert (chosen.pairs, chosen.rounds) == (61, 13)
+    assert run_time.sizing.refine_largest(run_time.refine).pairs == 61
     small = run_time.sizing.refine_plan(5_000, run_time.refine)
     assert small is run_time.refine
     for name, rows in (("adult", 32_561), ("acs_national", 27_253)):
@@ -197,13 +197,13 @@ def test_gaussian_wide_refinement_spends_exactly_its_rho(rows):
     refines = [plan.refine]
     if rows is None:
         refines += [plan.sizing.refine_plan(199_523, plan.refine),
-                    plan.sizing.refine_plan_for(plan.refine, 41)]
+                    plan.sizing.refine_plan_for(plan.refine, 61)]
     for refine in refines:
         sel, meas = _refine_rhos(refine)
         assert sel == pytest.approx(z.selection_rho, rel=1e-12)
         assert meas == pytest.approx(z.measure_rho, rel=1e-12)
         assert refine.table_rho >= 2.5e-5 - 1e-15  # the ρ floor per table
-    assert refines[-1].pairs == 41
+    assert refines[-1].pairs == 61
 
 
 def test_gaussian_refinement_manifest_says_which_rule():
@@ -211,23 +211,23 @@ def test_gaussian_refinement_manifest_says_which_rule():
     public = gaussian_plan(plan_privbayes(_census_shape(), budget, sizing="auto", rows=199_523,
                                           refine_pairs=40, refine_groups=8), budget)
     sizing = public.details()["sizing"]
-    assert "κ_G" in sizing["refine_pairs_rule"] and sizing["refine_pairs_for_rows"] == 41
+    assert "κ_G" in sizing["refine_pairs_rule"] and sizing["refine_pairs_for_rows"] == 61
     assert "public input row count" in sizing["refine_pairs_source"]
     acc = PrivacyAccountant(total=budget)
     spend_privbayes(acc, public)
     parts = acc.to_dict()["spends"][0]["details"]["parts"]
-    assert parts["refine.marginals"]["tables"] == 41 and parts["refine.marginals"]["rounds"] == 9
+    assert parts["refine.marginals"]["tables"] == 61 and parts["refine.marginals"]["rounds"] == 13
     assert "largest" not in parts["refine.marginals"]
     run_time = gaussian_plan(plan_privbayes(_census_shape(), budget, sizing="auto",
                                             refine_pairs=40, refine_groups=8), budget)
     details = run_time.details()
     assert "DP count" in details["sizing"]["refine_pairs_source"]
-    assert details["refine"]["largest"]["pairs"] == 41
+    assert details["refine"]["largest"]["pairs"] == 61
     acc = PrivacyAccountant(total=budget)
     spend_privbayes(acc, run_time)
     parts = acc.to_dict()["spends"][0]["details"]["parts"]
     largest = parts["refine.marginals"]["largest"]
-    assert largest["tables"] == 41 and largest["rounds"] == 9
+    assert largest["tables"] == 61 and largest["rounds"] == 13
     assert "gaussian_refine_size" in largest["note"]
     assert sum(p["rho"] for p in parts.values()) == pytest.approx(run_time.zcdp.rho, rel=1e-12)
 
@@ -251,7 +251,7 @@ def test_gaussian_run_time_refinement_releases_the_chosen_tables_at_the_planned_
     m = measure_privbayes(counts, fams, shape=shape, names=[f"c{i}" for i in range(len(shape))],
                           plan=plan, rs=RandomSource(seed=1))
     chosen = plan.sizing.refine_plan(m.sizing["rows_hat"], plan.refine)
-    assert m.sizing["refine_pairs"] == chosen.pairs == 16 and m.sizing["refine_rounds"] == 4
+    assert m.sizing["refine_pairs"] == chosen.pairs == 24 and m.sizing["refine_rounds"] == 5
     tables = m.refinement.tables
-    assert len(tables) == 16 and {t.scale for t in tables} == {chosen.sigma}
+    assert len(tables) == 24 and {t.scale for t in tables} == {chosen.sigma}
     assert sum(t.meta["rho"] for t in tables) == pytest.approx(plan.zcdp.measure_rho, rel=1e-12)
