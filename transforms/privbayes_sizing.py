@@ -4,7 +4,9 @@
   degree ``k`` whose typical family is θ-useful (PrivBayes §4.4, in count units; AIM-style
   budget-aware sizing, McKenna et al. 2022 §4), from a public row count or a DP count;
 * :class:`ForestPlan`, :func:`plan_forest`, :func:`choose_forest` — where no network is θ-useful:
-  every column's 1-way table plus a private forest of the affordable 2-way tables;
+  every column's 1-way table plus a private forest of the affordable 2-way tables, run only
+  where its selection resolves a strong pair (:func:`forest_resolves`; else the √cells
+  independent model with the whole ε);
   :func:`forest_zcdp_epsilon` — that forest's pure ε when it replaces a zCDP plan at run time;
 * :func:`split_marginal_budget` — ``ε_i ∝ √min(cells_i, SPLIT_CELLS_CAP)`` over released tables;
 * :func:`refine_pairs_for_rows`, :func:`refine_rounds_for_pairs`, :func:`refine_size` — how many
@@ -56,6 +58,8 @@ __all__ = [
     "FOREST_ONE_WAY_FRACTION",
     "FOREST_STRUCTURE_FRACTION",
     "FOREST_THETA",
+    "FOREST_MIN_DEPENDENCE",
+    "forest_resolves",
     "NETWORK_THETA",
     "ForestPlan",
     "plan_forest",
@@ -84,6 +88,7 @@ SIZING_CELLS_CAP = 1_000  # a column counts with at most this many cells in the 
 FOREST_ONE_WAY_FRACTION = 0.8  # small inputs: share of ε on every column's 1-way table ...
 FOREST_STRUCTURE_FRACTION = 0.1  # ... on choosing the forest's edges (the rest: its 2-way tables)
 FOREST_THETA = 4.0  # usefulness a forest edge's 2-way table needs (n̂·ε_t/(m·cells))
+FOREST_MIN_DEPENDENCE = 0.6  # δ*: a step must resolve a pair this dependent (forest_resolves)
 NETWORK_THETA = 4.5  # PrivBayes keeps a k = 1 network from here (below: the forest model)
 REFINE_NOISE_MASS = 0.9  # κ: the refinement tables' summed expected L1 noise stays ≤ κ·n̂ ...
 REFINE_PICKS_PER_ROUND = 5  # ... and its pairs are picked at most this many per round
@@ -226,8 +231,10 @@ class NetworkSizing:
         """Manifest details: the rule, where n̂ comes from, and (public rows) the decision."""
         out: dict[str, Any] = {
             "rule": "largest k <= max_degree with n̂·ε/(d·m·g^(k+1)) >= theta, else 0 = every "
-                    "1-way table + a forest of θ-useful pairs (plan_forest), or with no such pair "
-                    "independent 1-way marginals with the whole ε (AIM-style sizing, PrivBayes "
+                    "1-way table + a forest of θ-useful pairs (plan_forest) if its steps resolve "
+                    "a pair of dependence δ* among the K affordable ones (n̂·δ*·ε_step/(8m) >= "
+                    f"ln(K+1), δ* = {FOREST_MIN_DEPENDENCE}: forest_resolves), else independent "
+                    "1-way marginals with the whole ε, ∝ √cells (AIM-style sizing, PrivBayes "
                     "θ-usefulness)",
             "theta": self.theta, "max_degree": self.max_degree, "epsilon": self.epsilon,
             "rows_source": "public input row count (CLI --input-rows)" if self.rows is not None
@@ -387,6 +394,7 @@ class ForestPlan:
     max_contributions: int = 1
     rows: float = 0.0
     theta: float = FOREST_THETA
+    affordable_steps: int = 0  # r of the affordable pairs; steps = 0 if the steps cannot resolve
 
     @property
     def step_epsilon(self) -> float:
@@ -405,6 +413,7 @@ class ForestPlan:
     def details(self) -> dict[str, Any]:
         """Manifest details."""
         return {"model": "1-way tables + forest of affordable 2-way tables", "steps": self.steps,
+                "affordable_steps": self.affordable_steps,
                 "max_pair_cells": self.max_pair_cells, "theta": self.theta,
                 "structure_epsilon": self.step_epsilon * self.steps,
                 "epsilon_per_step": self.step_epsilon,
@@ -431,11 +440,36 @@ def _forest_edges(pairs: Sequence[tuple[int, int]], d: int) -> int:
     return edges
 
 
+def forest_resolves(rows: float, step_epsilon: float, candidates: int, *,
+                    max_contributions: int = 1,
+                    min_dependence: float = FOREST_MIN_DEPENDENCE) -> bool:
+    """Whether one forest step can single out a strongly dependent pair (issue 18, H35):
+    ``rows·δ*·ε_step/(2·Δ) ≥ ln(K + 1)`` with ``Δ = 4m`` (:func:`indif_score`), ``K``
+    affordable pairs and the 'no edge' candidate.
+
+    A pair whose InDif exceeds every other candidate's by ``rows·δ*`` (``δ*`` =
+    :data:`FOREST_MIN_DEPENDENCE`, an L1 distance between the pair's joint and the product of
+    its margins) then gets at least the weight ``e^{ε_step·rows·δ*/(2Δ)} ≥ K + 1`` of all
+    ``K + 1`` candidates at uniform (exponential-mechanism weights; McKenna & Sheldon 2020 show
+    permute-and-flip is never worse in expected score). Below it the steps are near-uniform over
+    weak pairs and the forest's 20% of ε is better spent on the 1-way tables: German credit
+    (21 columns, affordable pairs of 4–8 cells at 600–1,000 rows) lost to independent marginals
+    on TVD1/2/3 with the forest (docs/privbayes.md "Model size from n̂·ε"). A pure function of
+    public values (``rows`` public or a DP count: post-processing); spends nothing.
+    """
+    if candidates < 1 or not step_epsilon > 0:
+        return False
+    resolution = (max(float(rows), 0.0) * float(min_dependence) * float(step_epsilon)
+                  / (2 * INDIF_SENSITIVITY * max_contributions))
+    return resolution >= math.log(candidates + 1)
+
+
 def plan_forest(rows: float, epsilon: float, shape: Sequence[int], *, max_contributions: int = 1,
                 one_way_fraction: float = FOREST_ONE_WAY_FRACTION,
                 structure_fraction: float = FOREST_STRUCTURE_FRACTION,
                 theta: float = FOREST_THETA,
-                max_family_cells: int = MAX_FAMILY_CELLS) -> ForestPlan:
+                max_family_cells: int = MAX_FAMILY_CELLS,
+                min_dependence: float | None = FOREST_MIN_DEPENDENCE) -> ForestPlan:
     """Size the small-input model from public values only (``rows`` public or a DP count).
 
     ``ε`` is split into ``one_way_fraction`` (every column's 1-way table), ``structure_fraction``
@@ -444,7 +478,10 @@ def plan_forest(rows: float, epsilon: float, shape: Sequence[int], *, max_contri
     ``rows·(ε_pairs/r)/(m·cells) ≥ theta`` (PrivBayes §4.4's usefulness per table, the rule of
     :func:`network_usefulness` for one declared pair); ``steps`` is the largest ``r ≤ d−1``
     whose affordable pairs hold a forest of ``r`` edges (0: no pair is affordable, the model is
-    the independent one and gets the whole ε on its 1-way tables).
+    the independent one and gets the whole ε on its 1-way tables). The forest also needs steps
+    that resolve a pair of dependence ``min_dependence`` among the affordable ones
+    (:func:`forest_resolves`; ``None`` skips the check); else ``steps = 0`` (the independent
+    model with the whole ε) and ``affordable_steps`` keeps ``r``.
     """
     shape = [int(c) for c in shape]
     d, m = len(shape), int(max_contributions)
@@ -460,10 +497,13 @@ def plan_forest(rows: float, epsilon: float, shape: Sequence[int], *, max_contri
         if _forest_edges([(a, b) for a, b in pairs if shape[a] * shape[b] <= cap(r)], d) >= r:
             steps = r
             break
-    if steps == 0:
-        return ForestPlan(0, 0, None, PureDP(epsilon=float(epsilon)), None, m, float(rows), theta)
+    affordable = sum(1 for a, b in pairs if steps and shape[a] * shape[b] <= cap(steps))
+    if steps == 0 or (min_dependence is not None and not forest_resolves(
+            rows, eps_s / steps, affordable, max_contributions=m, min_dependence=min_dependence)):
+        return ForestPlan(0, 0, None, PureDP(epsilon=float(epsilon)), None, m, float(rows), theta,
+                          affordable_steps=steps)
     return ForestPlan(steps, cap(steps), PureDP(epsilon=eps_s), PureDP(epsilon=eps_1),
-                      PureDP(epsilon=eps_2), m, float(rows), theta)
+                      PureDP(epsilon=eps_2), m, float(rows), theta, affordable_steps=steps)
 
 
 def forest_zcdp_epsilon(rho: float, shape: Sequence[int], *,
