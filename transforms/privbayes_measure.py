@@ -249,6 +249,11 @@ class PrivBayesMeasureFn(beam.DoFn):
         if out.sizing is not None:  # the run-time size decision (DP n̂): public, for the manifest
             beam.metrics.Metrics.counter(
                 SIZING_METRICS_NAMESPACE, f"privbayes_degree_{out.sizing['degree']}").inc()
+            if out.sizing["degree"] == 0:  # which small-input model ran: √cells 1-way tables,
+                # or the forest with its number of chosen edges (0 = its "no edge" picks only)
+                small = ("privbayes_k0_independent" if "forest_edges" not in out.sizing
+                         else f"privbayes_k0_forest_edges_{out.sizing['forest_edges']}")
+                beam.metrics.Metrics.counter(SIZING_METRICS_NAMESPACE, small).inc()
             if "refine_pairs" in out.sizing:  # the refinement's run-time size (same DP count)
                 beam.metrics.Metrics.counter(
                     SIZING_METRICS_NAMESPACE,

@@ -85,6 +85,7 @@ class PrivBayesMethod(Method):
             noise=self._noise,
             max_contributions=self.max_contributions, seed=self.seed, accountant=self.accountant)
         self._chosen: dict[str, int] = {}
+        self._small: dict[str, int] = {}  # degree-0 windows per small-input model that ran
         self._refined: dict[str, dict[str, Any]] = {}
 
     @classmethod
@@ -160,6 +161,14 @@ class PrivBayesMethod(Method):
             value = counter_value(result, f"privbayes_degree_{k}")
             if value:
                 self._chosen[str(k)] = value
+        if self._chosen.get("0"):  # which small-input model those windows fitted
+            value = counter_value(result, "privbayes_k0_independent")
+            if value:
+                self._small["independent 1-way tables (∝ √cells, whole ε)"] = value
+            for e in range(plan.n_columns):
+                value = counter_value(result, f"privbayes_k0_forest_edges_{e}")
+                if value:
+                    self._small[f"forest of {e} chosen edge(s) + 1-way tables"] = value
         for p in range(1, plan.sizing.refine_countable + 1 if plan.sizing.refine_requested else 1):
             value = counter_value(result, f"privbayes_refine_pairs_{p}")
             if value:  # the refinement's size chosen from the same DP count (refine_size)
@@ -179,8 +188,10 @@ class PrivBayesMethod(Method):
         out["noise_mode"] = {"option": self._noise,
                              "chosen": "gaussian" if plan.zcdp is not None else "laplace",
                              "why": why}
-        if self._chosen:  # windows per chosen degree ("0" = independent 1-way marginals)
+        if self._chosen:  # windows per chosen degree ("0" = the small-input model, below)
             out["sizing"] = {**out["sizing"], "chosen_degree_windows": dict(self._chosen)}
+        if self._small:  # degree 0: √cells 1-way tables or the forest (plan_forest, forest_resolves)
+            out["sizing"] = {**out["sizing"], "chosen_small_model_windows": dict(self._small)}
         if self._refined:  # refinement per chosen pair count: windows, rounds, ε per pick/table
             out["sizing"] = {**out["sizing"], "chosen_refine": dict(self._refined)}
         return {"privbayes": out}

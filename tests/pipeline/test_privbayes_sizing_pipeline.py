@@ -36,7 +36,26 @@ def test_tiny_input_falls_back_to_independent_and_the_manifest_records_it(tmp_pa
     # 40 rows at ε ≈ 1 on 3 columns: n̂·ε/(d·g²) ≈ 40/(3·11.4) < θ, so the one (global) window
     # measured 1-way tables only
     assert sizing["chosen_degree_windows"] == {"0": 1}
+    # and which small-input model ran (H32: nothing said whether the forest or √cells tables)
+    assert sizing["chosen_small_model_windows"] == {"independent 1-way tables (∝ √cells, whole ε)": 1}
     assert len(pd.read_csv(out)) > 0
+
+
+def test_dp_count_forest_is_named_in_the_manifest(tmp_path):
+    """The run-time (DP count) small-input forest: the manifest names it and its edge count."""
+    schema = {"privacy_id": None, "columns": [
+        *SCHEMA["columns"][:2],
+        {"name": "n", "type": "integer", "domain": {"kind": "integer", "low": 0, "high": 29}}]}
+    src = tmp_path / "in.csv"
+    src.write_text("a,b,n\n" + "".join(f"{'xyz'[i % 3]},{'pq'[(i % 3) // 2]},{i % 30}\n"
+                                       for i in range(300)), encoding="utf-8")
+    manifest = run_synthesis(SynthesisConfig(  # as the next test, with the DP count, not input_rows
+        input=str(src), schema=load_schema(schema), output=str(tmp_path / "out.csv"),
+        epsilon=1.0, method="privbayes", rows=50, seed=3), PipelineOptions(["--runner=DirectRunner"]))
+    sizing = manifest["release"]["details"]["method"]["privbayes"]["sizing"]
+    assert sizing["chosen_degree_windows"] == {"0": 1}
+    (model, windows), = sizing["chosen_small_model_windows"].items()
+    assert windows == 1 and model.startswith("forest of ") and "chosen edge(s)" in model, model
 
 
 def test_small_public_input_runs_the_forest_model_and_lists_its_spends(tmp_path):
