@@ -67,8 +67,10 @@ sequential composition; the network then defaults to k = 1 (:data:`DEFAULT_REFIN
 **Model size** (``sizing="auto"``, the default of ``--method privbayes``; issue 18): the degree is
 the largest ``k`` whose typical family is θ-useful for ``n̂·ε`` (:func:`choose_network_degree`,
 :data:`NETWORK_THETA`), down to ``k = 0``: every column's 1-way table plus a private forest of
-the 2-way tables that are θ-useful at that size (:func:`plan_forest`, :func:`choose_forest`),
-or, with none, the independent model (every column's 1-way table with the whole ε). ``n̂`` is
+the 2-way tables that are θ-useful at that size (:func:`plan_forest`, :func:`choose_forest`)
+when its structure steps can single out a strongly dependent pair
+(:func:`~beamsynth.transforms.privbayes_sizing.forest_resolves`), or else the independent model (every column's 1-way table with
+the whole ε, ∝ √cells). ``n̂`` is
 the public input size ``rows`` (``--input-rows``; decided at build time) or a DP count spent in the measurement step
 (:data:`SIZE_COUNT_FRACTION` of ε); the decision is post-processing and the ε split is fixed at
 build time (``docs/privbayes.md`` "Model size from n̂·ε").
