@@ -10,7 +10,8 @@ Input forms (``--format``, default ``auto``):
 * ``sdnist`` — NIST SDNist's ``data_dictionary.json``: ``{column: {description, values}}``
   where ``values`` maps codes to labels and/or has ``min``/``max`` (``N`` = not applicable);
 * ``domain-json`` — ``{column: {type, min, max} | {type, categories}}`` (``adult-domain.json``),
-  or ``{column: size}`` (codes ``0..size-1``, private-pgm);
+  ``{column: size}`` (codes ``0..size-1``, private-pgm), or ``{column: {code: label}}`` (a code
+  map such as German credit's ``values_maps.json``: the codes become the categories);
 * ``csv`` — a codebook with a header and columns ``column, type`` and optionally ``values``
   (``|``-separated), ``min``, ``max``, ``null_values`` (``|``-separated), ``granularity``,
   ``description``.
@@ -35,6 +36,7 @@ TARGET_BINS = 50  # about this many bins for a wide integer range
 FLOAT_BINS = 20  # about this many bins for a float range
 NULL_LABEL_PREFIXES = ("n/a", "na ", "not applicable", "missing")
 _TYPES = ("categorical", "integer", "float", "datetime", "string", "text")
+_DOMAIN_KEYS = {"type", "categories", "values", "min", "max", "description"}  # domain-json keys
 
 
 @dataclass
@@ -166,6 +168,14 @@ def _from_domain_json(name: str, entry: Any) -> DraftColumn:
         return col
     if not isinstance(entry, Mapping):
         col.notes.append(f"entry {entry!r} is neither a size nor a mapping; not drafted")
+        return col
+    if entry and not set(entry) & _DOMAIN_KEYS and all(isinstance(v, str) for v in entry.values()):
+        # a code -> label map ({"A11": "... < 0 DM", ...}: German credit's values_maps.json)
+        labels = "; ".join(f"{k} = {v}" for k, v in list(entry.items())[:6])
+        col.notes.append(f"a code -> label map: the codes are the declared categories ({labels}"
+                         + ("; ..." if len(entry) > 6 else "") + ")")
+        col.spec = {"name": name, "type": "categorical",
+                    "domain": {"kind": "categorical", "values": [str(k) for k in entry]}}
         return col
     kind = str(entry.get("type", "")).lower()
     cats = entry.get("categories", entry.get("values"))
@@ -305,7 +315,11 @@ def render_yaml(name: str, columns: Sequence[DraftColumn], *, source: str, fmt: 
             lines.append(f"{prefix}  nullable: true")
             lines.append(f"{prefix}  null_values: {_flow(spec['null_values'])}")
     if not drafted:
-        raise ValueError(f"dictionary {source!r}: no column could be drafted")
+        raise ValueError(f"dictionary {source!r}: no column could be drafted; `schema draft` reads "
+                         "an SDNist data_dictionary.json, a domain JSON ({column: {type, min, max} "
+                         "| {categories: [...]} | size} or {column: {code: label}}) or a CSV "
+                         "codebook (column,type[,values,min,max,...]); see the notes above each "
+                         "column in the output (docs/schema-guide.md)")
     return "\n".join(lines) + "\n"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -128,3 +129,20 @@ def test_bad_format_and_undraftable_dictionary(tmp_path, capsys):
     path.write_text('{"a": {"description": "free text"}}', encoding="utf-8")
     assert main(["schema", "draft", str(path)]) == 2
     assert "no column could be drafted" in capsys.readouterr().err
+
+
+def test_code_label_map_is_drafted_as_categories(tmp_path, capsys):
+    """{column: {code: label}} (German credit's values_maps.json shape) drafts the codes as the
+    declared categories; before, 'no column could be drafted' without naming the accepted forms."""
+    path = tmp_path / "values_maps.json"
+    path.write_text(json.dumps({
+        "status": {"A11": "... < 0 DM", "A12": "0 <= ... < 200 DM", "A14": "no checking account"},
+        "credit": {"1": "good", "2": "bad"}}), encoding="utf-8")
+    fmt, cols = read_dictionary(path)
+    assert fmt == "domain-json"
+    assert [c.spec["domain"]["values"] for c in cols] == [["A11", "A12", "A14"], ["1", "2"]]
+    assert cols[0].notes[0].startswith("a code -> label map: the codes are the declared categories (A11 = ")
+    bad = tmp_path / "d.json"
+    bad.write_text('{"a": [1, 2]}', encoding="utf-8")
+    assert main(["schema", "draft", str(bad)]) == 2
+    assert "a CSV codebook (column,type" in capsys.readouterr().err
