@@ -279,7 +279,10 @@ def test_same_graph_same_release_in_secure_mode(case, tmp_path, ledger):
 
     first = run("a", pinned())
     assert run("b", pinned()) == first
-    assert run("c", FreshEntropySecret) != first
+    # fresh secrets must change the release; a small one can coincide by chance (cathist's three
+    # released counts at discrete Laplace scale 1: about 2% of runs, seen once in CI), so up to
+    # three fresh runs (a coincidence in all three: about 2e-5; `any` stops at the first change)
+    assert any(run(f"c{i}", FreshEntropySecret) != first for i in range(3))
 
 
 def test_call_log_round_trip(tmp_path):
