@@ -339,19 +339,22 @@ def _keywords_checked(init: Any) -> Any:
     names = [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
     positional = sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
 
+    variadic = any(p.kind is p.VAR_POSITIONAL for p in params)
+
     @functools.wraps(init)
     def checked(self: Any, *args: Any, **kwargs: Any) -> None:
-        name = f"bs.{type(self).__name__}"
-        shown = [n for n in names if n in inspect.signature(type(self)).parameters]  # named forms
-        if len(args) > positional and not any(p.kind is p.VAR_POSITIONAL for p in params):
-            raise TypeError(f"{name} takes keyword arguments only ({', '.join(n + '=' for n in shown)}); "
-                            f"got {len(args)} positional: {', '.join(map(repr, args))}")
-        for key in kwargs:
-            if key not in names:
-                close = difflib.get_close_matches(key, shown, n=1, cutoff=0.6)
-                raise TypeError(f"{name} got an unknown keyword {key!r}"
-                                + (f" (did you mean {close[0]!r}?)" if close else "")
-                                + f"; it takes: {', '.join(shown)}")
+        unknown = [k for k in kwargs if k not in names]
+        if unknown or (len(args) > positional and not variadic):  # the error path only
+            name = f"bs.{type(self).__name__}"
+            shown = [n for n in names if n in inspect.signature(type(self)).parameters]  # named forms
+            if not unknown:
+                raise TypeError(f"{name} takes keyword arguments only ("
+                                f"{', '.join(n + '=' for n in shown)}); got {len(args)} positional: "
+                                f"{', '.join(map(repr, args))}")
+            close = difflib.get_close_matches(unknown[0], shown, n=1, cutoff=0.6)
+            raise TypeError(f"{name} got an unknown keyword {unknown[0]!r}"
+                            + (f" (did you mean {close[0]!r}?)" if close else "")
+                            + f"; it takes: {', '.join(shown)}")
         init(self, *args, **kwargs)
 
     checked._keywords_checked = True  # type: ignore[attr-defined]
@@ -536,9 +539,7 @@ class MakePrivate(beam.PTransform):
         (``ReadFromParquet(as_rows=True)``, ``to_pcollection``), which are no ``beam.Row``
         subclass to Beam but are read by field name like one."""
         hint = getattr(pvalueish, "element_type", None)
-        if isinstance(hint, type) and issubclass(hint, tuple) and hasattr(hint, "_fields"):
-            return
-        if _may_hold_records(hint):  # incl. a type beam.Create inferred from the values
+        if _may_hold_records(hint):  # incl. named tuples and a type beam.Create inferred
             return
         try:
             super().type_check_inputs(pvalueish)

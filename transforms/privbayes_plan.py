@@ -41,6 +41,7 @@ from beamsynth.transforms.privbayes_sizing import (
     NetworkSizing,
     gaussian_refine_pairs_for_rows,
     gaussian_refine_size,
+    gaussian_refine_split,
     plan_forest,
     refine_pairs_for_rows,
     refine_size,
@@ -475,12 +476,9 @@ def gaussian_plan(plan: PrivBayesPlan, budget: ApproxDP, *, pairs: int = GAUSSIA
                                      refine_requested=pairs if n_pairs else 0,
                                      refine_rounds=rounds if n_pairs else 0)
     if n_pairs:
-        sigma_r = m / math.sqrt(2 * measure_rho / n_pairs)
-        refine = RefinePlan(
-            pairs=n_pairs, rounds=n_rounds, groups=groups,
-            selection_budget=PureDP(epsilon=math.sqrt(2 * selection_rho / n_pairs) * n_pairs),
-            measure_budget=PureDP(epsilon=n_pairs * math.sqrt(2) * m / sigma_r),
-            max_contributions=m, sigma=sigma_r, delta=budget.delta)
+        refine = RefinePlan(pairs=n_pairs, rounds=n_rounds, groups=groups, max_contributions=m,
+                            delta=budget.delta,
+                            **gaussian_refine_split(selection_rho, measure_rho, n_pairs, m))
     zcdp = ZCDPPlan(budget=budget, rho=rho, count_rho=count_rho, structure_rho=structure_rho,
                     marginal_rho=marginal_rho, selection_rho=selection_rho, measure_rho=measure_rho)
     return dataclasses.replace(plan, structure_budget=structure_budget,

@@ -80,6 +80,7 @@ __all__ = [
     "gaussian_refine_pairs_for_rows",
     "gaussian_refine_size",
     "resize_gaussian_refinement",
+    "gaussian_refine_split",
 ]
 
 SIZING_THETA = 2.5  # usefulness a k-parent family needs (docs/privbayes.md "Model size from n̂·ε")
@@ -368,14 +369,22 @@ def resize_gaussian_refinement(refine: Any, pairs: int, rounds: int) -> Any:
     2016 Prop. 1.4), each table ``σ = m/√(2ρ_meas/P)`` (``m²/(2σ²)``-zCDP, CKS 2020 Thm. 4), so
     the ``P`` picks and ``P`` tables cost ``ρ_sel + ρ_meas`` whatever ``P`` is (zCDP composition);
     ``measure_budget`` stays the Laplace-equivalent ε (same std) the selection penalty uses."""
-    m = refine.max_contributions
-    selection_rho = refine.pairs * refine.pick_epsilon ** 2 / 2
-    measure_rho = refine.pairs * refine.table_rho
+    return dataclasses.replace(refine, pairs=int(pairs), rounds=int(rounds), **gaussian_refine_split(
+        refine.pairs * refine.pick_epsilon ** 2 / 2, refine.pairs * refine.table_rho, int(pairs),
+        refine.max_contributions))
+
+
+def gaussian_refine_split(selection_rho: float, measure_rho: float, pairs: int,
+                          max_contributions: int) -> dict[str, Any]:
+    """A zCDP refinement's ``ρ_sel`` and ``ρ_meas`` split equally over ``pairs`` picks and tables:
+    the ``RefinePlan`` fields ``sigma`` (σ = m/√(2ρ_meas/P)), ``selection_budget`` (P picks of
+    ε = √(2ρ_sel/P)) and ``measure_budget`` (the tables' Laplace-equivalent ε, same std, for the
+    selection penalty only). Used by the build-time plan and :func:`resize_gaussian_refinement`."""
+    m = max_contributions
     sigma = m / math.sqrt(2 * measure_rho / pairs)
-    return dataclasses.replace(
-        refine, pairs=int(pairs), rounds=int(rounds), sigma=sigma,
-        selection_budget=PureDP(epsilon=math.sqrt(2 * selection_rho / pairs) * pairs),
-        measure_budget=PureDP(epsilon=pairs * math.sqrt(2) * m / sigma))
+    return {"sigma": sigma,
+            "selection_budget": PureDP(epsilon=math.sqrt(2 * selection_rho / pairs) * pairs),
+            "measure_budget": PureDP(epsilon=pairs * math.sqrt(2) * m / sigma)}
 
 
 # -- the small-input model: 1-way tables + a budget-aware forest -----------------------------------
