@@ -272,6 +272,9 @@ def read_dictionary(path: str | Path, fmt: str = "auto") -> tuple[str, list[Draf
         raise ValueError(f"dictionary {str(p)!r}: not valid JSON: {exc}") from exc
     if not isinstance(data, Mapping) or not data:
         raise ValueError(f"dictionary {str(p)!r}: expected a JSON object of columns")
+    refuse = _records_table(data)
+    if refuse:
+        raise ValueError(f"dictionary {str(p)!r}: {refuse}")
     if fmt == "json":
         sdnist = all(isinstance(v, Mapping) and ("description" in v or "values" in v and
                                                   isinstance(v.get("values"), Mapping))
@@ -279,6 +282,35 @@ def read_dictionary(path: str | Path, fmt: str = "auto") -> tuple[str, list[Draf
         fmt = "sdnist" if sdnist else "domain-json"
     build = _from_sdnist if fmt == "sdnist" else _from_domain_json
     return fmt, [build(str(k), v) for k, v in data.items()]
+
+
+def _records_table(data: Mapping[str, Any]) -> str | None:
+    """Why ``data`` is a table of records (pandas ``to_json``) and not a dictionary, else
+    ``None``: ``{row: {column: value}}`` (top keys ``"0" .. "n-1"``, every entry the same fields),
+    or ``{column: {row: value}}`` (every entry the same keys, or keys ``"0" .. "n-1"``) where some
+    entry repeats a value or holds a number (a code map's labels are distinct text). The message
+    names no value: draft never reads the data (rule 1)."""
+    entries = list(data.values())
+    if not all(isinstance(e, Mapping) and e and not set(e) & _DOMAIN_KEYS for e in entries):
+        return None
+    keys = set(entries[0])
+    same = len(entries) > 1 and all(set(e) == keys for e in entries)
+    if same and set(data) == {str(i) for i in range(len(data))}:  # {row: {column: value}}
+        return _TABLE_MESSAGE
+    if not (same or keys == {str(i) for i in range(len(keys))}):  # {column: {row: value}}
+        return None
+    scalars = [[v for v in e.values() if not isinstance(v, (Mapping, list))] for e in entries]
+    if not any(len(set(map(repr, s))) < len(s) or any(isinstance(v, (int, float)) for v in s)
+               for s in scalars):
+        return None
+    return _TABLE_MESSAGE
+
+
+_TABLE_MESSAGE = (
+    "its entries look like records (row numbers as keys, or the same keys in every entry with "
+    "repeated or numeric values): this is a table of records, not a dictionary (e.g. a data file "
+    "saved with pandas to_json). `schema draft` reads a public data dictionary or codebook, never "
+    "the data: write one from the data's documentation (docs/schema-guide.md)")
 
 
 def _flow(value: Any) -> str:

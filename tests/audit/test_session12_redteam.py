@@ -1,0 +1,70 @@
+"""Session 12 red team (H39): the eleventh session's changes (48bec24..6afdca7) against the privacy
+rules, with neighbour pairs through the real entry points. Each test failed on the code before its
+fix.
+
+1. ``beamsynth schema draft`` reads ``{column: {code: label}}`` maps since d659b93. pandas'
+   default JSON export of a *data table* (``DataFrame.to_json()``, orient ``columns``:
+   ``{column: {row: value}}``) has that shape, so drafting from the data file itself (as a user
+   did with a CSV data file, 30d11d5) wrote a schema whose categories were the row numbers
+   ``"0" .. "n-1"`` (the row count as a declared domain size: D and D + one row drafted different
+   schemas) and the first six records' values in its REVIEW notes, under the header "Every domain
+   below comes from that dictionary, never from the data" (rule 1). The same held for orient
+   ``index`` (``{row: {column: value}}``: one drafted column per record). A JSON object whose
+   entries all share one key set and hold repeated or numeric values is a table of records, not a
+   dictionary: it is refused, naming no value.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from beamsynth.pipelines.cli.main import main
+from beamsynth.pipelines.schema_draft import read_dictionary
+
+pytestmark = pytest.mark.audit
+
+ROOT = Path(__file__).resolve().parents[2]
+ADULT = ROOT / "examples" / "data" / "adult" / "adult.csv"
+needs_adult = pytest.mark.skipif(not ADULT.exists(), reason="examples/data/adult/adult.csv absent")
+
+
+# -- 1. schema draft must never draft from the data ------------------------------------------------
+@needs_adult
+@pytest.mark.parametrize("orient", ["columns", "index"])
+@pytest.mark.parametrize("columns", [["sex", "race", "income"], None])
+def test_schema_draft_refuses_a_data_table_exported_as_json(tmp_path, capsys, orient, columns):
+    """Neighbours D (40 Adult rows) and D + 1 row, exported with pandas' to_json: before, both
+    drafted a schema (rc 0) with 40 vs 41 row-number categories and data values in the notes."""
+    frame = pd.read_csv(ADULT, skipinitialspace=True)
+    frame = frame if columns is None else frame[columns]
+    outputs = []
+    for n in (40, 41):
+        path = tmp_path / f"data{n}.json"
+        frame.head(n).to_json(path, orient=orient)
+        out = tmp_path / f"draft{n}.yaml"
+        rc = main(["schema", "draft", str(path), "--output", str(out)])
+        err = capsys.readouterr().err
+        assert rc == 2, f"drafted a schema from a data table ({orient}, {n} rows)"
+        assert not out.exists()
+        assert "a table of records, not a dictionary" in err
+        for value in ("Male", "White", "<=50K", "State-gov", "39"):
+            assert value not in err  # the refusal names no data value
+        outputs.append(err.replace(str(path), "PATH"))
+    assert outputs[0] == outputs[1]  # D and D + 1: the same refusal
+
+
+def test_schema_draft_still_reads_code_maps_sharing_their_codes(tmp_path):
+    """Genuine dictionaries keep drafting: every column coded 1/2 with its own labels, and a single
+    column whose codes are 0..k-1."""
+    path = tmp_path / "codes.json"
+    path.write_text(json.dumps({"q1": {"1": "Yes", "2": "No"}, "q2": {"1": "Agree", "2": "Disagree"},
+                                "q3": {"1": "Yes", "2": "No"}}), encoding="utf-8")
+    fmt, cols = read_dictionary(path)
+    assert [c.spec["domain"]["values"] for c in cols] == [["1", "2"]] * 3
+    single = tmp_path / "single.json"
+    single.write_text(json.dumps({"level": {"0": "none", "1": "low", "2": "high"}}), encoding="utf-8")
+    assert read_dictionary(single)[1][0].spec["domain"]["values"] == ["0", "1", "2"]
