@@ -581,8 +581,10 @@ class _UnsupportedVisitor(PipelineVisitor):
             raise NotImplementedError(
                 f"the dask runner cannot run step {label!r}: {type(fn).__name__} is a "
                 "batched DoFn (process_batch only), as Beam DataFrame steps and WriteToCsv use; "
-                "nothing was run. Write with WriteToText/WriteToParquet, or use --runner direct "
-                "or direct-multi")
+                "nothing was run. Write with WriteToText/WriteToParquet (WriteToParquet given a "
+                "pyarrow schema: without one it converts schema'd rows with a batched DoFn; for "
+                "rows, beam.Map(lambda r: r._asdict()) | WriteToParquet(path, "
+                "bs.arrow_schema(pcoll))), or use --runner direct or direct-multi")
         inputs = [i for i in node.inputs if not isinstance(i, pvalue.PBegin)]
         if not inputs and not isinstance(transform, (_Create, beam.Impulse, _SourceSplits)):
             raise NotImplementedError(

@@ -8,6 +8,7 @@ import glob
 
 import apache_beam as beam
 import pyarrow.parquet as pq
+import pytest
 
 import beamsynth as bs
 
@@ -39,3 +40,21 @@ def test_dead_letters_straight_into_batched_sinks_are_written(tmp_path):
     assert len(_lines(f"{out}/bad_json")) == 2
     assert sum(pq.read_table(f).num_rows for f in glob.glob(f"{out}/bad_parquet*")) == 2
     assert _lines(f"{out}/count")[0].strip() == "noisy_count"
+
+
+def test_dask_refusal_of_schemaless_write_to_parquet_names_the_schema_form(tmp_path):
+    """`bs.Count(...) | beam.io.WriteToParquet(path)` (no schema: Beam converts schema'd rows
+    with a batched DoFn) was refused on --runner dask with 'Write with
+    WriteToText/WriteToParquet', i.e. with the very sink refused. It now names the form that
+    runs there: dicts and a pyarrow schema, bs.arrow_schema(pcoll)."""
+    pytest.importorskip("distributed")
+    job = bs.PrivacyJob(epsilon=1.0)
+    with pytest.raises(NotImplementedError) as err:
+        with beam.Pipeline(options=bs.pipeline_options(["--runner", "dask"])) as p:
+            count = p | beam.Create([ROW]) | job.private(SMALL) | bs.Count(epsilon=1.0)
+            count | "Parquet" >> beam.io.WriteToParquet(str(tmp_path / "count"))
+    message = str(err.value)
+    assert message.startswith("the dask runner cannot run step 'Parquet/")
+    assert "WriteToParquet(path, bs.arrow_schema(pcoll))" in message
+    assert "r._asdict()" in message
+    assert not list(tmp_path.glob("count*"))
