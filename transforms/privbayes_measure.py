@@ -20,7 +20,9 @@ build time (:mod:`~beamsynth.transforms.privbayes_plan`): the size count with di
 McKenna & Sheldon 2020); the tables with discrete Laplace, Δ = m, ``ε_t ∝ √cells`` (PrivBayes
 §4.2, add/remove counts), or discrete Gaussian, L2 Δ = m, ``ρ_t ∝ cells^⅔`` (Canonne, Kamath &
 Steinke 2020); the refinement as in :mod:`~beamsynth.transforms.refine`. Sequential (or zCDP)
-composition gives the plan's total; what follows the noisy tables is post-processing. The
+composition gives the plan's total (a zCDP plan's DP size count is pure ε_c and composes with its
+(ε − ε_c, δ) by basic composition: every model chosen from it, the forest with pure ε − ε_c
+included, is (ε − ε_c, δ)-DP); what follows the noisy tables is post-processing. The
 degree and the refinement's number of pairs/rounds chosen from the DP count are post-processing
 of it; a larger refinement splits the same planned ε_sel/ε_meas over more picks/tables, so the
 total is unchanged. Draws come
@@ -50,7 +52,6 @@ from beamsynth.transforms.privbayes_sizing import (
     SPLIT_CELLS_CAP,
     ForestPlan,
     choose_forest,
-    forest_zcdp_epsilon,
     plan_forest,
     split_marginal_budget,
 )
@@ -110,10 +111,10 @@ def measure_privbayes(
             refine = plan.sizing.refine_plan(rows_hat, refine)
             sizing.update(refine_pairs=refine.pairs, refine_rounds=refine.rounds)
         if degree == 0:
-            # a zCDP plan's network ε are Laplace-equivalents, not budget: the pure-DP forest gets
-            # the ε whose parts cost at most the planned ρ (forest_zcdp_epsilon)
-            forest_eps = (_planned_epsilon(plan) if plan.zcdp is None else forest_zcdp_epsilon(
-                plan.zcdp.spent_rho - plan.zcdp.count_rho, shape))
+            # the forest gets ε − ε_c in both modes: the Laplace plan's network ε, or a zCDP
+            # plan's pure (ε − ε_c) (its network ε are Laplace-equivalents, not budget; the count
+            # composes with the (ε − ε_c, δ) spend by basic composition: gaussian_plan)
+            forest_eps = _planned_epsilon(plan) if plan.zcdp is None else plan.zcdp.budget.epsilon
             forest = plan_forest(rows_hat, forest_eps, shape,
                                  max_contributions=plan.max_contributions,
                                  max_family_cells=plan.max_family_cells)
@@ -195,14 +196,15 @@ def _measure_independent(tables: dict[tuple[int, ...], np.ndarray], shape: Seque
                          sizing: dict[str, Any]) -> PrivBayesMeasurement:
     """The run-time fallback (degree 0): every column's 1-way table, discrete Laplace, with the
     whole network ε planned at build time (structure + marginals + refinement shares; sequential
-    composition, nothing left unspent), split ∝ √cells (:func:`split_marginal_budget`)."""
+    composition, nothing left unspent), split ∝ √cells (:func:`split_marginal_budget`); under a
+    zCDP plan discrete Gaussian with its whole ρ = zcdp_rho(ε − ε_c, δ), ∝ cells^⅔."""
     total = _planned_epsilon(plan)
     specs = [(c,) for c in range(len(shape))]
     exact = [_family_table(tables, s) for s in specs]
     budgets = split_marginal_budget(PureDP(epsilon=total), [t.size for t in exact])
-    # zCDP plan: the whole planned ρ but the size count's on the 1-way tables
+    # zCDP plan: the whole ρ = zcdp_rho(ε − ε_c, δ) on the 1-way tables
     released = _release_tables(exact, specs, names, budgets, plan, rs,
-                               None if plan.zcdp is None else plan.zcdp.spent_rho - plan.zcdp.count_rho)
+                               None if plan.zcdp is None else plan.zcdp.spent_rho)
     return PrivBayesMeasurement(tuple((c, ()) for c in range(len(shape))), released, sizing=sizing)
 
 

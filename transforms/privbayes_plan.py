@@ -18,9 +18,11 @@ Privacy (add/remove one privacy unit of at most ``m`` records): the Laplace plan
 ``ε = [ε_count] + ε_s + ε_m [+ ε_refine]`` by sequential composition (size count discrete
 Laplace Δ = m; structure PrivBayes Alg. 4 with permute-and-flip on InDif, Δ = 4m; tables
 PrivBayes §4.2 converted to add/remove counts, discrete Laplace Δ = m each). The zCDP plan turns
-``(ε, δ)`` into ``ρ`` (Canonne, Kamath & Steinke 2020 Cor. 13); pure parts cost ``ε²/2`` (Bun &
-Steinke 2016 Prop. 1.4), a discrete Gaussian table of L2 sensitivity ``m`` costs ``m²/(2σ²)``
-(CKS 2020 Thm. 4); the parts add up and are spent as one ``(ε, δ)``.
+``(ε − ε_count, δ)`` into ``ρ`` (Canonne, Kamath & Steinke 2020 Cor. 13); pure parts cost ``ε²/2``
+(Bun & Steinke 2016 Prop. 1.4), a discrete Gaussian table of L2 sensitivity ``m`` costs
+``m²/(2σ²)`` (CKS 2020 Thm. 4); the parts add up and are spent as one ``(ε − ε_count, δ)``; the
+DP size count (pure ``ε_count``, only without a public row count) is its own spend, composed with
+it by adaptive basic composition (Dwork & Roth 2014 Thm. 3.16 and §3.5.2).
 """
 
 from __future__ import annotations
@@ -127,32 +129,45 @@ def resolve_noise(noise: str, delta: float) -> tuple[str, str]:
 # -- budget plan ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ZCDPPlan:
-    """zCDP accounting of a ``noise="gaussian"`` run: the method's (ε, δ) converted to ρ
+    """zCDP accounting of a ``noise="gaussian"`` run: ``budget`` (the method's (ε, δ), less the
+    DP size count's pure ``count_epsilon`` when one is planned) converted to ρ
     (:func:`~beamsynth.transforms.budget.zcdp_rho`, Canonne-Kamath-Steinke 2020 Cor. 13) and its
-    split. Pure-DP parts (the DP size count, each permute-and-flip step) cost ``ε²/2`` each (Bun
-    & Steinke 2016, Prop. 1.4); a discrete Gaussian table of L2 sensitivity ``m`` costs
-    ``m²/(2σ²)`` (CKS 2020 Thm. 4); the parts add up (zCDP composition, adaptive)."""
+    split. Pure-DP parts (each permute-and-flip step) cost ``ε²/2`` each (Bun & Steinke 2016,
+    Prop. 1.4); a discrete Gaussian table of L2 sensitivity ``m`` costs ``m²/(2σ²)`` (CKS 2020
+    Thm. 4); the parts add up (zCDP composition, adaptive). The size count is not a part: it is
+    spent on its own as ``(count_epsilon, 0)`` and composes with ``budget`` by adaptive basic
+    composition (Dwork & Roth 2014 Thm. 3.16), so the method's total is
+    ``(count_epsilon + budget.epsilon, budget.delta)``."""
 
     budget: ApproxDP
     rho: float
-    count_rho: float
     structure_rho: float
     marginal_rho: float
     selection_rho: float
     measure_rho: float
+    count_epsilon: float = 0.0  # the DP size count's pure ε (its own spend), 0 with public rows
 
     @property
     def spent_rho(self) -> float:
-        return (self.count_rho + self.structure_rho + self.marginal_rho + self.selection_rho
-                + self.measure_rho)
+        return self.structure_rho + self.marginal_rho + self.selection_rho + self.measure_rho
 
     def details(self) -> dict[str, Any]:
         """Manifest details."""
-        return {"accounting": "zCDP, converted to (ε, δ) by Canonne-Kamath-Steinke 2020 Cor. 13",
-                "epsilon": self.budget.epsilon, "delta": self.budget.delta, "rho": self.rho,
-                "rho_size_count": self.count_rho, "rho_structure": self.structure_rho,
-                "rho_marginals": self.marginal_rho, "rho_refine_selection": self.selection_rho,
-                "rho_refine_marginals": self.measure_rho, "rho_spent": self.spent_rho}
+        out = {"accounting": "zCDP, converted to (ε, δ) by Canonne-Kamath-Steinke 2020 Cor. 13",
+               "epsilon": self.budget.epsilon, "delta": self.budget.delta, "rho": self.rho,
+               "rho_structure": self.structure_rho, "rho_marginals": self.marginal_rho,
+               "rho_refine_selection": self.selection_rho,
+               "rho_refine_marginals": self.measure_rho, "rho_spent": self.spent_rho}
+        if self.count_epsilon:
+            out["size_count"] = SIZE_COUNT_COMPOSITION.format(c=self.count_epsilon,
+                                                             e=self.budget.epsilon)
+        return out
+
+
+SIZE_COUNT_COMPOSITION = (
+    "the DP size count is pure ε_c = {c:g} (spend privbayes.size_count, δ = 0), outside this ρ; "
+    "every model it selects (network, forest, 1-way tables) is (ε − ε_c = {e:g}, δ)-DP, so the "
+    "method is (ε, δ)-DP by adaptive basic composition (Dwork & Roth 2014 Thm. 3.16)")
 
 
 @dataclass(frozen=True)
@@ -408,8 +423,8 @@ def gaussian_plan(plan: PrivBayesPlan, budget: ApproxDP, *, pairs: int = GAUSSIA
                   groups: int = GAUSSIAN_REFINE_GROUPS) -> PrivBayesPlan:
     """The zCDP variant of a network ``plan`` (``noise="gaussian"``, issue 18: AIM's accounting).
 
-    ``budget`` (δ > 0) becomes ``ρ = zcdp_rho(ε, δ)``; the DP size count (if planned) keeps its
-    pure ε and costs ``ε_c²/2``; the rest is split by :data:`GAUSSIAN_SHARES`: the structure's
+    ``budget`` (δ > 0), less the DP size count's pure ``ε_c`` if one is planned (below), becomes
+    ``ρ = zcdp_rho(ε − ε_c, δ)``, split by :data:`GAUSSIAN_SHARES`: the structure's
     ``d−1`` permute-and-flip steps (``ε_step = √(2ρ_s/(d−1))``, same scores and Δ = 4m), the
     network's tables (discrete Gaussian, ρ split ∝ cells^⅔, :func:`_release_tables`), the
     refinement's picks (``ε_pick = √(2ρ_sel/pairs)``, Δ = m) and its ``pairs`` coarse tables
@@ -418,6 +433,15 @@ def gaussian_plan(plan: PrivBayesPlan, budget: ApproxDP, *, pairs: int = GAUSSIA
     are the Laplace plan's; ``marginal_budget`` and the refinement's ``measure_budget`` become the
     Laplace-equivalent ε (same noise std), used only for data-independent penalties. Plans of
     the small-input models (``forest``/``one_way``, if present) stay pure DP (returned as is).
+
+    The DP size count (planned by :func:`plan_privbayes` without public ``rows``) is **not** in
+    ρ: it stays a pure ``ε_c``-DP spend of its own, and ``ρ = zcdp_rho(ε − ε_c, δ)``. Whatever the
+    count selects at run time — this network, the forest with pure ``ε − ε_c`` (the Laplace
+    plan's forest budget) or discrete Gaussian 1-way tables at ``ρ`` — is ``(ε − ε_c, δ)``-DP
+    given the count, so the method is ``(ε, δ)``-DP by adaptive basic composition (Dwork & Roth
+    2014 Thm. 3.16 with §3.5.2's adaptive form; issue 18, docs/privbayes.md "zCDP"). Composing
+    the count inside zCDP instead (``ε_c²/2`` of ``zcdp_rho(ε, δ)``) left the pure-ε forest only
+    the ε whose ``ε²/2``-costs fit the rest: 0.63 instead of 0.98 at ε = 1, δ = 1e-9 on Adult.
 
     Refinement size (wide tables, docs/privbayes.md "Twelfth session"): ``pairs`` (capped by the
     ρ floor per table, :data:`GAUSSIAN_REFINE_MIN_TABLE_RHO`) in ``rounds``, unless the plan is
@@ -432,13 +456,15 @@ def gaussian_plan(plan: PrivBayesPlan, budget: ApproxDP, *, pairs: int = GAUSSIA
     if getattr(plan, "forest", None) is not None or getattr(plan, "one_way_budget", None) is not None:
         return plan
     d, m = plan.n_columns, plan.max_contributions
-    rho = zcdp_rho(budget.epsilon, budget.delta)
-    count_rho = 0.0
+    count_epsilon = 0.0
     if plan.sizing is not None and plan.sizing.count_budget is not None:
-        count_rho = plan.sizing.count_budget.epsilon ** 2 / 2
-    rest = rho - count_rho
-    if rest <= 0:
-        raise ValueError(f"noise='gaussian': the size count alone exceeds ρ = {rho:.3g}")
+        count_epsilon = plan.sizing.count_budget.epsilon  # pure ε_c, its own spend
+        if not count_epsilon < budget.epsilon:
+            raise ValueError(f"noise='gaussian': the size count's ε = {count_epsilon:g} leaves "
+                             f"nothing of ε = {budget.epsilon:g}")
+        budget = ApproxDP(epsilon=budget.epsilon - count_epsilon, delta=budget.delta)
+    rho = zcdp_rho(budget.epsilon, budget.delta)
+    rest = rho
     sh = GAUSSIAN_SHARES
     refine = None
     n_pairs = min(pairs, d * (d - 1) // 2, int(sh["measure"] * rest / GAUSSIAN_REFINE_MIN_TABLE_RHO + 1e-9))
@@ -479,8 +505,9 @@ def gaussian_plan(plan: PrivBayesPlan, budget: ApproxDP, *, pairs: int = GAUSSIA
         refine = RefinePlan(pairs=n_pairs, rounds=n_rounds, groups=groups, max_contributions=m,
                             delta=budget.delta,
                             **gaussian_refine_split(selection_rho, measure_rho, n_pairs, m))
-    zcdp = ZCDPPlan(budget=budget, rho=rho, count_rho=count_rho, structure_rho=structure_rho,
-                    marginal_rho=marginal_rho, selection_rho=selection_rho, measure_rho=measure_rho)
+    zcdp = ZCDPPlan(budget=budget, rho=rho, structure_rho=structure_rho,
+                    marginal_rho=marginal_rho, selection_rho=selection_rho, measure_rho=measure_rho,
+                    count_epsilon=count_epsilon)
     return dataclasses.replace(plan, structure_budget=structure_budget,
                                marginal_budget=marginal_budget, refine=refine, zcdp=zcdp,
                                sizing=sizing)
@@ -492,18 +519,22 @@ def plan_shape(plan: PrivBayesPlan) -> tuple[int, ...]:
 
 
 def spend_zcdp(accountant: PrivacyAccountant, plan: PrivBayesPlan, prefix: str = "privbayes") -> None:
-    """One (ε, δ) spend for a ``noise="gaussian"`` plan: its parts compose in zCDP, not by adding
-    ε's, so the manifest lists them (mechanism, ρ, σ or ε per step) in the spend's details."""
+    """The spends of a ``noise="gaussian"`` plan: the DP size count (if planned) as its own pure
+    ``(ε_c, 0)`` spend (:func:`_spend_size_count`, as in the Laplace plan), then one
+    ``(ε − ε_c, δ)`` spend ``privbayes.zcdp``: its parts compose in zCDP, not by adding ε's, so
+    the manifest lists them (mechanism, ρ, σ or ε per step) in the spend's details. The two
+    compose by adaptive basic composition (:func:`gaussian_plan`)."""
     z = plan.zcdp
+    _spend_size_count(accountant, plan, prefix)
     parts: dict[str, Any] = {}
-    if z.count_rho:
-        parts["size_count"] = {"mechanism": "discrete Laplace on the record count (pure ε)",
-                               "epsilon": plan.sizing.count_budget.epsilon, "rho": z.count_rho,
-                               "sensitivity": plan.max_contributions,
-                               "fallback": "no θ-useful network at n̂: the forest model (pure-DP "
-                                           "discrete Laplace) with ε = forest_zcdp_epsilon(ρ − "
-                                           "ρ_count) (its parts' Σ ε_i²/2 ≤ that ρ), or independent "
-                                           "discrete Gaussian 1-way tables with that ρ"}
+    small: dict[str, Any] = {}
+    if z.count_epsilon:  # the model chosen from n̂ may be the small-input one instead of parts
+        small = {"small_input_model": {
+            "when": "the DP size count finds no θ-useful network at n̂ (instead of the parts)",
+            "model": "every 1-way table + a forest of affordable pairs, pure-DP discrete Laplace "
+                     f"and permute-and-flip with ε − ε_c = {z.budget.epsilon:g} in all (the "
+                     "Laplace plan's forest budget); or, with no forest, discrete Gaussian 1-way "
+                     "tables with the whole ρ: (ε − ε_c, δ)-DP either way"}}
     if plan.structure_budget is not None:
         parts["structure"] = {"mechanism": "permute-and-flip on InDif − cells·b, greedy network",
                               "steps": plan.n_columns - 1, "epsilon_per_step": plan.step_epsilon,
@@ -530,9 +561,29 @@ def spend_zcdp(accountant: PrivacyAccountant, plan: PrivBayesPlan, prefix: str =
     accountant.spend(
         f"{prefix}.zcdp", z.budget,
         mechanism="PrivBayes network + refinement under zCDP (discrete Gaussian tables)",
-        details={**z.details(), "parts": parts, "neighbours": "add/remove one privacy unit",
+        details={**z.details(), "parts": parts, **small,
+                 "neighbours": "add/remove one privacy unit",
                  "paper": "AIM (McKenna et al. 2022) accounting; discrete Gaussian (Canonne, "
                           "Kamath & Steinke 2020); PrivBayes (Zhang et al. 2014)"})
+
+
+def _spend_size_count(accountant: PrivacyAccountant, plan: PrivBayesPlan, prefix: str) -> None:
+    """The DP size count's pure ``(ε_c, 0)`` spend (only without a public row count), first."""
+    if plan.sizing is None or plan.sizing.count_budget is None:
+        return
+    use = ("post-processing: the network degree (choose_network_degree); 0 = the small-input "
+           "model (forest or independent 1-way marginals) with the rest of ε")
+    if plan.zcdp is not None:
+        use += ("; the zCDP spend privbayes.zcdp covers every model chosen from n̂ at (ε − ε_c, "
+                "δ): adaptive basic composition (Dwork & Roth 2014 Thm. 3.16)")
+    accountant.spend(
+        f"{prefix}.size_count", plan.sizing.count_budget,
+        mechanism="discrete Laplace on the record count (n̂ for the model size)",
+        details={"sensitivity": plan.max_contributions,
+                 "scale": discrete_laplace_scale(sensitivity=plan.max_contributions,
+                                                 epsilon=plan.sizing.count_budget.epsilon),
+                 "use": use,
+                 "paper": "AIM budget-aware sizing (McKenna et al. 2022 §4); PrivBayes §4.4"})
 
 
 REFINE_RUN_TIME_NOTE = (
@@ -559,16 +610,7 @@ def spend_privbayes(accountant: PrivacyAccountant, plan: PrivBayesPlan, prefix: 
     if plan.zcdp is not None:
         spend_zcdp(accountant, plan, prefix)
         return
-    if plan.sizing is not None and plan.sizing.count_budget is not None:
-        accountant.spend(
-            f"{prefix}.size_count", plan.sizing.count_budget,
-            mechanism="discrete Laplace on the record count (n̂ for the model size)",
-            details={"sensitivity": plan.max_contributions,
-                     "scale": discrete_laplace_scale(sensitivity=plan.max_contributions,
-                                                     epsilon=plan.sizing.count_budget.epsilon),
-                     "use": "post-processing: the network degree (choose_network_degree); 0 = "
-                            "independent 1-way marginals with the structure/refinement shares",
-                     "paper": "AIM budget-aware sizing (McKenna et al. 2022 §4); PrivBayes §4.4"})
+    _spend_size_count(accountant, plan, prefix)
     if plan.forest is not None:
         forest = plan.forest
         accountant.spend(

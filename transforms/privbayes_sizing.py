@@ -6,8 +6,8 @@
 * :class:`ForestPlan`, :func:`plan_forest`, :func:`choose_forest` — where no network is θ-useful:
   every column's 1-way table plus a private forest of the affordable 2-way tables, run only
   where its selection resolves a strong pair (:func:`forest_resolves`; else the √cells
-  independent model with the whole ε);
-  :func:`forest_zcdp_epsilon` — that forest's pure ε when it replaces a zCDP plan at run time;
+  independent model with the whole ε; under a zCDP plan it gets the pure ε − ε_count, as in the
+  Laplace plan: :func:`~beamsynth.transforms.privbayes_plan.gaussian_plan`);
 * :func:`split_marginal_budget` — ``ε_i ∝ √min(cells_i, SPLIT_CELLS_CAP)`` over released tables;
 * :func:`refine_pairs_for_rows`, :func:`refine_rounds_for_pairs`, :func:`refine_size` — how many
   coarse pairs the refinement measures when ``n̂·ε`` supports more than requested (wide tables,
@@ -26,8 +26,7 @@ spend nothing; the DP count is planned in :mod:`~beamsynth.transforms.privbayes_
 released in the measurement step. The forest is ``steps`` permute-and-flip picks of
 ``ε_s/steps`` each (InDif − cells·b, Δ = 4m; the 'no edge' candidate scores a constant), then
 discrete Laplace 1-way and edge tables (Δ = m per table, PrivBayes §4.2): ``ε_s + ε_1 + ε_2`` by
-sequential composition. :func:`forest_zcdp_epsilon` bounds its zCDP cost with ε-DP ⇒
-``ε²/2``-zCDP (Bun & Steinke 2016, Prop. 1.4).
+sequential composition.
 """
 
 from __future__ import annotations
@@ -63,7 +62,6 @@ __all__ = [
     "NETWORK_THETA",
     "ForestPlan",
     "plan_forest",
-    "forest_zcdp_epsilon",
     "choose_forest",
     "network_usefulness",
     "choose_network_degree",
@@ -513,33 +511,6 @@ def plan_forest(rows: float, epsilon: float, shape: Sequence[int], *, max_contri
                           affordable_steps=steps)
     return ForestPlan(steps, cap(steps), PureDP(epsilon=eps_s), PureDP(epsilon=eps_1),
                       PureDP(epsilon=eps_2), m, float(rows), theta, affordable_steps=steps)
-
-
-def forest_zcdp_epsilon(rho: float, shape: Sequence[int], *,
-                        one_way_fraction: float = FOREST_ONE_WAY_FRACTION,
-                        structure_fraction: float = FOREST_STRUCTURE_FRACTION) -> float:
-    """The total pure ε ``E`` of a forest plan (:func:`plan_forest`) whose parts cost at most
-    ``rho`` in zCDP: the run-time small-input fallback of a ``noise="gaussian"`` plan.
-
-    Each part is pure DP and an ε-DP part is ``ε²/2``-zCDP (Bun & Steinke 2016, Prop. 1.4); zCDP
-    parts add up. With ``E`` split as in :func:`plan_forest` and :func:`_measure_forest`: the
-    structure's ``r`` steps of ``ε_s/r`` cost ``≤ ε_s²/2``; the 1-way tables (ε ∝ √cells,
-    :func:`split_marginal_budget`, weights ``w``) cost ``ε_1²·Σw²/2``; the edge tables cost
-    ``≤ ε_2²/2`` (one table is the worst split); with no edge chosen the 1-way tables get
-    ``ε_1 + ε_2``. So the cost is at most ``E²·c`` with
-    ``c = (f_s² + max(f_1²·Σw² + f_2², (f_1 + f_2)²·Σw²))/2`` and ``E = √(ρ/c)``. The network's
-    ``_planned_epsilon`` of a zCDP plan is a sum of Laplace-*equivalent* ε (same noise std as
-    the Gaussian tables), not budget: spent as pure ε it cost up to 7× the planned ρ (Adult,
-    ε = 1, δ = 1e-9: ρ 0.109 against 0.0148).
-    """
-    if not (rho > 0 and math.isfinite(rho)):
-        raise ValueError(f"rho ({rho!r}) must be a finite number > 0")
-    w = np.sqrt(np.minimum(np.asarray(shape, dtype=np.float64), SPLIT_CELLS_CAP))
-    sq = float(((w / w.sum()) ** 2).sum())
-    f_s, f_1 = float(structure_fraction), float(one_way_fraction)
-    f_2 = 1.0 - f_s - f_1
-    c = (f_s ** 2 + max(f_1 ** 2 * sq + f_2 ** 2, (f_1 + f_2) ** 2 * sq)) / 2
-    return math.sqrt(rho / c)
 
 
 def choose_forest(tables: dict[tuple[int, ...], np.ndarray], shape: Sequence[int], *,

@@ -181,10 +181,17 @@ class PrivBayesMethod(Method):
         why = self._transform.noise_reason
         if self._transform.noise == "gaussian" and plan.zcdp is None:  # small-input model
             why += "; the small-input model (forest) is pure ε-DP, so δ is not used"
+        if plan.zcdp is not None and plan.zcdp.count_epsilon:  # the DP size count: its own spend
+            why += (f"; the DP size count is pure ε_c = {plan.zcdp.count_epsilon:g} (spend "
+                    "privbayes.size_count), the model chosen from it (ε − ε_c = "
+                    f"{plan.zcdp.budget.epsilon:g}, δ) (spend privbayes.zcdp): (ε, δ) by basic "
+                    "composition")
         if plan.zcdp is not None and self._chosen.get("0"):  # run-time fallback from the DP count
             why += (f"; in {self._chosen['0']} window(s) the DP count chose the small-input model: "
-                    "its forest tables are pure-ε discrete Laplace at ε = forest_zcdp_epsilon(ρ − "
-                    "ρ_count) (or discrete Gaussian 1-way tables), within the same (ε, δ)")
+                    "its forest tables are pure-ε discrete Laplace with ε − ε_c = "
+                    f"{plan.zcdp.budget.epsilon:g} in all, the Laplace plan's forest budget (or "
+                    "discrete Gaussian 1-way tables with the whole ρ), within the privbayes.zcdp "
+                    "spend")
         out["noise_mode"] = {"option": self._noise,
                              "chosen": "gaussian" if plan.zcdp is not None else "laplace",
                              "why": why}

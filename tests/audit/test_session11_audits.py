@@ -27,18 +27,16 @@ import pytest
 
 from beamsynth.schemas.schema import EncodedBatch, load_schema
 from beamsynth.transforms.audit import AuditCase, NeighbourPair, audit_pair
-from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, PureDP, zcdp_rho
+from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, zcdp_rho
 from beamsynth.transforms.measure import count_marginals
 from beamsynth.transforms.noise import RandomSource
 from beamsynth.transforms.privbayes import (
     candidate_families,
-    forest_zcdp_epsilon,
     gaussian_plan,
     measure_privbayes,
     plan_forest,
     plan_privbayes,
     spend_privbayes,
-    split_marginal_budget,
 )
 from beamsynth.transforms.privbayes_sizing import NetworkSizing
 from tests.audit.cases import HEAVY, K, batch_measure, gaussian_table_stat
@@ -186,19 +184,11 @@ def test_resized_refinement_tables_follow_their_sigma():
 
 
 # -- 3. ρ of every run-time sizing outcome against the spend ---------------------------------------
-def _forest_rho(forest, shape) -> float:
-    """zCDP cost of a pure-DP forest plan's parts (ε-DP ⇒ ε²/2-zCDP): its steps, its 1-way tables
-    split ∝ √cells plus its edge tables (at worst one table), or, when no edge is chosen, the 1-way
-    tables with both shares (the larger of the two outcomes)."""
-    cells = [int(c) for c in shape]
-
-    def one_way(eps: float) -> float:
-        return sum(b.epsilon ** 2 / 2 for b in split_marginal_budget(PureDP(epsilon=eps), cells))
-
+def _forest_epsilon(forest) -> float:
+    """Pure ε of a forest plan's parts (sequential composition): its steps, its 1-way tables and
+    its edge tables (with no edge chosen the 1-way tables get both shares: the same total)."""
     pair = 0.0 if forest.pair_budget is None else forest.pair_budget.epsilon
-    return (forest.steps * forest.step_epsilon ** 2 / 2
-            + max(one_way(forest.one_way_budget.epsilon) + pair ** 2 / 2,
-                  one_way(forest.one_way_budget.epsilon + pair)))
+    return forest.steps * forest.step_epsilon + forest.one_way_budget.epsilon + pair
 
 
 ROWS_GRID = sorted({int(x) for x in np.geomspace(30, 5e6, 80)})
@@ -209,24 +199,30 @@ ROWS_GRID = sorted({int(x) for x in np.geomspace(30, 5e6, 80)})
 @pytest.mark.parametrize("m", [1, 2])
 def test_gaussian_plan_rho_equals_the_spend_for_every_run_time_outcome(dataset, eps, m):
     """Without --input-rows the measurement step chooses the degree, the small-input fallback
-    and the refinement's P from the DP count n̂. For n̂ over 30 … 5·10⁶: the network outcomes
-    spend count + structure + tables + P picks + P tables = ρ(ε, δ) exactly (each part from its
-    mechanism's own parameters), every P lies in the [planned, largest] range the spend's details
-    state; the forest fallback's parts cost ≤ ρ − ρ_count, the independent fallback's tables
-    exactly that; and the one (ε, δ) spend is the method's."""
+    and the refinement's P from the DP count n̂ (pure ε_c, its own spend ``privbayes.size_count``;
+    H37: basic composition with the (ε − ε_c, δ) spend ``privbayes.zcdp``). For n̂ over
+    30 … 5·10⁶: the network outcomes spend structure + tables + P picks + P tables =
+    ρ = zcdp_rho(ε − ε_c, δ) exactly (each part from its mechanism's own parameters), every P lies
+    in the [planned, largest] range the spend's details state; the forest fallback's pure parts
+    add up to ε − ε_c exactly (the Laplace plan's forest budget), the independent fallback's
+    tables get ρ; the two spends add up to the method's (ε, δ)."""
     shape = tuple(load_schema(dataset).shape)
     d = len(shape)
     budget = ApproxDP(epsilon=eps, delta=1e-9)
     plan = gaussian_plan(plan_privbayes(shape, budget, sizing="auto", max_contributions=m,
                                         refine_pairs=40, refine_groups=8), budget)
     z = plan.zcdp
-    assert z.rho == pytest.approx(zcdp_rho(eps, 1e-9), rel=1e-12)
+    eps_c = plan.sizing.count_budget.epsilon
+    assert z.count_epsilon == eps_c == pytest.approx(0.02 * eps, rel=1e-12)
+    assert z.rho == pytest.approx(zcdp_rho(eps - eps_c, 1e-9), rel=1e-12)
     assert z.spent_rho == pytest.approx(z.rho, rel=1e-12)
-    assert z.count_rho == pytest.approx(plan.sizing.count_budget.epsilon ** 2 / 2, rel=1e-12)
     acc = PrivacyAccountant(total=budget)
     spend_privbayes(acc, plan)
-    (spend,) = acc.to_dict()["spends"]
-    assert (spend["epsilon"], spend["delta"]) == pytest.approx((eps, 1e-9))
+    count, spend = acc.to_dict()["spends"]
+    assert count["step"] == "privbayes.size_count" and spend["step"] == "privbayes.zcdp"
+    assert (count["epsilon"], count["delta"]) == (pytest.approx(eps_c, rel=1e-12), 0.0)
+    assert (spend["epsilon"], spend["delta"]) == pytest.approx((eps - eps_c, 1e-9), rel=1e-12)
+    assert (acc.spent_epsilon, acc.spent_delta) == pytest.approx((eps, 1e-9), rel=1e-12)
     parts = spend["details"]["parts"]
     assert sum(p["rho"] for p in parts.values()) == pytest.approx(z.rho, rel=1e-12)
     largest = parts["refine.marginals"].get("largest", {}).get("tables", plan.refine.pairs)
@@ -234,17 +230,16 @@ def test_gaussian_plan_rho_equals_the_spend_for_every_run_time_outcome(dataset, 
     for rows_hat in ROWS_GRID:
         degree = plan.sizing.degree(rows_hat)
         if degree == 0:
-            rest = z.spent_rho - z.count_rho
-            forest = plan_forest(rows_hat, forest_zcdp_epsilon(rest, shape), shape,
+            forest = plan_forest(rows_hat, z.budget.epsilon, shape,
                                  max_contributions=m, max_family_cells=plan.max_family_cells)
             if forest.steps:
-                assert _forest_rho(forest, shape) <= rest * (1 + 1e-9), rows_hat
+                assert _forest_epsilon(forest) == pytest.approx(eps - eps_c, rel=1e-12), rows_hat
                 outcomes.add("forest")
-            else:  # independent discrete Gaussian 1-way tables with the whole rest (exact)
+            else:  # independent discrete Gaussian 1-way tables with the whole ρ (exact)
                 outcomes.add("independent")
             continue
         r = plan.sizing.refine_plan(rows_hat, plan.refine)
-        cost = (z.count_rho + (d - 1) * plan.step_epsilon ** 2 / 2 + z.marginal_rho
+        cost = ((d - 1) * plan.step_epsilon ** 2 / 2 + z.marginal_rho
                 + r.pairs * r.pick_epsilon ** 2 / 2 + r.pairs * m ** 2 / (2 * r.sigma ** 2))
         assert cost == pytest.approx(z.rho, rel=1e-9), (rows_hat, r.pairs)
         assert r.pairs * r.table_rho == pytest.approx(z.measure_rho, rel=1e-12)

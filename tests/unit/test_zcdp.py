@@ -59,22 +59,37 @@ def test_zcdp_rho_matches_private_pgm_and_inverts_delta():
         zcdp_rho(1.0, 0.0)
 
 
+@pytest.mark.parametrize("m", [1, 2])
 @pytest.mark.parametrize("rows", [32561, None])
-def test_gaussian_plan_spends_exactly_its_rho(rows):
+def test_gaussian_plan_spends_exactly_its_rho(rows, m):
+    """With public rows: one (ε, δ) zCDP spend, ρ = zcdp_rho(ε, δ). Without: the DP size count's
+    own pure (ε_c, 0) spend and a (ε − ε_c, δ) zCDP spend with ρ = zcdp_rho(ε − ε_c, δ) (basic
+    composition of the two; issue 18, H37). Each part's ρ from its mechanism's parameters."""
     budget = ApproxDP(epsilon=1.0, delta=1e-9)
-    plan = gaussian_plan(plan_privbayes(ADULT_SHAPE, budget, sizing="auto", rows=rows), budget)
+    plan = gaussian_plan(plan_privbayes(ADULT_SHAPE, budget, sizing="auto", rows=rows,
+                                        max_contributions=m), budget)
     z, d = plan.zcdp, len(ADULT_SHAPE)
+    eps_c = 0.0 if rows is not None else 0.02 * budget.epsilon
+    assert z.count_epsilon == pytest.approx(eps_c, rel=1e-12)
+    assert (z.budget.epsilon, z.budget.delta) == (pytest.approx(1.0 - eps_c, rel=1e-12), 1e-9)
+    assert z.rho == pytest.approx(zcdp_rho(1.0 - eps_c, 1e-9), rel=1e-12)
     assert z.spent_rho == pytest.approx(z.rho, rel=1e-12)
     # each part's ρ from its mechanism's parameters
     assert (d - 1) * plan.step_epsilon ** 2 / 2 == pytest.approx(z.structure_rho)
     assert plan.refine.pairs * plan.refine.pick_epsilon ** 2 / 2 == pytest.approx(z.selection_rho)
-    assert plan.refine.pairs / (2 * plan.refine.sigma ** 2) == pytest.approx(z.measure_rho)
-    if rows is None:
-        assert z.count_rho == pytest.approx(plan.sizing.count_budget.epsilon ** 2 / 2)
+    assert plan.refine.pairs * m ** 2 / (2 * plan.refine.sigma ** 2) == pytest.approx(z.measure_rho)
     acc = PrivacyAccountant(total=budget)
     spend_privbayes(acc, plan)
-    (spend,) = acc.to_dict()["spends"]
-    assert spend["step"] == "privbayes.zcdp" and acc.spent_epsilon == pytest.approx(1.0)
+    spends = acc.to_dict()["spends"]
+    want = [("privbayes.zcdp", 1.0 - eps_c, 1e-9)]
+    if rows is None:
+        want.insert(0, ("privbayes.size_count", eps_c, 0.0))
+        assert spends[0]["details"]["sensitivity"] == m
+        assert "basic composition" in spends[1]["details"]["size_count"]
+    assert [(s["step"], s["epsilon"], s["delta"]) for s in spends] == [
+        (step, pytest.approx(e, rel=1e-12), d_) for step, e, d_ in want]
+    assert sum(p["rho"] for p in spends[-1]["details"]["parts"].values()) == pytest.approx(z.rho)
+    assert acc.spent_epsilon == pytest.approx(1.0, rel=1e-12)
     assert acc.spent_delta == pytest.approx(1e-9)
 
 
@@ -99,45 +114,63 @@ def test_table_l2_sensitivity_is_at_most_m():
                 assert np.linalg.norm(a - b) <= m + 1e-12
 
 
-def _released_rho(marginals) -> float:
-    """zCDP cost of released tables from their own noise: a discrete Laplace table of scale b and
-    L1 sensitivity m is (m/b)-DP, hence (m/b)²/2-zCDP (Bun & Steinke 2016, Prop. 1.4); a discrete
-    Gaussian one carries its ρ."""
-    return sum(t.meta["rho"] if t.noise == "discrete Gaussian" else (t.sensitivity / t.scale) ** 2 / 2
-               for t in marginals)
-
-
-def test_gaussian_small_input_fallback_stays_within_the_planned_rho():
-    """--pb-noise gaussian without --input-rows: when the DP count says no network is θ-useful, the
-    run-time forest (pure-DP discrete Laplace tables) must fit in the ρ the (ε, δ) spend covers.
-    It was given the network's Laplace-*equivalent* ε (2.08 at ε = 1, δ = 1e-9 on Adult), whose
-    1-way tables alone cost ρ ≈ 0.09 against the spend's 0.015: far beyond (1, 1e-9)."""
+def _small_input_run(n: int, *, m: int = 1, plan=None, strong: bool = True):
+    """measure_privbayes of a noise="gaussian" plan without public rows (the DP count path) on
+    ``n`` Adult-shaped records (columns 0/1 strongly dependent)."""
     from beamsynth.transforms.privbayes import candidate_families, measure_privbayes
 
     budget = ApproxDP(epsilon=1.0, delta=1e-9)
-    plan = gaussian_plan(plan_privbayes(ADULT_SHAPE, budget, sizing="auto"), budget)
+    if plan is None:
+        plan = gaussian_plan(plan_privbayes(ADULT_SHAPE, budget, sizing="auto",
+                                            max_contributions=m), budget)
     assert plan.sizing.count_budget is not None and plan.forest is None
     rng = np.random.default_rng(3)
-    codes = np.stack([rng.integers(0, c, 3000) for c in ADULT_SHAPE], axis=1)
-    codes[:, 1] = codes[:, 0] % ADULT_SHAPE[1]  # one strong pair, so edges get chosen
+    codes = np.stack([rng.integers(0, c, n) for c in ADULT_SHAPE], axis=1)
+    if strong:
+        codes[:, 1] = codes[:, 0] % ADULT_SHAPE[1]  # one strong pair, so edges get chosen
     fams = candidate_families(len(ADULT_SHAPE), plan.degree, shape=ADULT_SHAPE,
                               max_family_cells=plan.max_family_cells)
     counts = count_marginals(codes, fams, ADULT_SHAPE)
     counts = [c.reshape([ADULT_SHAPE[i] for i in f]) for c, f in zip(counts, fams)]
     names = [f"c{i}" for i in range(len(ADULT_SHAPE))]
-    m = measure_privbayes(counts, fams, shape=ADULT_SHAPE, names=names, plan=plan,
-                          rs=RandomSource(seed=0))
-    assert m.sizing["degree"] == 0 and m.sizing["forest_steps"] > 0  # the forest path ran
-    rest = plan.zcdp.spent_rho - plan.zcdp.count_rho
-    structure_rho = 0.0
-    try:  # the forest's permute-and-flip steps (ε_step²/2 each), as planned from n̂
-        from beamsynth.transforms.privbayes import forest_zcdp_epsilon, plan_forest
+    return plan, measure_privbayes(counts, fams, shape=ADULT_SHAPE, names=names, plan=plan,
+                                   rs=RandomSource(seed=0))
 
-        f = plan_forest(m.sizing["rows_hat"], forest_zcdp_epsilon(rest, ADULT_SHAPE), ADULT_SHAPE)
-        structure_rho = f.steps * f.step_epsilon ** 2 / 2
-    except ImportError:  # before the fix: the tables alone already exceed ρ
-        pass
-    assert _released_rho(m.marginals) + structure_rho <= rest * (1 + 1e-9)
+
+@pytest.mark.parametrize("m", [1, 2])
+def test_gaussian_small_input_forest_gets_exactly_epsilon_minus_the_count(m):
+    """--pb-noise gaussian without --input-rows, the DP count finds no θ-useful network: the
+    forest (pure-DP permute-and-flip steps and discrete Laplace tables) gets exactly ε − ε_c in
+    all, the Laplace plan's forest budget, covered by the (ε − ε_c, δ) spend (basic composition
+    with the count's ε_c). Before H37 it got forest_zcdp_epsilon(ρ − ε_c²/2) ≈ 0.63 at ε = 1,
+    δ = 1e-9 (fails here); given ε instead of ε − ε_c it would overspend (fails too). Eighth
+    session: it was given the network's Laplace-equivalent ε, 2.08."""
+    plan, m_ = _small_input_run(3000 * m, m=m)
+    assert m_.sizing["degree"] == 0 and m_.sizing["forest_steps"] > 0  # the forest path ran
+    from beamsynth.transforms.privbayes import plan_forest
+
+    forest = plan_forest(m_.sizing["rows_hat"], plan.zcdp.budget.epsilon, ADULT_SHAPE,
+                         max_contributions=m)
+    assert forest.steps == m_.sizing["forest_steps"]
+    tables = sum(t.sensitivity / t.scale for t in m_.marginals)  # discrete Laplace: ε = m/b
+    assert all(t.noise != "discrete Gaussian" and t.sensitivity == m for t in m_.marginals)
+    assert tables + forest.steps * forest.step_epsilon == pytest.approx(1.0 - plan.zcdp.count_epsilon,
+                                                                        rel=1e-9)
+    laplace = plan_privbayes(ADULT_SHAPE, ApproxDP(epsilon=1.0, delta=1e-9), sizing="auto",
+                             max_contributions=m)  # the Laplace plan's run-time forest budget
+    assert plan.zcdp.budget.epsilon == pytest.approx(
+        laplace.marginal_budget.epsilon + laplace.structure_budget.epsilon
+        + laplace.refine.selection_budget.epsilon + laplace.refine.measure_budget.epsilon, rel=1e-12)
+
+
+def test_gaussian_small_input_one_way_tables_spend_exactly_rho_of_the_rest():
+    """No forest either (40 records): discrete Gaussian 1-way tables whose ρ adds up to
+    zcdp_rho(ε − ε_c, δ) exactly (ρ computed from ε would fail)."""
+    plan, m_ = _small_input_run(40, strong=False)
+    assert m_.sizing["degree"] == 0 and m_.sizing["forest_steps"] == 0
+    assert all(t.noise == "discrete Gaussian" for t in m_.marginals) and len(m_.marginals) == 15
+    assert sum(t.meta["rho"] for t in m_.marginals) == pytest.approx(
+        zcdp_rho(1.0 - plan.zcdp.count_epsilon, 1e-9), rel=1e-9)
 
 
 # -- the zCDP refinement's size on wide tables (H29, docs/privbayes.md "Twelfth session") ----------
@@ -225,7 +258,8 @@ def test_gaussian_refinement_manifest_says_which_rule():
     assert details["refine"]["largest"]["pairs"] == 61
     acc = PrivacyAccountant(total=budget)
     spend_privbayes(acc, run_time)
-    parts = acc.to_dict()["spends"][0]["details"]["parts"]
+    assert [s["step"] for s in acc.to_dict()["spends"]] == ["privbayes.size_count", "privbayes.zcdp"]
+    parts = acc.to_dict()["spends"][1]["details"]["parts"]
     largest = parts["refine.marginals"]["largest"]
     assert largest["tables"] == 61 and largest["rounds"] == 13
     assert "gaussian_refine_size" in largest["note"]
