@@ -40,6 +40,9 @@ This module deliberately has no ``from __future__ import annotations``: Beam YAM
 constructor's annotations to build the step's config schema.
 """
 
+import difflib
+import functools
+import inspect
 import json
 import logging
 import math
@@ -424,6 +427,36 @@ class _WriteManifestFn(beam.DoFn):
         yield path
 
 
+_REQUIRED = {"schema": "a schema file or a bundled name such as adult",
+             "epsilon": "the step's total ε, > 0"}
+
+
+def _config_checked(init: Any) -> Any:
+    """``init`` with its config keys checked in the step's own words. Beam YAML reports a
+    TypeError with 'keyword' cut out (``Synthesize.__init__() missing 1 required -only argument:
+    'schema'``), so unknown and missing keys raise a ValueError naming the step instead."""
+    params = [p for name, p in inspect.signature(init).parameters.items() if name != "self"]
+    names = [p.name for p in params]
+    required = [p.name for p in params if p.default is p.empty]
+
+    @functools.wraps(init)
+    def checked(self: Any, **config: Any) -> None:
+        unknown = [k for k in config if k not in names]
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], names, n=1, cutoff=0.6)
+            raise ValueError(f"{STEP}: unknown config key {unknown[0]!r}"
+                             + (f" (did you mean {close[0]!r}?)" if close else "")
+                             + f"; its config takes: {', '.join(names)} (docs/releases.md, Beam YAML)")
+        missing = [k for k in required if k not in config]
+        if missing:
+            raise ValueError(f"{STEP}: config needs " + ", ".join(
+                f"{k}: ({_REQUIRED.get(k, 'required')})" for k in missing)
+                + " (docs/releases.md, Beam YAML)")
+        init(self, **config)
+
+    return checked
+
+
 class Synthesize(beam.PTransform):
     """Beam YAML step ``BeamsynthSynthesize``: schema'd rows in, DP synthetic rows out.
 
@@ -445,6 +478,7 @@ class Synthesize(beam.PTransform):
     #: ``randomness`` says "seeded: not for release" regardless. Only audits turn it off.
     mark_seeded = True
 
+    @_config_checked
     def __init__(self, *, schema: str, epsilon: float, delta: float = 0.0,
                  method: str = "independent", rows: Optional[int] = None,  # noqa: UP045
                  count_fraction: float = 0.05, privacy_id: Optional[str] = None,  # noqa: UP045
@@ -517,6 +551,25 @@ class Synthesize(beam.PTransform):
             raise ValueError(f"{exc}; in Beam YAML give the step windows: {{start: S, end: E, "
                              "size: SECONDS}} instead of windowing its input") from None
 
+    def _check_fields(self, pcoll) -> None:
+        """Refuse typed rows that carry none of the declared columns (the parse step forgotten:
+        ``ReadFromText`` gives ``Row(line)``): every row would be an error row and the release
+        learned from no record. Field names only (the element type, known when built)."""
+        fields = getattr(pcoll.element_type, "_fields", None)
+        if not isinstance(pcoll.element_type, RowTypeConstraint) or not fields:
+            return
+        schema = self._plan.schema
+        declared = [c.name for c in schema.columns]
+        known = {n for c in declared for n in (c, avro_field_name(c))}
+        names = [f[0] for f in fields]
+        if not known.intersection(names):
+            raise ValueError(
+                f"{STEP} {self.label!r}: its input rows have fields {names}, none of schema "
+                f"{schema.name!r}'s columns ({', '.join(declared[:6])}"
+                f"{', ...' if len(declared) > 6 else ''}), so every row would be rejected; parse "
+                "the records first (ReadFromCsv, ReadFromJson, ReadFromParquet, or MapToFields "
+                "after ReadFromText) so each column is a field")
+
     def _register(self, pipeline: beam.Pipeline) -> "_JobLedger":
         ledger = _LEDGERS.setdefault(pipeline, _JobLedger())
         unit = (self._plan.schema.privacy_id, self._plan.config.max_contributions)
@@ -536,6 +589,7 @@ class Synthesize(beam.PTransform):
 
     def expand(self, pcoll):
         self._check_windows(pcoll)
+        self._check_fields(pcoll)
         ledger = self._register(pcoll.pipeline)  # raises when the pipeline's steps overspend
         plan, cfg, schema = self._plan, self._plan.config, self._plan.schema
         outside = None

@@ -58,3 +58,56 @@ def test_dask_refusal_of_schemaless_write_to_parquet_names_the_schema_form(tmp_p
     assert "WriteToParquet(path, bs.arrow_schema(pcoll))" in message
     assert "r._asdict()" in message
     assert not list(tmp_path.glob("count*"))
+
+
+def _yaml(tmp_path, transforms: str) -> None:
+    """Run a Beam YAML pipeline (the provider file included) on the DirectRunner."""
+    from importlib import resources
+
+    yaml_main = pytest.importorskip("apache_beam.yaml.main")
+    provider = resources.files("beamsynth.pipelines") / "beamsynth_provider.yaml"
+    spec = tmp_path / "job.yaml"
+    spec.write_text(f"providers:\n  - include: {provider}\npipeline:\n  transforms:\n{transforms}",
+                    encoding="utf-8")
+    yaml_main.run(argv=["--runner=DirectRunner", f"--yaml_pipeline_file={spec}"])
+
+
+def test_yaml_step_on_unparsed_text_lines_is_refused_when_built(tmp_path):
+    """YAML `ReadFromText` -> BeamsynthSynthesize (the parse step forgotten) ran: every
+    Row(line=...) was an error row ("required field 'age' is missing") and the step released
+    100 synthetic rows learned from no record. Typed rows carrying none of the declared columns
+    are now refused when the pipeline is built, naming the fields and the parse steps."""
+    data = tmp_path / "in.csv"
+    data.write_text("age,sex\n39,Male\n", encoding="utf-8")
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match=r"BeamsynthSynthesize 'Synth': its input rows have "
+                       r"fields \['line'\], none of schema 'adult''s columns.*ReadFromCsv"):
+        _yaml(tmp_path, f"""\
+    - {{type: ReadFromText, name: Read, config: {{path: "{data}"}}}}
+    - type: BeamsynthSynthesize
+      name: Synth
+      input: Read
+      config: {{schema: adult, epsilon: 0.5, rows: 10, error_handling: {{output: bad}}}}
+    - {{type: WriteToJson, input: Synth.output, config: {{path: "{out}"}}}}
+    - {{type: WriteToJson, input: Synth.bad, config: {{path: "{out}.bad"}}}}
+""")
+    assert not list(tmp_path.glob("out*"))
+
+
+@pytest.mark.parametrize("config, message", [
+    ("{schema: adult, epsilonn: 0.5}",
+     r"BeamsynthSynthesize: unknown config key 'epsilonn' \(did you mean 'epsilon'\?\); its "
+     r"config takes: schema, epsilon, delta, method, rows"),
+    ("{epsilon: 0.5}",
+     r"BeamsynthSynthesize: config needs schema: \(a schema file or a bundled name"),
+])
+def test_yaml_config_typo_and_missing_schema_say_what_the_step_takes(tmp_path, config, message):
+    """A key typo said 'Synthesize.__init__() got an unexpected argument 'epsilonn'' and a
+    missing schema 'Synthesize.__init__() missing 1 required -only argument: 'schema'' (Beam
+    YAML strips the word 'keyword' from a TypeError): now the step's name, the nearest key and
+    the keys it takes, or what a schema is."""
+    with pytest.raises(ValueError, match=message):
+        _yaml(tmp_path, f"""\
+    - {{type: Create, name: Rows, config: {{elements: [{{age: 39}}]}}}}
+    - {{type: BeamsynthSynthesize, name: Synth, input: Rows, config: {config}}}
+""")
