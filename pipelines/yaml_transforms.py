@@ -566,7 +566,7 @@ class Synthesize(beam.PTransform):
             raise ValueError(
                 f"{STEP} {self.label!r}: its input rows have fields {names}, none of schema "
                 f"{schema.name!r}'s columns ({', '.join(declared[:6])}"
-                f"{', ...' if len(declared) > 6 else ''}), so every row would be rejected; parse "
+                f"{', ...' if len(declared) > 6 else ''}), so no row carries a declared value; parse "
                 "the records first (ReadFromCsv, ReadFromJson, ReadFromParquet, or MapToFields "
                 "after ReadFromText) so each column is a field")
 
