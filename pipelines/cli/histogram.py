@@ -117,7 +117,8 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     cfg = HistogramConfig(input=args.input, column=column, output=args.output,
                           epsilon=args.epsilon, tolerance=tolerance, seed=args.seed,
                           privacy_id=args.privacy_id, max_contributions=args.max_contributions,
-                          domain_spec=args.domain, empty_input_refused=not args.allow_empty)
+                          domain_spec=args.domain, empty_input_refused=not args.allow_empty,
+                          fail_on_rejected=args.fail_on_rejected)
     required = [Required(args.column, "named by --column")] + (
         [Required(args.privacy_id, "named by --privacy-id")] if args.privacy_id else [])
     options = pipeline_options(beam_args)

@@ -187,7 +187,8 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     manifest = run_prefixes(input=args.input, codec=codec, method=args.method, epsilon=args.epsilon,
                             output=args.output, privacy_id=args.privacy_id,
                             max_contributions=args.max_contributions, seed=args.seed,
-                            options=options, empty_input_refused=not args.allow_empty, **method_args)
+                            options=options, empty_input_refused=not args.allow_empty,
+                            fail_on_rejected=args.fail_on_rejected, **method_args)
     op, rel = manifest["operational"], manifest["release"]
     console.cli_report("prefixes", args, op, rejected_path(args.output))
     if not quiet:

@@ -86,7 +86,8 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
         max_contributions=args.max_contributions, seed=args.seed,
         count_fraction=args.count_fraction, count_epsilon=args.count_epsilon,
         split_bytes=args.split_bytes, max_record_lines=args.max_record_lines,
-        empty_input_refused=not args.allow_empty, options=vars(args).copy())
+        empty_input_refused=not args.allow_empty, fail_on_rejected=args.fail_on_rejected,
+        options=vars(args).copy())
     quiet = getattr(args, "quiet", False)
     pid_schema = schema if args.privacy_id is None else dataclasses.replace(schema, privacy_id=args.privacy_id)
     # options, spends and noise scales are refused before any input file is opened

@@ -21,6 +21,7 @@ __all__ = [
     "MAX_RECORD_LINES_LIMIT",
     "check_max_record_lines",
     "empty_input_note",
+    "rejected_gate_note",
     "record_lines_note",
     "FilePart",
     "PartCount",
@@ -169,6 +170,21 @@ def empty_input_note(refused: bool) -> dict[str, Any]:
     ``privacy_unit`` (the one pair it changes: no record vs one record); nothing when the caller
     did not refuse it (``--allow-empty``, or a run that made no such check)."""
     return {"empty_input": EMPTY_INPUT_REFUSED} if refused else {}
+
+
+REJECTED_GATE = ("this run was checked with --fail-on-rejected {f:g}: an input of which more than "
+                 "that share of the records is rejected is refused (exit 2, nothing released), so "
+                 "whether this release exists depends on the exact rejected share; the guarantee "
+                 "holds between neighbouring inputs on the same side of that share (docs/methods.md, "
+                 "'Rejected rows')")
+
+
+def rejected_gate_note(fail_on_rejected: float | None) -> dict[str, Any]:
+    """What a ``--fail-on-rejected`` refusal means for the guarantee, for the manifest's
+    ``privacy_unit`` (one more or one less rejected record can move the share across the
+    threshold); nothing without it."""
+    return {} if fail_on_rejected is None else {
+        "fail_on_rejected": REJECTED_GATE.format(f=fail_on_rejected)}
 
 
 def record_lines_note(max_record_lines: int) -> dict[str, Any]:

@@ -19,7 +19,12 @@ from beamsynth.pipelines.io.dead_letters import write_rejected
 from beamsynth.pipelines.io.manifest import build_manifest, manifest_path, write_json_atomic
 from beamsynth.pipelines.io.preflight import check_noise_scales
 from beamsynth.pipelines.io.read import ReadRecords
-from beamsynth.pipelines.io.records import METRICS_NAMESPACE, empty_input_note, rejected_path
+from beamsynth.pipelines.io.records import (
+    METRICS_NAMESPACE,
+    empty_input_note,
+    rejected_gate_note,
+    rejected_path,
+)
 from beamsynth.pipelines.io.single_file import remove_temp_folders_on_failure
 from beamsynth.pipelines.io.write import WriteTables, ensure_parent
 from beamsynth.pipelines.methods.synthesize import counter_value
@@ -48,6 +53,7 @@ class HistogramConfig:
     max_contributions: int = 1
     domain_spec: str = ""
     empty_input_refused: bool = False  # the caller refused an input with no record (CLI default, releases)
+    fail_on_rejected: float | None = None  # the caller's --fail-on-rejected gate (None: none)
 
 
 def _count_column_name(column: str) -> str:
@@ -127,7 +133,8 @@ def run_histogram(cfg: HistogramConfig, options: PipelineOptions | None = None) 
         schema_name=schema.name, schema_fingerprint=schema.fingerprint(),
         accountant=accountant.to_dict(), seed=cfg.seed,
         privacy_unit={"privacy_id": cfg.privacy_id, "max_contributions": k,
-                      "neighbouring": "add/remove one privacy unit", **empty_input_note(cfg.empty_input_refused)},
+                      "neighbouring": "add/remove one privacy unit", **empty_input_note(cfg.empty_input_refused),
+                      **rejected_gate_note(cfg.fail_on_rejected)},
         counts=counts,
         details={"column": column.name, "domain": cfg.domain_spec or column.domain.to_spec(),
                  **hist.plan.details(),

@@ -28,6 +28,7 @@ from beamsynth.pipelines.io.records import (
     RawBlock,
     Rejected,
     empty_input_note,
+    rejected_gate_note,
     rejected_path,
 )
 from beamsynth.pipelines.io.single_file import remove_temp_folders_on_failure
@@ -196,7 +197,8 @@ def build_prefix_pipeline(p: beam.Pipeline, *, input: str | Sequence[str], codec
 def run_prefixes(*, input: str, codec: KeyCodec, method: str, epsilon: float, output: str,
                  privacy_id: str | None = None, max_contributions: int = 1, seed: int | None = None,
                  options: Any = None, restore: bool = False, reduce: bool | None = None,
-                 empty_input_refused: bool = False, **method_args: Any) -> dict[str, Any]:
+                 empty_input_refused: bool = False, fail_on_rejected: float | None = None,
+                 **method_args: Any) -> dict[str, Any]:
     """Build (spending the budget), run, write the manifest; returns the manifest.
 
     ``reduce`` (direct only; default on for direct): put unresolved mass on the nearest released
@@ -246,7 +248,7 @@ def run_prefixes(*, input: str, codec: KeyCodec, method: str, epsilon: float, ou
         schema_fingerprint=hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest(),
         accountant=accountant.to_dict(), seed=seed,
         privacy_unit={"privacy_id": privacy_id, "max_contributions": max_contributions,
-                      **empty_input_note(empty_input_refused)},
+                      **empty_input_note(empty_input_refused), **rejected_gate_note(fail_on_rejected)},
         counts=counts, details={"key": spec, "accounting": transform.accounting.to_dict(),
                                 "restore_discount": bool(restore), "reduce_to_ancestor": bool(reduce),
                                 "tree_note": "improved: internal nodes carry no count (only split "

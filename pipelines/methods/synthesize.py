@@ -28,6 +28,7 @@ from beamsynth.pipelines.io.records import (
     METRICS_NAMESPACE,
     empty_input_note,
     record_lines_note,
+    rejected_gate_note,
     rejected_path,
 )
 from beamsynth.pipelines.io.single_file import remove_temp_folders_on_failure
@@ -76,6 +77,7 @@ class SynthesisConfig:
     split_bytes: int = DEFAULT_SPLIT_BYTES  # CSV/JSONL larger than this: read in parts (0: never)
     max_record_lines: int = 1  # physical lines one CSV record may span (1: exactly stable)
     empty_input_refused: bool = False  # the caller refused an input with no record (CLI default, releases)
+    fail_on_rejected: float | None = None  # the caller's --fail-on-rejected gate (None: none)
 
 
 @dataclass
@@ -294,7 +296,8 @@ def run_synthesis(cfg: SynthesisConfig, pipeline_options: PipelineOptions | None
         privacy_unit={"privacy_id": plan.schema.privacy_id,
                       "max_contributions": cfg.max_contributions,
                       "neighbouring": "add/remove one privacy unit",
-                      **record_lines_note(cfg.max_record_lines), **empty_input_note(cfg.empty_input_refused)},
+                      **record_lines_note(cfg.max_record_lines), **empty_input_note(cfg.empty_input_refused),
+                      **rejected_gate_note(cfg.fail_on_rejected)},
         counts=counts,
         details={"method": plan.method.details(), "rows_requested": cfg.rows},
     )

@@ -12,6 +12,13 @@ fix.
    ``index`` (``{row: {column: value}}``: one drafted column per record). A JSON object whose
    entries all share one key set and hold repeated or numeric values is a table of records, not a
    dictionary: it is refused, naming no value.
+2. The manifests state the guarantee that follows from a refusal since 5b66ac3, but only for the
+   empty input. ``--fail-on-rejected F`` (synthesize, histogram, prefixes) refuses a run when more
+   than F of the exact rows are rejected (docs/methods.md: "makes whether a release happens
+   depend on the data"), and the published manifest of a run it let through still stated plain
+   "add/remove one privacy unit" (rule 2): neighbours D (2 of 40 rows rejected, 5%) and D + one
+   bad row (7.3%) at F = 0.06 gave a release with that statement and a refusal. The manifest's
+   ``privacy_unit.fail_on_rejected`` now says the release exists only on one side of F.
 """
 
 from __future__ import annotations
@@ -68,3 +75,45 @@ def test_schema_draft_still_reads_code_maps_sharing_their_codes(tmp_path):
     single = tmp_path / "single.json"
     single.write_text(json.dumps({"level": {"0": "none", "1": "low", "2": "high"}}), encoding="utf-8")
     assert read_dictionary(single)[1][0].spec["domain"]["values"] == ["0", "1", "2"]
+
+
+# -- 2. a run gated by --fail-on-rejected says so in its manifest -------------------------------------
+def _toy(path: Path, good: int, bad: int) -> None:
+    rows = ["age,sex,income"] + [f"{30 + i % 40},{'Male' if i % 2 else 'Female'},<=50K"
+                                 for i in range(good)] + ["999,M@le,<=50K"] * bad
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+
+
+@pytest.mark.parametrize("command", ["synthesize", "histogram", "prefixes"])
+def test_fail_on_rejected_gate_is_stated_in_the_manifest(tmp_path, capsys, command):
+    """Neighbours D (38 good + 2 bad rows) and D + one bad row at --fail-on-rejected 0.06: D
+    releases, D + row is refused (as documented); D's manifest must say that its existence depends
+    on the rejected share (before: plain 'add/remove one privacy unit')."""
+    schema = tmp_path / "toy.yaml"
+    schema.write_text("name: toy\ncolumns:\n"
+                      "  - {name: age, type: integer, domain: {kind: integer, low: 17, high: 90}}\n"
+                      "  - {name: sex, type: categorical, domain: {kind: categorical, values: [Female, Male]}}\n"
+                      "  - {name: income, type: categorical, domain: {kind: categorical, values: ['<=50K', '>50K']}}\n",
+                      encoding="utf-8")
+    args = {"synthesize": ["--schema", str(schema), "--method", "independent", "--epsilon", "1"],
+            "histogram": ["--column", "age", "--domain", "int:17:90", "--epsilon", "1",
+                          "--tolerance", "0.5"],
+            "prefixes": ["--kind", "text", "--column", "sex", "--max-length", "6", "--epsilon", "1"]
+            }[command]  # the bad rows (age 999, sex 'M@le') are rejected by each command
+    outcomes = []
+    for name, bad in (("d", 2), ("d1", 3)):
+        data, out = tmp_path / f"{name}.csv", tmp_path / f"{name}_out.csv"
+        _toy(data, 38, bad)
+        outcomes.append(main([command, str(data), "--output", str(out), "--seed", "1",
+                              "--fail-on-rejected", "0.06", *args]))
+        capsys.readouterr()
+    assert outcomes == [0, 2]
+    manifest = json.loads((tmp_path / "d_out.csv.manifest.json").read_text())
+    unit = manifest["release"]["privacy_unit"]
+    assert "--fail-on-rejected 0.06" in unit.get("fail_on_rejected", ""), unit
+    # without the gate nothing is added
+    _toy(tmp_path / "d.csv", 38, 2)
+    assert main([command, str(tmp_path / "d.csv"), "--output", str(tmp_path / "plain.csv"),
+                 "--seed", "1", *args]) == 0
+    assert "fail_on_rejected" not in json.loads(
+        (tmp_path / "plain.csv.manifest.json").read_text())["release"]["privacy_unit"]
