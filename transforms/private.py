@@ -55,6 +55,7 @@ from apache_beam.typehints import typehints
 from apache_beam.typehints.decorators import TypeCheckError
 from apache_beam.typehints.native_type_compatibility import convert_to_beam_type
 from apache_beam.typehints.row_type import RowTypeConstraint
+from apache_beam.utils.timestamp import Timestamp
 
 from beamsynth.schemas.keys import KeyCodec
 from beamsynth.schemas.schema import EncodedBatch, Schema, avro_field_name, load_schema
@@ -674,6 +675,8 @@ class MakePrivate(beam.PTransform):
             dead = ((dead | "GlobalDeadLetters" >> beam.WindowInto(GlobalWindows()), outside)
                     | "JoinDeadLetters" >> beam.Flatten())
             # dead-letter Rows (global window): encoding rejects and elements outside the windows
+            if not dead.is_bounded:  # a stream: see _stamp_now
+                dead = dead | "StampNow" >> beam.Map(_stamp_now)
         counts = tuple(parts) | "FlattenCounts" >> beam.Flatten()
         # (source, field, rows) exact counts: private, for the manifest's operational part
         job.count_outputs.append(counts)
@@ -685,6 +688,13 @@ class MakePrivate(beam.PTransform):
         dead.element_type = DEAD_LETTER_TYPE
         return PrivateCollection(job=job, layout=self._layout, batches=batches,
                                  dead_letters=dead, source=source, windows=declared)
+
+
+def _stamp_now(row: Any, ts: Any = beam.DoFn.TimestampParam) -> Any:
+    """A stream's dead letter at max(its timestamp, now): encoding rejects carry their window's
+    start and late ones their window, behind the watermark, so a sink that windows them by event
+    time (``WriteToText(..., triggering_frequency=)``: allowed lateness 0) dropped them, silently."""
+    return beam.window.TimestampedValue(row, max(ts, Timestamp.now()))
 
 
 class _OutsideFn(beam.DoFn):

@@ -111,3 +111,44 @@ def test_yaml_config_typo_and_missing_schema_say_what_the_step_takes(tmp_path, c
     - {{type: Create, name: Rows, config: {{elements: [{{age: 39}}]}}}}
     - {{type: BeamsynthSynthesize, name: Synth, input: Rows, config: {config}}}
 """)
+
+
+def test_dead_letters_of_a_stream_survive_a_windowed_file_sink(tmp_path):
+    """On a stream, `private.dead_letters | WriteToText(path, triggering_frequency=5)` (Beam's
+    way to write a global-window stream: FixedWindows(5 s), allowed lateness 0) lost a record
+    rejected by the encoder (stamped at its window's start, behind the watermark) and a record
+    late for its window's release (stamped in that window): Beam dropped both as late data,
+    silently; only an element stamped after the declared range reached the file. A stream's
+    dead letters are now stamped no earlier than when they are made."""
+    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+    from apache_beam.testing import test_stream
+    from apache_beam.transforms import window as beam_window
+
+    day, t0 = 86_400, 1_704_067_200
+    schema = bs.load_schema({"name": "toy", "columns": [
+        {"name": "sex", "type": "categorical", "domain": {"kind": "categorical",
+                                                          "values": ["F", "M"]}}]})
+
+    def event(line, sex, ts):
+        return beam_window.TimestampedValue({"sex": sex, "line": line}, ts)
+
+    stream = (test_stream.TestStream().advance_watermark_to(t0)
+              .add_elements([event(1, "F", t0 + 60), event(2, "M", t0 + day + 60)])
+              .advance_watermark_to(t0 + 3600)
+              .add_elements([event(3, "X", t0 + 4000)])           # rejected by the encoder
+              .advance_watermark_to(t0 + day + 1)
+              .add_elements([event(4, "M", t0 + 120)])            # late for day 1's release
+              .add_elements([event(5, "M", t0 + 9 * day)])        # outside the declared range
+              .advance_watermark_to_infinity())
+    options = PipelineOptions(["--direct_running_mode=in_memory"])
+    options.view_as(StandardOptions).streaming = True
+    job = bs.PrivacyJob(epsilon=1.0, seed=3)
+    out = str(tmp_path / "dead")
+    with beam.Pipeline(options=options) as p:
+        private = p | stream | job.private(
+            schema, position_field="line", source="events",
+            windows=bs.DeclaredWindows(start=t0, end=t0 + 2 * day, size=day))
+        (private.dead_letters | beam.Map(lambda r: str(r.position))
+         | beam.io.WriteToText(out, num_shards=1, triggering_frequency=5))
+        private | bs.Count(epsilon=1.0) | "Counts" >> beam.Map(lambda r: None)
+    assert sorted(line.strip() for line in _lines(out)) == ["3", "4", "5"]
