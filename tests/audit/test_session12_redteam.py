@@ -72,6 +72,12 @@ def test_schema_draft_still_reads_code_maps_sharing_their_codes(tmp_path):
                                 "q3": {"1": "Yes", "2": "No"}}), encoding="utf-8")
     fmt, cols = read_dictionary(path)
     assert [c.spec["domain"]["values"] for c in cols] == [["1", "2"]] * 3
+    zero_based = tmp_path / "zero.json"  # 0-based codes shared by every column, own labels
+    zero_based.write_text(json.dumps({"sex": {"0": "Female", "1": "Male"},
+                                      "race": {"0": "White", "1": "Black", "2": "Other"}}),
+                          encoding="utf-8")
+    assert [c.spec["domain"]["values"] for c in read_dictionary(zero_based)[1]] == [
+        ["0", "1"], ["0", "1", "2"]]
     single = tmp_path / "single.json"
     single.write_text(json.dumps({"level": {"0": "none", "1": "low", "2": "high"}}), encoding="utf-8")
     assert read_dictionary(single)[1][0].spec["domain"]["values"] == ["0", "1", "2"]
