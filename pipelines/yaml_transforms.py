@@ -75,6 +75,7 @@ from beamsynth.schemas.tables import arrow_schema_for
 from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, as_budget
 from beamsynth.transforms.conventions import display_items
 from beamsynth.transforms.measure import combine_globally
+from beamsynth.transforms.private import stamp_now
 from beamsynth.transforms.units import BoundContributions
 from beamsynth.transforms.windows import (
     DeclaredWindows,
@@ -635,6 +636,8 @@ class Synthesize(beam.PTransform):
         if outside is not None:  # dead letters in the global window, as in the API
             rejected = ((rejected | "GlobalRejected" >> beam.WindowInto(GlobalWindows()), outside)
                         | "WithOutside" >> beam.Flatten())
+            if not rejected.is_bounded:  # a stream: kept by sinks that window by event time
+                rejected = rejected | "StampNow" >> beam.Map(stamp_now)
         rejected = rejected | "RejectedRows" >> beam.Map(
             lambda r: beam.Row(source=r.source, row=r.row, reason=r.reason, raw=r.raw)
         ).with_output_types(RowTypeConstraint.from_fields(

@@ -86,6 +86,7 @@ __all__ = [
     "WINDOW_FIELD",
     "check_epsilon",
     "release_rows",
+    "stamp_now",
     "window_row_type",
 ]
 
@@ -675,8 +676,8 @@ class MakePrivate(beam.PTransform):
             dead = ((dead | "GlobalDeadLetters" >> beam.WindowInto(GlobalWindows()), outside)
                     | "JoinDeadLetters" >> beam.Flatten())
             # dead-letter Rows (global window): encoding rejects and elements outside the windows
-            if not dead.is_bounded:  # a stream: see _stamp_now
-                dead = dead | "StampNow" >> beam.Map(_stamp_now)
+            if not dead.is_bounded:  # a stream: see stamp_now
+                dead = dead | "StampNow" >> beam.Map(stamp_now)
         counts = tuple(parts) | "FlattenCounts" >> beam.Flatten()
         # (source, field, rows) exact counts: private, for the manifest's operational part
         job.count_outputs.append(counts)
@@ -690,8 +691,8 @@ class MakePrivate(beam.PTransform):
                                  dead_letters=dead, source=source, windows=declared)
 
 
-def _stamp_now(row: Any, ts: Any = beam.DoFn.TimestampParam) -> Any:
-    """A stream's dead letter at max(its timestamp, now): encoding rejects carry their window's
+def stamp_now(row: Any, ts: Any = beam.DoFn.TimestampParam) -> Any:
+    """A stream's dead letter (``beam.Map(stamp_now)``) at max(its timestamp, now): encoding rejects carry their window's
     start and late ones their window, behind the watermark, so a sink that windows them by event
     time (``WriteToText(..., triggering_frequency=)``: allowed lateness 0) dropped them, silently."""
     return beam.window.TimestampedValue(row, max(ts, Timestamp.now()))

@@ -5,6 +5,7 @@ failing on the code before its fix."""
 from __future__ import annotations
 
 import glob
+import json
 
 import apache_beam as beam
 import pyarrow.parquet as pq
@@ -113,24 +114,17 @@ def test_yaml_config_typo_and_missing_schema_say_what_the_step_takes(tmp_path, c
 """)
 
 
-def test_dead_letters_of_a_stream_survive_a_windowed_file_sink(tmp_path):
-    """On a stream, `private.dead_letters | WriteToText(path, triggering_frequency=5)` (Beam's
-    way to write a global-window stream: FixedWindows(5 s), allowed lateness 0) lost a record
-    rejected by the encoder (stamped at its window's start, behind the watermark) and a record
-    late for its window's release (stamped in that window): Beam dropped both as late data,
-    silently; only an element stamped after the declared range reached the file. A stream's
-    dead letters are now stamped no earlier than when they are made."""
-    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+def _late_stream():
+    """Declared days 1-2 (t0 = 2024-01-01): on time lines 1 (F, day 1) and 2 (M, day 2); line 3
+    (an out-of-domain 'X') arrives with the watermark 1 h into day 1, line 4 after day 1's
+    release, line 5 stamped after the declared range."""
     from apache_beam.testing import test_stream
     from apache_beam.transforms import window as beam_window
 
     day, t0 = 86_400, 1_704_067_200
-    schema = bs.load_schema({"name": "toy", "columns": [
-        {"name": "sex", "type": "categorical", "domain": {"kind": "categorical",
-                                                          "values": ["F", "M"]}}]})
 
     def event(line, sex, ts):
-        return beam_window.TimestampedValue({"sex": sex, "line": line}, ts)
+        return beam_window.TimestampedValue(beam.Row(sex=sex, line=line), ts)
 
     stream = (test_stream.TestStream().advance_watermark_to(t0)
               .add_elements([event(1, "F", t0 + 60), event(2, "M", t0 + day + 60)])
@@ -140,15 +134,54 @@ def test_dead_letters_of_a_stream_survive_a_windowed_file_sink(tmp_path):
               .add_elements([event(4, "M", t0 + 120)])            # late for day 1's release
               .add_elements([event(5, "M", t0 + 9 * day)])        # outside the declared range
               .advance_watermark_to_infinity())
+    return stream, (t0, t0 + 2 * day, day)
+
+
+def _streaming():
+    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+
     options = PipelineOptions(["--direct_running_mode=in_memory"])
     options.view_as(StandardOptions).streaming = True
+    return options
+
+
+TOY = {"name": "toy", "columns": [
+    {"name": "sex", "type": "categorical", "domain": {"kind": "categorical", "values": ["F", "M"]}}]}
+
+
+def test_dead_letters_of_a_stream_survive_a_windowed_file_sink(tmp_path):
+    """On a stream, `private.dead_letters | WriteToText(path, triggering_frequency=5)` (Beam's
+    way to write a global-window stream: FixedWindows(5 s), allowed lateness 0) lost a record
+    rejected by the encoder (stamped at its window's start, behind the watermark) and a record
+    late for its window's release (stamped in that window): Beam dropped both as late data,
+    silently; only an element stamped after the declared range reached the file. A stream's
+    dead letters are now stamped no earlier than when they are made."""
+    stream, (start, end, size) = _late_stream()
     job = bs.PrivacyJob(epsilon=1.0, seed=3)
     out = str(tmp_path / "dead")
-    with beam.Pipeline(options=options) as p:
+    with beam.Pipeline(options=_streaming()) as p:
         private = p | stream | job.private(
-            schema, position_field="line", source="events",
-            windows=bs.DeclaredWindows(start=t0, end=t0 + 2 * day, size=day))
+            bs.load_schema(TOY), position_field="line", source="events",
+            windows=bs.DeclaredWindows(start=start, end=end, size=size))
         (private.dead_letters | beam.Map(lambda r: str(r.position))
          | beam.io.WriteToText(out, num_shards=1, triggering_frequency=5))
         private | bs.Count(epsilon=1.0) | "Counts" >> beam.Map(lambda r: None)
+    assert sorted(line.strip() for line in _lines(out)) == ["3", "4", "5"]
+
+
+def test_yaml_error_rows_of_a_stream_survive_a_windowed_file_sink(tmp_path):
+    """The same for the Beam YAML step's error output: the late row (4) was dropped by
+    WriteToText(triggering_frequency=5)."""
+    from beamsynth.pipelines.yaml_transforms import Synthesize
+
+    stream, (start, end, size) = _late_stream()
+    schema = tmp_path / "toy.json"
+    schema.write_text(json.dumps(TOY), encoding="utf-8")
+    out = str(tmp_path / "bad")
+    with beam.Pipeline(options=_streaming()) as p:
+        steps = p | stream | Synthesize(
+            schema=str(schema), epsilon=1.0, rows=2, seed=1, position_field="line",
+            windows={"start": start, "end": end, "size": size}, error_handling={"output": "bad"})
+        (steps["bad"] | beam.Map(lambda r: str(r.row))
+         | beam.io.WriteToText(out, num_shards=1, triggering_frequency=5))
     assert sorted(line.strip() for line in _lines(out)) == ["3", "4", "5"]
