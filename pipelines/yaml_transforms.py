@@ -470,7 +470,7 @@ class Synthesize(beam.PTransform):
     {epsilon, delta}`` (the pipeline's total, shared by its steps), ``windows: {start, end,
     size}`` (declared windows), ``manifest`` (path of a manifest written at the end),
     ``position_field`` (an integer field giving each row's source position for dead letters;
-    without it a dead letter's ``row`` is its place in the step's input batch).
+    without it a dead letter's ``row`` is null).
     The privacy guarantee is the method's (see its docstring), for add/remove of one privacy unit,
     per declared window with ``windows``; the steps of one pipeline compose (basic composition).
     """
@@ -638,8 +638,12 @@ class Synthesize(beam.PTransform):
                         | "WithOutside" >> beam.Flatten())
             if not rejected.is_bounded:  # a stream: kept by sinks that window by event time
                 rejected = rejected | "StampNow" >> beam.Map(stamp_now)
+        # without position_field a row's place in its batch is no position (BatchElements sizes
+        # batches by timing: line 401 came out as row 145, then 25), so it is null
+        positioned = self._position is not None
         rejected = rejected | "RejectedRows" >> beam.Map(
-            lambda r: beam.Row(source=r.source, row=r.row, reason=r.reason, raw=r.raw)
+            lambda r: beam.Row(source=r.source, row=r.row if positioned else None,
+                               reason=r.reason, raw=r.raw)
         ).with_output_types(RowTypeConstraint.from_fields(
             [("source", str), ("row", Optional[int]), ("reason", str), ("raw", str)]))  # noqa: UP045
         return {"output": out, self._errors: rejected}

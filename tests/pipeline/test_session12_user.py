@@ -185,3 +185,27 @@ def test_yaml_error_rows_of_a_stream_survive_a_windowed_file_sink(tmp_path):
         (steps["bad"] | beam.Map(lambda r: str(r.row))
          | beam.io.WriteToText(out, num_shards=1, triggering_frequency=5))
     assert sorted(line.strip() for line in _lines(out)) == ["3", "4", "5"]
+
+
+def test_yaml_error_row_without_position_field_has_no_made_up_position(tmp_path):
+    """Without position_field, an error row's `row` was its place in the step's input batch, and
+    Beam's BatchElements sizes batches by timing: the same bad line 401 of a CSV came out as row
+    145 on one run and row 25 on the next (DirectRunner, one and two processes). It looked like
+    a line number and was none. It is now null, as the API's dead letters (position=None), and
+    stays the given field's value with position_field."""
+    from beamsynth.pipelines.yaml_transforms import Synthesize
+
+    schema = tmp_path / "toy.json"
+    schema.write_text(json.dumps(TOY), encoding="utf-8")
+    rows = [beam.Row(sex="F", line=1), beam.Row(sex="X", line=2), beam.Row(sex="M", line=3)]
+    out = tmp_path / "bad"
+    with beam.Pipeline() as p:
+        data = p | beam.Create(rows)
+        for name, field in (("NoField", None), ("WithField", "line")):
+            steps = data | name >> Synthesize(schema=str(schema), epsilon=0.5, rows=2,
+                                              position_field=field, error_handling={"output": "bad"},
+                                              job_budget={"epsilon": 1.0})
+            (steps["bad"] | f"{name}Row" >> beam.Map(lambda r: json.dumps(r.row))
+             | f"{name}Write" >> beam.io.WriteToText(f"{out}_{name}", num_shards=1))
+    assert _lines(f"{out}_NoField") == ["null\n"]
+    assert _lines(f"{out}_WithField") == ["2\n"]
