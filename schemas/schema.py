@@ -5,6 +5,7 @@ A schema file (YAML or JSON) looks like::
     name: adult
     privacy_id: null            # or the name of a column identifying a person
     extra_columns: ignore       # input columns not declared here: ignore | reject
+    target: income              # optional: the column models will be trained to predict (public)
     columns:
       - name: age
         type: integer
@@ -388,6 +389,7 @@ class Schema:
     extra_columns: str = "ignore"
     description: str = ""
     source: str | None = field(default=None, compare=False)
+    target: str | None = None  # declared prediction target (public; PrivBayes' small-input star)
 
     def __post_init__(self) -> None:
         names = [c.name for c in self.columns]
@@ -404,6 +406,12 @@ class Schema:
         if self.extra_columns not in ("ignore", "reject"):
             raise SchemaError(
                 f"{self._where()}: extra_columns ({self.extra_columns!r}) must be ignore or reject"
+            )
+        if self.target is not None and (not isinstance(self.target, str)
+                                        or self.target not in names or len(names) < 2):
+            raise SchemaError(
+                f"{self._where()}: target ({self.target!r}) must name one of the declared "
+                f"columns {names}" + (" and needs another column" if len(names) < 2 else "")
             )
 
     def _where(self) -> str:
@@ -442,15 +450,18 @@ class Schema:
             extra_columns=self.extra_columns,
             description=self.description,
             source=self.source,
+            target=self.target if self.target in names and len(names) > 1 else None,
         )
 
     def to_spec(self) -> dict[str, Any]:
-        """Declarative form (what a schema file holds)."""
+        """Declarative form (what a schema file holds); ``target`` only when declared (so a
+        schema without one keeps its fingerprint)."""
         return {
             "name": self.name,
             "description": self.description,
             "privacy_id": self.privacy_id,
             "extra_columns": self.extra_columns,
+            **({} if self.target is None else {"target": self.target}),
             "columns": [c.to_spec() for c in self.columns],
         }
 
@@ -556,7 +567,7 @@ def avro_field_name(name: str) -> str:
 # -- loading ---------------------------------------------------------------------------------------
 _COLUMN_KEYS = {"name", "type", "domain", "nullable", "null_values", "on_out_of_domain", "open",
                 "description", "strip_whitespace", "normalize"}
-_SCHEMA_KEYS = {"name", "description", "privacy_id", "extra_columns", "columns"}
+_SCHEMA_KEYS = {"name", "description", "privacy_id", "extra_columns", "columns", "target"}
 
 
 def bundled_schema_path(name: str) -> Path | None:
@@ -618,6 +629,7 @@ def _schema_from_dict(
             extra_columns=str(data.get("extra_columns", "ignore")),
             description=str(data.get("description") or ""),
             source=source,
+            target=data.get("target"),
         )
     except SchemaError:
         raise

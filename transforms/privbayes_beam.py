@@ -42,6 +42,7 @@ from beamsynth.transforms.privbayes_plan import (
     resolve_noise,
     spend_privbayes,
 )
+from beamsynth.transforms.privbayes_star import resolve_target
 from beamsynth.transforms.privbayes_structure import candidate_families
 from beamsynth.transforms.refine import (
     DEFAULT_REFINE_FRACTION,
@@ -93,7 +94,9 @@ class DPPrivBayes(beam.PTransform):
     count of the *input* for the sizing, ``--input-rows``; without it a DP count is spent,
     :func:`plan_privbayes`), noise (``"laplace"``, the default here: pure ε-DP; ``"gaussian"``:
     zCDP discrete Gaussian tables converted to ``budget``'s (ε, δ), :func:`gaussian_plan`;
-    ``"auto"``: gaussian when ``budget.delta > 0``, :func:`resolve_noise`), accountant.
+    ``"auto"``: gaussian when ``budget.delta > 0``, :func:`resolve_noise`), target (a declared
+    column name, the prediction target: with ``sizing="auto"`` the small-input model is the star
+    around it, :mod:`~beamsynth.transforms.privbayes_star`; ``None``: no target), accountant.
     """
 
     def __init__(self, *, schema: Schema, budget: ApproxDP, degree: int | None = None,
@@ -103,7 +106,7 @@ class DPPrivBayes(beam.PTransform):
                  parents: str = "auto", refine_pairs: int = DEFAULT_REFINE_PAIRS,
                  refine_rounds: int = DEFAULT_REFINE_ROUNDS, refine_groups: int = DEFAULT_REFINE_GROUPS,
                  refine_fraction: float = DEFAULT_REFINE_FRACTION, sizing: str = "off",
-                 rows: int | None = None, noise: str = "laplace",
+                 rows: int | None = None, noise: str = "laplace", target: str | None = None,
                  accountant: PrivacyAccountant | None = None, label: str | None = None) -> None:
         super().__init__(label)
         if not isinstance(schema, Schema):
@@ -115,6 +118,10 @@ class DPPrivBayes(beam.PTransform):
         self._sampling = sampling
         self._schema = schema
         self._epsilon = budget.epsilon
+        target_index = resolve_target(target, schema.names)
+        if target_index is not None and sizing != "auto":
+            raise ValueError(f"target ({target!r}) is used by the small-input model of "
+                             f"sizing='auto' only; got sizing={sizing!r}")
         self.plan = plan_privbayes(schema.shape, budget, degree=degree,
                                    structure_fraction=structure_fraction,
                                    max_contributions=max_contributions,
@@ -122,7 +129,7 @@ class DPPrivBayes(beam.PTransform):
                                    parents=parents, names=schema.names,
                                    refine_pairs=refine_pairs, refine_rounds=refine_rounds,
                                    refine_groups=refine_groups, refine_fraction=refine_fraction,
-                                   sizing=sizing, rows=rows)
+                                   sizing=sizing, rows=rows, target=target_index)
         self.noise, self.noise_reason = resolve_noise(noise, budget.delta)  # "auto" by δ
         if self.noise == "gaussian":  # zCDP (issue 18): needs δ > 0, refinement sized for it
             self.plan = gaussian_plan(self.plan, budget, pairs=refine_pairs,

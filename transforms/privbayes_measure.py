@@ -55,6 +55,7 @@ from beamsynth.transforms.privbayes_sizing import (
     plan_forest,
     split_marginal_budget,
 )
+from beamsynth.transforms.privbayes_star import measure_star, plan_star
 from beamsynth.transforms.privbayes_structure import _family_table, choose_structure, family_specs
 from beamsynth.transforms.refine import RefineMeasurement, measure_refinement
 
@@ -115,6 +116,12 @@ def measure_privbayes(
             # plan's pure (ε − ε_c) (its network ε are Laplace-equivalents, not budget; the count
             # composes with the (ε − ε_c, δ) spend by basic composition: gaussian_plan)
             forest_eps = _planned_epsilon(plan) if plan.zcdp is None else plan.zcdp.budget.epsilon
+            if plan.target is not None:  # a declared target: its star, same ε (H41)
+                star = plan_star(rows_hat, forest_eps, shape, plan.target,
+                                 max_contributions=plan.max_contributions)
+                if star.columns:
+                    return PrivBayesMeasurement(*measure_star(tables, shape, names, star, rs),
+                                                sizing={**sizing, "star_columns": len(star.columns)})
             forest = plan_forest(rows_hat, forest_eps, shape,
                                  max_contributions=plan.max_contributions,
                                  max_family_cells=plan.max_family_cells)
@@ -122,6 +129,8 @@ def measure_privbayes(
             if forest.steps > 0:
                 return _measure_forest(tables, shape, names, forest, rs, sizing)
             return _measure_independent(tables, shape, names, plan, rs, sizing)
+    if plan.star is not None:
+        return PrivBayesMeasurement(*measure_star(tables, shape, names, plan.star, rs))
     if plan.forest is not None:
         return _measure_forest(tables, shape, names, plan.forest, rs, None)
     # the penalty uses the scale the tables would get if every column had a family (data-independent)
@@ -255,6 +264,8 @@ class PrivBayesMeasureFn(beam.DoFn):
                 # or the forest with its number of chosen edges (0 = its "no edge" picks only)
                 small = ("privbayes_k0_independent" if "forest_edges" not in out.sizing
                          else f"privbayes_k0_forest_edges_{out.sizing['forest_edges']}")
+                if "star_columns" in out.sizing:  # the declared target's star (H41)
+                    small = f"privbayes_k0_star_{out.sizing['star_columns']}"
                 beam.metrics.Metrics.counter(SIZING_METRICS_NAMESPACE, small).inc()
             if "refine_pairs" in out.sizing:  # the refinement's run-time size (same DP count)
                 beam.metrics.Metrics.counter(

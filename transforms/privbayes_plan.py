@@ -48,6 +48,7 @@ from beamsynth.transforms.privbayes_sizing import (
     refine_pairs_for_rows,
     refine_size,
 )
+from beamsynth.transforms.privbayes_star import StarPlan, plan_star
 from beamsynth.transforms.privbayes_structure import (
     INDIF_SENSITIVITY,
     MAX_FAMILY_CELLS,
@@ -186,6 +187,8 @@ class PrivBayesPlan:
     sizing: NetworkSizing | None = None
     zcdp: ZCDPPlan | None = None  # noise="gaussian" (gaussian_plan): zCDP accounting
     forest: ForestPlan | None = None  # the small-input model (public rows, network not useful)
+    target: int | None = None  # declared prediction target (privbayes_star; k = 0 only)
+    star: StarPlan | None = None  # the small-input star around it (public rows, H41)
 
     @property
     def step_epsilon(self) -> float:
@@ -236,6 +239,8 @@ class PrivBayesPlan:
             else self.sizing.details(),
             **({} if self.zcdp is None else {"noise": "discrete Gaussian", "zcdp": self.zcdp.details()}),
             "forest": None if self.forest is None else self.forest.details(),
+            **({} if self.target is None else {"target_column": self.target}),
+            **({} if self.star is None else {"star": self.star.details()}),
         }
 
 
@@ -256,6 +261,7 @@ def plan_privbayes(
     refine_fraction: float = DEFAULT_REFINE_FRACTION,
     sizing: str = "off",
     rows: int | None = None,
+    target: int | None = None,
 ) -> PrivBayesPlan:
     """Validate parameters and split the budget; lowers ``degree`` (from the declared shape
     only) until the counts of all candidate families (each at most ``max_family_cells`` cells,
@@ -300,6 +306,10 @@ def plan_privbayes(
     if degree is not None and (isinstance(degree, bool) or not isinstance(degree, int)
                                or not 0 <= degree <= 8):
         raise ValueError(f"degree ({degree!r}) must be an int in [0, 8]")
+    if target is not None and (isinstance(target, bool) or not isinstance(target, int)
+                               or not 0 <= target < len(shape) or len(shape) < 2):
+        raise ValueError(f"target ({target!r}) must be a column index in [0, {len(shape) - 1}] "
+                         "of at least two declared columns")
     if not isinstance(structure_fraction, (int, float)) or not 0 < structure_fraction < 1:
         raise ValueError(f"structure_fraction ({structure_fraction!r}) must be in (0, 1)")
     if isinstance(max_contributions, bool) or not isinstance(max_contributions, int) or max_contributions < 1:
@@ -377,6 +387,15 @@ def plan_privbayes(
                              refine_rounds=refine_rounds, refine_countable=countable)
         if rows is not None:  # public row count: the size is a build-time decision
             degree = spec.degree(rows)
+    if sized and rows is not None and degree == 0 and target is not None:
+        # a declared target: the star of its θ-useful X × T tables (privbayes_star, H41)
+        star = plan_star(rows, budget.epsilon, shape, target, max_contributions=max_contributions)
+        if star.columns:
+            spec = dataclasses.replace(spec, refine_pairs_for_rows=0, refine_requested=0)
+            return PrivBayesPlan(
+                degree=1, structure_budget=None, marginal_budget=star.budget,
+                n_columns=len(shape), max_contributions=max_contributions,
+                max_family_cells=max_family_cells, sizing=spec, target=target, star=star)
     if sized and rows is not None and degree == 0:
         # not θ-useful as a network: 1-way tables + a forest of affordable pairs (plan_forest),
         # or, if no pair is affordable, the independent model with the whole ε
@@ -415,6 +434,8 @@ def plan_privbayes(
             and rest / (len(shape) * max_contributions) >= AUTO_EXACT_MIN_TABLE_EPSILON),
         refine=refine,
         sizing=spec,
+        # the DP count may choose k = 0 in the measurement step: the star there (H41)
+        target=target if spec is not None and spec.count_budget is not None else None,
     )
 
 
@@ -453,7 +474,8 @@ def gaussian_plan(plan: PrivBayesPlan, budget: ApproxDP, *, pairs: int = GAUSSIA
     """
     if budget.delta <= 0:
         raise ValueError("noise='gaussian' needs delta > 0 (zCDP converted to (ε, δ)); got δ = 0")
-    if getattr(plan, "forest", None) is not None or getattr(plan, "one_way_budget", None) is not None:
+    if (getattr(plan, "forest", None) is not None or getattr(plan, "star", None) is not None
+            or getattr(plan, "one_way_budget", None) is not None):
         return plan
     d, m = plan.n_columns, plan.max_contributions
     count_epsilon = 0.0
@@ -611,6 +633,14 @@ def spend_privbayes(accountant: PrivacyAccountant, plan: PrivBayesPlan, prefix: 
         spend_zcdp(accountant, plan, prefix)
         return
     _spend_size_count(accountant, plan, prefix)
+    if plan.star is not None:  # the declared target's star (public rows, H41): one spend
+        accountant.spend(
+            f"{prefix}.marginals", plan.star.budget,
+            mechanism="discrete Laplace on the star's X × T tables and the other 1-way tables",
+            details={**plan.star.details(), "neighbours": "add/remove one privacy unit",
+                     "paper": "PrivBayes §4.2 (noisy conditionals) and §4.4 (θ-usefulness), "
+                              "add/remove counts; sequential composition over the tables"})
+        return
     if plan.forest is not None:
         forest = plan.forest
         accountant.spend(

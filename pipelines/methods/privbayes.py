@@ -82,7 +82,7 @@ class PrivBayesMethod(Method):
                                   else opts["refine_fraction"]),
             sizing=str(opts.get("pb_sizing") or "auto"),
             rows=None if opts.get("input_rows") is None else int(opts["input_rows"]),
-            noise=self._noise,
+            noise=self._noise, target=opts.get("target") or getattr(self.schema, "target", None),
             max_contributions=self.max_contributions, seed=self.seed, accountant=self.accountant)
         self._chosen: dict[str, int] = {}
         self._small: dict[str, int] = {}  # degree-0 windows per small-input model that ran
@@ -130,6 +130,12 @@ class PrivBayesMethod(Method):
                                      "that size affords, or independent 1-way marginals "
                                      "(docs/privbayes.md); off keeps the planned degree")
         add_input_rows_argument(parser)
+        if "--target" not in taken:
+            parser.add_argument("--target", dest="target", default=None, metavar="COLUMN",
+                                help="privbayes: the declared column models will be trained to "
+                                     "predict (public; overrides the schema's target key): on "
+                                     "small inputs the model is a star around it "
+                                     "(docs/privbayes.md)")
         if "--pb-noise" not in taken:
             parser.add_argument("--pb-noise", dest="pb_noise", choices=NOISE_MODES, default=None,
                                 help="privbayes: laplace (default, pure ε-DP; a --delta is not used), "
@@ -169,6 +175,9 @@ class PrivBayesMethod(Method):
                 value = counter_value(result, f"privbayes_k0_forest_edges_{e}")
                 if value:
                     self._small[f"forest of {e} chosen edge(s) + 1-way tables"] = value
+                value = counter_value(result, f"privbayes_k0_star_{e}")
+                if value:  # the declared target's star (privbayes_star, H41)
+                    self._small[f"star of {e} column(s) around the target + 1-way tables"] = value
         for p in range(1, plan.sizing.refine_countable + 1 if plan.sizing.refine_requested else 1):
             value = counter_value(result, f"privbayes_refine_pairs_{p}")
             if value:  # the refinement's size chosen from the same DP count (refine_size)
