@@ -75,7 +75,7 @@ from beamsynth.schemas.tables import arrow_schema_for
 from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, as_budget
 from beamsynth.transforms.conventions import display_items
 from beamsynth.transforms.measure import combine_globally
-from beamsynth.transforms.private import stamp_now
+from beamsynth.transforms.private import WindowRowsFn, stamp_now, window_row_type
 from beamsynth.transforms.units import BoundContributions
 from beamsynth.transforms.windows import (
     DeclaredWindows,
@@ -625,8 +625,12 @@ class Synthesize(beam.PTransform):
         if cfg.seed is not None and self.mark_seeded:
             tables = tables | "CountSeeded" >> beam.ParDo(_CountSeededFn())
             # pyarrow.Table (rows counted as not for release)
-        out = tables | "ToRows" >> beam.FlatMap(_table_rows, schema.names).with_output_types(
-            row_type_for(schema))
+        if self._windows is None:
+            out = tables | "ToRows" >> beam.FlatMap(_table_rows, schema.names).with_output_types(
+                row_type_for(schema))
+        else:  # window_start first, as the API's rows: one Parquet file of all windows says which
+            out = tables | "ToRows" >> beam.ParDo(WindowRowsFn(_table_rows, (schema.names,))
+                                                  ).with_output_types(window_row_type(row_type_for(schema)))
         # beam.Row per synthetic record
         if self._manifest is not None:
             self._write_manifest(enc, batches, tables, ledger, late_rows=late_rows)

@@ -84,6 +84,7 @@ __all__ = [
     "PrivateCollection",
     "PrivateTransform",
     "WINDOW_FIELD",
+    "WindowRowsFn",
     "check_epsilon",
     "release_rows",
     "stamp_now",
@@ -726,7 +727,7 @@ class _LateFn(beam.DoFn):
                                    reason=f"arrived after window {window_text(window)} was released")
 
 
-class _WindowRowsFn(beam.DoFn):
+class WindowRowsFn(beam.DoFn):
     """``fn(element, *args)`` rows with the element's window start prepended (``window_start``)."""
 
     def __init__(self, fn: Any, args: tuple[Any, ...]) -> None:
@@ -744,7 +745,7 @@ def release_rows(private: PrivateCollection, fn: Any, *args: Any,
     every row gets ``window_start`` (its window's start, ISO 8601 UTC) as first field."""
     if private.windows is None:
         return beam.FlatMap(fn, *args).with_output_types(row_type)
-    return beam.ParDo(_WindowRowsFn(fn, args)).with_output_types(window_row_type(row_type))
+    return beam.ParDo(WindowRowsFn(fn, args)).with_output_types(window_row_type(row_type))
 
 
 def window_row_type(row_type: RowTypeConstraint) -> RowTypeConstraint:

@@ -209,3 +209,29 @@ def test_yaml_error_row_without_position_field_has_no_made_up_position(tmp_path)
              | f"{name}Write" >> beam.io.WriteToText(f"{out}_{name}", num_shards=1))
     assert _lines(f"{out}_NoField") == ["null\n"]
     assert _lines(f"{out}_WithField") == ["2\n"]
+
+
+def test_yaml_windowed_rows_say_their_window(tmp_path):
+    """A YAML step with windows: {start, end, size} wrote its synthetic rows without their
+    window: one WriteToParquet file held three days' rows (20 each) with no way to tell them
+    apart, while the API's rows start with window_start. They now do too (ISO 8601 UTC)."""
+    from apache_beam.transforms import window as beam_window
+    from apache_beam.typehints.schemas import schema_from_element_type
+
+    from beamsynth.pipelines.yaml_transforms import Synthesize
+
+    day, t0 = 86_400, 1_704_067_200
+    schema = tmp_path / "toy.json"
+    schema.write_text(json.dumps(TOY), encoding="utf-8")
+    out = str(tmp_path / "syn")
+    with beam.Pipeline() as p:
+        rows = (p | beam.Create([(beam.Row(sex="F"), t0 + 60), (beam.Row(sex="M"), t0 + 2 * day)])
+                | beam.MapTuple(beam_window.TimestampedValue))
+        synthetic = rows | Synthesize(schema=str(schema), epsilon=1.0, rows=2, seed=1,
+                                      windows={"start": t0, "end": t0 + 3 * day, "size": day})
+        fields = [f.name for f in schema_from_element_type(synthetic.element_type).fields]
+        synthetic | beam.io.WriteToParquet(out, num_shards=1, shard_name_template="")
+    assert fields == ["window_start", "sex"]
+    starts = sorted(pq.read_table(out).column("window_start").to_pylist())
+    assert starts == ["2024-01-01T00:00:00Z"] * 2 + ["2024-01-02T00:00:00Z"] * 2 + [
+        "2024-01-03T00:00:00Z"] * 2

@@ -83,8 +83,9 @@ def _run(stream: test_stream.TestStream, folder: Path, *, errors: bool = True) -
 
 #: the releases of _stream() with nothing late: day 1 all F, day 3 all M (exact counts, ε large);
 #: day 2 (empty) sampled from its uniform model with the seed (F, F)
-ON_TIME_OUT = [[T0, {"sex": "F"}], [T0, {"sex": "F"}], [T0 + DAY, {"sex": "F"}],
-               [T0 + DAY, {"sex": "F"}], [T0 + 2 * DAY, {"sex": "M"}], [T0 + 2 * DAY, {"sex": "M"}]]
+ON_TIME_OUT = [[T0 + i * DAY, {"window_start": start, "sex": sex}]  # rows say their window
+               for i, start, sex in [(0, D1, "F"), (0, D1, "F"), (1, D2, "F"), (1, D2, "F"),
+                                     (2, D3, "M"), (2, D3, "M")]]
 ON_TIME_OPS = [{"rows_read": 1, "rows_used": 1, "rows_rejected": 0},
                {"rows_read": 0, "rows_used": 0, "rows_rejected": 0},
                {"rows_read": 1, "rows_used": 1, "rows_rejected": 0}]
