@@ -610,8 +610,10 @@ class Synthesize(beam.PTransform):
                 # Rejected (global window): outside the declared range, or late
         enc = (
             pcoll
-            | "Batch" >> beam.BatchElements(min_batch_size=1, max_batch_size=self._batch_rows)
-            # list[beam.Row]
+            | "Batch" >> beam.BatchElements(min_batch_size=1, max_batch_size=self._batch_rows
+                                            ).with_output_types(list)
+            # list[beam.Row]: untyped, or Beam sizes a batch with the input's RowCoder, which
+            # fails the run on a row breaking its declared (e.g. ReadFromJson-inferred) schema
             | "Encode" >> beam.ParDo(_EncodeRowsFn(schema, self._position)).with_outputs("rejected", main="batches")
         )
         batches = enc["batches"]
