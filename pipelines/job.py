@@ -34,7 +34,7 @@ from beamsynth.pipelines.methods.synthesize import (
 )
 from beamsynth.pipelines.methods.wording import Vocabulary
 from beamsynth.schemas.schema import EncodedBatch
-from beamsynth.transforms.budget import ApproxDP, PureDP, as_budget
+from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, PureDP, as_budget
 from beamsynth.transforms.outputs import record_type, table_rows
 from beamsynth.transforms.private import (
     PrivacyJob,
@@ -61,7 +61,7 @@ def method_option_names(method: str) -> set[str]:
 class _StepAccountant:
     """The job's accountant seen by one method: spends are named ``<step>/<part>``."""
 
-    def __init__(self, job: PrivacyJob, step: str) -> None:
+    def __init__(self, job: PrivacyJob | PrivacyAccountant, step: str) -> None:
         self._job, self._step = job, step
 
     def spend(self, step: str, budget: ApproxDP, *, mechanism: str,
@@ -69,7 +69,7 @@ class _StepAccountant:
         return self._job.spend(f"{self._step}/{step}", budget, mechanism=mechanism, details=details)
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._job.accountant, name)
+        return getattr(getattr(self._job, "accountant", self._job), name)
 
 
 class Synthesize(PrivateTransform):
@@ -150,7 +150,10 @@ class Synthesize(PrivateTransform):
     def bind(self, private: PrivateCollection) -> None:
         job, step, k = private.job, self.label, private.max_contributions
         job.check_fits(step, self._budget)  # names this step when the whole share does not fit
-        acct = _StepAccountant(job, step)
+        # spends are staged and made on the job once the method is built, so an option it refuses
+        # (a bad target, degree, ...) leaves the job's accountant as it was (H42)
+        staged = PrivacyAccountant(total=self._budget)
+        acct = _StepAccountant(staged, step)
         count_budget, method_budget = None, self._budget
         if self._rows is None:
             count_budget = PureDP(epsilon=self._budget.epsilon * self._fraction)
@@ -168,6 +171,8 @@ class Synthesize(PrivateTransform):
                               count_fraction=self._fraction, options=self._options,
                               shard_rows=self._shard_rows)
         self._plan = SynthesisPlan(cfg, schema, acct, method, count_budget)  # type: ignore[arg-type]
+        for s in staged.spends:
+            job.spend(s.step, s.budget, mechanism=s.mechanism, details=s.details)
         if not self._typed:
             row_type = record_type(schema)
             self.with_output_types(row_type if private.windows is None else window_row_type(row_type))

@@ -82,6 +82,8 @@ it; import from here in user code):
   k-degree network by permute-and-flip (Beam-free);
 * :mod:`~beamsynth.transforms.privbayes_sizing` — model size from ``n̂·ε``, the small-input forest
   model, ``split_marginal_budget`` (Beam-free);
+* :mod:`~beamsynth.transforms.privbayes_star` — the small-input star around a declared
+  prediction target (``target``; issue 18, Beam-free);
 * :mod:`~beamsynth.transforms.privbayes_plan` — the build-time plans (Laplace, zCDP) and their
   spends on the accountant;
 * :mod:`~beamsynth.transforms.privbayes_model` — the fit (consistency, Norm-Sub, weighted margins,
@@ -164,6 +166,15 @@ from beamsynth.transforms.privbayes_sizing import (
     split_marginal_budget,
 )
 from beamsynth.transforms.privbayes_sizing import SIZING_CELLS_CAP as SIZING_CELLS_CAP
+from beamsynth.transforms.privbayes_star import (
+    STAR_THETA,
+    StarPlan,
+    measure_star,
+    plan_star,
+    resolve_target,
+    star_specs,
+    star_wording,
+)
 from beamsynth.transforms.privbayes_structure import (
     INDIF_SENSITIVITY,
     MAX_FAMILY_CELLS,
@@ -231,4 +242,11 @@ __all__ = [
     "norm_sub",
     "ordered_columns",
     "plan_privbayes",
+    "STAR_THETA",
+    "StarPlan",
+    "measure_star",
+    "plan_star",
+    "resolve_target",
+    "star_specs",
+    "star_wording",
 ]

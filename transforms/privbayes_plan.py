@@ -48,7 +48,7 @@ from beamsynth.transforms.privbayes_sizing import (
     refine_pairs_for_rows,
     refine_size,
 )
-from beamsynth.transforms.privbayes_star import StarPlan, plan_star
+from beamsynth.transforms.privbayes_star import StarPlan, plan_star, star_wording
 from beamsynth.transforms.privbayes_structure import (
     INDIF_SENSITIVITY,
     MAX_FAMILY_CELLS,
@@ -189,6 +189,7 @@ class PrivBayesPlan:
     forest: ForestPlan | None = None  # the small-input model (public rows, network not useful)
     target: int | None = None  # declared prediction target (privbayes_star; k = 0 only)
     star: StarPlan | None = None  # the small-input star around it (public rows, H41)
+    target_name: str | None = None  # the target's declared name (public; manifest wording)
 
     @property
     def step_epsilon(self) -> float:
@@ -239,7 +240,11 @@ class PrivBayesPlan:
             else self.sizing.details(),
             **({} if self.zcdp is None else {"noise": "discrete Gaussian", "zcdp": self.zcdp.details()}),
             "forest": None if self.forest is None else self.forest.details(),
-            **({} if self.target is None else {"target_column": self.target}),
+            **({} if self.target is None else {"target": {
+                "column": self.target_name, "index": self.target,
+                "use": "where n̂·ε picks k = 0 (public rows at build time, else the DP count in "
+                       f"the measurement step): {star_wording(self.target_name or self.target)}; "
+                       "k >= 1 does not use it"}}),
             **({} if self.star is None else {"star": self.star.details()}),
         }
 
@@ -389,13 +394,15 @@ def plan_privbayes(
             degree = spec.degree(rows)
     if sized and rows is not None and degree == 0 and target is not None:
         # a declared target: the star of its θ-useful X × T tables (privbayes_star, H41)
-        star = plan_star(rows, budget.epsilon, shape, target, max_contributions=max_contributions)
+        star = plan_star(rows, budget.epsilon, shape, target, max_contributions=max_contributions,
+                         names=names)
         if star.columns:
             spec = dataclasses.replace(spec, refine_pairs_for_rows=0, refine_requested=0)
             return PrivBayesPlan(
                 degree=1, structure_budget=None, marginal_budget=star.budget,
                 n_columns=len(shape), max_contributions=max_contributions,
-                max_family_cells=max_family_cells, sizing=spec, target=target, star=star)
+                max_family_cells=max_family_cells, sizing=spec, target=target, star=star,
+                target_name=None if names is None else names[target])
     if sized and rows is not None and degree == 0:
         # not θ-useful as a network: 1-way tables + a forest of affordable pairs (plan_forest),
         # or, if no pair is affordable, the independent model with the whole ε
@@ -436,6 +443,8 @@ def plan_privbayes(
         sizing=spec,
         # the DP count may choose k = 0 in the measurement step: the star there (H41)
         target=target if spec is not None and spec.count_budget is not None else None,
+        target_name=(None if target is None or names is None or spec is None
+                     or spec.count_budget is None else names[target]),
     )
 
 
@@ -557,6 +566,11 @@ def spend_zcdp(accountant: PrivacyAccountant, plan: PrivBayesPlan, prefix: str =
                      f"and permute-and-flip with ε − ε_c = {z.budget.epsilon:g} in all (the "
                      "Laplace plan's forest budget); or, with no forest, discrete Gaussian 1-way "
                      "tables with the whole ρ: (ε − ε_c, δ)-DP either way"}}
+        if plan.target is not None:  # a declared target: the star first (privbayes_star, H41)
+            small["small_input_model"]["model"] = (
+                f"{star_wording(plan.target_name or plan.target)}, pure-DP discrete Laplace with "
+                f"ε − ε_c = {z.budget.epsilon:g} in all; if no X × T table is θ-useful, "
+                + small["small_input_model"]["model"])
     if plan.structure_budget is not None:
         parts["structure"] = {"mechanism": "permute-and-flip on InDif − cells·b, greedy network",
                               "steps": plan.n_columns - 1, "epsilon_per_step": plan.step_epsilon,
@@ -593,8 +607,12 @@ def _spend_size_count(accountant: PrivacyAccountant, plan: PrivBayesPlan, prefix
     """The DP size count's pure ``(ε_c, 0)`` spend (only without a public row count), first."""
     if plan.sizing is None or plan.sizing.count_budget is None:
         return
+    small = "forest or independent 1-way marginals"
+    if plan.target is not None:  # a declared target: the star first (privbayes_star, H41)
+        small = (f"{star_wording(plan.target_name or plan.target)}; if no X × T table is "
+                 f"θ-useful, {small}")
     use = ("post-processing: the network degree (choose_network_degree); 0 = the small-input "
-           "model (forest or independent 1-way marginals) with the rest of ε")
+           f"model ({small}) with the rest of ε")
     if plan.zcdp is not None:
         use += ("; the zCDP spend privbayes.zcdp covers every model chosen from n̂ at (ε − ε_c, "
                 "δ): adaptive basic composition (Dwork & Roth 2014 Thm. 3.16)")

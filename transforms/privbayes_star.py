@@ -41,7 +41,8 @@ from beamsynth.transforms.noise import RandomSource
 from beamsynth.transforms.privbayes_sizing import split_marginal_budget
 from beamsynth.transforms.privbayes_structure import _family_table
 
-__all__ = ["STAR_THETA", "StarPlan", "plan_star", "star_specs", "measure_star", "resolve_target"]
+__all__ = ["STAR_THETA", "StarPlan", "plan_star", "star_specs", "measure_star", "resolve_target",
+           "star_wording"]
 
 STAR_THETA = 3.0  # usefulness an X × T table needs for a star edge (docs/privbayes.md, H41)
 
@@ -58,18 +59,28 @@ class StarPlan:
     max_contributions: int = 1
     rows: float = 0.0
     theta: float = STAR_THETA
+    names: tuple[str, ...] | None = None  # the declared column names (public), for the manifest
 
     def details(self, names: Sequence[str] | None = None) -> dict[str, Any]:
-        """Manifest details (public: the declared target and the rule's choice)."""
+        """Manifest details (public: the declared target and the rule's choice): columns by
+        name (``names`` or the plan's own), the target's index too."""
+        names = names if names is not None else self.names
         name = (lambda c: names[c]) if names is not None else (lambda c: c)
         return {"model": "star around the declared target: T then X | T (X × T tables) for the "
                          "columns whose X × T table is θ-useful, 1-way tables for the rest",
-                "target": name(self.target), "star_columns": [name(c) for c in self.columns],
+                "target": name(self.target), "target_index": self.target,
+                "star_columns": [name(c) for c in self.columns],
                 "theta": self.theta, "epsilon": self.budget.epsilon,
                 "rule": "n̂·ε_X/(m·cells_X) >= theta with ε_X ∝ √cells over every column's "
                         "X × T table",
                 "split": "ε_i ∝ √cells_i over the released tables (split_marginal_budget)",
                 "sensitivity_per_table": self.max_contributions}
+
+
+def star_wording(target: str | int | None) -> str:
+    """The manifest's words for the star around ``target`` (its declared name, or its index)."""
+    return (f"the star around the declared target {target!r} (T then X | T for every X whose "
+            "X × T table is θ-useful at n̂, 1-way tables for the rest)")
 
 
 def resolve_target(target: Any, names: Sequence[str]) -> int | None:
@@ -87,13 +98,15 @@ def resolve_target(target: Any, names: Sequence[str]) -> int | None:
 
 
 def plan_star(rows: float, epsilon: float, shape: Sequence[int], target: int, *,
-              max_contributions: int = 1, theta: float = STAR_THETA) -> StarPlan:
+              max_contributions: int = 1, theta: float = STAR_THETA,
+              names: Sequence[str] | None = None) -> StarPlan:
     """The star's columns from public values only (``rows`` public or a DP count).
 
     Column ``X ≠ T`` gets a star edge when its ``X × T`` table is θ-useful under the full star's
     √cells split: ``rows·ε_X/(m·c_X) ≥ theta`` with ``c_X = |X|·|T|`` and
     ``ε_X = ε·√c_X/Σ_Y √c_Y`` (PrivBayes §4.4's usefulness per table). ``columns`` may be empty
-    (then the caller keeps its label-agnostic model). A pure function of public values."""
+    (then the caller keeps its label-agnostic model). A pure function of public values;
+    ``names`` (the declared column names) only label the manifest's details."""
     shape = [int(c) for c in shape]
     m, t = int(max_contributions), int(target)
     others = [c for c in range(len(shape)) if c != t]
@@ -101,7 +114,8 @@ def plan_star(rows: float, epsilon: float, shape: Sequence[int], target: int, *,
     share = float(epsilon) * np.sqrt(cells) / np.sqrt(cells).sum() if others else cells
     useful = max(float(rows), 0.0) * share / (m * cells) if others else cells
     columns = tuple(x for x, u in zip(others, useful) if u >= theta)
-    return StarPlan(t, columns, PureDP(epsilon=float(epsilon)), m, float(rows), float(theta))
+    return StarPlan(t, columns, PureDP(epsilon=float(epsilon)), m, float(rows), float(theta),
+                    None if names is None else tuple(names))
 
 
 def star_specs(plan: StarPlan, d: int) -> tuple[list[tuple[int, tuple[int, ...]]],

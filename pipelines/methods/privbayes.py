@@ -14,6 +14,7 @@ import argparse
 from typing import Any
 
 from beamsynth.pipelines.methods.registry import Method, register
+from beamsynth.transforms.private import names_of
 from beamsynth.transforms.privbayes import (
     AUTO_EXACT_MAX_COLUMNS,
     DEFAULT_DEGREE,
@@ -82,11 +83,21 @@ class PrivBayesMethod(Method):
                                   else opts["refine_fraction"]),
             sizing=str(opts.get("pb_sizing") or "auto"),
             rows=None if opts.get("input_rows") is None else int(opts["input_rows"]),
-            noise=self._noise, target=opts.get("target") or getattr(self.schema, "target", None),
+            noise=self._noise, target=self._target(),
             max_contributions=self.max_contributions, seed=self.seed, accountant=self.accountant)
         self._chosen: dict[str, int] = {}
         self._small: dict[str, int] = {}  # degree-0 windows per small-input model that ran
         self._refined: dict[str, dict[str, Any]] = {}
+
+    def _target(self) -> str | None:
+        """The declared target: the option (``--target`` / ``options={"target": ...}``, public
+        configuration) over the schema's ``target`` key; a name that is not a declared column is
+        refused here, echoing it in the caller's words with the nearest declared column."""
+        given = self.options.get("target")
+        if given is None or given == "":
+            return getattr(self.schema, "target", None)
+        names_of(self.schema, [given], self.say.option("target", given))  # raises with the hint
+        return given
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
@@ -177,7 +188,8 @@ class PrivBayesMethod(Method):
                     self._small[f"forest of {e} chosen edge(s) + 1-way tables"] = value
                 value = counter_value(result, f"privbayes_k0_star_{e}")
                 if value:  # the declared target's star (privbayes_star, H41)
-                    self._small[f"star of {e} column(s) around the target + 1-way tables"] = value
+                    self._small[f"star of {e} column(s) around the target "
+                                f"{plan.target_name!r} + 1-way tables"] = value
         for p in range(1, plan.sizing.refine_countable + 1 if plan.sizing.refine_requested else 1):
             value = counter_value(result, f"privbayes_refine_pairs_{p}")
             if value:  # the refinement's size chosen from the same DP count (refine_size)
@@ -189,7 +201,8 @@ class PrivBayesMethod(Method):
         out = plan.details()
         why = self._transform.noise_reason
         if self._transform.noise == "gaussian" and plan.zcdp is None:  # small-input model
-            why += "; the small-input model (forest) is pure ε-DP, so δ is not used"
+            small = "star around the target" if plan.star is not None else "forest"
+            why += f"; the small-input model ({small}) is pure ε-DP, so δ is not used"
         if plan.zcdp is not None and plan.zcdp.count_epsilon:  # the DP size count: its own spend
             why += (f"; the DP size count is pure ε_c = {plan.zcdp.count_epsilon:g} (spend "
                     "privbayes.size_count), the model chosen from it (ε − ε_c = "
@@ -197,7 +210,8 @@ class PrivBayesMethod(Method):
                     "composition")
         if plan.zcdp is not None and self._chosen.get("0"):  # run-time fallback from the DP count
             why += (f"; in {self._chosen['0']} window(s) the DP count chose the small-input model: "
-                    "its forest tables are pure-ε discrete Laplace with ε − ε_c = "
+                    f"its {'star or ' if plan.target is not None else ''}forest tables are "
+                    "pure-ε discrete Laplace with ε − ε_c = "
                     f"{plan.zcdp.budget.epsilon:g} in all, the Laplace plan's forest budget (or "
                     "discrete Gaussian 1-way tables with the whole ρ), within the privbayes.zcdp "
                     "spend")

@@ -69,7 +69,8 @@ def test_target_flag_and_schema_key(tmp_path):
     _, public = _run(src, schema, tmp_path / "public.csv", "--target", "y", "--input-rows", "1000")
     spends = {s["step"]: s["epsilon"] for s in public["release"]["budget"]["spends"]}
     assert spends["privbayes.marginals"] == 1.0 and "privbayes.structure" not in spends
-    assert public["release"]["details"]["method"]["privbayes"]["star"]["target"] == COLUMNS  # the column index of y
+    star = public["release"]["details"]["method"]["privbayes"]["star"]
+    assert star["target"] == "y" and star["target_index"] == COLUMNS  # its name and index (H42)
 
 
 def test_bad_target_is_refused(tmp_path, capsys):
