@@ -7,7 +7,9 @@ fit + sample. Adult: synthesize from the train split, evaluate on the test split
 synthesize from the file, evaluate against the same file (there is no split), no ML target.
 
 beamsynth runs the real ``synthesize`` pipeline (read CSV → PrivBayes → sample → write CSV) on the
-DirectRunner, with ``--rows`` = the input size (peers are also given n). Peers run in their own
+DirectRunner, with ``--rows`` = the input size (peers are also given n); pure ε with the CLI's
+default noise, or at AIM's δ with ``--pb-noise gaussian`` (or ``auto``) ``--delta 1e-9`` (rows named
+``beamsynth privbayes gaussian``). Peers run in their own
 virtualenvs through ``benchmarks/peers_correlated.py`` on the same declared cell codes (all columns
 categorical); ``--peers run`` launches missing runs (slow: ~10-20 min each), ``--peers saved``
 only reads outputs saved by earlier runs of the companion script in ``--peer-dir``.
@@ -211,7 +213,11 @@ def quality_main(a: argparse.Namespace) -> int:
         train_csv = os.path.join(tmp, "train.csv")
         train[schema.names].to_csv(train_csv, index=False)
         earlier = {}
-        ours = "beamsynth privbayes" + (" gaussian" if a.pb_noise == "gaussian" else "") + (
+        from beamsynth.transforms.privbayes_plan import resolve_noise
+
+        # the mode the run resolves to (no --pb-noise: the CLI's default, laplace)
+        gaussian = resolve_noise(a.pb_noise or "laplace", a.delta)[0] == "gaussian"
+        ours = "beamsynth privbayes" + (" gaussian" if gaussian else "") + (
             " (DP n̂)" if a.no_input_rows else "")
         for f in (a.beamsynth_from or "").split(","):
             # beamsynth rows of earlier runs: the main method's are reused, others kept as they are
@@ -240,7 +246,7 @@ def quality_main(a: argparse.Namespace) -> int:
                                                 noise=a.pb_noise, delta=a.delta,
                                                 input_rows=not a.no_input_rows)
                     r = {"method": ours, "epsilon": eps, "seed": seed, "seconds": secs}
-                    if a.pb_noise == "gaussian":
+                    if gaussian:
                         r["delta"] = a.delta
                     r.update(evaluate(schema, test_codes, synth, spec["target"], spec["positive"], seed))
                 rows.append(r)
@@ -370,9 +376,10 @@ def main() -> int:
                     help="also run beamsynth with these --pb-sampling modes (e.g. iid), same seeds")
     ap.add_argument("--peers", choices=["none", "saved", "run"], default="saved")
     ap.add_argument("--peer-dir", default=None)
-    ap.add_argument("--pb-noise", choices=["laplace", "gaussian"], default=None,
-                    help="beamsynth privbayes noise (gaussian: zCDP at --delta, rows named "
-                         "'beamsynth privbayes gaussian')")
+    ap.add_argument("--pb-noise", choices=["auto", "laplace", "gaussian"], default=None,
+                    help="beamsynth privbayes noise (default: the CLI's, laplace; gaussian, or "
+                         "auto with --delta > 0: zCDP at --delta, rows named 'beamsynth "
+                         "privbayes gaussian')")
     ap.add_argument("--delta", type=float, default=0.0, help="beamsynth δ (gaussian: AIM's 1e-9)")
     ap.add_argument("--no-input-rows", action="store_true",
                     help="beamsynth without the public input size: sized from a DP count")

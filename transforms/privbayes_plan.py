@@ -111,9 +111,11 @@ def resolve_noise(noise: str, delta: float) -> tuple[str, str]:
 
     ``"auto"`` is ``"gaussian"`` (zCDP, discrete Gaussian tables, :func:`gaussian_plan`) when
     ``δ > 0`` and ``"laplace"`` (pure ε-DP) when ``δ = 0``. It is not the default: better on
-    Adult, ACS and census_kdd at ε 0.5/1/2, but worse on small inputs sized from the DP count
-    (docs/privbayes.md "Twelfth session"). ``why`` is the manifest's wording; ``"laplace"`` with
-    ``δ > 0`` says that δ is not used. A choice from public parameters only."""
+    Adult, ACS and census_kdd at ε 0.5/1/2 (with or without the DP count), and since H37 (the DP
+    count by basic composition) equal on small inputs where the forest runs, but its network
+    plan loses TVD1 on small inputs (PUMS 1,000 ε = 2, NLTCS 1,000 ε = 0.5; docs/privbayes.md
+    "Twelfth session: the DP count by basic composition"). ``why`` is the manifest's wording;
+    ``"laplace"`` with ``δ > 0`` says that δ is not used. A choice from public parameters only."""
     if noise not in NOISE_MODES:
         raise ValueError(f"noise ({noise!r}) must be one of {NOISE_MODES}")
     if noise == "auto":

@@ -76,3 +76,18 @@ def test_transform_accepts_auto():
     schema = load_schema("adult")
     assert DPPrivBayes(schema=schema, budget=budget).plan.zcdp is None
     assert DPPrivBayes(schema=schema, budget=budget, noise="auto").plan.zcdp is not None
+
+
+def test_auto_without_input_rows_spends_count_and_zcdp():
+    """H37: pb_noise auto with δ > 0 and no public row count (the CLI's DP-count path): the
+    spends privbayes.size_count (ε_c, 0) then privbayes.zcdp (ε − ε_c, δ), adding up to the
+    method's (1, 1e-9); noise_mode says so (fails with the count inside the zCDP spend)."""
+    cfg = SynthesisConfig(input="unused.csv", schema=load_schema("adult"), output="u.csv",
+                          epsilon=1.0, delta=1e-9, method="privbayes", rows=100, seed=3,
+                          options={"pb_noise": "auto"})
+    plan = plan_synthesis(cfg)
+    spends = [(s.step, s.budget.epsilon, s.budget.delta) for s in plan.accountant.spends]
+    assert spends == [("privbayes.size_count", pytest.approx(0.02), 0.0),
+                      ("privbayes.zcdp", pytest.approx(0.98), 1e-9)]
+    why = plan.method.details()["privbayes"]["noise_mode"]["why"]
+    assert "basic composition" in why and "privbayes.size_count" in why
