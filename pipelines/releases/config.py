@@ -22,6 +22,7 @@ from beamsynth.pipelines.io import filesystem as fs
 from beamsynth.pipelines.methods.registry import get_method
 from beamsynth.pipelines.releases.ledger import LedgerPolicy
 from beamsynth.schemas.schema import Schema, avro_field_name, load_schema
+from beamsynth.transforms.private import names_of
 
 __all__ = [
     "FORMATS",
@@ -312,6 +313,12 @@ def _table(data: Any, i: int, base: Path, unit: tuple[str | None, int], default_
             extra.append(_histogram_table(entry, where, name=sub, source=source,
                                           inputs=tuple(inputs), schema=full, privacy_id=pid,
                                           max_contributions=k))
+    if options.get("target") not in (None, ""):  # privbayes' declared target: a (selected) column
+        try:
+            names_of(schema, [options["target"]], "target")
+        except ValueError as exc:
+            raise ReleaseConfigError(f"{path}.options.target",
+                                     str(exc).removeprefix("target: ")) from None
     formats = d.get("formats", ["csv"])
     if not isinstance(formats, list) or not formats:
         raise ReleaseConfigError(f"{path}.formats", f"must be a non-empty list of {list(FORMATS)}")

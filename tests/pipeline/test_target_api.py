@@ -78,7 +78,11 @@ def _api(tmp: Path, kind: str, *, schema: dict, options: dict, tag: str) -> tupl
 
 def _cli(tmp: Path, schema: Path, tag: str, *extra: str) -> tuple[list, dict]:
     seed = bs.PrivacyJob(epsilon=1.0, seed=5).step_seed("Synthesize[privbayes]")
-    out = tmp / f"cli_{tag}.csv"
+    return _cli_seed(tmp, schema, seed, *extra, tag=tag)
+
+
+def _cli_seed(tmp: Path, schema: Path, seed: int, *extra: str, tag: str = "") -> tuple[list, dict]:
+    out = tmp / f"cli_{tag or seed}.csv"
     assert main(["synthesize", str(tmp / "in.csv"), "--schema", str(schema), "--epsilon", "1",
                  "--method", "privbayes", "--rows", "200", "--seed", str(seed), "--quiet",
                  "--output", str(out), *extra]) == 0
@@ -138,3 +142,103 @@ def test_cli_bad_target_names_the_flag_and_the_nearest_column(data, capsys):
     err = capsys.readouterr().err
     assert "--target lable: 'lable' is not a declared column" in err and "'label'?" in err
     assert not (data / "bad.csv").exists()
+
+
+@pytest.mark.parametrize("noise,delta", [("laplace", 0.0), ("gaussian", 1e-9)])
+def test_spends_sized_from_the_dp_count_name_the_star(noise, delta):
+    """Without public rows the spends are the planned network's; the size count's use (and the
+    zCDP spend's small_input_model) say that k = 0 means the star around the named target."""
+    from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant
+    from beamsynth.transforms.privbayes import DPPrivBayes
+
+    def spends(target):
+        acc = PrivacyAccountant(total=ApproxDP(epsilon=1.0, delta=delta))
+        DPPrivBayes(schema=bs.load_schema(_spec()), budget=ApproxDP(epsilon=1.0, delta=delta),
+                    sizing="auto", noise=noise, target=target, accountant=acc)
+        return {s.step: s for s in acc.spends}
+
+    with_target, without = spends("label"), spends(None)
+    assert "star around the declared target 'label'" in with_target[
+        "privbayes.size_count"].details["use"]
+    assert "star" not in without["privbayes.size_count"].details["use"]
+    if noise == "gaussian":
+        model = with_target["privbayes.zcdp"].details["small_input_model"]["model"]
+        assert model.startswith("the star around the declared target 'label'")
+        assert "star" not in without["privbayes.zcdp"].details["small_input_model"]["model"]
+    assert {k: (s.budget.epsilon, s.budget.delta) for k, s in with_target.items()} == {
+        k: (s.budget.epsilon, s.budget.delta) for k, s in without.items()}
+
+
+def _yaml_rows(tmp: Path, schema: Path, options: str, tag: str) -> tuple[list, dict]:
+    yaml_main = pytest.importorskip("apache_beam.yaml.main", reason="Beam YAML needs apache-beam[yaml]")
+    from importlib import resources
+
+    provider = resources.files("beamsynth.pipelines") / "beamsynth_provider.yaml"
+    out = tmp / f"yaml_{tag}"
+    names = ", ".join(_frame().columns)
+    spec = f"""
+providers:
+  - include: "{provider}"
+pipeline:
+  transforms:
+    - type: ReadFromCsv
+      name: Read
+      config: {{path: "{tmp / 'in.csv'}", dtype: str, keep_default_na: false, header: 0,
+               names: [{names}]}}
+    - type: BeamsynthSynthesize
+      name: Synth
+      input: Read
+      config: {{schema: "{schema}", epsilon: 1.0, method: privbayes, rows: 200, seed: 11,
+               manifest: "{out}.manifest.json"{options}}}
+    - type: WriteToJson
+      name: Write
+      input: Synth
+      config: {{path: "{out}"}}
+"""
+    (tmp / f"{tag}.yaml").write_text(spec)
+    yaml_main.run(argv=["--runner=DirectRunner", f"--yaml_pipeline_file={tmp / f'{tag}.yaml'}"])
+    got = sorted(tuple(str(v) for v in json.loads(line).values())
+                 for f in sorted(tmp.glob(f"yaml_{tag}-*")) for line in f.read_text().splitlines())
+    return got, json.loads(Path(f"{out}.manifest.json").read_text())
+
+
+def test_beam_yaml_takes_the_target_as_an_option_or_the_schema_key(data):
+    """BeamsynthSynthesize with options: {target: label}, or a schema with target: label, gives
+    the CLI's rows (YAML's seed is the CLI's); the manifest names the star and its target."""
+    by_option, manifest = _yaml_rows(data, data / "schema.yaml", ", options: {target: label}", "opt")
+    by_key, _ = _yaml_rows(data, data / "schema_t.yaml", "", "key")
+    cli, _ = _cli_seed(data, data / "schema.yaml", 11, "--target", "label")
+    assert len(by_option) == 200 and by_option == by_key == cli
+    details = manifest["release"]["details"]["method"]["privbayes"]
+    assert details["target"]["column"] == "label"
+    plain, _ = _yaml_rows(data, data / "schema.yaml", "", "plain")
+    assert plain != by_option
+
+
+def _release(tmp: Path, table: dict) -> dict:
+    return {"name": "t", "folder": str(tmp / "rel-{date}"), "budget": {"epsilon": 1.0},
+            "ledger": {"path": str(tmp / "l.sqlite"), "policies": {"src": {"epsilon": 5.0}}},
+            "tables": [{"name": "a", "source": "src", "input": str(tmp / "in.csv"),
+                        "schema": str(tmp / "schema.yaml"), "epsilon": 1.0, "method": "privbayes",
+                        "rows": 200,
+                        **table}],
+            "reports": {"private": False, "public": False}}
+
+
+def test_release_config_takes_the_target_in_the_table_options(data):
+    """A release table's options: {target: ...} (or its schema's key) plan the star when the
+    pipeline is built; a bad name is refused with the table's path and the nearest column."""
+    from beamsynth.pipelines.releases.config import ReleaseConfigError, load_release_config
+    from beamsynth.pipelines.releases.release import plan_release
+
+    for table in ({"options": {"target": "label", "input_rows": 1000}},
+                  {"schema": str(data / "schema_t.yaml"), "options": {"input_rows": 1000}}):
+        plan = plan_release(load_release_config(_release(data, table), date="2026-01-01"))
+        (spend,) = plan.spends
+        assert spend.step == "a.privbayes.marginals" and spend.epsilon == 1.0
+        star = plan.plans["a"].accountant.spends[0].details
+        assert star["target"] == "label" and star["target_index"] == COLUMNS
+    bad = _release(data, {"options": {"target": "lable"}})
+    with pytest.raises(ReleaseConfigError, match=r"^tables\[0\]\.options\.target: 'lable' is not a "
+                       r"declared column of schema 't' \(did you mean 'label'\?"):
+        plan_release(load_release_config(bad, date="2026-01-01"))
