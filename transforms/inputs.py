@@ -62,6 +62,7 @@ __all__ = [
     "KeyLayout",
     "encode_elements",
     "reject_elements",
+    "wanted_fields",
 ]
 
 METRICS_NAMESPACE = "beamsynth"
@@ -142,7 +143,8 @@ def _as_mapping(element: Any) -> Mapping[str, Any] | None:
     return None
 
 
-def _wanted(layout: KeyLayout) -> list[str]:
+def wanted_fields(layout: KeyLayout) -> list[str]:
+    """The fields an element is read by: declared columns, privacy id, key columns."""
     schema = layout.schema
     names = list(schema.names) + ([schema.privacy_id] if schema.privacy_id else [])
     for codec in layout.keys.values():
@@ -315,7 +317,7 @@ def _encode_records(layout: KeyLayout, records: list[Mapping[str, Any]],
                     memo: SchemaMemo | None = None) -> tuple[EncodedBatch, dict[int, str]]:
     """Encode mappings column-wise; returns good rows and ``{index: reason}`` for bad ones."""
     n = len(records)
-    names = _wanted(layout)
+    names = wanted_fields(layout)
     series = _RecordColumns(records)
     batch, reasons = _encode_columns(layout, series, n, memo)
     for i, why in list(reasons.items()):  # name a missing field as missing, not as null
@@ -402,7 +404,7 @@ def _encode_tuples(layout: KeyLayout, elements: Sequence[tuple], memo: SchemaMem
     by_field = dict(zip(fields, zip(*elements))) if n else {}
     series: dict[str, Sequence[Any]] = {}
     missing = []
-    for name in _wanted(layout):
+    for name in wanted_fields(layout):
         field = name if name in fields else avro_field_name(name)
         if field in fields:
             series[name] = by_field.get(field, ())
@@ -452,7 +454,7 @@ def _encode_one_by_one(layout: KeyLayout, records: list[Mapping[str, Any]], memo
 
 def _unencodable(layout: KeyLayout, record: Mapping[str, Any], exc: Exception) -> str:
     """Why one record failed as a whole: a declared field holding a nested value, else the error."""
-    for name in _wanted(layout):
+    for name in wanted_fields(layout):
         value = record.get(name, record.get(avro_field_name(name)))
         if isinstance(value, (Mapping, list, tuple, set)):
             return (f"column {name!r}: value {value!r:.80} is a {type(value).__name__}, not one "
@@ -474,7 +476,7 @@ def _encode_arrow(layout: KeyLayout, table: pa.Table | pa.RecordBatch, *, source
     """An Arrow element, column-wise; rows are materialized only for dead letters."""
     n = table.num_rows
     have = set(table.schema.names)
-    wanted = _wanted(layout)
+    wanted = wanted_fields(layout)
     if layout.schema.extra_columns == "reject":
         declared = set(wanted) | {avro_field_name(x) for x in wanted}
         extra = sorted(h for h in have if h not in declared and h != position_field)

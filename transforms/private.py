@@ -67,6 +67,7 @@ from beamsynth.transforms.inputs import (
     EncodeElements,
     KeyLayout,
     reject_elements,
+    wanted_fields,
 )
 from beamsynth.transforms.units import BoundContributions
 from beamsynth.transforms.windows import (
@@ -543,6 +544,7 @@ class MakePrivate(beam.PTransform):
         subclass to Beam but are read by field name like one."""
         hint = getattr(pvalueish, "element_type", None)
         if _may_hold_records(hint):  # incl. named tuples and a type beam.Create inferred
+            self._check_fields(hint)
             return
         try:
             super().type_check_inputs(pvalueish)
@@ -551,6 +553,25 @@ class MakePrivate(beam.PTransform):
                 f"{exc}; job.private takes dicts, beam.Rows (or named tuples) and pyarrow "
                 "Tables/RecordBatches: parse each element first, e.g. beam.Map(json.loads) for "
                 "JSON lines or a csv parse to dicts (docs/beam-api.md, 'Inputs')") from None
+
+    def _check_fields(self, hint: Any) -> None:
+        """Refuse typed rows carrying none of the fields read (the parse or the renaming
+        forgotten): every element would be a dead letter and every release learned from no
+        record. Field names only (the element type, known when built)."""
+        if isinstance(hint, RowTypeConstraint):
+            names = [name for name, _ in hint._fields]
+        elif isinstance(hint, type) and issubclass(hint, tuple) and hasattr(hint, "_fields"):
+            names = list(hint._fields)  # schema'd rows typed as generated NamedTuples
+        else:
+            return
+        wanted = wanted_fields(self._layout)
+        if not {n for w in wanted for n in (w, avro_field_name(w))}.intersection(names):
+            raise ValueError(
+                f"{self.label}: its input rows have fields {names}, none of the fields it reads "
+                f"({', '.join(wanted[:6])}{', ...' if len(wanted) > 6 else ''}), so every element "
+                "would be a dead letter; parse or rename upstream so each declared column is a "
+                "field (beam.io.ReadFromCsv(path, header=0, names=[bs.field_name(c) for c in "
+                "header]), beam.Select, ...; docs/beam-api.md, 'Inputs')")
 
     def display_data(self) -> dict[str, Any]:
         unit = self._job.unit

@@ -278,3 +278,24 @@ def test_yaml_row_breaking_its_inferred_schema_is_an_error_row_not_a_crash(tmp_p
     assert [(b["row"], b["reason"]) for b in bad] == [
         (None, "column 'sex': value 'X' is outside the declared categorical domain")]
     assert len(_lines(f"{out}-")) == 10
+
+
+def test_job_private_on_typed_rows_without_a_declared_column_is_refused_when_built():
+    """The API twin of the YAML refusal: `ReadFromCsv(path, header=None, names=['a', 'b'])`
+    (Adult without its header names) -> job.private(schema) ran: all 402 rows dead letters and
+    a Count released on no record. Typed rows (beam.Row, named tuples) carrying none of the
+    fields job.private reads (declared columns, privacy id, key columns) are now refused when
+    built, naming the fields; rows with one of them still run."""
+    typed = beam.typehints.row_type.RowTypeConstraint.from_fields([("a", str), ("b", str)])
+    job = bs.PrivacyJob(epsilon=1.0)
+    p = beam.Pipeline()
+    rows = p | beam.Create([beam.Row(a="39", b="Male")]).with_output_types(typed)
+    with pytest.raises(ValueError, match=r"MakePrivate\(adult\): its input rows have fields "
+                       r"\['a', 'b'\], none of the fields it reads \(age, sex, race, income\)"):
+        rows | job.private(SMALL)
+    keyed = bs.load_schema({"name": "k", "columns": [{"name": "kind", "type": "categorical",
+                            "nullable": True, "domain": {"kind": "categorical", "values": ["x"]}}]})
+    name = beam.typehints.row_type.RowTypeConstraint.from_fields([("name", str)])
+    ok = p | "Names" >> beam.Create([beam.Row(name="ola")]).with_output_types(name)
+    ok | "Keyed" >> job.private(keyed, keys={"name": bs.TextKey(column="name", alphabet="alo",
+                                                                  max_length=3)})
