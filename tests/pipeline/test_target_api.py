@@ -242,3 +242,15 @@ def test_release_config_takes_the_target_in_the_table_options(data):
     with pytest.raises(ReleaseConfigError, match=r"^tables\[0\]\.options\.target: 'lable' is not a "
                        r"declared column of schema 't' \(did you mean 'label'\?"):
         plan_release(load_release_config(bad, date="2026-01-01"))
+
+
+def test_an_empty_target_turns_the_schema_key_off(data):
+    """--target '' (options={"target": ""}) is no target, even where the schema declares one:
+    the rows of the schema without the key, and no star in the manifest."""
+    keyless, _ = _cli_seed(data, data / "schema.yaml", 3, tag="keyless")
+    off, manifest = _cli_seed(data, data / "schema_t.yaml", 3, "--target", "", tag="off")
+    on, _ = _cli_seed(data, data / "schema_t.yaml", 3, tag="on")
+    assert off == keyless != on
+    details = manifest["release"]["details"]["method"]["privbayes"]
+    assert "target" not in details and not any(
+        "star" in k for k in details["sizing"].get("chosen_small_model_windows", {}))
