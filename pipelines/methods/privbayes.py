@@ -199,6 +199,18 @@ class PrivBayesMethod(Method):
                 self._refined[str(p)] = {"windows": value, **plan.sizing.refine_plan_for(
                     plan.refine, p).details()}
 
+    def run_notes(self) -> list[str]:
+        """Console lines after a run whose DP size count chose the small-input model (read by
+        :func:`~beamsynth.pipelines.methods.synthesize.run_synthesis`): which model ran, since
+        the plan and spend lines name the planned network (whose ε covers it)."""
+        if not self._chosen.get("0"):
+            return []
+        ran = "; ".join(f"{model} in {n} window(s)" for model, n in self._small.items())
+        return [f"privbayes: the DP size count chose the small-input model (k = 0) in "
+                f"{self._chosen['0']} window(s): {ran or 'see the manifest'}; the spend lines "
+                "name the planned network, whose ε covers it (manifest: "
+                "sizing.chosen_small_model_windows)"]
+
     def details(self) -> dict[str, Any]:
         plan = self._transform.plan
         out = plan.details()

@@ -269,6 +269,8 @@ def run_synthesis(cfg: SynthesisConfig, pipeline_options: PipelineOptions | None
         result.wait_until_finish()
     progress("pipeline finished; writing the manifest")
     plan.method.collect_metrics(result)
+    for note in getattr(plan.method, "run_notes", list)():  # e.g. privbayes' model that ran
+        progress(note)
     read = counter_value(result, "rows_read")
     rej_parse = counter_value(result, "rows_rejected_unparseable")
     rej_dom = counter_value(result, "rows_rejected_domain")

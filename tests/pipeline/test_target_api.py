@@ -254,3 +254,14 @@ def test_an_empty_target_turns_the_schema_key_off(data):
     details = manifest["release"]["details"]["method"]["privbayes"]
     assert "target" not in details and not any(
         "star" in k for k in details["sizing"].get("chosen_small_model_windows", {}))
+
+
+def test_cli_console_says_which_model_ran(data, capsys):
+    """Sized from the DP count, the plan and spend lines name the planned network; a line after
+    the run says the star around the target ran (progress on, the default)."""
+    assert main(["synthesize", str(data / "in.csv"), "--schema", str(data / "schema_t.yaml"),
+                 "--epsilon", "1", "--method", "privbayes", "--rows", "50", "--seed", "1",
+                 "--output", str(data / "console.csv")]) == 0
+    err = capsys.readouterr().err
+    assert ("privbayes: the DP size count chose the small-input model (k = 0) in 1 window(s): "
+            "star of ") in err and "around the target 'label' + 1-way tables in 1 window(s)" in err
