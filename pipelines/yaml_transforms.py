@@ -64,6 +64,7 @@ from beamsynth.pipelines.io.manifest import (
     write_json_atomic,
 )
 from beamsynth.pipelines.io.records import METRICS_NAMESPACE, RawBlock, Rejected
+from beamsynth.pipelines.job import method_option_names
 from beamsynth.pipelines.methods.synthesize import (
     SynthesisConfig,
     plan_synthesis,
@@ -506,6 +507,13 @@ class Synthesize(beam.PTransform):
         if self._windows is not None and method not in EMPTY_WINDOW_METHODS:
             raise ValueError(f"method {method!r} cannot release an empty window; with windows the "
                              f"step supports {list(EMPTY_WINDOW_METHODS)}")
+        unknown = sorted(set(options or {}) - method_option_names(method))
+        if unknown:  # a typo (targt: credit) would run the method without that option, silently
+            known = sorted(method_option_names(method))
+            close = difflib.get_close_matches(str(unknown[0]), known, n=1, cutoff=0.6)
+            raise ValueError(f"{STEP}: unknown option {unknown[0]!r} for method {method!r}"
+                             + (f" (did you mean {close[0]!r}?)" if close else "")
+                             + f"; its options: {', '.join(known)} (docs/options.md)")
         cfg = SynthesisConfig(input=_SOURCE, schema=load_schema(schema), output=_SOURCE,
                               epsilon=epsilon, delta=delta, method=method, rows=rows,
                               privacy_id=privacy_id, max_contributions=max_contributions,

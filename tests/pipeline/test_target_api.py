@@ -265,3 +265,13 @@ def test_cli_console_says_which_model_ran(data, capsys):
     err = capsys.readouterr().err
     assert ("privbayes: the DP size count chose the small-input model (k = 0) in 1 window(s): "
             "star of ") in err and "around the target 'label' + 1-way tables in 1 window(s)" in err
+
+
+def test_beam_yaml_refuses_an_unknown_option_name():
+    """options: {targt: label} ran the model without a target, silently (the API refuses it)."""
+    from beamsynth.pipelines.yaml_transforms import Synthesize
+
+    with pytest.raises(ValueError, match=r"^BeamsynthSynthesize: unknown option 'targt' for method "
+                       r"'privbayes' \(did you mean 'target'\?\); its options: degree, "):
+        Synthesize(schema=_spec(), epsilon=1.0, method="privbayes", rows=10,
+                   options={"targt": "label"})
