@@ -30,6 +30,11 @@ k is 1 with the refinement below, 2 without):
    b. *Marginals* — the chosen families ``X ∪ Π`` (the root's 1-way table only if it lies in no
       other family) released with discrete Laplace noise of scale ``m/ε_t`` on every declared cell
       (:func:`~beamsynth.transforms.measure.noisy_marginals`), ``ε_t ∝ √cells_t``, ``Σ ε_t = ε_m``.
+      Under ``noise="gaussian"`` (zCDP, :func:`gaussian_plan`) every column also gets its own
+      1-way table on every declared cell: discrete Gaussian, L2 Δ = m per table,
+      ``GAUSSIAN_ONE_WAY_SHARE`` = 0.2 of the tables' ρ split ∝ cells^⅔ over them, the families
+      the rest; zCDP composition, the tables' ρ still add up to ρ_marginals (H38: no pure-ε
+      share pays, docs/privbayes.md "Twelfth session: explicit 1-way tables").
 
    Privacy: ``ε = ε_s + ε_m`` by sequential composition, pure DP (δ = 0), add/remove-one-unit
    neighbours. Default split ``ε_s = 0.1·ε`` (PrivBayes uses β = 0.3, §6.2; InDif scores are

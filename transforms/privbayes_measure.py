@@ -31,6 +31,7 @@ from the stream ``(seed, "privbayes", window)``, so a retried bundle redraws ide
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +50,7 @@ from beamsynth.transforms.noise import RandomSource, discrete_laplace, discrete_
 from beamsynth.transforms.privbayes_model import DEFAULT_SAMPLING, DEFAULT_SHRINK, _fit_network
 from beamsynth.transforms.privbayes_plan import PrivBayesPlan
 from beamsynth.transforms.privbayes_sizing import (
+    GAUSSIAN_ONE_WAY_SHARE,
     SPLIT_CELLS_CAP,
     ForestPlan,
     choose_forest,
@@ -133,8 +135,11 @@ def measure_privbayes(
         return PrivBayesMeasurement(*measure_star(tables, shape, names, plan.star, rs))
     if plan.forest is not None:
         return _measure_forest(tables, shape, names, plan.forest, rs, None)
-    # the penalty uses the scale the tables would get if every column had a family (data-independent)
+    # the penalty uses the scale the tables would get if every column had a family (data-independent;
+    # a zCDP network's families get 1 − GAUSSIAN_ONE_WAY_SHARE of the tables' ρ: σ × 1/√(1 − share))
     scale = plan.penalty * plan.table_scale(plan.max_tables)
+    if plan.zcdp is not None and d > 1 and degree > 0:
+        scale /= math.sqrt(1.0 - GAUSSIAN_ONE_WAY_SHARE)
     if d > 1 and degree > 0:
         structure = choose_structure(
             tables, shape, degree=degree, epsilon=plan.step_epsilon,
@@ -143,10 +148,14 @@ def measure_privbayes(
     else:
         structure = [(c, ()) for c in range(d)]
     specs = family_specs(structure)
-    exact = [_family_table(tables, s) for s in specs]
+    # zCDP: every column not released as a 1-way table already gets one (after the families)
+    one_way = ([] if plan.zcdp is None or GAUSSIAN_ONE_WAY_SHARE <= 0
+               else [(c,) for c in range(d) if (c,) not in specs])
+    exact = [_family_table(tables, s) for s in [*specs, *one_way]]
     budgets = split_marginal_budget(plan.marginal_budget, [t.size for t in exact])
-    released = _release_tables(exact, specs, names, budgets, plan, rs,
-                               None if plan.zcdp is None else plan.zcdp.marginal_rho)
+    released = _release_tables(exact, [*specs, *one_way], names, budgets, plan, rs,
+                               None if plan.zcdp is None else plan.zcdp.marginal_rho,
+                               one_way=len(one_way))
     measurement = PrivBayesMeasurement(tuple((x, tuple(p)) for x, p in structure), released,
                                        sizing=sizing)
     if refine is None:
@@ -219,16 +228,24 @@ def _measure_independent(tables: dict[tuple[int, ...], np.ndarray], shape: Seque
 
 def _release_tables(exact: Sequence[np.ndarray], specs: Sequence[tuple[int, ...]],
                     names: Sequence[str], budgets: Sequence[PureDP], plan: PrivBayesPlan,
-                    rs: RandomSource, rho: float | None) -> tuple[NoisyMarginal, ...]:
+                    rs: RandomSource, rho: float | None, one_way: int = 0) -> tuple[NoisyMarginal, ...]:
     """The tables with discrete Laplace at ``budgets`` (pure plan), or, with ``rho`` (zCDP plan),
     discrete Gaussian with ρ split ∝ min(cells, 10⁴)^⅔ (minimizes the expected total L1 noise
-    Σ cells_i·σ_i for Σ m²/(2σ_i²) = ρ; cap as :data:`SPLIT_CELLS_CAP`)."""
+    Σ cells_i·σ_i for Σ m²/(2σ_i²) = ρ; cap as :data:`SPLIT_CELLS_CAP`). With ``one_way`` > 0
+    (zCDP network) the last ``one_way`` tables are the explicit 1-way tables: they get
+    :data:`GAUSSIAN_ONE_WAY_SHARE` of ``rho`` and the families the rest, each part split ∝
+    cells^⅔; zCDP composition: the ρ_i still add up to ``rho``."""
     m = float(plan.max_contributions)
     if rho is None:
         return noisy_marginals(exact, specs=specs, names=names, budgets=budgets, sensitivity=m,
                                rs=rs.child("marginals"))
     w = np.minimum(np.asarray([t.size for t in exact], dtype=np.float64), SPLIT_CELLS_CAP) ** (2 / 3)
-    rhos = rho * w / w.sum()
+    parts = [slice(0, len(exact))] if not one_way else [slice(0, len(exact) - one_way),
+                                                        slice(len(exact) - one_way, len(exact))]
+    shares = [1.0] if not one_way else [1.0 - GAUSSIAN_ONE_WAY_SHARE, GAUSSIAN_ONE_WAY_SHARE]
+    rhos = np.zeros(len(exact))
+    for part, share in zip(parts, shares):
+        rhos[part] = rho * share * w[part] / w[part].sum()
     sigmas = m / np.sqrt(2 * rhos)
     delta = plan.zcdp.budget.delta
     table_budgets = [zcdp_approx(float(r), delta) for r in rhos]

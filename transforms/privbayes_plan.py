@@ -37,6 +37,7 @@ from typing import Any
 from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, PureDP, zcdp_rho
 from beamsynth.transforms.noise import discrete_laplace_scale
 from beamsynth.transforms.privbayes_sizing import (
+    GAUSSIAN_ONE_WAY_SHARE,
     GAUSSIAN_REFINE_MIN_TABLE_RHO,
     SIZE_COUNT_FRACTION,
     ForestPlan,
@@ -580,6 +581,13 @@ def spend_zcdp(accountant: PrivacyAccountant, plan: PrivBayesPlan, prefix: str =
     parts["marginals"] = {"mechanism": "discrete Gaussian on the chosen (k+1)-way marginals",
                           "rho": z.marginal_rho, "split": "ρ_i ∝ min(cells_i, 10⁴)^⅔",
                           "l2_sensitivity_per_table": plan.max_contributions}
+    if plan.degree > 0 and plan.n_columns > 1:  # the network measures every column's 1-way table
+        parts["marginals"].update(
+            mechanism="discrete Gaussian on the chosen (k+1)-way marginals and on every column's "
+                      "1-way marginal (each declared cell)",
+            split=f"{GAUSSIAN_ONE_WAY_SHARE:g} of ρ on the 1-way tables of the columns not "
+                  "released as parentless families, the rest on the families; within each part "
+                  "ρ_i ∝ min(cells_i, 10⁴)^⅔ (zCDP: the ρ_i add up)")
     if plan.refine is not None:
         parts["refine.selection"] = {
             "mechanism": "permute-and-flip on ‖T − M‖₁ − cells·b of coarse 2-way tables",

@@ -66,6 +66,7 @@ __all__ = [
     "network_usefulness",
     "choose_network_degree",
     "SPLIT_CELLS_CAP",
+    "GAUSSIAN_ONE_WAY_SHARE",
     "split_marginal_budget",
     "REFINE_NOISE_MASS",
     "REFINE_PICKS_PER_ROUND",
@@ -574,6 +575,9 @@ def choose_forest(tables: dict[tuple[int, ...], np.ndarray], shape: Sequence[int
 
 
 SPLIT_CELLS_CAP = 10_000  # tables above this many cells earn no larger share of ε
+# zCDP network (noise="gaussian"): share of the tables' ρ on every column's own 1-way table
+# (privbayes_measure._release_tables; docs/privbayes.md "Twelfth session: explicit 1-way tables")
+GAUSSIAN_ONE_WAY_SHARE = 0.2
 
 
 def split_marginal_budget(budget: PureDP, cells: Sequence[int]) -> list[PureDP]:

@@ -74,6 +74,11 @@ def test_fast_path_has_the_law_of_the_mechanism(name):
         keep = table.sum(axis=0) >= 20  # pool sparse outcomes into one tail column
         table = np.c_[table[:, keep], table[:, ~keep].sum(axis=1)]
         table = table[:, table.sum(axis=0) > 0]
+        if table.shape[1] < 2 and values.size > 20:
+            # no outcome repeats 20 times (a statistic on a fine lattice): deciles of the pooled runs
+            q = np.unique(np.quantile(np.r_[loop, fast], np.linspace(0, 1, 11)))
+            table = np.array([np.histogram(loop, q)[0], np.histogram(fast, q)[0]])
+            table = table[:, table.sum(axis=0) > 0]
         if table.shape[1] < 2:
             assert set(loop) == set(fast)
             continue
