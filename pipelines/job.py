@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import argparse
 import inspect
 import json
 import os
@@ -26,7 +25,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.transforms.window import GlobalWindow, GlobalWindows
 
 from beamsynth.pipelines.io.manifest import build_manifest
-from beamsynth.pipelines.methods.registry import get_method
+from beamsynth.pipelines.methods.registry import get_method, method_option_names
 from beamsynth.pipelines.methods.synthesize import (
     SynthesisConfig,
     SynthesisPlan,
@@ -49,13 +48,6 @@ from beamsynth.transforms.windows import iso_seconds
 
 __all__ = ["IndependentSynthesis", "PlausibleDeniability", "PrivBayes", "SBHG", "Synthesize",
            "WriteManifest", "method_option_names"]
-
-
-def method_option_names(method: str) -> set[str]:
-    """Option names a synthesis method reads (its CLI destinations)."""
-    parser = argparse.ArgumentParser(add_help=False)
-    get_method(method).add_arguments(parser)
-    return {a.dest for a in parser._actions if a.dest != "help"}
 
 
 class _StepAccountant:

@@ -64,7 +64,7 @@ from beamsynth.pipelines.io.manifest import (
     write_json_atomic,
 )
 from beamsynth.pipelines.io.records import METRICS_NAMESPACE, RawBlock, Rejected
-from beamsynth.pipelines.job import method_option_names
+from beamsynth.pipelines.methods.registry import method_option_names
 from beamsynth.pipelines.methods.synthesize import (
     SynthesisConfig,
     plan_synthesis,

@@ -19,7 +19,8 @@ from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, PureDP, as_
 from beamsynth.transforms.cathist import plan_cathist
 from beamsynth.transforms.synthesis import DPIndependentMarginals
 
-__all__ = ["MAX_DENSE_CELLS", "METHODS", "Method", "IndependentMethod", "register", "get_method"]
+__all__ = ["MAX_DENSE_CELLS", "METHODS", "Method", "IndependentMethod", "register", "get_method",
+           "method_option_names"]
 
 MAX_DENSE_CELLS = 50_000_000  # cells of one dense 1-way table of the independent method
 
@@ -140,6 +141,14 @@ def get_method(name: str) -> type[Method]:
         return METHODS[name]
     except KeyError:
         raise ValueError(f"unknown method {name!r}; available: {sorted(METHODS)}") from None
+
+
+def method_option_names(method: str) -> set[str]:
+    """Option names a synthesis method reads (its CLI destinations): what the API, Beam YAML and
+    release configs accept in ``options``."""
+    parser = argparse.ArgumentParser(add_help=False)
+    get_method(method).add_arguments(parser)
+    return {a.dest for a in parser._actions if a.dest != "help"}
 
 
 # Methods living in their own modules register themselves on import. Adding one: append its

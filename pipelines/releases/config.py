@@ -8,6 +8,7 @@ overspend, each problem reported with its YAML path (``tables[1].columns.age.eps
 from __future__ import annotations
 
 import datetime as _dt
+import difflib
 import glob
 import os
 import re
@@ -19,7 +20,7 @@ from typing import Any
 import yaml
 
 from beamsynth.pipelines.io import filesystem as fs
-from beamsynth.pipelines.methods.registry import get_method
+from beamsynth.pipelines.methods.registry import get_method, method_option_names
 from beamsynth.pipelines.releases.ledger import LedgerPolicy
 from beamsynth.schemas.schema import Schema, avro_field_name, load_schema
 from beamsynth.transforms.private import names_of
@@ -293,6 +294,13 @@ def _table(data: Any, i: int, base: Path, unit: tuple[str | None, int], default_
     if not isinstance(options, Mapping):
         raise ReleaseConfigError(f"{path}.options", f"must be a mapping, got {options!r}")
     options = dict(options)
+    unknown = sorted(set(options) - method_option_names(method))
+    if unknown:  # a typo (targt: credit) would run the method without that option, silently
+        known = sorted(method_option_names(method))
+        close = difflib.get_close_matches(str(unknown[0]), known, n=1, cutoff=0.6)
+        raise ReleaseConfigError(f"{path}.options.{unknown[0]}", f"is not an option of method "
+                                 f"{method!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+                                 + f"; its options: {', '.join(known)}")
     cols = d.get("columns")
     extra: list[TableSpec] = []
     if cols is not None:

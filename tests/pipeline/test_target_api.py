@@ -275,3 +275,13 @@ def test_beam_yaml_refuses_an_unknown_option_name():
                        r"'privbayes' \(did you mean 'target'\?\); its options: degree, "):
         Synthesize(schema=_spec(), epsilon=1.0, method="privbayes", rows=10,
                    options={"targt": "label"})
+
+
+def test_release_config_refuses_an_unknown_option_name(data):
+    """A release table's options: {targt: label} ran the model without a target, silently."""
+    from beamsynth.pipelines.releases.config import ReleaseConfigError, load_release_config
+
+    bad = _release(data, {"options": {"targt": "label"}})
+    with pytest.raises(ReleaseConfigError, match=r"^tables\[0\]\.options\.targt: is not an option "
+                       r"of method 'privbayes' \(did you mean 'target'\?\); its options: degree, "):
+        load_release_config(bad, date="2026-01-01")
