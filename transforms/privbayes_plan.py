@@ -114,8 +114,10 @@ def resolve_noise(noise: str, delta: float) -> tuple[str, str]:
     ``δ > 0`` and ``"laplace"`` (pure ε-DP) when ``δ = 0``. It is not the default: better on
     Adult, ACS and census_kdd at ε 0.5/1/2 (with or without the DP count), and since H37 (the DP
     count by basic composition) equal on small inputs where the forest runs, but its network
-    plan loses TVD1 on small inputs (PUMS 1,000 ε = 2, NLTCS 1,000 ε = 0.5; docs/privbayes.md
-    "Twelfth session: the DP count by basic composition"). ``why`` is the manifest's wording;
+    plan loses TVD1 on small inputs (PUMS 1,000 ε = 2, NLTCS 1,000 ε = 0.5), also with the
+    explicit 1-way tables (H43: 6 columns' tables are noisier than Laplace's; 40 refinement
+    pairs on 1,000 rows; docs/privbayes.md "Twelfth session: the DP count by basic composition",
+    "After explicit 1-way tables"). ``why`` is the manifest's wording;
     ``"laplace"`` with ``δ > 0`` says that δ is not used. A choice from public parameters only."""
     if noise not in NOISE_MODES:
         raise ValueError(f"noise ({noise!r}) must be one of {NOISE_MODES}")
