@@ -22,7 +22,11 @@ from beamsynth.pipelines.io.preflight import check_noise_scales, schema_requirem
 from beamsynth.pipelines.io.read import ReadRecords
 from beamsynth.pipelines.io.records import DEFAULT_SPLIT_BYTES, rejected_path
 from beamsynth.pipelines.methods.progress import Progress
-from beamsynth.pipelines.methods.registry import METHODS, _load_optional_methods
+from beamsynth.pipelines.methods.registry import (
+    METHODS,
+    _load_optional_methods,
+    options_for_other_methods,
+)
 from beamsynth.pipelines.methods.synthesize import SynthesisConfig, plan_synthesis, run_synthesis
 from beamsynth.schemas.schema import load_schema
 
@@ -89,6 +93,9 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
         empty_input_refused=not args.allow_empty, fail_on_rejected=args.fail_on_rejected,
         options=vars(args).copy())
     quiet = getattr(args, "quiet", False)
+    for flag, owners in options_for_other_methods(args.method, vars(args)).items():
+        print(f"beamsynth synthesize: warning: {flag} is not used by --method {args.method} "
+              f"(it is an option of --method {' / '.join(owners)})", file=sys.stderr)
     pid_schema = schema if args.privacy_id is None else dataclasses.replace(schema, privacy_id=args.privacy_id)
     # options, spends and noise scales are refused before any input file is opened
     check_noise_scales(plan_synthesis(cfg).accountant.spends)

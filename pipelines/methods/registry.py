@@ -20,7 +20,7 @@ from beamsynth.transforms.cathist import plan_cathist
 from beamsynth.transforms.synthesis import DPIndependentMarginals
 
 __all__ = ["MAX_DENSE_CELLS", "METHODS", "Method", "IndependentMethod", "register", "get_method",
-           "method_option_names"]
+           "method_option_names", "options_for_other_methods"]
 
 MAX_DENSE_CELLS = 50_000_000  # cells of one dense 1-way table of the independent method
 
@@ -149,6 +149,27 @@ def method_option_names(method: str) -> set[str]:
     parser = argparse.ArgumentParser(add_help=False)
     get_method(method).add_arguments(parser)
     return {a.dest for a in parser._actions if a.dest != "help"}
+
+
+def options_for_other_methods(method: str, values: dict[str, Any]) -> dict[str, list[str]]:
+    """Flags given a non-default value in ``values`` (CLI destinations) that ``method`` does not
+    read but another method does: ``{"--target": ["privbayes"]}``. The CLI accepts every
+    method's flags, so ``--target income`` with ``--method independent`` ran without a word."""
+    _load_optional_methods()
+    own = method_option_names(method)
+    found: dict[str, list[str]] = {}
+    for name, cls in sorted(METHODS.items()):
+        if name == method:
+            continue
+        parser = argparse.ArgumentParser(add_help=False)
+        cls.add_arguments(parser)
+        for action in parser._actions:
+            if (action.dest == "help" or action.dest in own or action.dest not in values
+                    or values[action.dest] == action.default):
+                continue
+            flag = action.option_strings[0]
+            found.setdefault(flag, []).append(name)
+    return found
 
 
 # Methods living in their own modules register themselves on import. Adding one: append its

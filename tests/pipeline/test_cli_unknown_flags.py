@@ -61,3 +61,24 @@ def test_other_refusals(tmp_path, capsys, extra, message):
     assert main(args) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == f"beamsynth histogram: error: {message}"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_option_of_another_method_is_named_not_silently_ignored(small_adult, tmp_path, capsys):
+    # `--target income` with the default --method independent ran without a word (twelfth session)
+    out = tmp_path / "out.csv"
+    assert main(_synthesize(small_adult, out, "--target", "income", "--pb-noise", "gaussian")) == 0
+    err = capsys.readouterr().err
+    assert ("beamsynth synthesize: warning: --target is not used by --method independent "
+            "(it is an option of --method privbayes)") in err, err
+    assert "--pb-noise is not used by --method independent" in err, err
+    assert out.exists()  # a warning, not a refusal
+
+
+def test_options_of_the_chosen_method_and_defaults_are_not_named():
+    from beamsynth.pipelines.methods.registry import options_for_other_methods
+
+    # its own options (also shared ones such as --input-rows) and untouched defaults: nothing
+    assert options_for_other_methods("privbayes", {"target": "income", "input_rows": 10,
+                                                   "k": None, "burn_in": None}) == {}
+    # plausible's generator does not read privbayes' flags
+    assert options_for_other_methods("plausible", {"degree": 2}) == {"--degree": ["privbayes"]}
