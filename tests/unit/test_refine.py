@@ -185,6 +185,23 @@ def test_rake_without_targets_leaves_weights_alone():
     assert rake_weights(np.zeros((0, 2), dtype=np.int64), (2, 2), []).shape == (0,)
 
 
+def test_rake_ends_on_the_rows_own_one_way_margins():
+    """Issue 18 (H44): a target that disagrees with the rows' 1-way margins (a noisy pair) must
+    not have the last word: the raking ends with a sweep of the 1-way margins, so after a few
+    iterations the weighted margins are the rows' own (the last column exactly)."""
+    rng = np.random.default_rng(7)
+    shape = (3, 4)
+    codes = np.column_stack([rng.integers(0, s, 4000) for s in shape])
+    # a pair target whose margins are far from the pool's (as a noisy coarse pair can be)
+    target = np.outer([0.6, 0.3, 0.1], [0.1, 0.2, 0.3, 0.4])
+    ident = (np.arange(3), np.arange(4))
+    w = rake_weights(codes, shape, [RakeTarget((0, 1), ident, target)], iterations=2)
+    own = [np.bincount(codes[:, j], minlength=s) / len(codes) for j, s in enumerate(shape)]
+    got = [np.bincount(codes[:, j], weights=w, minlength=s) / w.sum() for j, s in enumerate(shape)]
+    np.testing.assert_allclose(got[-1], own[-1], atol=1e-12)
+    np.testing.assert_allclose(got[0], own[0], atol=1e-12)  # this target is a product: one sweep fits
+
+
 # -- systematic_resample -----------------------------------------------------------------------------
 def test_systematic_resample_draws_each_row_in_proportion_to_its_weight():
     pool = np.array([[0, 0], [1, 1]])
