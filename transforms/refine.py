@@ -381,8 +381,10 @@ def rake_weights(codes: np.ndarray, shape: Sequence[int], targets: Sequence[Rake
     w = np.ones(n) if weights is None else np.asarray(weights, dtype=np.float64).copy()
     if n == 0 or not targets:
         return w
-    ones = [(codes[:, j], np.bincount(codes[:, j], minlength=int(shape[j])).astype(np.float64))
-            for j in range(codes.shape[1])]
+    ones = []  # (column codes, the rows' own 1-way proportions), computed once
+    for j in range(codes.shape[1]):
+        counts = np.bincount(codes[:, j], minlength=int(shape[j])).astype(np.float64)
+        ones.append((codes[:, j], counts / counts.sum()))
     keyed = [(t.keys(codes), t.proportions.ravel()) for t in targets]
 
     def update(w: np.ndarray, idx: np.ndarray, prop: np.ndarray) -> np.ndarray:
@@ -393,13 +395,11 @@ def rake_weights(codes: np.ndarray, shape: Sequence[int], targets: Sequence[Rake
         return new if total > 0 and np.isfinite(total) else w
 
     for _ in range(iterations):
-        for idx, counts in ones:
-            w = update(w, idx, counts / counts.sum())
-        for idx, prop in keyed:
+        for idx, prop in ones + keyed:
             w = update(w, idx, prop)
     if RAKE_END_ON_MARGINS:  # a last sweep: the weights end on the rows' own 1-way margins
-        for idx, counts in ones:
-            w = update(w, idx, counts / counts.sum())
+        for idx, prop in ones:
+            w = update(w, idx, prop)
     return w
 
 

@@ -41,14 +41,20 @@ def test_tiny_input_falls_back_to_independent_and_the_manifest_records_it(tmp_pa
     assert len(pd.read_csv(out)) > 0
 
 
-def test_dp_count_forest_is_named_in_the_manifest(tmp_path):
-    """The run-time (DP count) small-input forest: the manifest names it and its edge count."""
+def _forest_input(tmp_path):
+    """300 rows over the shape (3, 2, 30): no θ-useful network at ε = 1, one affordable pair."""
     schema = {"privacy_id": None, "columns": [
         *SCHEMA["columns"][:2],
         {"name": "n", "type": "integer", "domain": {"kind": "integer", "low": 0, "high": 29}}]}
     src = tmp_path / "in.csv"
     src.write_text("a,b,n\n" + "".join(f"{'xyz'[i % 3]},{'pq'[(i % 3) // 2]},{i % 30}\n"
                                        for i in range(300)), encoding="utf-8")
+    return schema, src
+
+
+def test_dp_count_forest_is_named_in_the_manifest(tmp_path):
+    """The run-time (DP count) small-input forest: the manifest names it and its edge count."""
+    schema, src = _forest_input(tmp_path)
     manifest = run_synthesis(SynthesisConfig(  # as the next test, with the DP count, not input_rows
         input=str(src), schema=load_schema(schema), output=str(tmp_path / "out.csv"),
         epsilon=1.0, method="privbayes", rows=50, seed=3), PipelineOptions(["--runner=DirectRunner"]))
@@ -59,14 +65,9 @@ def test_dp_count_forest_is_named_in_the_manifest(tmp_path):
 
 
 def test_small_public_input_runs_the_forest_model_and_lists_its_spends(tmp_path):
-    schema = {"privacy_id": None, "columns": [
-        *SCHEMA["columns"][:2],
-        {"name": "n", "type": "integer", "domain": {"kind": "integer", "low": 0, "high": 29}}]}
-    src = tmp_path / "in.csv"
+    schema, src = _forest_input(tmp_path)
     # 300 rows, ε = 1, shape (3, 2, 30): no θ-useful network (300/(3·31.9) < 4.5), but the
     # 6-cell pair (a, b) is affordable (300·0.1/4 ≥ 6): the forest model with one step
-    src.write_text("a,b,n\n" + "".join(f"{'xyz'[i % 3]},{'pq'[(i % 3) // 2]},{i % 30}\n"
-                                       for i in range(300)), encoding="utf-8")
     out = tmp_path / "out.csv"
     manifest = run_synthesis(SynthesisConfig(
         input=str(src), schema=load_schema(schema), output=str(out), epsilon=1.0,
