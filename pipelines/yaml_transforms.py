@@ -325,10 +325,12 @@ class _JobLedger:
         self.accountant: Optional[PrivacyAccountant] = None  # noqa: UP045
 
     def add(self, step: str, spent: PrivacyAccountant, declared: Optional[ApproxDP],  # noqa: UP045
-            unit: tuple[Any, int] = (None, 1)) -> None:
+            unit: tuple[Any, int] = (None, 1), kind: str = STEP) -> None:
+        """Register step ``step`` (a ``kind`` step) spending ``spent``; raises when its privacy unit
+        differs, its job budget differs, or its ε does not fit what the earlier steps left."""
         if self.unit is not None and unit != self.unit:
             raise ValueError(
-                f"{STEP} {step!r}: privacy unit (privacy_id={unit[0]!r}, max_contributions="
+                f"{kind} {step!r}: privacy unit (privacy_id={unit[0]!r}, max_contributions="
                 f"{unit[1]}) differs from the other steps' (privacy_id={self.unit[0]!r}, "
                 f"max_contributions={self.unit[1]}); budgets of one job add up only for one "
                 "privacy unit")
@@ -336,7 +338,7 @@ class _JobLedger:
         if declared is not None:
             if self.total is not None and declared != self.total:
                 raise ValueError(
-                    f"{STEP} {step!r}: job_budget {declared} differs from the job budget "
+                    f"{kind} {step!r}: job_budget {declared} differs from the job budget "
                     f"{self.total} declared by step {self.declared_by!r}; declare the same total "
                     "on every step of the pipeline")
             if self.total is None:
@@ -345,7 +347,7 @@ class _JobLedger:
         if self.total is None:
             if len(self.steps) > 1:
                 raise ValueError(
-                    f"{STEP} steps {[s for s, _ in self.steps]} run in one pipeline, so their "
+                    f"{kind} steps {[s for s, _ in self.steps]} run in one pipeline, so their "
                     "releases compose: declare the pipeline's total budget on each of them with "
                     "job_budget: {epsilon: E, delta: D}")
             return
@@ -353,6 +355,18 @@ class _JobLedger:
         for name, steps in self.steps:
             if steps is spent and not acct.can_spend(spent.total):  # name the step's whole ε
                 acct.spend(name, spent.total, mechanism="probe")  # raises BudgetExceededError
+            for s in steps.spends:
+                acct.spend(f"{name}/{s.step}", s.budget, mechanism=s.mechanism, details=s.details)
+        self.accountant = acct
+
+    def rebuild(self) -> None:
+        """Recompute the job's accountant after a registered step's spends were recorded (the
+        statistics steps spend when their mechanisms are applied, after :meth:`add` checked that
+        their whole ε fits)."""
+        if self.total is None:
+            return
+        acct = PrivacyAccountant(total=self.total)
+        for name, steps in self.steps:
             for s in steps.spends:
                 acct.spend(f"{name}/{s.step}", s.budget, mechanism=s.mechanism, details=s.details)
         self.accountant = acct
@@ -433,30 +447,106 @@ _REQUIRED = {"schema": "a schema file or a bundled name such as adult",
              "epsilon": "the step's total ε, > 0"}
 
 
-def _config_checked(init: Any) -> Any:
-    """``init`` with its config keys checked in the step's own words. Beam YAML reports a
-    TypeError with 'keyword' cut out (``Synthesize.__init__() missing 1 required -only argument:
-    'schema'``), so unknown and missing keys raise a ValueError naming the step instead."""
-    params = [p for name, p in inspect.signature(init).parameters.items() if name != "self"]
-    names = [p.name for p in params]
-    required = [p.name for p in params if p.default is p.empty]
+def config_checked(step: str, required: Optional[dict[str, str]] = None) -> Any:  # noqa: UP045
+    """Decorator: ``__init__`` with its config keys checked in the step's own words. Beam YAML
+    reports a TypeError with 'keyword' cut out (``Synthesize.__init__() missing 1 required -only
+    argument: 'schema'``), so unknown and missing keys raise a ValueError naming the step (and the
+    nearest key) instead. ``required`` describes required keys for the message."""
+    what = dict(_REQUIRED, **(required or {}))
 
-    @functools.wraps(init)
-    def checked(self: Any, **config: Any) -> None:
-        unknown = [k for k in config if k not in names]
-        if unknown:
-            close = difflib.get_close_matches(unknown[0], names, n=1, cutoff=0.6)
-            raise ValueError(f"{STEP}: unknown config key {unknown[0]!r}"
-                             + (f" (did you mean {close[0]!r}?)" if close else "")
-                             + f"; its config takes: {', '.join(names)} (docs/releases.md, Beam YAML)")
-        missing = [k for k in required if k not in config]
-        if missing:
-            raise ValueError(f"{STEP}: config needs " + ", ".join(
-                f"{k}: ({_REQUIRED.get(k, 'required')})" for k in missing)
-                + " (docs/releases.md, Beam YAML)")
-        init(self, **config)
+    def decorate(init: Any) -> Any:
+        params = [p for name, p in inspect.signature(init).parameters.items() if name != "self"]
+        names = [p.name for p in params]
+        needed = [p.name for p in params if p.default is p.empty]
 
-    return checked
+        @functools.wraps(init)
+        def checked(self: Any, **config: Any) -> None:
+            unknown = [k for k in config if k not in names]
+            if unknown:
+                close = difflib.get_close_matches(unknown[0], names, n=1, cutoff=0.6)
+                raise ValueError(f"{step}: unknown config key {unknown[0]!r}"
+                                 + (f" (did you mean {close[0]!r}?)" if close else "")
+                                 + f"; its config takes: {', '.join(names)} (docs/releases.md, "
+                                 "Beam YAML)")
+            missing = [k for k in needed if k not in config]
+            if missing:
+                raise ValueError(f"{step}: config needs " + ", ".join(
+                    f"{k}: ({what.get(k, 'required')})" for k in missing)
+                    + " (docs/releases.md, Beam YAML)")
+            init(self, **config)
+
+        return checked
+
+    return decorate
+
+
+def check_step_config(*, batch_rows: Any, error_handling: Any, manifest: Any,
+                      position_field: Any) -> Optional[str]:  # noqa: UP045
+    """Validate the config keys every beamsynth YAML step shares; the error output's name."""
+    if isinstance(batch_rows, bool) or not isinstance(batch_rows, int) or batch_rows < 1:
+        raise ValueError(f"batch_rows ({batch_rows!r}) must be an int >= 1")
+    if error_handling is not None and not (isinstance(error_handling, dict)
+                                           and isinstance(error_handling.get("output"), str)):
+        raise ValueError(f"error_handling ({error_handling!r}) must be {{output: NAME}}")
+    if manifest is not None and not (isinstance(manifest, str) and manifest):
+        raise ValueError(f"manifest ({manifest!r}) must be a path")
+    if position_field is not None and not (isinstance(position_field, str) and position_field):
+        raise ValueError(f"position_field ({position_field!r}) must be a field name")
+    return None if error_handling is None else error_handling["output"]
+
+
+def warn_at_build(step: str, seed: Optional[int], errors: Optional[str], what: str) -> None:  # noqa: UP045
+    """The build-time warnings of a step: a seed (``what`` are the rows it counts as not for
+    release) and no error output (bad rows dropped and counted)."""
+    if seed is not None:
+        _LOG.warning("%s: seed=%d: %s (fixed randomness is for tests and demos; the output is "
+                     "marked in the manifest and %s counted in beamsynth/"
+                     "seeded_rows_not_for_release)", step, seed, SEEDED_NOTE, what)
+    if errors is None:
+        _LOG.warning("%s: no error_handling output: rows that do not fit the schema are "
+                     "dropped and counted (beamsynth/rows_rejected_schema), never raised or "
+                     "logged", step)
+
+
+def check_step_windows(pcoll: Any, windows: Optional[DeclaredWindows], name: str) -> None:  # noqa: UP045
+    """Refuse (when built) an unbounded input without declared windows and any windowing of the
+    input other than the global window (``name``: ``"<STEP> 'label'"``)."""
+    if windows is not None:
+        return
+    if not pcoll.is_bounded and isinstance(pcoll.windowing.windowfn, GlobalWindows):
+        raise ValueError(
+            f"{name}: the input is unbounded (a stream) and the step has no "
+            "windows, so it would never release; give the step windows: {start: S, end: E, "
+            "size: SECONDS} (declared in advance, docs/releases.md)")
+    try:
+        check_release_windowing(pcoll, name, qualify=False)
+    except ValueError as exc:
+        raise ValueError(f"{exc}; in Beam YAML give the step windows: {{start: S, end: E, "
+                         "size: SECONDS}} instead of windowing its input") from None
+
+
+def check_step_fields(pcoll: Any, schema: Schema, name: str) -> None:
+    """Refuse typed rows that carry none of the declared columns (the parse step forgotten:
+    ``ReadFromText`` gives ``Row(line)``): every row would be an error row and the release
+    learned from no record. Field names only (the element type, known when built)."""
+    fields = getattr(pcoll.element_type, "_fields", None)
+    if not isinstance(pcoll.element_type, RowTypeConstraint) or not fields:
+        return
+    declared = [c.name for c in schema.columns]
+    known = {n for c in declared for n in (c, avro_field_name(c))}
+    names = [f[0] for f in fields]
+    if not known.intersection(names):
+        raise ValueError(
+            f"{name}: its input rows have fields {names}, none of schema "
+            f"{schema.name!r}'s columns ({', '.join(declared[:6])}"
+            f"{', ...' if len(declared) > 6 else ''}), so no row carries a declared value; parse "
+            "the records first (ReadFromCsv, ReadFromJson, ReadFromParquet, or MapToFields "
+            "after ReadFromText) so each column is a field")
+
+
+#: the rows of a step's ``error_handling`` output (private: raw rows with reasons)
+ERROR_ROW_TYPE = RowTypeConstraint.from_fields(
+    [("source", str), ("row", Optional[int]), ("reason", str), ("raw", str)])  # noqa: UP045
 
 
 class Synthesize(beam.PTransform):
@@ -480,7 +570,7 @@ class Synthesize(beam.PTransform):
     #: ``randomness`` says "seeded: not for release" regardless. Only audits turn it off.
     mark_seeded = True
 
-    @_config_checked
+    @config_checked(STEP)
     def __init__(self, *, schema: str, epsilon: float, delta: float = 0.0,
                  method: str = "independent", rows: Optional[int] = None,  # noqa: UP045
                  count_fraction: float = 0.05, privacy_id: Optional[str] = None,  # noqa: UP045
@@ -492,15 +582,8 @@ class Synthesize(beam.PTransform):
                  manifest: Optional[str] = None,  # noqa: UP045
                  position_field: Optional[str] = None) -> None:  # noqa: UP045
         super().__init__()
-        if isinstance(batch_rows, bool) or not isinstance(batch_rows, int) or batch_rows < 1:
-            raise ValueError(f"batch_rows ({batch_rows!r}) must be an int >= 1")
-        if error_handling is not None and not (isinstance(error_handling, dict)
-                                               and isinstance(error_handling.get("output"), str)):
-            raise ValueError(f"error_handling ({error_handling!r}) must be {{output: NAME}}")
-        if manifest is not None and not (isinstance(manifest, str) and manifest):
-            raise ValueError(f"manifest ({manifest!r}) must be a path")
-        if position_field is not None and not (isinstance(position_field, str) and position_field):
-            raise ValueError(f"position_field ({position_field!r}) must be a field name")
+        errors = check_step_config(batch_rows=batch_rows, error_handling=error_handling,
+                                   manifest=manifest, position_field=position_field)
         self._position = position_field
         self._job_budget = _budget_from_config(job_budget, "job_budget")
         self._windows = _windows_from_config(windows)
@@ -525,16 +608,9 @@ class Synthesize(beam.PTransform):
             raise ValueError(f"{STEP}: epsilon/delta ({self._plan.accountant.total}) exceed the "
                              f"declared job_budget ({self._job_budget})")
         self._batch_rows = batch_rows
-        self._errors = None if error_handling is None else error_handling["output"]
+        self._errors = errors
         self._manifest = manifest
-        if seed is not None and self.mark_seeded:
-            _LOG.warning("%s: seed=%d: %s (fixed randomness is for tests and demos; the output is "
-                         "marked in the manifest and counted in beamsynth/"
-                         "seeded_rows_not_for_release)", STEP, seed, SEEDED_NOTE)
-        if self._errors is None:
-            _LOG.warning("%s: no error_handling output: rows that do not fit the schema are "
-                         "dropped and counted (beamsynth/rows_rejected_schema), never raised or "
-                         "logged", STEP)
+        warn_at_build(STEP, seed if self.mark_seeded else None, errors, "its rows")
 
     @property
     def accountant(self) -> PrivacyAccountant:
@@ -545,39 +621,6 @@ class Synthesize(beam.PTransform):
     def randomness(self) -> str:
         """``"seeded: not for release"`` with a seed, else secure."""
         return SEEDED_NOTE if self._plan.config.seed is not None else SECURE_NOTE
-
-    def _check_windows(self, pcoll) -> None:
-        if self._windows is not None:
-            return
-        if not pcoll.is_bounded and isinstance(pcoll.windowing.windowfn, GlobalWindows):
-            raise ValueError(
-                f"{STEP} {self.label!r}: the input is unbounded (a stream) and the step has no "
-                "windows, so it would never release; give the step windows: {start: S, end: E, "
-                "size: SECONDS} (declared in advance, docs/releases.md)")
-        try:
-            check_release_windowing(pcoll, f"{STEP} {self.label!r}", qualify=False)
-        except ValueError as exc:
-            raise ValueError(f"{exc}; in Beam YAML give the step windows: {{start: S, end: E, "
-                             "size: SECONDS}} instead of windowing its input") from None
-
-    def _check_fields(self, pcoll) -> None:
-        """Refuse typed rows that carry none of the declared columns (the parse step forgotten:
-        ``ReadFromText`` gives ``Row(line)``): every row would be an error row and the release
-        learned from no record. Field names only (the element type, known when built)."""
-        fields = getattr(pcoll.element_type, "_fields", None)
-        if not isinstance(pcoll.element_type, RowTypeConstraint) or not fields:
-            return
-        schema = self._plan.schema
-        declared = [c.name for c in schema.columns]
-        known = {n for c in declared for n in (c, avro_field_name(c))}
-        names = [f[0] for f in fields]
-        if not known.intersection(names):
-            raise ValueError(
-                f"{STEP} {self.label!r}: its input rows have fields {names}, none of schema "
-                f"{schema.name!r}'s columns ({', '.join(declared[:6])}"
-                f"{', ...' if len(declared) > 6 else ''}), so no row carries a declared value; parse "
-                "the records first (ReadFromCsv, ReadFromJson, ReadFromParquet, or MapToFields "
-                "after ReadFromText) so each column is a field")
 
     def _register(self, pipeline: beam.Pipeline) -> "_JobLedger":
         ledger = _LEDGERS.setdefault(pipeline, _JobLedger())
@@ -597,8 +640,8 @@ class Synthesize(beam.PTransform):
             declared_windows=self._windows is not None)
 
     def expand(self, pcoll):
-        self._check_windows(pcoll)
-        self._check_fields(pcoll)
+        check_step_windows(pcoll, self._windows, f"{STEP} {self.label!r}")
+        check_step_fields(pcoll, self._plan.schema, f"{STEP} {self.label!r}")
         ledger = self._register(pcoll.pipeline)  # raises when the pipeline's steps overspend
         plan, cfg, schema = self._plan, self._plan.config, self._plan.schema
         outside = None
@@ -658,8 +701,7 @@ class Synthesize(beam.PTransform):
         rejected = rejected | "RejectedRows" >> beam.Map(
             lambda r: beam.Row(source=r.source, row=r.row if positioned else None,
                                reason=r.reason, raw=r.raw)
-        ).with_output_types(RowTypeConstraint.from_fields(
-            [("source", str), ("row", Optional[int]), ("reason", str), ("raw", str)]))  # noqa: UP045
+        ).with_output_types(ERROR_ROW_TYPE)
         return {"output": out, self._errors: rejected}
 
     def _write_manifest(self, enc, batches, tables, ledger: "_JobLedger", *,
