@@ -249,6 +249,13 @@ def read_dictionary(path: str | Path, fmt: str = "auto") -> tuple[str, list[Draf
         text = p.read_text(encoding="utf-8-sig")
     except OSError as exc:
         raise ValueError(f"dictionary {str(p)!r}: cannot read: {exc}") from exc
+    if fmt == "auto" and p.suffix.lower() in (".yaml", ".yml"):
+        raise ValueError(
+            f"dictionary {str(p)!r}: a YAML file; draft reads an SDNist data_dictionary.json, a "
+            "domain JSON or a CSV codebook. From metadata such as SmartNoise's YAML (type, lower, "
+            "upper per column), write a CSV codebook 'column,type,values,min,max' (categories "
+            "as a|b|c) and draft that; an existing beamsynth schema YAML needs no draft: "
+            "`beamsynth schema validate` it (docs/schema-guide.md)")
     if fmt == "auto":
         fmt = "csv" if p.suffix.lower() in (".csv", ".tsv") else "json"
     if fmt == "csv":
