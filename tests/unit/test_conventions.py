@@ -228,7 +228,16 @@ def _factories(tmp_path) -> dict:
         "PlausibleSynthesis": PlausibleSynthesis(schema=SCHEMA, rows=None, budget=PureDP(epsilon=1.0),
                                                  k=10, gamma=2.0, epsilon0=None, omega=1),
         "Synthesize": Synthesize(schema="adult", epsilon=1.0),
+        **_yaml_stats_steps(),
     }
+
+
+def _yaml_stats_steps() -> dict:
+    from beamsynth.pipelines import yaml_stats
+
+    return {"YamlHistogram": yaml_stats.Histogram(schema="adult", column="age", epsilon=1.0),
+            "YamlMarginals": yaml_stats.Marginals(schema="adult", marginals=[["sex"]], epsilon=1.0),
+            "YamlCount": yaml_stats.Count(schema="adult", epsilon=1.0)}
 
 
 # transforms that release DP values (the rest read, write, bound, split or post-process)
@@ -236,7 +245,7 @@ MECHANISMS = {"DPMarginals", "DPCount", "DPIndependentMarginals", "DPCategorical
               "DPPrivBayes", "PrivBayesSynthesizer", "DPHashedConditionals", "DPPlausibleBayesNet",
               "DPPrivBayesGenerator",
               "DPBasicPrefixHistogram", "DPImprovedPrefixHistogram", "DPDirectPrefixSynthesis",
-              "Synthesize"}
+              "Synthesize", "YamlHistogram", "YamlMarginals", "YamlCount"}
 
 
 def test_display_data_is_public_parameters_only(tmp_path):
@@ -277,6 +286,8 @@ def test_mechanism_display_values():
 # generic steps whose elements are whatever the caller's are (no element type to declare)
 UNTYPED = {
     "Synthesize": "Beam YAML step: schema'd rows of any schema in, rows of the step's schema out",
+    **dict.fromkeys(("Histogram", "Marginals", "Count"),  # pipelines/yaml_stats.py (API's: typed)
+                    "Beam YAML step: schema'd rows of any schema in, released rows out"),
     "Heartbeats": "emits Beam-timestamped heartbeats for any windowed input",
     "DropOutsideDeclared": "passes any element through",
     "CombineDeclaredWindows": "combines any element with any CombineFn",

@@ -1,0 +1,473 @@
+"""beamsynth's DP statistics as Beam YAML steps (see ``beamsynth_provider.yaml`` next to this module).
+
+``BeamsynthHistogram``, ``BeamsynthMarginals`` and ``BeamsynthCount`` are the public API's
+mechanisms (:class:`~beamsynth.transforms.private_ops.Marginals` and
+:class:`~beamsynth.transforms.private_ops.Count` applied to ``job.private(schema)``), wrapped in the
+conventions of ``BeamsynthSynthesize`` (:mod:`beamsynth.pipelines.yaml_transforms`):
+
+* **Config** is checked when the step is built (unknown key with the nearest one, missing key,
+  undeclared column with the nearest declared one), before any data is read.
+* **One job budget.** Every beamsynth step of a pipeline, synthesis or statistics, registers in the
+  pipeline's job ledger (:func:`~beamsynth.pipelines.yaml_transforms.job_accountant`): the step's
+  whole ε must fit in the declared ``job_budget`` minus what the earlier steps spent, else the
+  pipeline is refused when built. The statistics steps of one pipeline share one
+  :class:`~beamsynth.transforms.private.PrivacyJob` (so one seed mode and one windowing); its
+  spends are copied into the ledger, whose accountant every manifest of the pipeline states.
+* **Data-independent shape.** Histograms and marginals release every declared cell (empty cells
+  included) in the declared cell order, one release per run or per declared window, data or not.
+* **Bad rows** go to the ``error_handling`` output as ``{source, row, reason, raw}`` (the same rows
+  as ``BeamsynthSynthesize``'s; ``row`` is the row's ``position_field``, else null), or are
+  dropped and counted; the manifest's ``operational`` part counts them.
+* ``seed`` (tests and demos only) logs a warning when built, counts the released rows in
+  ``beamsynth/seeded_rows_not_for_release`` and makes the manifest say "seeded: not for release".
+* ``manifest: PATH`` writes one manifest when the run ends (bounded input only): the job ledger's
+  budget, the step's own spends, exact operational counts (private) and ``rows_out``.
+
+Privacy (add/remove one privacy unit of at most ``max_contributions`` records, bounded before any
+measurement; per declared window with ``windows``): each table has L1 sensitivity ``k`` and
+discrete Laplace noise of scale ``k/ε_i`` on every declared cell, the step's ε split equally over
+its tables (ε-DP, δ = 0; Laplace mechanism, Dwork et al. 2006, discrete form); a count has
+sensitivity ``k``, scale ``k/ε``.
+
+No ``from __future__ import annotations``: Beam YAML reads the constructors' annotations.
+"""
+
+import math
+import weakref
+from collections.abc import Sequence
+from typing import Any, Optional, Union
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.transforms.window import GlobalWindows
+from apache_beam.typehints.row_type import RowTypeConstraint
+
+from beamsynth.pipelines.io.manifest import SECURE_NOTE, SEEDED_NOTE
+from beamsynth.pipelines.io.records import METRICS_NAMESPACE
+from beamsynth.pipelines.yaml_transforms import (
+    _LEDGERS,
+    ERROR_ROW_TYPE,
+    _budget_from_config,
+    _JobLedger,
+    _SumCountsFn,
+    _windows_from_config,
+    _WriteManifestFn,
+    check_step_config,
+    check_step_fields,
+    check_step_windows,
+    config_checked,
+    warn_at_build,
+)
+from beamsynth.schemas.schema import Schema, avro_field_name, load_schema
+from beamsynth.transforms.budget import PrivacyAccountant
+from beamsynth.transforms.conventions import display_items
+from beamsynth.transforms.measure import NoisyMarginal, combine_globally
+from beamsynth.transforms.outputs import COUNT_FIELD
+from beamsynth.transforms.private import (
+    WINDOW_FIELD,
+    PrivacyJob,
+    PrivacyUnit,
+    names_of,
+    pure,
+    window_row_type,
+)
+from beamsynth.transforms.private_ops import MAX_MARGINAL_CELLS
+from beamsynth.transforms.private_ops import Count as ApiCount
+from beamsynth.transforms.private_ops import Marginals as ApiMarginals
+from beamsynth.transforms.windows import iso_seconds
+
+__all__ = ["HISTOGRAM_TYPE", "Count", "Histogram", "Marginals", "histogram_long_rows"]
+
+HISTOGRAM_TYPE = RowTypeConstraint.from_fields(
+    [("column", str), ("value", Optional[str]), (COUNT_FIELD, int)])  # noqa: UP045
+_JOB_NAME = "beam-yaml statistics"
+# the statistics steps' PrivacyJob of each pipeline and the step that made it (not in the ledger,
+# which DoFns carry: a job holds weak references and cannot be pickled)
+_JOBS: "weakref.WeakKeyDictionary[beam.Pipeline, tuple[PrivacyJob, str]]" = weakref.WeakKeyDictionary()
+
+
+class _StatsStep(beam.PTransform):
+    """The shared part of the statistics steps: config, job, ledger, dead letters, manifest."""
+
+    kind = "BeamsynthStats"
+    #: short name of the mechanism (the spend's name in the ledger: ``<step>/<short>``)
+    short = "stats"
+    #: whether a seeded step is marked (build-time warning, row counter); only audits turn it off
+    mark_seeded = True
+
+    def _setup(self, *, schema: str, epsilon: float, privacy_id: Optional[str],  # noqa: UP045
+               max_contributions: int, seed: Optional[int], batch_rows: int,  # noqa: UP045
+               error_handling: Optional[dict], job_budget: Optional[dict],  # noqa: UP045
+               windows: Optional[dict], manifest: Optional[str],  # noqa: UP045
+               position_field: Optional[str]) -> None:  # noqa: UP045
+        self._errors = check_step_config(batch_rows=batch_rows, error_handling=error_handling,
+                                         manifest=manifest, position_field=position_field)
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise ValueError(f"{self.kind}: seed ({seed!r}) must be an int (tests and demos only) "
+                             "or absent (secure noise)")
+        self._schema: Schema = load_schema(schema)
+        self._budget = pure(epsilon)
+        pid = privacy_id if privacy_id is not None else self._schema.privacy_id
+        self._unit = PrivacyUnit(id_column=pid, max_contributions=max_contributions)
+        self._job_budget = _budget_from_config(job_budget, "job_budget")
+        if self._job_budget is not None and not PrivacyAccountant(
+                total=self._job_budget).can_spend(self._budget):
+            raise ValueError(f"{self.kind}: epsilon ({self._budget}) exceeds the declared "
+                             f"job_budget ({self._job_budget})")
+        self._windows = _windows_from_config(windows)
+        self._seed, self._batch_rows = seed, batch_rows
+        self._manifest, self._position = manifest, position_field
+        warn_at_build(self.kind, seed if self.mark_seeded else None, self._errors,
+                      "its released rows")
+
+    def _columns(self, columns: Sequence[str], what: str) -> list[str]:
+        """Declared column names (a field name such as ``education_num`` is refused with the
+        declared name it stands for)."""
+        names_of(self._schema, columns, f"{self.kind}: {what}")
+        return list(columns)
+
+    # -- hooks -------------------------------------------------------------------------------
+    def _mechanism(self, label: str) -> beam.PTransform:
+        raise NotImplementedError
+
+    def _outputs(self, released: Any) -> dict[str, beam.PCollection]:
+        raise NotImplementedError
+
+    def _details(self) -> dict[str, Any]:
+        return {}
+
+    # -- Beam --------------------------------------------------------------------------------
+    @property
+    def accountant(self) -> PrivacyAccountant:
+        """The step's own spends (filled when the step is applied; see ``job_accountant``)."""
+        return getattr(self, "_step_acct", PrivacyAccountant(total=self._budget))
+
+    @property
+    def randomness(self) -> str:
+        """``"seeded: not for release"`` with a seed, else secure."""
+        return SEEDED_NOTE if self._seed is not None else SECURE_NOTE
+
+    def display_data(self) -> dict[str, Any]:
+        """Mechanism, the step's budget and declared sizes (never data values)."""
+        return display_items(mechanism=f"{self.short} (Beam YAML step)",
+                             epsilon=self._budget.epsilon, delta=0.0,
+                             columns=len(self._schema.columns),
+                             declared_windows=self._windows is not None)
+
+    def _job(self, pipeline: beam.Pipeline, ledger: _JobLedger, name: str) -> PrivacyJob:
+        """The pipeline's statistics job (made by its first statistics step)."""
+        job, first = _JOBS.get(pipeline, (None, ""))
+        if job is None:
+            total = ledger.total if ledger.total is not None else self._budget
+            job = PrivacyJob(epsilon=total.epsilon, delta=total.delta, privacy_unit=self._unit,
+                             seed=self._seed, name=_JOB_NAME)
+            _JOBS[pipeline] = (job, self.label)
+            return job
+        if job.seed != self._seed:
+            raise ValueError(f"{name}: seed {self._seed!r} differs from step {first!r}'s "
+                             f"({job.seed!r}); the statistics steps of one pipeline share one "
+                             "privacy job and its randomness: give them the same seed (or none)")
+        if ledger.total is not None and job.accountant.total != ledger.total:
+            raise ValueError(f"{name}: job_budget {ledger.total} was declared after statistics "
+                             f"step {first!r} started the job with its own ε; declare job_budget "
+                             "on every beamsynth step of the pipeline")
+        return job
+
+    def expand(self, pcoll):
+        name = f"{self.kind} {self.label!r}"
+        check_step_windows(pcoll, self._windows, name)
+        check_step_fields(pcoll, self._schema, name)
+        if self._manifest is not None and (not pcoll.is_bounded or (
+                self._windows is not None and self._windows.declared_end is None)):
+            raise ValueError(f"{name}: manifest needs a bounded input and declared windows with "
+                             "an end (its exact counts are final only when the run ends); drop "
+                             "manifest: (the spends are known when built: job_accountant) or "
+                             "read a bounded source")
+        ledger = _LEDGERS.setdefault(pcoll.pipeline, _JobLedger())
+        self._step_acct = PrivacyAccountant(total=self._budget)
+        # raises when this step's whole ε does not fit the job budget (before any spend)
+        ledger.add(self.label, self._step_acct, self._job_budget,
+                   (self._unit.id_column, self._unit.max_contributions), kind=self.kind)
+        job = self._job(pcoll.pipeline, ledger, name)
+        spent_before, counts_before = len(job.accountant.spends), len(job.count_outputs)
+        private = pcoll | "Private" >> job.private(
+            self._schema, position_field=self._position, source=self.label,
+            batch_rows=self._batch_rows, windows=self._windows)
+        # PrivateCollection: EncodedBatch (bounded per unit) + dead-letter Rows
+        released = private | self._mechanism(f"{self.short}[{self.label}]")
+        # the mechanism's release: rows, tagged rows or typed values (see _outputs)
+        for s in job.accountant.spends[spent_before:]:
+            self._step_acct.spend(self.short, s.budget, mechanism=s.mechanism, details=s.details)
+        ledger.rebuild()
+        job.accountant.to_dict()  # taken: the ledger holds these spends (job_accountant, manifests)
+        outputs = self._outputs(released)
+        if self._seed is not None and self.mark_seeded:
+            outputs = {tag: rows | f"CountSeeded[{tag}]" >> beam.Map(_count_seeded)
+                       .with_output_types(rows.element_type) for tag, rows in outputs.items()}
+        if self._manifest is not None:
+            self._write_manifest(job.count_outputs[counts_before:], outputs, ledger)
+        if self._errors is None:  # dead letters: counted (metrics, manifest) and dropped
+            # one output is the step's only PCollection (Beam YAML: input: STEP), as Synthesize's
+            return outputs["output"] if list(outputs) == ["output"] else outputs
+        errors = private.dead_letters | "ErrorRows" >> beam.Map(
+            lambda d: beam.Row(source=d.source, row=d.position, reason=d.reason, raw=d.element)
+        ).with_output_types(ERROR_ROW_TYPE)
+        # beam.Row(source, row, reason, raw) per rejected row (private)
+        return {**outputs, self._errors: errors}
+
+    def _write_manifest(self, api_counts: list, outputs: dict, ledger: _JobLedger) -> None:
+        parts = [c | f"ManifestCounts{i}" >> beam.FlatMap(_operational)
+                 for i, c in enumerate(api_counts)]
+        for tag, rows in outputs.items():
+            out = rows | f"OutCounts[{tag}]" >> beam.Map(lambda _r: ("rows_out", 1))
+            if self._windows is not None:
+                out = out | f"GlobalOut[{tag}]" >> beam.WindowInto(GlobalWindows())
+            parts.append(out)
+        counts = tuple(parts) | "AllCounts" >> beam.Flatten()
+        # (name, n) pairs, global window
+        schema = self._schema
+        info = {
+            "command": f"beam-yaml {self.kind}", "method": self.short, "inputs": [self.label],
+            "schema_name": schema.name, "schema_fingerprint": schema.fingerprint(),
+            "seed": self._seed,
+            "privacy_unit": {"privacy_id": self._unit.id_column,
+                             "max_contributions": self._unit.max_contributions,
+                             "per": "window" if self._windows is not None else "run",
+                             "neighbouring": "add/remove one privacy unit"},
+            "details": {"step": self.label, "step_budget": self._step_acct.to_dict(),
+                        **self._details(),
+                        "declared_windows": None if self._windows is None else self._windows.describe(),
+                        "dead_letters": "error_handling output" if self._errors else
+                                        "dropped and counted (no error_handling output)"},
+        }
+        _ = (combine_globally(counts, _SumCountsFn(), "SumCounts")
+             # dict of exact counts of the run (operational, not DP)
+             | "WriteManifest" >> beam.ParDo(_WriteManifestFn(
+                 path=self._manifest, info=info, ledger=ledger, step=self._step_acct)))
+
+
+_COMMON_KEYS = ("schema", "epsilon", "privacy_id", "max_contributions", "seed", "batch_rows",
+                "error_handling", "job_budget", "windows", "manifest", "position_field")
+
+
+def _common(config: dict[str, Any]) -> dict[str, Any]:
+    """The config keys every statistics step takes (each step's signature spells them out: Beam
+    YAML builds the step's config schema from it)."""
+    return {k: config[k] for k in _COMMON_KEYS}
+
+
+_OPERATIONAL = {"read": [("rows_read", 1)], "rejected": [("rows_rejected", 1)],
+                "used": [("rows_used", 1), ("rows_dropped_by_bound", -1)],
+                "encoded": [("rows_dropped_by_bound", 1)]}
+
+
+def _operational(item: tuple[str, str, int]) -> list[tuple[str, int]]:
+    """The API's ``(source, field, n)`` exact counts as the YAML manifest's ``(name, n)``."""
+    _source, field, n = item
+    return [(name, sign * int(n)) for name, sign in _OPERATIONAL.get(field, [])]
+
+
+def _count_seeded(row: Any) -> Any:
+    beam.metrics.Metrics.counter(METRICS_NAMESPACE, "seeded_rows_not_for_release").inc()
+    return row
+
+
+def _label_text(value: Any) -> Optional[str]:  # noqa: UP045
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return str(value)
+
+
+def histogram_long_rows(tables: tuple[NoisyMarginal, ...], schema: Schema) -> list[beam.Row]:
+    """One-way noisy tables → ``(column, value, noisy_count)`` rows: the tables in the order
+    given, each declared cell in cell order (a null cell's value is null). Post-processing."""
+    rows = []
+    for table in tables:
+        (name,) = table.names
+        col = schema.column(name)
+        labels = col.decode(np.arange(col.cells, dtype=np.int64))
+        for label, count in zip(labels, table.values.reshape(-1).tolist()):
+            rows.append(beam.Row(column=name, value=_label_text(label), **{COUNT_FIELD: int(count)}))
+    return rows
+
+
+class _LongRowsFn(beam.DoFn):
+    """Released one-way tables → long rows, ``window_start`` first under declared windows."""
+
+    def __init__(self, schema: Schema, windowed: bool) -> None:
+        self._schema, self._windowed = schema, windowed
+
+    def process(self, tables: tuple[NoisyMarginal, ...], window=beam.DoFn.WindowParam):
+        start = {WINDOW_FIELD: iso_seconds(window.start)} if self._windowed else None
+        for row in histogram_long_rows(tables, self._schema):
+            yield row if start is None else beam.Row(**start, **row._asdict())
+
+
+class Histogram(_StatsStep):
+    """Beam YAML step ``BeamsynthHistogram``: DP counts of every declared value of one or more
+    columns, as rows ``(column, value, noisy_count)`` (``window_start`` first with ``windows``).
+
+    Config: ``column`` (one declared column) or ``columns`` (a list), ``epsilon`` (the step's ε,
+    split equally over the columns), and the keys every beamsynth step takes (``schema``,
+    ``privacy_id``, ``max_contributions``, ``seed``, ``batch_rows``, ``error_handling``,
+    ``job_budget``, ``windows``, ``manifest``, ``position_field``).
+
+    Mechanism: ``bs.Marginals`` with one one-way table per column: discrete Laplace of scale
+    ``k·m/ε`` (``m`` columns, ``k`` = max_contributions, the L1 sensitivity of each table) on every
+    declared cell, empty ones included; ε-DP, δ = 0, for add/remove of one privacy unit (Laplace
+    mechanism, Dwork et al. 2006, discrete form; sequential composition over the columns). Rows:
+    ``sum`` of the columns' declared cells (a nullable column has one more, value null), columns
+    in the order given, cells in declared order: public.
+    """
+
+    kind = "BeamsynthHistogram"
+    short = "histogram"
+
+    @config_checked(kind, {"column": "a declared column, or columns: [a, b]"})
+    def __init__(self, *, schema: str, epsilon: float, column: Optional[str] = None,  # noqa: UP045
+                 columns: Optional[list] = None, privacy_id: Optional[str] = None,  # noqa: UP045
+                 max_contributions: int = 1, seed: Optional[int] = None,  # noqa: UP045
+                 batch_rows: int = 20_000, error_handling: Optional[dict] = None,  # noqa: UP045
+                 job_budget: Optional[dict] = None, windows: Optional[dict] = None,  # noqa: UP045
+                 manifest: Optional[str] = None,  # noqa: UP045
+                 position_field: Optional[str] = None) -> None:  # noqa: UP045
+        super().__init__()
+        if (column is None) == (columns is None):
+            raise ValueError(f"{self.kind}: give column: NAME or columns: [NAME, ...] (one of the "
+                             f"two), got column={column!r}, columns={columns!r}")
+        if columns is not None and (isinstance(columns, (str, bytes))
+                                    or not isinstance(columns, Sequence) or not columns
+                                    or len(set(map(str, columns))) != len(columns)):
+            raise ValueError(f"{self.kind}: columns ({columns!r}) must be a non-empty list of "
+                             "distinct declared column names")
+        self._setup(**_common(locals()))
+        self._names = self._columns([column] if columns is None else list(columns), "column")
+        for n in self._names:
+            cells = self._schema.column(n).cells
+            if cells > MAX_MARGINAL_CELLS:
+                raise ValueError(f"{self.kind}: column {n!r} declares {cells} cells, more than a "
+                                 f"dense noisy table holds ({MAX_MARGINAL_CELLS}); release it with "
+                                 "bs.Histogram (CatHist) in Python or beamsynth histogram")
+
+    def _mechanism(self, label: str) -> beam.PTransform:
+        return ApiMarginals(marginals=[(n,) for n in self._names], epsilon=self._budget.epsilon,
+                         typed=True, label=label)
+
+    def _outputs(self, released: Any) -> dict[str, beam.PCollection]:
+        windowed = self._windows is not None
+        rows = released | "Rows" >> beam.ParDo(_LongRowsFn(self._schema, windowed)).with_output_types(
+            window_row_type(HISTOGRAM_TYPE) if windowed else HISTOGRAM_TYPE)
+        # beam.Row([window_start,] column, value, noisy_count) per declared cell, in order
+        return {"output": rows}
+
+    def _details(self) -> dict[str, Any]:
+        return {"columns": list(self._names),
+                "cells": [self._schema.column(n).cells for n in self._names]}
+
+
+class Marginals(_StatsStep):
+    """Beam YAML step ``BeamsynthMarginals``: DP k-way tables of declared column sets, one output
+    per table with one row per declared cell ``(<columns>..., noisy_count)`` (``window_start``
+    first with ``windows``).
+
+    Config: ``marginals``: a list of column lists (``[[age, sex], [race]]``; output tags
+    ``age_by_sex``, ``race``: field names joined by ``_by_``) or a mapping from output tag to
+    column list (``{by_age_sex: [age, sex]}``), ``epsilon`` (split equally over the tables), and
+    the keys every beamsynth step takes.
+
+    Mechanism: ``bs.Marginals``: each table has L1 sensitivity ``k`` (max_contributions) and
+    discrete Laplace noise of scale ``k·T/ε`` (``T`` tables) on every declared cell; ε-DP, δ = 0,
+    for add/remove of one privacy unit (Laplace mechanism, Dwork et al. 2006, discrete form;
+    PrivBayes §3, seed 004, for marginals). Rows per table: the product of its columns' declared
+    cells, in declared cell order (public).
+    """
+
+    kind = "BeamsynthMarginals"
+    short = "marginals"
+
+    @config_checked(kind, {"marginals": "a list of column lists, e.g. [[age, sex], [race]]"})
+    def __init__(self, *, schema: str, epsilon: float,
+                 marginals: Union[list, dict],  # noqa: UP007
+                 privacy_id: Optional[str] = None,  # noqa: UP045
+                 max_contributions: int = 1, seed: Optional[int] = None,  # noqa: UP045
+                 batch_rows: int = 20_000, error_handling: Optional[dict] = None,  # noqa: UP045
+                 job_budget: Optional[dict] = None, windows: Optional[dict] = None,  # noqa: UP045
+                 manifest: Optional[str] = None,  # noqa: UP045
+                 position_field: Optional[str] = None) -> None:  # noqa: UP045
+        super().__init__()
+        self._setup(**_common(locals()))
+        self._tables = self._parse(marginals)
+        if self._errors in self._tables:
+            raise ValueError(f"{self.kind}: output tag {self._errors!r} is both a table and the "
+                             "error_handling output; rename one")
+        self._api = ApiMarginals(marginals=list(self._tables.values()), epsilon=self._budget.epsilon,
+                              label="check")  # validates the tables now (repeats, empty ones)
+
+    def _parse(self, marginals: Any) -> dict[str, tuple[str, ...]]:
+        if isinstance(marginals, dict):
+            items = list(marginals.items())
+        elif isinstance(marginals, (list, tuple)) and marginals:
+            items = [(None, m) for m in marginals]
+        else:
+            raise ValueError(f"{self.kind}: marginals ({marginals!r}) must be a list of column "
+                             "lists ([[age, sex], [race]]) or a mapping {tag: [age, sex]}")
+        tables: dict[str, tuple[str, ...]] = {}
+        for tag, m in items:
+            cols = [m] if isinstance(m, str) else m
+            if not isinstance(cols, (list, tuple)) or not cols:
+                raise ValueError(f"{self.kind}: marginal {m!r} must be a non-empty list of "
+                                 "declared column names")
+            cols = tuple(self._columns(cols, f"marginal {list(cols)!r}"))
+            tag = tag if tag is not None else "_by_".join(avro_field_name(c) for c in cols)
+            if not isinstance(tag, str) or not tag or "." in tag:
+                raise ValueError(f"{self.kind}: output tag {tag!r} must be a non-empty name "
+                                 "without '.'")
+            if tag in tables:
+                raise ValueError(f"{self.kind}: two tables have the output tag {tag!r}; use the "
+                                 "mapping form {tag: [columns]} to name them")
+            tables[tag] = cols
+        return tables
+
+    def _mechanism(self, label: str) -> beam.PTransform:
+        return ApiMarginals(marginals=list(self._tables.values()), epsilon=self._budget.epsilon,
+                            label=label)
+
+    def _outputs(self, released: Any) -> dict[str, beam.PCollection]:
+        # the API's rows: one PCollection per table keyed "a,b"
+        return {tag: released[",".join(cols)] for tag, cols in self._tables.items()}
+
+    def _details(self) -> dict[str, Any]:
+        return {"tables": {tag: list(cols) for tag, cols in self._tables.items()},
+                "cells": {tag: math.prod(self._schema.column(c).cells for c in cols)
+                          for tag, cols in self._tables.items()}}
+
+
+class Count(_StatsStep):
+    """Beam YAML step ``BeamsynthCount``: the DP number of records, one row ``(noisy_count)``
+    (``window_start`` first with ``windows``: one row per declared window).
+
+    Config: ``epsilon`` and the keys every beamsynth step takes. Mechanism: ``bs.Count``:
+    sensitivity ``k`` (max_contributions), discrete Laplace of scale ``k/ε``; ε-DP, δ = 0, for
+    add/remove of one privacy unit (Laplace mechanism, Dwork et al. 2006, discrete form). Rows
+    counted are those that fit the declared schema (bad rows are dead letters, not counted).
+    """
+
+    kind = "BeamsynthCount"
+    short = "count"
+
+    @config_checked(kind)
+    def __init__(self, *, schema: str, epsilon: float,
+                 privacy_id: Optional[str] = None,  # noqa: UP045
+                 max_contributions: int = 1, seed: Optional[int] = None,  # noqa: UP045
+                 batch_rows: int = 20_000, error_handling: Optional[dict] = None,  # noqa: UP045
+                 job_budget: Optional[dict] = None, windows: Optional[dict] = None,  # noqa: UP045
+                 manifest: Optional[str] = None,  # noqa: UP045
+                 position_field: Optional[str] = None) -> None:  # noqa: UP045
+        super().__init__()
+        self._setup(**_common(locals()))
+
+    def _mechanism(self, label: str) -> beam.PTransform:
+        return ApiCount(epsilon=self._budget.epsilon, label=label)
+
+    def _outputs(self, released: Any) -> dict[str, beam.PCollection]:
+        return {"output": released}
