@@ -25,7 +25,7 @@ from typing import Any
 from apache_beam.io.filesystems import FileSystems
 
 from beamsynth.pipelines.io.preflight import PreflightError, PreflightReport, Required, check_inputs
-from beamsynth.schemas.schema import Schema
+from beamsynth.schemas.schema import Schema, avro_field_name
 
 __all__ = [
     "CORRELATED_METHODS",
@@ -195,6 +195,24 @@ def allowed_columns(schema: Schema) -> list[str] | None:
     if schema.extra_columns != "reject":
         return None
     return list(schema.names) + ([schema.privacy_id] if schema.privacy_id else [])
+
+
+def ignored_columns_note(report: PreflightReport, schema: Schema,
+                         required: Sequence[Required]) -> str | None:
+    """Which input header columns ``extra_columns: ignore`` leaves out of the output (e.g. a
+    column the dictionary declared no domain for, so the drafted schema skipped it), else None.
+    Header names only (the file's structure, console only), never a value."""
+    if schema.extra_columns != "ignore":
+        return None
+    wanted = {r.name for r in required} | {avro_field_name(r.name) for r in required}
+    extra = list(dict.fromkeys(h for f in report.files for h in (f.columns or ()) if h not in wanted))
+    if not extra:
+        return None
+    names = ", ".join(repr(h) for h in extra)
+    noun = "column" if len(extra) == 1 else "columns"
+    verb = "is" if len(extra) == 1 else "are"
+    return (f"input {noun} {names} {verb} not in schema {schema.name!r} and {verb} not synthesized "
+            "(extra_columns: ignore); declare a domain for it to keep it (docs/schema-guide.md)")
 
 
 CORRELATED_METHODS = ("privbayes", "sbhg", "plausible")

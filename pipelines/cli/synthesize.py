@@ -15,6 +15,7 @@ from beamsynth.pipelines.cli.console import (
     cli_checks,
     cli_report,
     count_line,
+    ignored_columns_note,
     method_advice,
 )
 from beamsynth.pipelines.io.manifest import manifest_path
@@ -107,11 +108,15 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
         print(f"beamsynth synthesize: {args.method} on {args.input} (ε={args.epsilon:g}"
               + (f", δ={args.delta:g}" if args.delta else "") + ")", file=sys.stderr)
     options = pipeline_options(beam_args)
-    cli_checks("synthesize", args, options,
-               required=schema_requirements(schema, privacy_id=args.privacy_id),
-               reject_extra=allowed_columns(pid_schema),
-               read=lambda p: p | "Read" >> ReadRecords(args.input, pid_schema, split_bytes=args.split_bytes,
-                                                        max_record_lines=args.max_record_lines))
+    required = schema_requirements(schema, privacy_id=args.privacy_id)
+    report = cli_checks("synthesize", args, options, required=required,
+                        reject_extra=allowed_columns(pid_schema),
+                        read=lambda p: p | "Read" >> ReadRecords(
+                            args.input, pid_schema, split_bytes=args.split_bytes,
+                            max_record_lines=args.max_record_lines))
+    ignored = ignored_columns_note(report, pid_schema, required)
+    if ignored and not quiet:
+        print(f"beamsynth synthesize: note: {ignored}", file=sys.stderr)
     manifest = run_synthesis(cfg, options, progress=Progress(quiet=quiet))
     op, rel = manifest["operational"], manifest["release"]
     cli_report("synthesize", args, op, rejected_path(args.output))
