@@ -131,8 +131,10 @@ def _judge_row(schema: Schema, d: dict,
     out: dict[str, Any] = {}
     used: set[Any] = set()
     columns = [(c.name, c.nullable) for c in schema.columns]
+    coded = {c.name for c in schema.columns if c.type in ("categorical", "string", "text")}
     if schema.privacy_id is not None:
         columns.append((schema.privacy_id, False))
+        coded.add(schema.privacy_id)  # 7.0 is the person 7 (privacy_id_text), not a second one
     for name, nullable in columns:
         keys = [k for k in dict.fromkeys((name, avro_field_name(name))) if k in d]
         if len(keys) > 1:
@@ -143,7 +145,9 @@ def _judge_row(schema: Schema, d: dict,
             out[name] = None
             continue
         used.add(keys[0])
-        out[name] = _raw_value(d[keys[0]])
+        v = d[keys[0]]  # a whole float code or id (pandas: 1 -> 1.0 in a column with a null)
+        # stays a float, judged as job.private does (d5b3cea, 654be4e; rules 5 and 6, H45)
+        out[name] = v if name in coded and isinstance(v, float) and v.is_integer() else _raw_value(v)
     if schema.extra_columns == "reject":
         extra = [str(k) for k in d if k not in used and k != position_field]
         if extra:

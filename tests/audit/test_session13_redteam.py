@@ -1,0 +1,139 @@
+"""Session 13 red team (H45): the twelfth session's changes (6afdca7..5cc3cae) against the privacy
+rules, with neighbour pairs through the real entry points. Each test failed on the code before its
+fix.
+
+1. Beam YAML ``ReadFromJson`` (or ``ReadFromCsv``) → ``BeamsynthSynthesize`` (rule 6). Beam reads
+   the file with pandas, so an integer code column holding one null becomes a float column in the
+   chunk holding it (1 → 1.0). The YAML step turned every value into its text before encoding, so
+   a categorical code ``1.0`` was ``'1.0'``, outside the declared ``["1", "2", "3"]``: adding one
+   record that lacks ``code`` rejected **every other record** of its chunk. Neighbours D (300
+   records, ``code`` 1..3) and D + ``{"n": 999}`` (first or last line): 300 vs 0 rows used, 0 vs 301
+   rejected. The API's encoder had been fixed for this in d5b3cea (a whole float whose own text is
+   not declared is its integer code); the YAML step's rows now keep such floats, so the same rule
+   judges them (D + record: 300 used, 1 rejected).
+   The same held for the privacy id (rule 5): ids written ``7`` in one file and ``7.0`` in another
+   (pandas, a file holding one record without ``pid``) were two persons. Neighbours D (files a, b:
+   persons 0..99 once each, max_contributions 1) and D + ``{"code": 3}`` in file a: 100 vs 200
+   rows used (the bound held per spelling); now 100 and 100, as ``job.private`` (654be4e).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+from importlib import resources
+from pathlib import Path
+
+import apache_beam as beam
+import pytest
+
+pytestmark = pytest.mark.audit
+
+CODES = {"name": "codes", "columns": [
+    {"name": "code", "type": "categorical",
+     "domain": {"kind": "categorical", "values": ["1", "2", "3"]}},
+    {"name": "n", "type": "integer", "domain": {"kind": "integer", "low": 0, "high": 1000}}]}
+
+
+PERSONS = {"name": "persons", "privacy_id": "pid", "columns": [
+    {"name": "code", "type": "categorical",
+     "domain": {"kind": "categorical", "values": ["1", "2", "3"]}}]}
+
+
+def _run_yaml(tmp_path: Path, path: str, schema: dict, extra: str = "") -> dict:
+    """``ReadFromJson(path)`` → ``BeamsynthSynthesize`` (seeded, manifest) → ``WriteToJson``; the
+    manifest."""
+    yaml_main = pytest.importorskip("apache_beam.yaml.main")
+    schema_file = tmp_path / "schema.json"
+    schema_file.write_text(json.dumps(schema), encoding="utf-8")
+    out, manifest = tmp_path / "out", tmp_path / "manifest.json"
+    provider = resources.files("beamsynth.pipelines") / "beamsynth_provider.yaml"
+    errors = ", error_handling: {output: bad}" if extra else ""
+    spec = tmp_path / "job.yaml"
+    spec.write_text(f"""providers:
+  - include: {provider}
+pipeline:
+  transforms:
+    - {{type: ReadFromJson, name: Read, config: {{path: "{path}"}}}}
+    - type: BeamsynthSynthesize
+      name: Synth
+      input: Read
+      config: {{schema: "{schema_file}", epsilon: 0.5, rows: 10, seed: 1, manifest: "{manifest}",
+                max_contributions: 1{errors}}}
+    - {{type: WriteToJson, input: {"Synth.output" if extra else "Synth"}, config: {{path: "{out}"}}}}
+{extra}""", encoding="utf-8")
+    yaml_main.run(argv=["--runner=DirectRunner", f"--yaml_pipeline_file={spec}"])
+    return json.loads(manifest.read_text(encoding="utf-8"))
+
+
+def _find(obj, key):
+    """The first value of ``key`` anywhere in a nested manifest."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if k == key:
+                return v
+            found = _find(v, key)
+            if found is not None:
+                return found
+    return None
+
+
+# -- 1. one record must not change how the others encode (YAML step, pandas readers) --------------
+def test_yaml_rows_with_whole_float_codes_encode_as_the_api_does(tmp_path: Path) -> None:
+    """The step's encoder alone: a code ``1.0`` (pandas' form of 1 in a column with a null) is the
+    declared ``"1"``, as in ``job.private``; a declared ``"1.0"`` still matches itself."""
+    from beamsynth.pipelines.yaml_transforms import encode_rows
+    from beamsynth.schemas.schema import load_schema
+
+    schema = load_schema(CODES)
+    batch, bad = encode_rows(schema, [beam.Row(code=1.0, n=5.0), beam.Row(code=3, n=7),
+                                      beam.Row(code=2.5, n=1)])
+    assert [b.reason for b in bad] == [
+        "column 'code': value '2.5' is outside the declared categorical domain"]
+    assert batch.codes[:, 0].tolist() == [0, 2]
+    floats = load_schema({"name": "f", "columns": [
+        {"name": "code", "type": "categorical",
+         "domain": {"kind": "categorical", "values": ["1", "1.0"]}}]})
+    batch, bad = encode_rows(floats, [beam.Row(code=1.0), beam.Row(code=1)])
+    assert not bad and batch.codes[:, 0].tolist() == [1, 0]
+
+
+@pytest.mark.parametrize("where", ["first", "last"])
+def test_yaml_one_record_lacking_a_code_leaves_the_others_used(tmp_path: Path, where: str) -> None:
+    """Neighbours D (300 JSON lines) and D + one line lacking ``code``, through YAML's
+    ``ReadFromJson`` and the step: D + line must use D's 300 records and reject that one (it
+    used 0 and rejected 301)."""
+    records = [{"code": i % 3 + 1, "n": i} for i in range(300)]
+    records = [{"n": 999}] + records if where == "first" else records + [{"n": 999}]
+    data = tmp_path / "in.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    out = tmp_path / "out"
+    m = _run_yaml(tmp_path, str(data), CODES, extra=(
+        f'    - {{type: WriteToJson, input: Synth.bad, config: {{path: "{out}.bad"}}}}\n'))
+    assert (_find(m, "rows_read"), _find(m, "rows_used"), _find(m, "rows_rejected")) == (301, 300, 1)
+    bad = [json.loads(line) for p in sorted(glob.glob(f"{out}.bad*")) for line in open(p)]
+    assert [b["reason"] for b in bad] == ["column 'code': null in a non-nullable column"]
+
+
+def test_yaml_privacy_ids_as_whole_floats_are_one_person() -> None:
+    """The step's encoder alone: ids 7, "7" and 7.0 are one person (as job.private)."""
+    from beamsynth.pipelines.yaml_transforms import encode_rows
+    from beamsynth.schemas.schema import load_schema
+
+    batch, bad = encode_rows(load_schema(PERSONS), [beam.Row(pid=7.0, code="1"),
+                                                    beam.Row(pid=7, code="2"),
+                                                    beam.Row(pid="7", code="3")])
+    assert not bad and batch.pids.tolist() == ["7", "7", "7"]
+
+
+def test_yaml_one_record_lacking_an_id_keeps_the_contribution_bound(tmp_path: Path) -> None:
+    """Neighbours D (files a and b: persons 0..99 once each; m = 1) and D + one record without
+    ``pid`` in file a, through YAML's ``ReadFromJson``: both must use 100 records (D + record
+    used 200: file a's ids became 0.0 .. 99.0, a second person each)."""
+    for name, code in (("a", 1), ("b", 2)):
+        recs = [{"pid": i, "code": code} for i in range(100)] + ([{"code": 3}] if name == "a" else [])
+        (tmp_path / f"in_{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs),
+                                                  encoding="utf-8")
+    m = _run_yaml(tmp_path, f"{tmp_path}/in_*.jsonl", PERSONS)
+    assert (_find(m, "rows_read"), _find(m, "rows_used"), _find(m, "rows_rejected"),
+            _find(m, "rows_dropped_by_bound")) == (201, 100, 1, 100)
