@@ -499,17 +499,17 @@ def check_step_config(*, batch_rows: Any, error_handling: Any, manifest: Any,
     return None if error_handling is None else error_handling["output"]
 
 
-def warn_at_build(step: str, seed: Optional[int], errors: Optional[str], what: str) -> None:  # noqa: UP045
+def warn_at_build(step: str, seed: Optional[int], errors: Optional[str], what: str,  # noqa: UP045
+                  counter: str = "rows_rejected_schema") -> None:
     """The build-time warnings of a step: a seed (``what`` are the rows it counts as not for
-    release) and no error output (bad rows dropped and counted)."""
+    release) and no error output (bad rows dropped and counted in ``beamsynth/<counter>``)."""
     if seed is not None:
         _LOG.warning("%s: seed=%d: %s (fixed randomness is for tests and demos; the output is "
                      "marked in the manifest and %s counted in beamsynth/"
                      "seeded_rows_not_for_release)", step, seed, SEEDED_NOTE, what)
     if errors is None:
         _LOG.warning("%s: no error_handling output: rows that do not fit the schema are "
-                     "dropped and counted (beamsynth/rows_rejected_schema), never raised or "
-                     "logged", step)
+                     "dropped and counted (beamsynth/%s), never raised or logged", step, counter)
 
 
 def check_step_windows(pcoll: Any, windows: Optional[DeclaredWindows], name: str) -> None:  # noqa: UP045

@@ -199,7 +199,8 @@ def test_marginals_and_count_release_every_declared_cell_and_window(tmp_path: Pa
                 | beam.MapTuple(lambda r, t: beam.window.TimestampedValue(r, t)))
         job = {"epsilon": 1.0}
         counts = rows | "Count" >> yaml_stats.Count(schema=schema, epsilon=0.4, seed=1,
-                                                    windows=windows, job_budget=job)
+                                                    windows=windows, job_budget=job,
+                                                    manifest=str(tmp_path / "count.json"))
         tables = rows | "Tables" >> yaml_stats.Marginals(
             schema=schema, epsilon=0.6, seed=1, windows=windows, job_budget=job,
             marginals=[["color", "age"], ["age"]])
@@ -213,3 +214,7 @@ def test_marginals_and_count_release_every_declared_cell_and_window(tmp_path: Pa
         assert_that(tables["color_by_age"] | "Cells" >> beam.Map(lambda r: (r.color, r.age))
                     | "GlobalCells" >> beam.WindowInto(beam.window.GlobalWindows()),
                     equal_to(cells * 3), label="every cell in every window")
+    manifest = json.loads((tmp_path / "count.json").read_text(encoding="utf-8"))  # one per run
+    assert manifest["release"]["rows_out"] == 3 and manifest["operational"]["rows_used"] == 3
+    assert [s["step"] for s in manifest["release"]["budget"]["spends"]] == ["Count/count",
+                                                                          "Tables/marginals"]
