@@ -15,7 +15,8 @@ Subpackages, bottom to top (each imports only those before it; ``tests/unit/test
 Modules at this level, on top of ``io`` and ``methods``: :mod:`~beamsynth.pipelines.job` (the
 public API's ``Synthesize`` composites and ``WriteManifest``), :mod:`~beamsynth.pipelines.stream`
 (windowed releases), :mod:`~beamsynth.pipelines.yaml_transforms` (the Beam YAML step, provider
-``beamsynth_provider.yaml``, example ``synthesize_adult.yaml``) and
+``beamsynth_provider.yaml``, example ``synthesize_adult.yaml``), :mod:`~beamsynth.pipelines.yaml_stats`
+(the Beam YAML DP statistics steps) and
 :mod:`~beamsynth.pipelines.schema_draft` (schemas drafted from a data dictionary).
 
 The public surface is ``import beamsynth as bs``; everything here is internal.

@@ -31,7 +31,7 @@ PACKAGES = {"transforms": "beamsynth.transforms", "schemas": "beamsynth.schemas"
             "pipelines": "beamsynth.pipelines", "runners": "beamsynth.runners", "api": "beamsynth"}
 P = "beamsynth.pipelines"
 SUBPACKAGES = (f"{P}.io", f"{P}.methods", f"{P}.releases", f"{P}.cli")  # bottom to top
-TOP_MODULES = (f"{P}.job", f"{P}.stream", f"{P}.yaml_transforms", f"{P}.schema_draft")
+TOP_MODULES = (f"{P}.job", f"{P}.stream", f"{P}.yaml_transforms", f"{P}.yaml_stats", f"{P}.schema_draft")
 FORBIDDEN = {
     "beamsynth.transforms": ("beamsynth.pipelines", "beamsynth.runners"),
     "beamsynth.schemas": ("beamsynth.transforms", "beamsynth.pipelines", "beamsynth.runners"),
