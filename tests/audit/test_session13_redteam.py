@@ -15,6 +15,12 @@ fix.
    (pandas, a file holding one record without ``pid``) were two persons. Neighbours D (files a, b:
    persons 0..99 once each, max_contributions 1) and D + ``{"code": 3}`` in file a: 100 vs 200
    rows used (the bound held per spelling); now 100 and 100, as ``job.private`` (654be4e).
+2. The declared target's star (5b201ed, b8b3ed3), found clean and kept as audits: every draw of
+   a star measurement (DP count under Laplace and zCDP plans, m = 1, 2; public rows) fits the
+   accountant's spends (Σ pure ε = 0.98 = ε − ε_c, or 1.0 with public rows), and the star is a
+   function of the DP count only: D (1,017 records) and D − 1 given the same n̂ and seed release
+   the same structure, tables, scales and noise (fails when the star is planned from the exact
+   count, and the spend check when the star gets 1.02 ε).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from importlib import resources
 from pathlib import Path
 
 import apache_beam as beam
+import numpy as np
 import pytest
 
 pytestmark = pytest.mark.audit
@@ -137,3 +144,95 @@ def test_yaml_one_record_lacking_an_id_keeps_the_contribution_bound(tmp_path: Pa
     m = _run_yaml(tmp_path, f"{tmp_path}/in_*.jsonl", PERSONS)
     assert (_find(m, "rows_read"), _find(m, "rows_used"), _find(m, "rows_rejected"),
             _find(m, "rows_dropped_by_bound")) == (201, 100, 1, 100)
+
+
+# -- 2. the declared target's star (5b201ed, b8b3ed3): spends and data-independence ---------------
+# Adult's declared cells, target income (2 cells): at ε = 1 the DP count picks k = 0 below ~3,900
+# rows and the star's columns grow with n̂ (1,016 rows: 7 columns... 1,017: 8 with column 10).
+STAR_N = 1017
+
+
+def _star_plan(noise_mode: str, m: int, rows: int | None):
+    from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant
+    from beamsynth.transforms.privbayes import gaussian_plan, plan_privbayes, spend_privbayes
+    from tests.audit.test_session12_accounting import DELTA, EPS, SHAPE
+
+    budget = ApproxDP(epsilon=EPS, delta=DELTA if noise_mode == "gaussian" else 0.0)
+    plan = plan_privbayes(SHAPE, budget, sizing="auto", rows=rows, max_contributions=m,
+                          target=len(SHAPE) - 1, names=[f"c{i}" for i in range(len(SHAPE))])
+    if noise_mode == "gaussian":
+        plan = gaussian_plan(plan, budget)
+    acc = PrivacyAccountant(total=budget)
+    spend_privbayes(acc, plan)
+    return plan, {s["step"]: s for s in acc.to_dict()["spends"]}, acc
+
+
+def _measure(plan, codes, rs_seed: int = 0):
+    from beamsynth.transforms.noise import RandomSource
+    from beamsynth.transforms.privbayes import measure_privbayes
+    from tests.audit.test_session12_accounting import SHAPE, _counts
+
+    fams, counts = _counts(plan, codes)
+    return measure_privbayes(counts, fams, shape=SHAPE, names=[f"c{i}" for i in range(len(SHAPE))],
+                             plan=plan, rs=RandomSource(seed=rs_seed)), counts
+
+
+@pytest.mark.parametrize(("noise_mode", "m", "rows"), [
+    ("laplace", 1, None), ("laplace", 2, None), ("gaussian", 1, None), ("gaussian", 2, None),
+    ("laplace", 1, STAR_N), ("gaussian", 1, STAR_N)])
+def test_star_draws_fit_the_spends(monkeypatch, noise_mode, m, rows):
+    """Every privacy draw of one star measurement (recorded in every beamsynth module) against
+    the accountant: the size count within privbayes.size_count, the star's discrete Laplace
+    tables within the rest (pure Σ m/b ≤ ε − ε_c, or ≤ ε with public rows; under a zCDP plan the
+    pure ε − ε_c is within privbayes.zcdp's (ε − ε_c, δ)). Measured: Σ = 0.98 (DP count), 1.00
+    (public rows), m = 1, 2."""
+    from tests.audit.test_session12_accounting import SHAPE, _codes, record_draws, verdict
+
+    plan, spends, acc = _star_plan(noise_mode, m, rows)
+    calls = record_draws(monkeypatch)
+    out, _ = _measure(plan, _codes(STAR_N, 0))
+    assert out.structure[0] == (len(SHAPE) - 1, ())  # the star: T first, then X | T
+    assert any(ps == (len(SHAPE) - 1,) for _, ps in out.structure[1:])
+    rest = spends.get("privbayes.zcdp") or {
+        "epsilon": acc.spent_epsilon - spends.get("privbayes.size_count", {}).get("epsilon", 0.0),
+        "delta": acc.spent_delta}
+    v = verdict(calls, m=m, count=spends.get("privbayes.size_count"), rest=rest)
+    assert v["ok"] and v["gaussian"] == 0, v
+    assert v["pure"] == pytest.approx(0.98 if rows is None else 1.0, rel=1e-9)
+
+
+@pytest.mark.parametrize("noise_mode", ["laplace", "gaussian"])
+def test_star_is_a_function_of_the_dp_count_only(monkeypatch, noise_mode):
+    """Coupling check of the star's privacy argument: D (1,017 records) and D − its last record
+    (1,016: at public n the star would differ, column c10 joins at 1,017), both given the same
+    DP count n̂ (the size count's noise set to n̂ − exact) and the same seed. Everything but the
+    tables' exact counts must match: structure, released tables, their scales and budgets, and
+    the tables' noise (noisy − exact identical). A star chosen from the exact count fails here."""
+    from beamsynth.transforms import privbayes_measure as pbm
+    from beamsynth.transforms.privbayes_structure import _family_table
+    from tests.audit.test_session12_accounting import _codes, _counts
+
+    plan, _, _ = _star_plan(noise_mode, 1, None)
+    codes = _codes(STAR_N, 0)
+    real = pbm.discrete_laplace
+    got = []
+    for data in (codes, codes[:-1]):
+        exact = len(data)
+
+        def fixed(rs, scale, size, _exact=exact):
+            if rs.labels and rs.labels[-1] == "size_count":
+                return np.asarray([1100 - _exact])  # n̂ = 1,100 on both sides
+            return real(rs, scale, size)
+
+        monkeypatch.setattr(pbm, "discrete_laplace", fixed)
+        out, counts = _measure(plan, data)
+        fams, _ = _counts(plan, data)
+        tables = {tuple(f): np.asarray(c) for f, c in zip(fams, counts)}
+        noise = [np.asarray(mm.values) - _family_table(tables, tuple(mm.columns))
+                 for mm in out.marginals]
+        got.append((out.structure, [(mm.columns, mm.scale, mm.budget) for mm in out.marginals],
+                    out.sizing, noise))
+    (s0, t0, z0, n0), (s1, t1, z1, n1) = got
+    assert s0 == s1 and t0 == t1 and z0 == z1
+    assert z0["rows_hat"] == 1100 and z0["star_columns"] >= 8
+    assert all(np.array_equal(a, b) for a, b in zip(n0, n1))
