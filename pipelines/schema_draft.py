@@ -295,16 +295,21 @@ def _records_table(data: Mapping[str, Any]) -> str | None:
     """Why ``data`` is a table of records (pandas ``to_json``) and not a dictionary, else
     ``None``: ``{row: {column: value}}`` (top keys ``"0" .. "n-1"``, every entry the same fields),
     or ``{column: {row: value}}`` (every entry the same keys, or keys ``"0" .. "n-1"``) where some
-    entry repeats a value or holds a number (a code map's labels are distinct text). The message
-    names no value: draft never reads the data (rule 1)."""
+    entry repeats a value or holds a number (a code map's labels are distinct text), or where two
+    or more entries share the keys ``"0" .. "n-1"``, n ≥ 3, whatever their values (a table of
+    distinct names; shared 0/1 codes still draft). The message names no value: draft never reads
+    the data (rule 1)."""
     entries = list(data.values())
     if not all(isinstance(e, Mapping) and e and not set(e) & _DOMAIN_KEYS for e in entries):
         return None
     keys = set(entries[0])
     same = len(entries) > 1 and all(set(e) == keys for e in entries)
-    if same and set(data) == {str(i) for i in range(len(data))}:  # {row: {column: value}}
+    rows = {str(i) for i in range(len(keys))}
+    if (same or len(entries) == 1) and set(data) == {str(i) for i in range(len(data))}:
+        return _TABLE_MESSAGE  # {row: {column: value}}, one record too (H45)
+    if same and keys == rows and len(keys) >= 3:  # {column: {row: value}} whatever the values (H45)
         return _TABLE_MESSAGE
-    if not (same or keys == {str(i) for i in range(len(keys))}):  # {column: {row: value}}
+    if not (same or keys == rows):  # {column: {row: value}}
         return None
     scalars = [[v for v in e.values() if not isinstance(v, (Mapping, list))] for e in entries]
     if not any(len(set(map(repr, s))) < len(s) or any(isinstance(v, (int, float)) for v in s)

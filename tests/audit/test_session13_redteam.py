@@ -236,3 +236,46 @@ def test_star_is_a_function_of_the_dp_count_only(monkeypatch, noise_mode):
     assert s0 == s1 and t0 == t1 and z0 == z1
     assert z0["rows_hat"] == 1100 and z0["star_columns"] >= 8
     assert all(np.array_equal(a, b) for a, b in zip(n0, n1))
+
+
+# -- 3. schema draft: data tables that still drafted after 4765fef ---------------------------------
+@pytest.mark.parametrize("rows", [40, 41])
+def test_schema_draft_refuses_a_table_of_distinct_text_columns(tmp_path: Path, capsys, rows: int):
+    """pandas' ``to_json()`` of a table whose columns hold distinct text (names, e-mails) has the
+    ``{column: {row: label}}`` shape with every column keyed ``"0" .. "n-1"``: no value repeats
+    and none is a number, so 4765fef's rule drafted it, categories ``"0" .. "39"`` (D) and
+    ``"0" .. "40"`` (D + one row: the row count as a domain) with the first six names in a REVIEW
+    note (rule 1). Two or more entries keyed by the same ``"0" .. "n-1"`` with n ≥ 3 are now a
+    table, whatever the values."""
+    import pandas as pd
+
+    from beamsynth.pipelines.cli.main import main
+
+    path = tmp_path / "people.json"
+    path.write_text(pd.DataFrame({"name": [f"person{i}" for i in range(rows)],
+                                  "email": [f"p{i}@example.org" for i in range(rows)]}).to_json(),
+                    encoding="utf-8")
+    assert main(["schema", "draft", str(path), "--output", str(tmp_path / "s.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "a table of records, not a dictionary" in err and "person" not in err
+    assert not (tmp_path / "s.yaml").exists()
+
+
+def test_schema_draft_refuses_a_one_record_table(tmp_path: Path, capsys):
+    """``to_json(orient="index")`` of one record, ``{"0": {column: value}}``, drafted a column
+    "0" whose categories were the column names and whose REVIEW note held the record's values
+    (two records were refused: D and D + 1 differed). Top keys ``"0" .. "n-1"`` whose entries
+    share their fields are a table for n = 1 too."""
+    from beamsynth.pipelines.cli.main import main
+    from beamsynth.pipelines.schema_draft import read_dictionary
+
+    path = tmp_path / "one.json"
+    path.write_text(json.dumps({"0": {"sex": "Male", "race": "White", "income": "<=50K"}}),
+                    encoding="utf-8")
+    assert main(["schema", "draft", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "a table of records, not a dictionary" in err and "Male" not in err
+    shared = tmp_path / "binary.json"  # genuine: two yes/no columns sharing the codes 0/1
+    shared.write_text(json.dumps({"smoker": {"0": "No", "1": "Yes"},
+                                  "sex": {"0": "Female", "1": "Male"}}), encoding="utf-8")
+    assert [c.spec["domain"]["values"] for c in read_dictionary(shared)[1]] == [["0", "1"]] * 2
