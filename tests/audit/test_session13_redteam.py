@@ -21,6 +21,13 @@ fix.
    function of the DP count only: D (1,017 records) and D − 1 given the same n̂ and seed release
    the same structure, tables, scales and noise (fails when the star is planned from the exact
    count, and the spend check when the star gets 1.02 ε).
+3. ``schema draft`` (4765fef, rule 1): a pandas table of distinct-text columns (names, e-mails)
+   and a one-record ``orient="index"`` table still drafted (row numbers as categories, values in
+   REVIEW notes); refused now.
+4. OPEN (strict xfail, for the lead): ``job.private``'s refusal of typed rows without any field
+   it reads (4b709eb; YAML twin c7a9d7b) is data-dependent when Beam infers the type from the
+   records (``ReadFromJson``, ``Create``): D (50 records without ``code``) is refused when built,
+   D + ``{"code": 1}`` releases (rule 7).
 """
 
 from __future__ import annotations
@@ -279,3 +286,36 @@ def test_schema_draft_refuses_a_one_record_table(tmp_path: Path, capsys):
     shared.write_text(json.dumps({"smoker": {"0": "No", "1": "Yes"},
                                   "sex": {"0": "Female", "1": "Male"}}), encoding="utf-8")
     assert [c.spec["domain"]["values"] for c in read_dictionary(shared)[1]] == [["0", "1"]] * 2
+
+
+# -- 4. OPEN: the typed-rows refusal of 4b709eb / c7a9d7b depends on the data ----------------------
+def _builds(rows_json: list[dict], tmp_path: Path) -> bool:
+    """Whether ``beam.io.ReadFromJson(path) | job.private(schema)`` builds (Beam infers the rows'
+    type from the records when the pipeline is built)."""
+    import beamsynth as bs
+
+    schema = bs.load_schema({"name": "codes", "columns": CODES["columns"][:1]})
+    path = tmp_path / f"in{len(rows_json)}.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows_json), encoding="utf-8")
+    p = beam.Pipeline()
+    rows = p | f"Read{len(rows_json)}" >> beam.io.ReadFromJson(str(path))
+    try:
+        rows | f"Private{len(rows_json)}" >> bs.PrivacyJob(epsilon=1.0, seed=1).private(schema)
+    except ValueError as exc:
+        assert "none of the fields it reads" in str(exc)
+        return False
+    return True
+
+
+@pytest.mark.xfail(strict=True, reason="open (H45, for the lead): job.private refuses typed rows "
+                   "with none of the fields it reads, and beam.io.ReadFromJson / beam.Create / "
+                   "YAML ReadFromJson infer that type from the records, so the refusal depends "
+                   "on the data (rule 7); remedy: warn instead of refusing, or state it in the "
+                   "manifest as the CLI's empty-input refusal (5b66ac3)")
+def test_typed_rows_refusal_does_not_depend_on_the_records(tmp_path: Path) -> None:
+    """Neighbours D (50 records {"note": ...}, none carrying ``code``) and D + {"code": 1}
+    through ``beam.io.ReadFromJson``: D is refused when built, D + record builds and releases
+    (measured: Count released, noisy_count 1). Whether a release happens must not depend on the
+    records: both build, or both are refused."""
+    base = [{"note": f"x{i}"} for i in range(50)]
+    assert _builds(base, tmp_path) == _builds(base + [{"code": 1}], tmp_path)
