@@ -58,6 +58,7 @@ from beamsynth.pipelines.yaml_transforms import (
     config_checked,
     warn_at_build,
 )
+from beamsynth.schemas.keys import KeyCodec, KeySpecError, key_codec_from_spec
 from beamsynth.schemas.schema import Schema, avro_field_name, load_schema
 from beamsynth.transforms.budget import PrivacyAccountant
 from beamsynth.transforms.conventions import display_items
@@ -74,9 +75,10 @@ from beamsynth.transforms.private import (
 from beamsynth.transforms.private_ops import MAX_MARGINAL_CELLS
 from beamsynth.transforms.private_ops import Count as ApiCount
 from beamsynth.transforms.private_ops import Marginals as ApiMarginals
+from beamsynth.transforms.private_ops import PrefixTree as ApiPrefixTree
 from beamsynth.transforms.windows import iso_seconds
 
-__all__ = ["HISTOGRAM_TYPE", "Count", "Histogram", "Marginals", "histogram_long_rows"]
+__all__ = ["HISTOGRAM_TYPE", "Count", "Histogram", "Marginals", "Prefixes", "histogram_long_rows"]
 
 HISTOGRAM_TYPE = RowTypeConstraint.from_fields(
     [("column", str), ("value", Optional[str]), (COUNT_FIELD, int)])  # noqa: UP045
@@ -136,6 +138,14 @@ class _StatsStep(beam.PTransform):
     def _details(self) -> dict[str, Any]:
         return {}
 
+    def _keys(self) -> Optional[dict[str, KeyCodec]]:  # noqa: UP045
+        """Declared prefix keys of the private collection (``job.private(keys=)``)."""
+        return None
+
+    def _released_rows(self, outputs: dict[str, beam.PCollection]) -> list[str]:
+        """The output tags whose rows the manifest's ``rows_out`` counts."""
+        return list(outputs)
+
     # -- Beam --------------------------------------------------------------------------------
     @property
     def accountant(self) -> PrivacyAccountant:
@@ -191,7 +201,7 @@ class _StatsStep(beam.PTransform):
         job = self._job(pcoll.pipeline, ledger, name)
         spent_before, counts_before = len(job.accountant.spends), len(job.count_outputs)
         private = pcoll | "Private" >> job.private(
-            self._schema, position_field=self._position, source=self.label,
+            self._schema, keys=self._keys(), position_field=self._position, source=self.label,
             batch_rows=self._batch_rows, windows=self._windows)
         # PrivateCollection: EncodedBatch (bounded per unit) + dead-letter Rows
         released = private | self._mechanism(f"{self.short}[{self.label}]")
@@ -218,8 +228,8 @@ class _StatsStep(beam.PTransform):
     def _write_manifest(self, api_counts: list, outputs: dict, ledger: _JobLedger) -> None:
         parts = [c | f"ManifestCounts{i}" >> beam.FlatMap(_operational)
                  for i, c in enumerate(api_counts)]
-        for tag, rows in outputs.items():
-            out = rows | f"OutCounts[{tag}]" >> beam.Map(lambda _r: ("rows_out", 1))
+        for tag in self._released_rows(outputs):
+            out = outputs[tag] | f"OutCounts[{tag}]" >> beam.Map(lambda _r: ("rows_out", 1))
             if self._windows is not None:
                 out = out | f"GlobalOut[{tag}]" >> beam.WindowInto(GlobalWindows())
             parts.append(out)
@@ -471,3 +481,70 @@ class Count(_StatsStep):
 
     def _outputs(self, released: Any) -> dict[str, beam.PCollection]:
         return {"output": released}
+
+
+class Prefixes(_StatsStep):
+    """Beam YAML step ``BeamsynthPrefixes``: a DP prefix tree of a declared text, spatial or
+    hierarchy key and the synthetic keys it decodes to (seed 003), outputs ``keys`` (the key's
+    columns) and ``tree`` (``depth, prefix, noisy_count, leaf``), ``window_start`` first with
+    ``windows``.
+
+    Config: ``key`` (the key's declaration, as in docs/prefixes.md: ``{kind: text, column: query,
+    alphabet: "abc...", max_length: 8}``, ``{kind: spatial, columns: [lat, lon], box: [[57, 72],
+    [4, 32]], depth: 6}`` or ``{kind: hierarchy, columns: [country, city], tree: {...}}``),
+    ``method`` (``improved`` default, ``basic``, ``direct``), ``max_depth``, ``discount``,
+    ``threshold``, ``restore_discount`` (refused where the method does not use them), ``epsilon``
+    and the keys every beamsynth step takes. The schema still needs one column (the key's own, or
+    a nullable one); a row whose key cannot be encoded is a dead letter.
+
+    Mechanism: ``bs.PrefixTree``: discrete Laplace on the tree's level counts, ε-DP, δ = 0, for
+    add/remove of one privacy unit (sensitivity and scale per method in
+    :mod:`beamsynth.transforms.prefix`: basic §2.3 Corollary 2, improved §3 Theorem 3, direct §4).
+    How many keys and nodes are released is itself DP (post-processing of noisy counts).
+    """
+
+    kind = "BeamsynthPrefixes"
+    short = "prefixes"
+
+    @config_checked(kind, {"key": "the key's declaration, e.g. {kind: text, column: query, "
+                                  "max_length: 8}"})
+    def __init__(self, *, schema: str, epsilon: float, key: dict,
+                 method: str = "improved", max_depth: Optional[int] = None,  # noqa: UP045
+                 discount: Optional[str] = None, threshold: Optional[float] = None,  # noqa: UP045
+                 restore_discount: bool = False,
+                 privacy_id: Optional[str] = None,  # noqa: UP045
+                 max_contributions: int = 1, seed: Optional[int] = None,  # noqa: UP045
+                 batch_rows: int = 20_000, error_handling: Optional[dict] = None,  # noqa: UP045
+                 job_budget: Optional[dict] = None, windows: Optional[dict] = None,  # noqa: UP045
+                 manifest: Optional[str] = None,  # noqa: UP045
+                 position_field: Optional[str] = None) -> None:  # noqa: UP045
+        super().__init__()
+        self._setup(**_common(locals()))
+        try:
+            self._codec = key_codec_from_spec(key)
+        except KeySpecError as exc:
+            raise ValueError(f"{self.kind}: key: {exc} (docs/prefixes.md)") from None
+        self._key = ",".join(self._codec.input_columns)  # names the key in dead-letter reasons
+        if self._errors in ("keys", "tree"):
+            raise ValueError(f"{self.kind}: error_handling output {self._errors!r} is also a "
+                             "release output (keys, tree); rename it")
+        self._options = {"method": method, "max_depth": max_depth, "discount": discount,
+                         "threshold": threshold, "restore_discount": restore_discount}
+        ApiPrefixTree(key=self._key, epsilon=self._budget.epsilon, label="check",
+                      **self._options)  # refuses an option the method does not use, now
+
+    def _keys(self) -> dict[str, KeyCodec]:
+        return {self._key: self._codec}
+
+    def _mechanism(self, label: str) -> beam.PTransform:
+        return ApiPrefixTree(key=self._key, epsilon=self._budget.epsilon, label=label,
+                             **self._options)
+
+    def _outputs(self, released: Any) -> dict[str, beam.PCollection]:
+        return {"keys": released["keys"], "tree": released["tree"]}
+
+    def _released_rows(self, outputs: dict[str, beam.PCollection]) -> list[str]:
+        return ["keys"]  # synthetic keys (the tree's nodes are its description)
+
+    def _details(self) -> dict[str, Any]:
+        return {"key": self._codec.to_spec(), "method": self._options["method"]}

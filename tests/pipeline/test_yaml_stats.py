@@ -218,3 +218,32 @@ def test_marginals_and_count_release_every_declared_cell_and_window(tmp_path: Pa
     assert manifest["release"]["rows_out"] == 3 and manifest["operational"]["rows_used"] == 3
     assert [s["step"] for s in manifest["release"]["budget"]["spends"]] == ["Count/count",
                                                                           "Tables/marginals"]
+
+
+def test_prefixes_step_releases_keys_and_tree_of_a_declared_text_key(tmp_path: Path) -> None:
+    from apache_beam.testing.test_pipeline import TestPipeline
+    from apache_beam.testing.util import assert_that, equal_to
+
+    schema, _ = _files(tmp_path)
+    words = ["ab", "ab", "abc", "b", "ba", "abcabc"]  # the last one: a dead letter
+    key = {"kind": "text", "column": "word", "alphabet": "abc", "max_length": 3}
+    with pytest.raises(ValueError, match=r"BeamsynthPrefixes: key: unknown fields for a text key: "
+                                         r"\['colum'\]"):
+        yaml_stats.Prefixes(schema=schema, epsilon=1.0, key={"kind": "text", "colum": "word"})
+    with pytest.raises(ValueError, match=r"discount \('skip'\) is not used by method 'basic'"):
+        yaml_stats.Prefixes(schema=schema, epsilon=1.0, key=key, method="basic", discount="skip")
+    with TestPipeline() as p:
+        rows = p | beam.Create([beam.Row(color="red", age="3", word=w) for w in words])
+        out = rows | "Words" >> yaml_stats.Prefixes(
+            schema=schema, epsilon=2.0, key=key, seed=4, error_handling={"output": "bad"},
+            manifest=str(tmp_path / "prefixes.json"))
+        assert set(out) == {"keys", "tree", "bad"}
+        assert [f for f, _ in out["keys"].element_type._fields] == ["word"]
+        assert_that(out["keys"] | beam.Map(lambda r: set(r.word) <= set("abc") and len(r.word) <= 3)
+                    | beam.Distinct(), equal_to([True]), label="declared keys only")
+        assert_that(out["bad"] | beam.Map(lambda r: r.reason.startswith("key 'word': length 6")), equal_to([True]),
+                    label="one dead letter")
+    manifest = json.loads((tmp_path / "prefixes.json").read_text(encoding="utf-8"))
+    (spend,) = manifest["release"]["budget"]["spends"]
+    assert spend["step"] == "prefixes" and spend["epsilon"] == 2.0  # the step alone: its own
+    assert manifest["operational"]["rows_rejected"] == 1 and manifest["operational"]["rows_used"] == 5

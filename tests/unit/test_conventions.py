@@ -237,7 +237,9 @@ def _yaml_stats_steps() -> dict:
 
     return {"YamlHistogram": yaml_stats.Histogram(schema="adult", column="age", epsilon=1.0),
             "YamlMarginals": yaml_stats.Marginals(schema="adult", marginals=[["sex"]], epsilon=1.0),
-            "YamlCount": yaml_stats.Count(schema="adult", epsilon=1.0)}
+            "YamlCount": yaml_stats.Count(schema="adult", epsilon=1.0),
+            "YamlPrefixes": yaml_stats.Prefixes(schema="adult", epsilon=1.0,
+                                                key={"kind": "text", "column": "sex"})}
 
 
 # transforms that release DP values (the rest read, write, bound, split or post-process)
@@ -245,7 +247,7 @@ MECHANISMS = {"DPMarginals", "DPCount", "DPIndependentMarginals", "DPCategorical
               "DPPrivBayes", "PrivBayesSynthesizer", "DPHashedConditionals", "DPPlausibleBayesNet",
               "DPPrivBayesGenerator",
               "DPBasicPrefixHistogram", "DPImprovedPrefixHistogram", "DPDirectPrefixSynthesis",
-              "Synthesize", "YamlHistogram", "YamlMarginals", "YamlCount"}
+              "Synthesize", "YamlHistogram", "YamlMarginals", "YamlCount", "YamlPrefixes"}
 
 
 def test_display_data_is_public_parameters_only(tmp_path):
@@ -286,7 +288,7 @@ def test_mechanism_display_values():
 # generic steps whose elements are whatever the caller's are (no element type to declare)
 UNTYPED = {
     "Synthesize": "Beam YAML step: schema'd rows of any schema in, rows of the step's schema out",
-    **dict.fromkeys(("Histogram", "Marginals", "Count"),  # pipelines/yaml_stats.py (API's: typed)
+    **dict.fromkeys(("Histogram", "Marginals", "Count", "Prefixes"),  # pipelines/yaml_stats.py (API's: typed)
                     "Beam YAML step: schema'd rows of any schema in, released rows out"),
     "Heartbeats": "emits Beam-timestamped heartbeats for any windowed input",
     "DropOutsideDeclared": "passes any element through",
