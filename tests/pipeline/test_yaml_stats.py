@@ -247,3 +247,22 @@ def test_prefixes_step_releases_keys_and_tree_of_a_declared_text_key(tmp_path: P
     (spend,) = manifest["release"]["budget"]["spends"]
     assert spend["step"] == "prefixes" and spend["epsilon"] == 2.0  # the step alone: its own
     assert manifest["operational"]["rows_rejected"] == 1 and manifest["operational"]["rows_used"] == 5
+
+
+def test_manifest_of_a_stream_is_refused_when_built(tmp_path: Path) -> None:
+    """A stream's exact counts are never final: one run manifest would never be written."""
+    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+    from apache_beam.testing.test_stream import TestStream
+
+    schema, _ = _files(tmp_path)
+    options = PipelineOptions()
+    options.view_as(StandardOptions).streaming = True
+    p = beam.Pipeline(options=options)
+    rows = p | TestStream().add_elements([beam.Row(color="red", age="3")])
+    windows = {"start": 0, "end": 3600, "size": 3600}
+    _ = rows | "Plain" >> yaml_stats.Count(schema=schema, epsilon=0.5, windows=windows,
+                                           job_budget={"epsilon": 1.0})
+    with pytest.raises(ValueError, match=r"BeamsynthCount 'Counted': manifest needs a bounded input"):
+        _ = rows | "Counted" >> yaml_stats.Count(schema=schema, epsilon=0.5, windows=windows,
+                                                 job_budget={"epsilon": 1.0},
+                                                 manifest=str(tmp_path / "m.json"))
