@@ -109,6 +109,12 @@ def _raw_value(v: Any) -> Optional[str]:  # noqa: UP045
     return str(v)
 
 
+def _is_number(v: Any) -> bool:
+    """A finite int or float (not bool, not NaN: a NaN is a null)."""
+    return (isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+            and bool(np.isfinite(v)))
+
+
 def _raw_text(d: Any) -> str:
     """The row as JSON text for the (private) dead-letter output; never raises."""
     try:
@@ -145,9 +151,9 @@ def _judge_row(schema: Schema, d: dict,
             out[name] = None
             continue
         used.add(keys[0])
-        v = d[keys[0]]  # a whole float code or id (pandas: 1 -> 1.0 in a column with a null)
-        # stays a float, judged as job.private does (d5b3cea, 654be4e; rules 5 and 6, H45)
-        out[name] = v if name in coded and isinstance(v, float) and v.is_integer() else _raw_value(v)
+        v = d[keys[0]]  # a number in a code column or id stays a number (pandas: 1 -> 1.0 in a
+        # column with a null, "01" -> 1), judged as job.private does (rules 5 and 6, H45)
+        out[name] = v if name in coded and _is_number(v) else _raw_value(v)
     if schema.extra_columns == "reject":
         extra = [str(k) for k in d if k not in used and k != position_field]
         if extra:
@@ -326,6 +332,7 @@ class _JobLedger:
         self.declared_by = ""
         self.unit: Optional[tuple[Any, int]] = None  # noqa: UP045 ((privacy id, max contributions))
         self.steps: list[tuple[str, PrivacyAccountant]] = []
+        self.kinds: set[str] = set()  # BeamsynthSynthesize, BeamsynthHistogram, ...
         self.accountant: Optional[PrivacyAccountant] = None  # noqa: UP045
 
     def add(self, step: str, spent: PrivacyAccountant, declared: Optional[ApproxDP],  # noqa: UP045
@@ -348,10 +355,12 @@ class _JobLedger:
             if self.total is None:
                 self.total, self.declared_by = declared, step
         self.steps.append((step, spent))
+        self.kinds.add(kind)
         if self.total is None:
             if len(self.steps) > 1:
                 raise ValueError(
-                    f"{kind} steps {[s for s, _ in self.steps]} run in one pipeline, so their "
+                    f"{kind if len(self.kinds) == 1 else 'beamsynth'} steps "
+                    f"{[s for s, _ in self.steps]} run in one pipeline, so their "
                     "releases compose: declare the pipeline's total budget on each of them with "
                     "job_budget: {epsilon: E, delta: D}")
             return

@@ -266,3 +266,14 @@ def test_manifest_of_a_stream_is_refused_when_built(tmp_path: Path) -> None:
         _ = rows | "Counted" >> yaml_stats.Count(schema=schema, epsilon=0.5, windows=windows,
                                                  job_budget={"epsilon": 1.0},
                                                  manifest=str(tmp_path / "m.json"))
+
+
+def test_statistics_and_synthesis_steps_without_job_budget_are_refused(tmp_path: Path) -> None:
+    from beamsynth.pipelines.yaml_transforms import Synthesize
+
+    schema, _ = _files(tmp_path)
+    p = beam.Pipeline()
+    rows = p | beam.Create([beam.Row(color="red", age="3")])
+    _ = rows | "Hist" >> yaml_stats.Histogram(schema=schema, epsilon=0.3, column="color")
+    with pytest.raises(ValueError, match=r"^beamsynth steps \['Hist', 'Synth'\] run in one pipeline"):
+        _ = rows | "Synth" >> Synthesize(schema=schema, epsilon=0.3, rows=5)
