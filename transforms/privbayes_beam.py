@@ -130,7 +130,8 @@ class DPPrivBayes(beam.PTransform):
                                    refine_pairs=refine_pairs, refine_rounds=refine_rounds,
                                    refine_groups=refine_groups, refine_fraction=refine_fraction,
                                    sizing=sizing, rows=rows, target=target_index)
-        self.noise, self.noise_reason = resolve_noise(noise, budget.delta)  # "auto" by δ
+        self.noise, self.noise_reason = resolve_noise(  # "auto": by δ and the declared width
+            noise, budget.delta, n_columns=len(schema.shape), epsilon=budget.epsilon)
         if self.noise == "gaussian":  # zCDP (issue 18): needs δ > 0, refinement sized for it
             self.plan = gaussian_plan(self.plan, budget, pairs=refine_pairs,
                                       rounds=refine_rounds, groups=refine_groups)

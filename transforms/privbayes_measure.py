@@ -54,6 +54,7 @@ from beamsynth.transforms.privbayes_sizing import (
     SPLIT_CELLS_CAP,
     ForestPlan,
     choose_forest,
+    gaussian_refine_rho,
     plan_forest,
     split_marginal_budget,
 )
@@ -140,6 +141,11 @@ def measure_privbayes(
     scale = plan.penalty * plan.table_scale(plan.max_tables)
     if plan.zcdp is not None and d > 1 and degree > 0:
         scale /= math.sqrt(1.0 - GAUSSIAN_ONE_WAY_SHARE)
+    # a zCDP refinement cut at run time (H47) gives the dropped pairs' ρ to the tables (sum kept)
+    marginal_rho = None if plan.zcdp is None else plan.zcdp.marginal_rho
+    if marginal_rho is not None and refine is not None and refine.pairs < plan.refine.pairs:
+        marginal_rho += gaussian_refine_rho(plan.refine) - gaussian_refine_rho(refine)
+        scale *= math.sqrt(plan.zcdp.marginal_rho / marginal_rho)
     if d > 1 and degree > 0:
         structure = choose_structure(
             tables, shape, degree=degree, epsilon=plan.step_epsilon,
@@ -153,8 +159,7 @@ def measure_privbayes(
                else [(c,) for c in range(d) if (c,) not in specs])
     exact = [_family_table(tables, s) for s in [*specs, *one_way]]
     budgets = split_marginal_budget(plan.marginal_budget, [t.size for t in exact])
-    released = _release_tables(exact, [*specs, *one_way], names, budgets, plan, rs,
-                               None if plan.zcdp is None else plan.zcdp.marginal_rho,
+    released = _release_tables(exact, [*specs, *one_way], names, budgets, plan, rs, marginal_rho,
                                one_way=len(one_way))
     measurement = PrivBayesMeasurement(tuple((x, tuple(p)) for x, p in structure), released,
                                        sizing=sizing)

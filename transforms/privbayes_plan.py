@@ -38,10 +38,12 @@ from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, PureDP, zcd
 from beamsynth.transforms.noise import discrete_laplace_scale
 from beamsynth.transforms.privbayes_sizing import (
     GAUSSIAN_ONE_WAY_SHARE,
+    GAUSSIAN_REFINE_DOWN_RULE,
     GAUSSIAN_REFINE_MIN_TABLE_RHO,
     SIZE_COUNT_FRACTION,
     ForestPlan,
     NetworkSizing,
+    gaussian_refine_pairs_down,
     gaussian_refine_pairs_for_rows,
     gaussian_refine_size,
     gaussian_refine_split,
@@ -85,6 +87,8 @@ __all__ = [
     "GAUSSIAN_SHARES",
     "NOISE_MODES",
     "resolve_noise",
+    "AUTO_MAX_SIGMA_RATIO",
+    "auto_sigma_ratio",
     "ZCDPPlan",
     "gaussian_plan",
     "spend_zcdp",
@@ -107,22 +111,53 @@ GAUSSIAN_REFINE_GROUPS = 8
 # GAUSSIAN_REFINE_MIN_TABLE_RHO (privbayes_sizing): σ ≤ 141, the std of the Laplace rule's b = 100
 
 
-def resolve_noise(noise: str, delta: float) -> tuple[str, str]:
+AUTO_MAX_SIGMA_RATIO = 1.5  # auto: gaussian only where its network tables' σ ≤ 1.5 × Laplace's std
+
+
+def auto_sigma_ratio(n_columns: int, epsilon: float, delta: float) -> float:
+    """σ of a Gaussian network family table over the std of a Laplace network table, both the
+    default plans at ``(ε, δ)`` with the tables' budget split equally over the ``d`` columns
+    (H47, issue 18): ``σ = m·√(d/(2ρ_fam))`` with ``ρ_fam = 0.45·0.8·zcdp_rho(ε, δ)`` (the
+    :data:`GAUSSIAN_SHARES` marginals less the 1-way share), the Laplace std ``√2·m·d/ε_m`` with
+    ``ε_m = 0.75·0.9·ε`` (refinement and structure fractions); ``m`` cancels. It falls like
+    ``1/√d``: 1.82–1.94 on PUMS' 6 columns at ε 0.5–2 (δ = 1e-9), 1.12–1.22 on Adult, COMPAS and
+    NLTCS (15–16), 0.91–0.97 on ACS (24), 0.70–0.74 on census_kdd (41). Public values only."""
+    d = max(1, int(n_columns))
+    eps_m = epsilon * (1 - DEFAULT_REFINE_FRACTION) * (1 - DEFAULT_STRUCTURE_FRACTION)
+    rho_fam = GAUSSIAN_SHARES["marginals"] * (1 - GAUSSIAN_ONE_WAY_SHARE) * zcdp_rho(epsilon, delta)
+    return math.sqrt(d / (2 * rho_fam)) / (math.sqrt(2) * d / eps_m)
+
+
+def resolve_noise(noise: str, delta: float, *, n_columns: int | None = None,
+                  epsilon: float | None = None) -> tuple[str, str]:
     """``(noise, why)``: the tables' noise for a requested mode and the method's δ.
 
-    ``"auto"`` is ``"gaussian"`` (zCDP, discrete Gaussian tables, :func:`gaussian_plan`) when
-    ``δ > 0`` and ``"laplace"`` (pure ε-DP) when ``δ = 0``. It is not the default: better on
-    Adult, ACS and census_kdd at ε 0.5/1/2 (with or without the DP count), and since H37 (the DP
-    count by basic composition) equal on small inputs where the forest runs, but its network
-    plan loses TVD1 on small inputs (PUMS 1,000 ε = 2, NLTCS 1,000 ε = 0.5), also with the
-    explicit 1-way tables (H43: 6 columns' tables are noisier than Laplace's; 40 refinement
-    pairs on 1,000 rows; docs/privbayes.md "Twelfth session: the DP count by basic composition",
-    "After explicit 1-way tables"). ``why`` is the manifest's wording;
-    ``"laplace"`` with ``δ > 0`` says that δ is not used. A choice from public parameters only."""
+    ``"auto"`` is ``"laplace"`` (pure ε-DP) when ``δ = 0``; with ``δ > 0`` it is ``"gaussian"``
+    (zCDP, discrete Gaussian tables, :func:`gaussian_plan`) unless the declared column count
+    ``n_columns`` and ``epsilon`` are given and :func:`auto_sigma_ratio` exceeds
+    :data:`AUTO_MAX_SIGMA_RATIO` (H47): with few columns zCDP's composition gain does not pay
+    for the (ε, δ) → ρ conversion, and the Gaussian network loses TVD1 (PUMS 1,000 ε = 2, 6
+    columns, ratio 1.94: +0.0166 ± 0.0027 against Laplace, worse than independent), so
+    ``"laplace"``. The rule is fixed when the pipeline is built, from public values only (the
+    declared shape, ε, δ), so each branch's spends are the plan's own. ``why`` is the manifest's
+    wording; ``"laplace"`` with ``δ > 0`` says that δ is not used. Measured:
+    docs/privbayes.md "Thirteenth session: `--pb-noise auto`"."""
     if noise not in NOISE_MODES:
         raise ValueError(f"noise ({noise!r}) must be one of {NOISE_MODES}")
     if noise == "auto":
         if delta > 0:
+            if n_columns is not None and epsilon is not None and epsilon > 0:
+                ratio = auto_sigma_ratio(n_columns, epsilon, delta)
+                if ratio > AUTO_MAX_SIGMA_RATIO:
+                    return "laplace", (
+                        f"auto: δ = {delta:g} > 0, but with {n_columns} declared columns the "
+                        f"Gaussian network tables' σ would be {ratio:.2f} × the Laplace tables' "
+                        f"std (more than {AUTO_MAX_SIGMA_RATIO:g}): zCDP does not pay for so few "
+                        "tables, so pure ε-DP with discrete Laplace tables (δ is not used)")
+                return "gaussian", (
+                    f"auto: δ = {delta:g} > 0 and the Gaussian network tables' σ is {ratio:.2f} "
+                    f"× the Laplace tables' std (at most {AUTO_MAX_SIGMA_RATIO:g}), so zCDP with "
+                    "discrete Gaussian tables converted to the method's (ε, δ)")
             return "gaussian", (f"auto: δ = {delta:g} > 0, so zCDP with discrete Gaussian tables "
                                 "converted to the method's (ε, δ)")
         return "laplace", "auto: δ = 0, so pure ε-DP with discrete Laplace tables"
@@ -518,9 +553,6 @@ def gaussian_plan(plan: PrivBayesPlan, budget: ApproxDP, *, pairs: int = GAUSSIA
     structure_budget = None
     if structure_rho > 0:
         structure_budget = PureDP(epsilon=math.sqrt(2 * structure_rho / (d - 1)) * (d - 1))
-    # Laplace-equivalent ε of the tables (same std: σ = √2·m/ε_t) for the penalties only
-    sigma_eq = m / math.sqrt(2 * marginal_rho / plan.max_tables)
-    marginal_budget = PureDP(epsilon=plan.max_tables * math.sqrt(2) * m / sigma_eq)
     n_rounds = min(rounds, n_pairs)
     sizing = plan.sizing
     if sizing is not None:
@@ -530,13 +562,26 @@ def gaussian_plan(plan: PrivBayesPlan, budget: ApproxDP, *, pairs: int = GAUSSIA
         if n_pairs and sizing.rows is not None:
             wide = gaussian_refine_pairs_for_rows(sizing.rows, measure_rho, plan_shape(plan),
                                                   groups=groups, max_contributions=m)
+            planned = n_pairs
             n_pairs, n_rounds = gaussian_refine_size(
                 sizing.rows, measure_rho, plan_shape(plan), requested=pairs, planned=n_pairs,
                 rounds=rounds, countable=sizing.refine_countable, groups=groups,
                 max_contributions=m)
+            small = gaussian_refine_pairs_down(sizing.rows, measure_rho, plan_shape(plan),
+                                               planned=n_pairs, groups=groups, max_contributions=m)
+            if n_pairs == planned and small < n_pairs:
+                # small n̂·√ρ (H47): fewer pairs at the planned ε per pick and σ per table; the
+                # dropped pairs' ρ goes to the network's tables (the parts still add up to ρ)
+                kept = small / n_pairs
+                marginal_rho += (selection_rho + measure_rho) * (1 - kept)
+                selection_rho, measure_rho = selection_rho * kept, measure_rho * kept
+                n_pairs, n_rounds = small, min(n_rounds, small)
         sizing = dataclasses.replace(sizing, refine_noise="gaussian", refine_pairs_for_rows=wide,
                                      refine_requested=pairs if n_pairs else 0,
                                      refine_rounds=rounds if n_pairs else 0)
+    # Laplace-equivalent ε of the tables (same std: σ = √2·m/ε_t) for the penalties only
+    sigma_eq = m / math.sqrt(2 * marginal_rho / plan.max_tables)
+    marginal_budget = PureDP(epsilon=plan.max_tables * math.sqrt(2) * m / sigma_eq)
     if n_pairs:
         refine = RefinePlan(pairs=n_pairs, rounds=n_rounds, groups=groups, max_contributions=m,
                             delta=budget.delta,
@@ -606,6 +651,13 @@ def spend_zcdp(accountant: PrivacyAccountant, plan: PrivBayesPlan, prefix: str =
                 "picks": largest.pairs, "tables": largest.pairs, "rounds": largest.rounds,
                 "epsilon_per_pick": largest.pick_epsilon, "sigma": largest.sigma,
                 "note": REFINE_RUN_TIME_NOTE_ZCDP}
+        if (plan.sizing is not None and plan.sizing.count_budget is not None
+                and plan.sizing.refine_requested):
+            # the run may keep fewer pairs from the DP count (H47): their ρ goes to the tables
+            parts["refine.marginals"]["fewer_pairs"] = GAUSSIAN_REFINE_DOWN_RULE
+            parts["marginals"]["rho_note"] = (
+                "planned; where the DP count keeps fewer refinement pairs (refine.marginals."
+                "fewer_pairs) the tables get the dropped pairs' ρ too, the total is unchanged")
     accountant.spend(
         f"{prefix}.zcdp", z.budget,
         mechanism="PrivBayes network + refinement under zCDP (discrete Gaussian tables)",

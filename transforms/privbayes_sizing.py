@@ -80,6 +80,11 @@ __all__ = [
     "gaussian_refine_size",
     "resize_gaussian_refinement",
     "gaussian_refine_split",
+    "GAUSSIAN_REFINE_DOWN",
+    "gaussian_refine_coarse_cells",
+    "gaussian_refine_pairs_down",
+    "shrink_gaussian_refinement",
+    "gaussian_refine_rho",
 ]
 
 SIZING_THETA = 2.5  # usefulness a k-parent family needs (docs/privbayes.md "Model size from n̂·ε")
@@ -188,6 +193,12 @@ class NetworkSizing:
                 countable=self.refine_countable, groups=refine.groups,
                 max_contributions=self.max_contributions)
             if (pairs, rounds) == (refine.pairs, refine.rounds):
+                # small n̂·√ρ: fewer pairs at the planned σ, the rest of ρ on the tables (H47)
+                small = gaussian_refine_pairs_down(
+                    rows_hat, refine.pairs * refine.table_rho, self.shape, planned=refine.pairs,
+                    groups=refine.groups, max_contributions=self.max_contributions)
+                if small < refine.pairs:
+                    return shrink_gaussian_refinement(refine, small, min(refine.rounds, small))
                 return refine
             return resize_gaussian_refinement(refine, pairs, rounds)
         pairs, rounds = refine_size(
@@ -384,6 +395,77 @@ def gaussian_refine_split(selection_rho: float, measure_rho: float, pairs: int,
     return {"sigma": sigma,
             "selection_budget": PureDP(epsilon=math.sqrt(2 * selection_rho / pairs) * pairs),
             "measure_budget": PureDP(epsilon=pairs * math.sqrt(2) * m / sigma)}
+
+
+# zCDP refinement sized DOWN at small n̂·√ρ (H47, issue 18): fewer pairs at the planned σ
+GAUSSIAN_REFINE_DOWN = True  # False: the planned pairs whatever n̂ (the release before H47)
+REFINE_MIN_PAIRS_DOWN = 3  # the fewest pairs the downward rule keeps (refine.REFINE_MIN_PAIRS)
+GAUSSIAN_REFINE_DOWN_RULE = (
+    "where P_small = ⌊(κ_G·n̂·√(π·ρ_meas)/(m·c̄))^(2/3)⌋ (c̄: the mean declared coarse cells "
+    "min(groups, cells_a)·min(groups, cells_b) over the countable pairs) is below the planned "
+    f"pairs, max({REFINE_MIN_PAIRS_DOWN}, P_small) pairs keep the planned ε per pick and σ per "
+    "table, and the refinement's ρ of the pairs dropped, (1 − P/planned)·(ρ_sel + ρ_meas), goes "
+    "to the network's tables: the parts still add up to ρ")
+
+
+def gaussian_refine_coarse_cells(shape: Sequence[int], groups: int,
+                                 max_family_cells: int = MAX_FAMILY_CELLS) -> float:
+    """Mean declared cells of a coarse refinement table, ``min(groups, cells_a)·min(groups,
+    cells_b)`` over the pairs with exact counts (at most ``max_family_cells`` cells): 4 on
+    NLTCS' binary columns, 45.9 on Adult, against the ``groups²`` = 64 the wide rule assumes.
+    Declared shape only."""
+    g = int(groups)
+    cells = [min(g, int(a)) * min(g, int(b)) for a, b in itertools.combinations(shape, 2)
+             if int(a) * int(b) <= max_family_cells]
+    return float(np.mean(cells)) if cells else float(g * g)
+
+
+def gaussian_refine_pairs_down(rows: float, measure_rho: float, shape: Sequence[int], *,
+                               planned: int, groups: int, max_contributions: int = 1,
+                               noise_mass: float = GAUSSIAN_REFINE_NOISE_MASS,
+                               enabled: bool | None = None) -> int:
+    """The pairs a zCDP refinement planned with ``planned`` pairs and ``measure_rho`` keeps at
+    ``n̂ = rows`` (H47, issue 18): ``planned`` unless
+    ``P_small = ⌊(κ_G·n̂·√(π·ρ_meas)/(m·c̄))^{2/3}⌋`` is smaller, then ``max(3, P_small)``.
+
+    :func:`gaussian_refine_pairs_for_rows`'s noise-mass rule (κ_G = 3.6, the tables' summed
+    expected L1 noise ≤ κ_G·n̂, each at the planned σ) with the mean declared coarse cells ``c̄``
+    (:func:`gaussian_refine_coarse_cells`) instead of ``groups²``: Adult 32k at ε = 1, δ = 1e-9
+    gives 49 (the 40 planned stay), NLTCS 1,000 15 / 24 / 38 at ε = 0.5 / 1 / 2, COMPAS 5,050
+    13 / 20 / 31, Adult 5,000 at ε = 2 22. The caller keeps each kept pair's ε per pick and σ
+    (:func:`shrink_gaussian_refinement`) and gives the dropped pairs' ρ to the network's
+    tables: on the Beam-free harness (DP count, 6 paired seeds) that removed the Gaussian TVD1
+    loss on NLTCS 1,000 at ε = 0.5 (+0.0108 ± 0.0030 → −0.0002 ± 0.0022 against Laplace) and
+    kept its TVD2/TVD3 wins (docs/privbayes.md "Thirteenth session: `--pb-noise auto`"). A
+    pure function of public values (``rows`` public or the DP count, declared shape, ρ)."""
+    if not (GAUSSIAN_REFINE_DOWN if enabled is None else enabled):
+        return int(planned)
+    if planned <= 0 or len(shape) < 2 or measure_rho <= 0:
+        return int(planned)
+    cells = gaussian_refine_coarse_cells(shape, groups)
+    p = (noise_mass * max(float(rows), 0.0) * math.sqrt(math.pi * float(measure_rho))
+         / (max_contributions * cells)) ** (2 / 3)
+    small = max(REFINE_MIN_PAIRS_DOWN, math.floor(p + 1e-9))
+    return int(min(int(planned), small))
+
+
+
+def shrink_gaussian_refinement(refine: Any, pairs: int, rounds: int) -> Any:
+    """A zCDP refinement plan cut to ``pairs`` picks and tables at the **same** ε per pick and σ
+    per table: it costs ``ρ_sel·P/planned + ρ_meas·P/planned``; the rest of its ρ,
+    :func:`gaussian_refine_rho` of the planned minus the cut plan, is the caller's to give the
+    network's tables (zCDP composition: the parts still add up to the planned ρ)."""
+    m = refine.max_contributions
+    return dataclasses.replace(refine, pairs=int(pairs), rounds=int(rounds), **gaussian_refine_split(
+        pairs * refine.pick_epsilon ** 2 / 2, pairs * refine.table_rho, int(pairs), m))
+
+
+def gaussian_refine_rho(refine: Any) -> float:
+    """ρ of a zCDP refinement plan: ``P`` picks of ``ε²/2`` and ``P`` tables of ``table_rho``
+    (0 for ``None`` or a Laplace refinement)."""
+    if refine is None or refine.sigma is None:
+        return 0.0
+    return refine.pairs * (refine.pick_epsilon ** 2 / 2 + refine.table_rho)
 
 
 # -- the small-input model: 1-way tables + a budget-aware forest -----------------------------------

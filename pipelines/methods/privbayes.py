@@ -64,7 +64,8 @@ class PrivBayesMethod(Method):
         opts = self.options
         # laplace (default: pure ε), gaussian (zCDP), auto (gaussian when the method's δ > 0)
         self._noise = str(opts.get("pb_noise") or "laplace")
-        gaussian = resolve_noise(self._noise, self.budget.delta)[0] == "gaussian"
+        gaussian = resolve_noise(self._noise, self.budget.delta, n_columns=len(self.schema.shape),
+                                 epsilon=self.budget.epsilon)[0] == "gaussian"
         # zCDP: its own refinement defaults
         self._transform = DPPrivBayes(
             schema=self.schema, budget=self.budget,

@@ -166,7 +166,8 @@ def test_gaussian_mode_calls_compose_within_the_spent_rho(monkeypatch, n, m, row
             and degree == 0, "independent": degree == 0
             and (out.sizing or {}).get("forest_steps") == 0}[path]
     if path == "network":
-        assert kinds["pf"] == len(ADULT_SHAPE) - 1 + plan.refine.pairs and kinds["dg"] > plan.refine.pairs
+        pairs = (out.sizing or {}).get("refine_pairs", plan.refine.pairs)  # run-time P (H47)
+        assert kinds["pf"] == len(ADULT_SHAPE) - 1 + pairs and kinds["dg"] > pairs
     if path == "forest":  # pure ε: the Laplace plan's forest budget, ε − ε_c, exactly
         assert kinds["dg"] == 0 and eps == pytest.approx(z.budget.epsilon, rel=1e-9)
     else:  # zCDP: exactly the spend's ρ

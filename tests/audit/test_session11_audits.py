@@ -239,12 +239,18 @@ def test_gaussian_plan_rho_equals_the_spend_for_every_run_time_outcome(dataset, 
                 outcomes.add("independent")
             continue
         r = plan.sizing.refine_plan(rows_hat, plan.refine)
-        cost = ((d - 1) * plan.step_epsilon ** 2 / 2 + z.marginal_rho
+        # H47: fewer pairs keep the planned σ and ε per pick; the dropped pairs' ρ goes to the tables
+        kept = min(1.0, r.pairs / plan.refine.pairs)
+        tables_rho = z.marginal_rho + (z.selection_rho + z.measure_rho) * (1 - kept)
+        cost = ((d - 1) * plan.step_epsilon ** 2 / 2 + tables_rho
                 + r.pairs * r.pick_epsilon ** 2 / 2 + r.pairs * m ** 2 / (2 * r.sigma ** 2))
         assert cost == pytest.approx(z.rho, rel=1e-9), (rows_hat, r.pairs)
-        assert r.pairs * r.table_rho == pytest.approx(z.measure_rho, rel=1e-12)
-        assert plan.refine.pairs <= r.pairs <= largest, (rows_hat, r.pairs)
+        assert r.pairs * r.table_rho == pytest.approx(z.measure_rho * kept, rel=1e-12)
+        assert 3 <= r.pairs <= largest, (rows_hat, r.pairs)
+        if r.pairs < plan.refine.pairs:
+            assert r.sigma == pytest.approx(plan.refine.sigma, rel=1e-12)
         assert r.rounds == (plan.refine.rounds if r.pairs == plan.refine.pairs
+                            else min(plan.refine.rounds, r.pairs) if r.pairs < plan.refine.pairs
                             else max(plan.refine.rounds, math.ceil(r.pairs / 5)))
         outcomes.add((degree, r.pairs, r.rounds))
     networks = {o for o in outcomes if isinstance(o, tuple)}

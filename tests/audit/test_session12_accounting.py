@@ -200,6 +200,7 @@ def audit_branch(monkeypatch, *, n: int, m: int, rows: int | None, seed: int = 0
 @pytest.mark.parametrize(("n", "m", "rows", "branch"), [
     (20_000, 1, None, "network"),
     (20_000, 2, None, "network"),
+    (8_000, 1, None, "network"),  # H47: the refinement cut to 19 pairs, 21 pairs' ρ on the tables
     (300, 1, None, "forest"),
     (6_000, 2, None, "forest"),
     (60, 1, None, "independent"),
@@ -250,11 +251,19 @@ def _tables_given_rho_of_eps(monkeypatch, plan):
     monkeypatch.setattr(pbm, "_release_tables", broken)
 
 
+def _dropped_rho_given_twice(monkeypatch, plan):
+    real = pbm.gaussian_refine_rho  # the cut refinement counted as free: all its ρ to the tables
+    monkeypatch.setattr(pbm, "gaussian_refine_rho",
+                        lambda r: real(r) if r == plan.refine else 0.0)
+
+
 @pytest.mark.parametrize(("variant", "n"), [("forest given ε", 300), ("1-way tables at ρ(ε)", 60),
-                                            ("network ρ from ε", 20_000)])
+                                            ("network ρ from ε", 20_000),
+                                            ("cut refinement's ρ kept and given", 8_000)])
 def test_broken_variants_are_caught(monkeypatch, variant, n):
     """Measured: forest given ε: Σε = 1.0000 > 0.98 (zCDP 2.47 ρ'); 1-way tables at ρ(ε) and the
-    network's ρ from ε: ρ/ρ' = 1.0395, δ'' = 1.96e-9 > 1e-9."""
+    network's ρ from ε: ρ/ρ' = 1.0395, δ'' = 1.96e-9 > 1e-9; H47's cut refinement (19 of 40
+    pairs at n = 8,000) whose kept pairs' ρ also goes to the tables: over ρ'."""
     if variant == "network ρ from ε":
         real = pbp.zcdp_rho
         eps_c = plan_privbayes(SHAPE, ApproxDP(epsilon=EPS, delta=DELTA), sizing="auto",
@@ -265,8 +274,39 @@ def test_broken_variants_are_caught(monkeypatch, variant, n):
         _forest_given_eps(monkeypatch, plan)
     elif variant == "1-way tables at ρ(ε)":
         _tables_given_rho_of_eps(monkeypatch, plan)
+    elif variant == "cut refinement's ρ kept and given":
+        _dropped_rho_given_twice(monkeypatch, plan)
     *_, v = audit_branch(monkeypatch, n=n, m=1, rows=None)
     assert not v["ok"], v
+
+
+@pytest.mark.parametrize("n", [1_000, 20_000])
+def test_auto_on_a_narrow_schema_is_the_pure_plan(monkeypatch, n):
+    """H47: ``pb_noise="auto"`` with δ > 0 on 6 declared columns (PUMS' shape) resolves to
+    laplace when the pipeline is built; the plan's spends are pure (spent δ = 0) and every draw
+    of the measurement (DP count, network or forest) is pure, Σε within the spends."""
+    shape = (13, 2, 17, 7, 11, 2)
+    budget = ApproxDP(epsilon=2.0, delta=DELTA)
+    assert pbp.resolve_noise("auto", DELTA, n_columns=len(shape), epsilon=2.0)[0] == "laplace"
+    plan = plan_privbayes(shape, budget, sizing="auto", max_contributions=1)
+    acc = PrivacyAccountant(total=budget)
+    spend_privbayes(acc, plan)
+    spends = {s["step"]: s for s in acc.to_dict()["spends"]}
+    assert acc.spent_delta == 0.0 and "privbayes.zcdp" not in spends
+    calls = record_draws(monkeypatch)
+    rng = np.random.default_rng(1)
+    codes = np.stack([rng.integers(0, c, n) for c in shape], axis=1)
+    codes[:, 2] = codes[:, 0] % shape[2]
+    fams = candidate_families(len(shape), plan.degree, shape=shape,
+                              max_family_cells=plan.max_family_cells)
+    counts = [c.reshape([shape[i] for i in f])
+              for c, f in zip(count_marginals(codes, fams, shape), fams)]
+    measure_privbayes(counts, fams, shape=shape, names=[f"c{i}" for i in range(len(shape))],
+                      plan=plan, rs=RandomSource(seed=0))
+    count = spends["privbayes.size_count"]
+    v = verdict(calls, m=1, count=count,
+                rest={"epsilon": acc.spent_epsilon - count["epsilon"], "delta": 0.0})
+    assert v["ok"] and v["pure_ok"] and v["gaussian"] == 0, v
 
 
 # -- 3. declared windows: each window its own count and branch ---------------------------------------
