@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -249,6 +250,16 @@ class Column:
                 sub_codes = self._classify(pd.Series([privacy_id_text(vals[i]) for i in whole],
                                                      dtype=object))[1]
                 codes[whole] = np.where(sub_codes >= 0, sub_codes, codes[whole])
+            if isinstance(self.domain, CategoricalDomain):
+                # a number whose text is not declared is the one declared category of its value
+                # ("01" for 1: pandas' CSV reader parses a code column as numbers unless one of
+                # its values is no number, rule 6, H45); each value alone, ambiguity rejected
+                numbers = [i for i in np.flatnonzero(codes == OUT_OF_DOMAIN).tolist()
+                           if _number_value(vals[i]) is not None]
+                if numbers:
+                    by_value = _declared_numbers(self.domain.values)
+                    for i in numbers:
+                        codes[i] = by_value.get(_number_value(vals[i]), OUT_OF_DOMAIN)
         reasons: dict[int, str] = {}
         if is_null.any():
             if self.nullable:
@@ -550,6 +561,31 @@ class Schema:
             "namespace": "beamsynth.synthetic",
             "fields": fields,
         }
+
+
+_NUMBER_TEXT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
+def _number_value(value: Any) -> int | float | None:
+    """A finite int/float value (not bool) as an int if whole, else a float; else ``None``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer,
+                                                                     np.floating)):
+        return None
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    v = float(value)
+    return (int(v) if v.is_integer() else v) if np.isfinite(v) else None
+
+
+def _declared_numbers(values: Sequence[str]) -> dict[int | float, int]:
+    """``{number: index}`` of the declared categories written as one number ("01", "1.50"),
+    numbers that two categories spell left out (declared values only: public)."""
+    found: dict[int | float, list[int]] = {}
+    for i, text in enumerate(values):
+        if _NUMBER_TEXT.fullmatch(text):
+            found.setdefault(_number_value(int(text) if text.lstrip("+-").isdigit()
+                                           else float(text)), []).append(i)
+    return {v: ix[0] for v, ix in found.items() if v is not None and len(ix) == 1}
 
 
 def privacy_id_text(value: Any) -> str:

@@ -28,6 +28,10 @@ fix.
    it reads (4b709eb; YAML twin c7a9d7b) is data-dependent when Beam infers the type from the
    records (``ReadFromJson``, ``Create``): D (50 records without ``code``) is refused when built,
    D + ``{"code": 1}`` releases (rule 7).
+5. Codes with leading zeros through pandas readers (rule 6, API and YAML): ``beam.io.ReadFromCsv``
+   reads a code column ``01, 02, 03`` as the numbers 1, 2, 3 unless one value is no number, so D
+   (300 rows) had all 300 rows rejected and D + the row ``x1,5`` used them. A number whose text
+   is not declared is now the one declared category of its value (``schemas/schema.py``).
 """
 
 from __future__ import annotations
@@ -68,7 +72,7 @@ def _run_yaml(tmp_path: Path, path: str, schema: dict, extra: str = "") -> dict:
   - include: {provider}
 pipeline:
   transforms:
-    - {{type: ReadFromJson, name: Read, config: {{path: "{path}"}}}}
+    - {{type: {"ReadFromCsv" if path.endswith(".csv") else "ReadFromJson"}, name: Read, config: {{path: "{path}"}}}}
     - type: BeamsynthSynthesize
       name: Synth
       input: Read
@@ -103,7 +107,7 @@ def test_yaml_rows_with_whole_float_codes_encode_as_the_api_does(tmp_path: Path)
     batch, bad = encode_rows(schema, [beam.Row(code=1.0, n=5.0), beam.Row(code=3, n=7),
                                       beam.Row(code=2.5, n=1)])
     assert [b.reason for b in bad] == [
-        "column 'code': value '2.5' is outside the declared categorical domain"]
+        "column 'code': value 2.5 is outside the declared categorical domain"]
     assert batch.codes[:, 0].tolist() == [0, 2]
     floats = load_schema({"name": "f", "columns": [
         {"name": "code", "type": "categorical",
@@ -319,3 +323,64 @@ def test_typed_rows_refusal_does_not_depend_on_the_records(tmp_path: Path) -> No
     records: both build, or both are refused."""
     base = [{"note": f"x{i}"} for i in range(50)]
     assert _builds(base, tmp_path) == _builds(base + [{"code": 1}], tmp_path)
+
+
+# -- 5. codes with leading zeros through pandas readers (API and YAML ReadFromCsv) -----------------
+ZERO = {"name": "zero", "columns": [
+    {"name": "code", "type": "categorical",
+     "domain": {"kind": "categorical", "values": ["01", "02", "03"]}},
+    {"name": "n", "type": "integer", "domain": {"kind": "integer", "low": 0, "high": 1000}}]}
+
+
+def test_numbers_match_the_one_declared_code_of_their_value() -> None:
+    """The encoder alone: pandas' ReadFromCsv parses a code column "01", "02" as the numbers
+    1, 2 unless one of its values is no number; a number whose text is not declared is the one
+    declared category of the same value ("01" for 1, "1.50" for 1.5); two such categories
+    ("1", "01" both declared: text wins; "01", "001": none) leave it to its own text."""
+    import numpy as np
+
+    from beamsynth.schemas.schema import load_schema
+
+    col = load_schema(ZERO).columns[0]
+    codes, why = col.encode([1, np.int64(2), 3.0, "01", "1", 4])
+    assert codes[:4].tolist() == [0, 1, 2, 0] and sorted(why) == [4, 5]
+    both = load_schema({"name": "b", "columns": [{"name": "c", "type": "categorical", "domain": {
+        "kind": "categorical", "values": ["01", "001", "1.50", "7"]}}]}).columns[0]
+    codes, why = both.encode([1, 1.5, 7, 7.0, True])
+    assert codes[1:4].tolist() == [2, 3, 3] and sorted(why) == [0, 4]
+
+
+def _zero_csv(tmp_path: Path, extra: list[str]) -> Path:
+    path = tmp_path / f"in{len(extra)}.csv"
+    path.write_text("code,n\n" + "".join(f"0{i % 3 + 1},{i}\n" for i in range(300))
+                    + "".join(line + "\n" for line in extra), encoding="utf-8")
+    return path
+
+
+def test_api_read_from_csv_one_record_leaves_the_others_used(tmp_path: Path) -> None:
+    """Neighbours through ``beam.io.ReadFromCsv`` → ``job.private``: D (300 rows, codes "01" ..
+    "03": pandas reads 1 .. 3) and D + the row ``x1,5`` (the column stays text). D's 300 rows
+    were all dead letters ('value 1 is outside the declared categorical domain') and D + row's
+    300 were used: one row decided whether 300 others counted (rule 6)."""
+    import beamsynth as bs
+
+    schema = bs.load_schema(ZERO)
+    dead = []
+    for extra in ([], ["x1,5"]):
+        job = bs.PrivacyJob(epsilon=1.0, seed=1)
+        out = tmp_path / f"dead{len(extra)}"
+        with beam.Pipeline() as p:
+            priv = p | f"Read{len(extra)}" >> beam.io.ReadFromCsv(str(_zero_csv(tmp_path, extra))) \
+                | job.private(schema)
+            _ = priv.dead_letters | beam.Map(lambda r: r.reason) | beam.io.WriteToText(str(out))
+            _ = priv | bs.Count(epsilon=0.5)
+            _ = p | bs.WriteManifest(job=job, path=str(tmp_path / f"m{len(extra)}.json"))
+        dead.append([line.strip() for f in glob.glob(f"{out}*") for line in open(f)])
+    assert dead == [[], ["column 'code': value 'x1' is outside the declared categorical domain"]]
+
+
+def test_yaml_read_from_csv_codes_with_leading_zeros_are_used(tmp_path: Path) -> None:
+    """The same through YAML's ``ReadFromCsv`` → ``BeamsynthSynthesize``: D's 300 rows are used
+    (they were all rejected, while D + ``x1,5`` used them)."""
+    m = _run_yaml(tmp_path, str(_zero_csv(tmp_path, [])), ZERO).copy()
+    assert (_find(m, "rows_read"), _find(m, "rows_used"), _find(m, "rows_rejected")) == (300, 300, 0)
