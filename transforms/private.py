@@ -438,6 +438,25 @@ class PrivateTransform(beam.PTransform):
                                             "source": self.private.source, **details})
 
 
+def _required_fields(layout: KeyLayout) -> list[str]:
+    """Fields every element must carry: non-nullable declared columns, the privacy id, the
+    declared keys' columns (a missing one rejects the element)."""
+    schema = layout.schema
+    fields = [c.name for c in schema.columns if not c.nullable] + (
+        [schema.privacy_id] if schema.privacy_id else [])
+    for codec in layout.keys.values():
+        fields += [c for c in codec.input_columns if c not in fields]
+    return fields
+
+
+def _required_label(field: str, layout: KeyLayout) -> str:
+    """``'user' (the privacy id)``, ``'query' (key 'q')`` or ``'income'``: a field in a message."""
+    if field == layout.schema.privacy_id:
+        return f"{field!r} (the privacy id)"
+    keys = [k for k, codec in layout.keys.items() if field in codec.input_columns]
+    return f"{field!r} (key {keys[0]!r})" if keys else repr(field)
+
+
 def _check_schema(schema: Any) -> Schema:
     if isinstance(schema, str):
         return load_schema(schema)
@@ -572,6 +591,16 @@ class MakePrivate(beam.PTransform):
                 "would be a dead letter; parse or rename upstream so each declared column is a "
                 "field (beam.io.ReadFromCsv(path, header=0, names=[bs.field_name(c) for c in "
                 "header]), beam.Select, ...; docs/beam-api.md, 'Inputs')")
+        lacking = [_required_label(f, self._layout) for f in _required_fields(self._layout)
+                   if f not in names and avro_field_name(f) not in names]
+        if lacking:  # every element would lack it: a dead letter each, releases on no record
+            raise ValueError(
+                f"{self.label}: its input rows have fields {names} and lack {', '.join(lacking)}, "
+                "which every element needs (a missing required field makes the element a dead "
+                "letter, so every element would be one and every release learned from no "
+                "record); add the field upstream under its declared name or bs.field_name(...) "
+                "(beam.Select, the reader's names=), declare the column nullable: true, or make "
+                "the job private over the columns the rows have (schema.select([...]))")
 
     def display_data(self) -> dict[str, Any]:
         unit = self._job.unit
