@@ -111,8 +111,10 @@ def _raw_value(v: Any) -> Optional[str]:  # noqa: UP045
 
 def _is_number(v: Any) -> bool:
     """A finite int or float (not bool, not NaN: a NaN is a null)."""
-    return (isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
-            and bool(np.isfinite(v)))
+    if isinstance(v, (bool, np.bool_, np.timedelta64)):  # np.timedelta64 is an np.integer
+        return False
+    return isinstance(v, (int, np.integer)) or (isinstance(v, (float, np.floating))
+                                                and math.isfinite(v))
 
 
 def _raw_text(d: Any) -> str:

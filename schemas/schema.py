@@ -568,8 +568,8 @@ _NUMBER_TEXT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
 def _number_value(value: Any) -> int | float | None:
     """A finite int/float value (not bool) as an int if whole, else a float; else ``None``."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer,
-                                                                     np.floating)):
+    if isinstance(value, (bool, np.bool_, np.timedelta64)) or not isinstance(
+            value, (int, float, np.integer, np.floating)):  # np.timedelta64 is an np.integer
         return None
     if isinstance(value, (int, np.integer)):
         return int(value)
