@@ -23,6 +23,7 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.transforms.window import GlobalWindow, GlobalWindows
+from apache_beam.typehints.row_type import RowTypeConstraint
 
 from beamsynth.pipelines.io.manifest import build_manifest
 from beamsynth.pipelines.methods.registry import get_method, method_option_names
@@ -352,9 +353,29 @@ def assemble_manifest(counts: Mapping[str, Mapping[str, int]], *, public: Mappin
                  "windows": windows_section(public.get("windows"), public["accountant"])})
 
 
+MANIFEST_ROW_TYPE = RowTypeConstraint.from_fields(
+    [("path", str), ("created", str), ("release", str), ("operational", str)])
+_MANIFEST_OUTPUTS = {"dict": dict, "json": str, "row": MANIFEST_ROW_TYPE}
+
+
+def manifest_text(manifest: Mapping[str, Any], path: str = "") -> str:
+    """The manifest file's JSON text (without the final newline, which ``WriteToText`` adds)."""
+    return json.dumps(manifest, indent=2, ensure_ascii=False, default=str)
+
+
+def manifest_row(manifest: Mapping[str, Any], path: str) -> beam.Row:
+    """``Row(path, created, release, operational)``: the public ``release`` and the private
+    ``operational`` part as JSON text (one flat row for table sinks)."""
+    def text(part: Any) -> str:
+        return json.dumps(part, ensure_ascii=False, default=str)
+    return beam.Row(path=path, created=str(manifest.get("created")),
+                    release=text(manifest.get("release")),
+                    operational=text(manifest.get("operational")))
+
+
 def write_manifest_file(manifest: Mapping[str, Any], path: str) -> dict[str, Any]:
     """Write JSON through ``FileSystems`` (a temporary file renamed over ``path``)."""
-    data = (json.dumps(manifest, indent=2, ensure_ascii=False, default=str) + "\n").encode("utf-8")
+    data = (manifest_text(manifest) + "\n").encode("utf-8")
     _check_manifest_path(path)
     tmp = f"{path}.tmp"
     with FileSystems.create(tmp) as fh:
@@ -380,17 +401,28 @@ class WriteManifest(beam.PTransform):
     built, and any later spend raises. Output: ``PCollection[dict]`` with the manifest (one
     element), written to ``path`` through ``FileSystems`` when the pipeline runs. The
     ``operational`` part (exact counts) is private: keep it with the data owner.
+
+    ``output="json"``: the element is instead the file's JSON text (``str``, for
+    ``beam.io.WriteToText``); ``output="row"``: a schema'd ``beam.Row(path, created, release,
+    operational)``, the two parts as JSON text (``MANIFEST_ROW_TYPE``, for ``WriteToJson``,
+    ``WriteToCsv``, ``WriteToParquet``, BigQuery).
     """
 
-    def __init__(self, *, job: PrivacyJob, path: str, label: str | None = None) -> None:
+    def __init__(self, *, job: PrivacyJob, path: str, output: str = "dict",
+                 label: str | None = None) -> None:
         super().__init__(label)
         if not isinstance(job, PrivacyJob):
             raise TypeError(f"job must be a PrivacyJob, got {type(job).__name__} ({job!r})")
         if not isinstance(path, str) or not path:
             raise ValueError(f"path ({path!r}) must be a non-empty path or URL")
+        if output not in _MANIFEST_OUTPUTS:
+            raise ValueError(
+                f"output ({output!r}) must be one of {list(_MANIFEST_OUTPUTS)}: 'dict' (the "
+                "manifest as a dict), 'json' (its JSON text, for beam.io.WriteToText) or 'row' "
+                "(a schema'd beam.Row, for WriteToJson/WriteToCsv/WriteToParquet)")
         _check_manifest_path(path)
-        self._job, self._path = job, path
-        self.with_output_types(dict)
+        self._job, self._path, self._output = job, path, output
+        self.with_output_types(_MANIFEST_OUTPUTS[output])
 
     def default_label(self) -> str:
         return "WriteManifest"
@@ -398,7 +430,8 @@ class WriteManifest(beam.PTransform):
     def display_data(self) -> dict[str, Any]:
         acct = self._job.accountant
         return {"path": self._path, "epsilon_total": acct.total.epsilon,
-                "delta_total": acct.total.delta, "spends": len(acct.spends)}
+                "delta_total": acct.total.delta, "spends": len(acct.spends),
+                "output": self._output}
 
     def expand(self, pbegin):
         job = self._job
@@ -439,7 +472,13 @@ class WriteManifest(beam.PTransform):
         # (source, field, rows)
         counts = items | "SumCounts" >> beam.CombineGlobally(_MergeCountsFn())
         # {source: {field: rows}} (one: global window)
-        return (counts
-                | "Assemble" >> beam.Map(assemble_manifest, public=public, path=self._path)
-                | "Write" >> beam.Map(write_manifest_file, self._path).with_output_types(dict))
+        manifests = (counts
+                     | "Assemble" >> beam.Map(assemble_manifest, public=public, path=self._path)
+                     | "Write" >> beam.Map(write_manifest_file, self._path).with_output_types(dict))
         # dict: the manifest
+        if self._output == "dict":
+            return manifests
+        as_output = manifest_text if self._output == "json" else manifest_row
+        return manifests | "As" + self._output.title() >> beam.Map(
+            as_output, path=self._path).with_output_types(_MANIFEST_OUTPUTS[self._output])
+        # str: the file's JSON text, or Row(path, created, release, operational)

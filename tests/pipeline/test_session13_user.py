@@ -5,8 +5,12 @@ the code before its fix."""
 
 from __future__ import annotations
 
+import json
+
 import apache_beam as beam
+import pyarrow.parquet as pq
 import pytest
+from apache_beam.testing.util import assert_that
 
 import beamsynth as bs
 
@@ -50,3 +54,59 @@ def test_typed_rows_lacking_only_a_nullable_field_still_run():
         private.dead_letters | "Bad" >> beam.Map(lambda r: pytest.fail(f"dead letter {r}"))
         private | bs.Count(epsilon=1.0)
 
+
+def _manifest_job(tmp_path, output: str, sink) -> dict:
+    """A seeded one-Count job whose bs.WriteManifest(output=...) goes on to `sink`; returns the
+    manifest file's content."""
+    job = bs.PrivacyJob(epsilon=1.0, seed=1)
+    with beam.Pipeline() as p:
+        private = p | beam.Create([ROW]) | job.private(SMALL)
+        private.dead_letters | "Bad" >> beam.Map(print)
+        private | bs.Count(epsilon=1.0)
+        sink(p | bs.WriteManifest(job=job, path=str(tmp_path / "manifest.json"), output=output))
+    return json.loads((tmp_path / "manifest.json").read_text(encoding="utf-8"))
+
+
+def test_manifest_as_json_text_goes_to_write_to_text(tmp_path):
+    """`p | bs.WriteManifest(...) | beam.io.WriteToText(path)` wrote the dict's Python repr
+    (single quotes: not JSON, silently). output="json" gives the file's JSON text."""
+    manifest = _manifest_job(tmp_path, "json", lambda m: m | beam.io.WriteToText(
+        str(tmp_path / "copy"), num_shards=1, shard_name_template="", file_name_suffix=".json"))
+    assert (tmp_path / "copy.json").read_text(encoding="utf-8") == (
+        tmp_path / "manifest.json").read_text(encoding="utf-8")
+    assert manifest["release"]["budget"]
+
+
+def test_manifest_as_row_goes_to_schema_sinks(tmp_path):
+    """`bs.WriteManifest(...) | beam.io.WriteToJson(path)` (or WriteToCsv, WriteToParquet) was
+    refused when built: 'Could not determine schema for type hint Dict[Any, Any]' / 'A schema
+    is required to write non-schema'd data'. output="row" gives one schema'd Row(path, created,
+    release, operational), the two parts as JSON text."""
+    def sinks(m):
+        m | "Json" >> beam.io.WriteToJson(str(tmp_path / "json"), num_shards=1)
+        m | "Csv" >> beam.io.WriteToCsv(str(tmp_path / "csv"), num_shards=1)
+        m | "Parquet" >> beam.io.WriteToParquet(str(tmp_path / "pq"), num_shards=1)
+    manifest = _manifest_job(tmp_path, "row", sinks)
+    [line] = (tmp_path / "json-00000-of-00001").read_text(encoding="utf-8").splitlines()
+    row = json.loads(line)
+    assert row["path"] == str(tmp_path / "manifest.json")
+    assert json.loads(row["release"]) == manifest["release"]
+    assert json.loads(row["operational"]) == manifest["operational"]
+    [table] = [pq.read_table(f) for f in tmp_path.glob("pq-*")]
+    assert table.column_names == ["path", "created", "release", "operational"]
+    assert (tmp_path / "csv-00000-of-00001").read_text(encoding="utf-8").startswith(
+        "path,created,release,operational\n")
+
+
+def test_manifest_default_output_is_still_the_dict_and_a_bad_output_is_refused(tmp_path):
+    def is_the_dict(manifests):
+        assert [type(m) for m in manifests] == [dict] and manifests[0]["release"]["budget"]
+
+    def check(m):
+        assert str(m.element_type) == "Dict[Any, Any]"
+        assert_that(m, is_the_dict)
+    _manifest_job(tmp_path, "dict", check)
+    job = bs.PrivacyJob(epsilon=1.0)
+    with pytest.raises(ValueError, match=r"output \('text'\) must be one of \['dict', 'json', "
+                       r"'row'\]: .*beam.io.WriteToText"):
+        bs.WriteManifest(job=job, path="m.json", output="text")
