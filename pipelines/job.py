@@ -138,7 +138,8 @@ class Synthesize(PrivateTransform):
 
     def display_data(self) -> dict[str, Any]:
         return {"mechanism": self.mechanism, "epsilon": self._budget.epsilon,
-                "delta": self._budget.delta, "rows": str(self._rows)}
+                "delta": self._budget.delta, "rows": str(self._rows),
+                "spends": getattr(self, "_spends", "unbound")}
 
     def bind(self, private: PrivateCollection) -> None:
         job, step, k = private.job, self.label, private.max_contributions
@@ -166,6 +167,10 @@ class Synthesize(PrivateTransform):
         self._plan = SynthesisPlan(cfg, schema, acct, method, count_budget)  # type: ignore[arg-type]
         for s in staged.spends:
             job.spend(s.step, s.budget, mechanism=s.mechanism, details=s.details)
+        self._spends = "; ".join(  # display_data: each part's ε and scale (public, no data)
+            s.step.removeprefix(f"{step}/") + f" {s.budget}"
+            + (f" scale {s.details['scale']:g}" if "scale" in (s.details or {}) else "")
+            for s in staged.spends)
         if not self._typed:
             row_type = record_type(schema)
             self.with_output_types(row_type if private.windows is None else window_row_type(row_type))

@@ -92,11 +92,13 @@ class Count(PrivateTransform):
         return "Count"
 
     def display_data(self) -> dict[str, Any]:
-        return {"mechanism": self.mechanism, "epsilon": self._budget.epsilon, "delta": 0.0}
+        return {"mechanism": self.mechanism, "epsilon": self._budget.epsilon, "delta": 0.0,
+                "scale": getattr(self, "_scale", "unbound")}
 
     def bind(self, private: PrivateCollection) -> None:
         k = private.max_contributions
-        details = {"sensitivity": k, "scale": k / self._budget.epsilon, "noise": "discrete Laplace",
+        self._scale = k / self._budget.epsilon
+        details = {"sensitivity": k, "scale": self._scale, "noise": "discrete Laplace",
                    "paper": "Laplace mechanism (Dwork et al. 2006), discrete form"}
         private.job.spend(self.label, self._budget, mechanism=self.mechanism, details=details)
         self.record(details)

@@ -110,3 +110,41 @@ def test_manifest_default_output_is_still_the_dict_and_a_bad_output_is_refused(t
     with pytest.raises(ValueError, match=r"output \('text'\) must be one of \['dict', 'json', "
                        r"'row'\]: .*beam.io.WriteToText"):
         bs.WriteManifest(job=job, path="m.json", output="text")
+
+
+def test_display_data_of_every_public_transform_names_its_noise_and_no_data():
+    """display_data (what a runner's UI shows for each step): bs.Count showed ε and δ but no
+    noise scale, and the synthesizers (bs.IndependentSynthesis, PrivBayes, SBHG,
+    PlausibleDeniability, Synthesize) neither scale nor how their ε is spent. After the step is
+    applied every public transform shows ε, δ and its scale, or its spends (each part's ε and
+    scale); never a data value."""
+    from apache_beam.transforms.display import DisplayData
+
+    races = ["White", "Black"]
+    keys = {"occ": bs.TextKey(column="occupation", alphabet="abcdefghijklmnopqrstuvwxyz", max_length=4),
+            "who": bs.HierarchyKey(columns=["sex", "race"], tree={"Male": races, "Female": races})}
+    job = bs.PrivacyJob(epsilon=100.0, delta=1e-5, privacy_unit=bs.PrivacyUnit(id_column="user",
+                                                                               max_contributions=2))
+    private = (beam.Pipeline() | beam.Create([dict(ROW, user="secret-user", occupation="zyzzyva")])
+               | job.private(SMALL, keys=keys))
+    steps = {"Count": bs.Count(epsilon=0.5),
+             "Marginals": bs.Marginals(marginals=[("sex", "income")], epsilon=0.5),
+             "Histogram": bs.Histogram(column="race", epsilon=0.5, tolerance=0.9),
+             "PrefixTree": bs.PrefixTree(key="occ", epsilon=0.5),
+             "Independent": bs.IndependentSynthesis(epsilon=0.5, rows=10),
+             "PrivBayes": bs.PrivBayes(epsilon=0.5, rows=10),
+             "SBHG": bs.SBHG(epsilon=0.5, delta=1e-6, rows=10),
+             "Plausible": bs.PlausibleDeniability(epsilon=40.0, delta=1e-6, rows=2),
+             "Synthesize": bs.Synthesize(method="independent", epsilon=0.5)}
+    for name, step in steps.items():
+        private | name >> step
+        shown = {i.key: i.value for i in DisplayData.create_from(step).items}
+        assert {"epsilon", "delta"} <= set(shown), (name, shown)
+        assert "scale" in shown or "spends" in shown, (name, shown)
+        assert shown.get("scale") != "unbound", (name, shown)
+        assert not any(v in str(shown) for v in ("secret", "zyzz")), (name, shown)
+    count = {i.key: i.value for i in DisplayData.create_from(steps["Count"]).items}
+    assert count["scale"] == 2 / 0.5                            # k / ε
+    spends = {i.key: i.value for i in DisplayData.create_from(steps["Synthesize"]).items}["spends"]
+    assert spends.startswith("row_count ε=0.025 scale 80; independent.marginals ε=0.475"), spends
+    job.accountant.to_dict()
