@@ -59,7 +59,13 @@ from apache_beam.utils.timestamp import Timestamp
 
 from beamsynth.schemas.keys import KeyCodec
 from beamsynth.schemas.schema import EncodedBatch, Schema, avro_field_name, load_schema
-from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, PureDP, as_budget
+from beamsynth.transforms.budget import (
+    ApproxDP,
+    BudgetExceededError,
+    PrivacyAccountant,
+    PureDP,
+    as_budget,
+)
 from beamsynth.transforms.inputs import (
     DEAD_LETTER_TYPE,
     DEFAULT_BATCH_ROWS,
@@ -102,10 +108,22 @@ _PIPELINE_JOBS: weakref.WeakKeyDictionary[beam.Pipeline, list[PrivacyJob]] = (
     weakref.WeakKeyDictionary())
 
 
+def _not_a_number(name: str, value: Any, rule: str, example: str) -> TypeError:
+    """``TypeError`` echoing ``value`` and saying what to pass (text from argparse or a config
+    parsed for the user to see, e.g. ``pass epsilon=1.0``)."""
+    try:
+        fix = f"pass {name}={float(value)!r} (a number, not text: float(...) a value read from " \
+              "the command line or a config)" if isinstance(value, str) else None
+    except ValueError:
+        fix = None
+    return TypeError(f"{name} must be a number {rule}, got {type(value).__name__} ({value!r}); "
+                     + (fix or f"pass a number, e.g. {name}={example}"))
+
+
 def check_epsilon(epsilon: Any, *, name: str = "epsilon") -> float:
     """A mechanism's ε share: a finite number > 0 (message echoes the bad value)."""
     if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)):
-        raise TypeError(f"{name} must be a number > 0, got {type(epsilon).__name__} ({epsilon!r})")
+        raise _not_a_number(name, epsilon, "> 0", "0.5")
     if not (epsilon > 0 and epsilon != float("inf")):
         raise ValueError(f"{name} ({epsilon!r}) must be a finite number > 0")
     return float(epsilon)
@@ -189,7 +207,9 @@ class PrivacyJob:
                             f"({unit!r})")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise TypeError(f"seed must be an int or None, got {type(seed).__name__} ({seed!r})")
-        self.accountant = PrivacyAccountant(total=as_budget(epsilon, delta))
+        if isinstance(delta, bool) or not isinstance(delta, (int, float)):
+            raise _not_a_number("delta", delta, "in [0, 1)", "1e-6")
+        self.accountant = PrivacyAccountant(total=as_budget(check_epsilon(epsilon), delta))
         self.unit = unit
         self.seed = seed
         self.name = str(name)
@@ -249,17 +269,30 @@ class PrivacyJob:
         if self._frozen is not None:
             raise ValueError(f"step {step!r} is applied after {self._frozen!r} took the job's "
                              "manifest; apply every mechanism before bs.WriteManifest")
+        self._refuse_delta(step, budget)
         spent = self.accountant.spend(step, budget, mechanism=mechanism, details=details)
         if self._unrecorded is None:
             self._unrecorded = weakref.finalize(self, _warn_unrecorded, self.name, self.accountant,
                                                 self._recorded)
         return spent
 
+    def _refuse_delta(self, step: str, budget: ApproxDP) -> None:
+        """A step with δ > 0 on a job of δ = 0: ``BudgetExceededError`` naming the job's δ (the
+        accountant's 'only (ε=1, δ=0) remains' hides which of the two does not fit)."""
+        total = self.accountant.total
+        if budget.delta > 0 and total.delta == 0:
+            raise BudgetExceededError(
+                f"step {step!r} asks for {budget}, but this job's total {total} has δ = 0 (pure "
+                "ε-DP), so no step can spend a δ: give the job one, e.g. bs.PrivacyJob(epsilon="
+                f"{total.epsilon:g}, delta={budget.delta:g}), or use a step without δ (nothing "
+                "was spent)")
+
     def check_fits(self, step: str, budget: ApproxDP) -> None:
         """Raise ``BudgetExceededError`` naming ``step`` if ``budget`` does not fit (no spend)."""
         if self._frozen is not None:
             raise ValueError(f"step {step!r} is applied after {self._frozen!r} took the job's "
                              "manifest; apply every mechanism before bs.WriteManifest")
+        self._refuse_delta(step, budget)
         if not self.accountant.can_spend(budget):
             probe = PrivacyAccountant(total=self.accountant.total)
             for s in self.accountant.spends:

@@ -148,3 +148,39 @@ def test_display_data_of_every_public_transform_names_its_noise_and_no_data():
     spends = {i.key: i.value for i in DisplayData.create_from(steps["Synthesize"]).items}["spends"]
     assert spends.startswith("row_count ε=0.025 scale 80; independent.marginals ε=0.475"), spends
     job.accountant.to_dict()
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: bs.PrivacyJob(epsilon="1.0"),
+     "epsilon must be a number > 0, got str ('1.0'); pass epsilon=1.0"),
+    (lambda: bs.PrivacyJob(epsilon=1.0, delta="1e-6"),
+     "delta must be a number in [0, 1), got str ('1e-6'); pass delta=1e-06"),
+    (lambda: bs.Count(epsilon="0.5"), "epsilon must be a number > 0, got str ('0.5'); pass epsilon=0.5"),
+    (lambda: bs.PrivBayes(epsilon="half", rows=10),
+     "epsilon must be a number > 0, got str ('half'); pass a number, e.g. epsilon=0.5"),
+    (lambda: bs.PrivacyJob(epsilon=0), "epsilon (0) must be a finite number > 0"),
+    (lambda: bs.Histogram(column="sex", epsilon=-1, tolerance=0.9),
+     "epsilon (-1) must be a finite number > 0"),
+])
+def test_a_string_or_nonpositive_epsilon_is_refused_saying_what_to_pass(make, message):
+    """epsilon read from argparse or a config as text: bs.PrivacyJob(epsilon='1.0') said
+    'epsilon must be a number, got str ('1.0')' and bs.Count 'epsilon must be a number > 0, got
+    str ('0.5')', leaving the user to guess; now both say the same and what to pass."""
+    with pytest.raises((TypeError, ValueError)) as err:
+        make()
+    assert str(err.value).startswith(message), str(err.value)
+
+
+def test_a_delta_step_on_a_pure_job_says_the_job_needs_a_delta():
+    """bs.SBHG(epsilon=0.5, delta=1e-6) on bs.PrivacyJob(epsilon=1.0) (no delta) said 'asks for
+    (ε=0.5, δ=1e-06) but only (ε=1, δ=0) of the total ε=1 remains': ε=1 is left, so what is
+    wrong? Now it names the job's δ = 0 and the fix; nothing is spent."""
+    job = bs.PrivacyJob(epsilon=1.0)
+    private = beam.Pipeline() | beam.Create([ROW]) | job.private(SMALL)
+    with pytest.raises(bs.BudgetExceededError) as err:
+        private | bs.SBHG(epsilon=0.5, delta=1e-6, rows=10)
+    assert str(err.value).startswith(
+        "step 'Synthesize[sbhg]' asks for (ε=0.5, δ=1e-06), but this job's total ε=1 has δ = 0 "
+        "(pure ε-DP), so no step can spend a δ: give the job one, e.g. bs.PrivacyJob(epsilon=1, "
+        "delta=1e-06)"), str(err.value)
+    assert not job.accountant.spends
