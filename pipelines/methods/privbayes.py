@@ -157,8 +157,9 @@ class PrivBayesMethod(Method):
                                      "gaussian (zCDP converted to (ε, δ): needs --delta > 0; "
                                      f"discrete Gaussian tables, {GAUSSIAN_REFINE_PAIRS} "
                                      f"refinement pairs of {GAUSSIAN_REFINE_GROUPS} groups by "
-                                     "default) or auto (gaussian when --delta > 0, else "
-                                     "laplace); docs/privbayes.md")
+                                     "default) or auto (gaussian when --delta > 0 and the "
+                                     "schema is wide enough for zCDP to pay, else laplace); "
+                                     "docs/privbayes.md")
         if "--pb-sampling" not in taken:
             parser.add_argument("--pb-sampling", dest="sampling", choices=SAMPLING_MODES, default=None,
                                 help="privbayes: balanced (refined: rows whose 2-way tables match "
