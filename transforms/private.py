@@ -365,6 +365,22 @@ class PrivateCollection(tuple):
     def __repr__(self) -> str:
         return f"PrivateCollection(source={self.source!r}, schema={self.schema.name!r})"
 
+    def __or__(self, step: Any) -> Any:
+        """``private | bs.Count(...)`` goes on to the mechanism's ``__ror__``; a Beam step is
+        refused when built (inside Beam it failed on the tuple, ``PrivateCollection.__new__()
+        takes 1 positional argument but 2 were given``)."""
+        target = getattr(step, "transform", step)  # "Label" >> step wraps it
+        if not isinstance(target, beam.PTransform) or isinstance(target, PrivateTransform):
+            return NotImplemented
+        again = " (it is private already)" if isinstance(target, MakePrivate) else (
+            "; bs.WriteManifest applies to the pipeline: p | bs.WriteManifest(job=job, path=...)"
+            if type(target).__name__ == "WriteManifest" else "")
+        raise TypeError(
+            f"{step.label}: job.private's output is a private collection, not a PCollection: "
+            "Beam's own steps do not apply to it; apply a beamsynth mechanism (private | "
+            "bs.Count(epsilon=...), bs.Marginals, ...) and give its output to Beam, or route "
+            f"private.dead_letters (the rejected elements) to Beam's sinks{again}")
+
 
 def _keywords_checked(init: Any) -> Any:
     """``init`` with Python's bare keyword errors replaced by the ``bs.`` name, the nearest

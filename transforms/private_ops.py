@@ -219,6 +219,15 @@ class _Tables(dict):
                        "column names joined by commas; marginals=('a', 'b') asks for two one-way "
                        "tables, [('a', 'b')] for one two-way table)")
 
+    def __or__(self, step: Any) -> Any:
+        """A Beam step on the whole dict: refused naming the tables (Beam said ``'_Tables'
+        object has no attribute 'is_bounded'``)."""
+        if not isinstance(getattr(step, "transform", step), beam.PTransform):
+            return super().__or__(step)
+        raise TypeError(f"{step.label}: bs.Marginals' output is a dict of tables (one PCollection "
+                        "each): apply Beam's steps to one of them, "
+                        + " or ".join(f"tables[{k!r}]" for k in sorted(self)))
+
 
 class _MarginalRowsFn(beam.DoFn):
     """Released tables → rows, table ``i`` to the output tagged ``keys[i]``: one step for all the

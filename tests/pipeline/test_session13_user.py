@@ -184,3 +184,37 @@ def test_a_delta_step_on_a_pure_job_says_the_job_needs_a_delta():
         "(pure ε-DP), so no step can spend a δ: give the job one, e.g. bs.PrivacyJob(epsilon=1, "
         "delta=1e-06)"), str(err.value)
     assert not job.accountant.spends
+
+
+@pytest.mark.parametrize("step, message", [
+    (lambda: beam.Map(print), r"^Map\(print\): job.private's output is a private collection, not a "
+     r"PCollection: Beam's own steps do not apply to it; apply a beamsynth mechanism "
+     r"\(private \| bs.Count\(epsilon=...\), bs.Marginals, ...\) and give its output to Beam, or "
+     r"route private.dead_letters"),
+    (lambda: "Print" >> beam.io.WriteToText("unused"), r"^Print: job.private's output is a private"),
+    (lambda: bs.PrivacyJob(epsilon=1.0).private(SMALL), r"^MakePrivate\(adult\): job.private's "
+     r"output is a private collection, .* \(it is private already\)$"),
+])
+def test_a_beam_step_on_the_private_collection_says_what_to_apply(step, message):
+    """`private | beam.Map(print)` (or WriteToText, or job.private again) raised
+    "TypeError: PrivateCollection.__new__() takes 1 positional argument but 2 were given" from
+    inside Beam; it now says what a private collection takes, when the pipeline is built."""
+    job = bs.PrivacyJob(epsilon=1.0)
+    private = beam.Pipeline() | beam.Create([ROW]) | job.private(SMALL)
+    with pytest.raises(TypeError, match=message):
+        private | step()
+    private | "Labelled" >> bs.Count(epsilon=0.5)          # beamsynth steps still apply
+    assert [s.step for s in job.accountant.spends] == ["Labelled"]
+
+
+def test_a_beam_step_on_the_marginals_dict_names_its_tables():
+    """`private | bs.Marginals(...) | beam.Map(print)` raised "AttributeError: '_Tables' object
+    has no attribute 'is_bounded'"; it now names the tables to pick one from."""
+    job = bs.PrivacyJob(epsilon=1.0)
+    private = beam.Pipeline() | beam.Create([ROW]) | job.private(SMALL)
+    tables = private | bs.Marginals(marginals=[("sex", "income"), ("race",)], epsilon=0.5)
+    with pytest.raises(TypeError, match=r"^Map\(print\): bs.Marginals' output is a dict of tables "
+                       r"\(one PCollection each\): apply Beam's steps to one of them, "
+                       r"tables\['race'\] or tables\['sex,income'\]"):
+        tables | beam.Map(print)
+    job.accountant.to_dict()
