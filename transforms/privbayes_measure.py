@@ -55,7 +55,6 @@ from beamsynth.transforms.privbayes_sizing import (
     ForestPlan,
     choose_forest,
     gaussian_refine_rho,
-    plan_forest,
     split_marginal_budget,
 )
 from beamsynth.transforms.privbayes_star import measure_star, plan_star
@@ -125,9 +124,7 @@ def measure_privbayes(
                 if star.columns:
                     return PrivBayesMeasurement(*measure_star(tables, shape, names, star, rs),
                                                 sizing={**sizing, "star_columns": len(star.columns)})
-            forest = plan_forest(rows_hat, forest_eps, shape,
-                                 max_contributions=plan.max_contributions,
-                                 max_family_cells=plan.max_family_cells)
+            forest = plan.sizing.small_forest(rows_hat, forest_eps)  # plan_forest, or H49's band
             sizing["forest_steps"] = forest.steps
             if forest.steps > 0:
                 return _measure_forest(tables, shape, names, forest, rs, sizing)

@@ -47,7 +47,6 @@ from beamsynth.transforms.privbayes_sizing import (
     gaussian_refine_pairs_for_rows,
     gaussian_refine_size,
     gaussian_refine_split,
-    plan_forest,
     refine_pairs_for_rows,
     refine_size,
 )
@@ -427,6 +426,7 @@ def plan_privbayes(
     if sized:
         spec = NetworkSizing(epsilon=model_epsilon, max_degree=degree, shape=tuple(shape),
                              max_contributions=max_contributions, rows=rows,
+                             max_family_cells=max_family_cells,
                              count_budget=count_budget, refine_pairs_for_rows=wide,
                              refine_requested=refine_pairs if pairs and degree > 0 else 0,
                              refine_rounds=refine_rounds, refine_countable=countable)
@@ -446,8 +446,7 @@ def plan_privbayes(
     if sized and rows is not None and degree == 0:
         # not θ-useful as a network: 1-way tables + a forest of affordable pairs (plan_forest),
         # or, if no pair is affordable, the independent model with the whole ε
-        forest = plan_forest(rows, budget.epsilon, shape, max_contributions=max_contributions,
-                             max_family_cells=max_family_cells)
+        forest = spec.small_forest(rows, budget.epsilon)  # the band's forest or plan_forest (H49)
         if forest.steps > 0:
             spec = dataclasses.replace(spec, refine_pairs_for_rows=0,
                                        refine_requested=0)  # no refinement here

@@ -60,6 +60,9 @@ __all__ = [
     "FOREST_MIN_DEPENDENCE",
     "forest_resolves",
     "NETWORK_THETA",
+    "NETWORK_FOREST_THETA",
+    "BAND_FOREST_ONE_WAY_FRACTION",
+    "band_forest",
     "ForestPlan",
     "plan_forest",
     "choose_forest",
@@ -95,6 +98,10 @@ FOREST_STRUCTURE_FRACTION = 0.1  # ... on choosing the forest's edges (the rest:
 FOREST_THETA = 4.0  # usefulness a forest edge's 2-way table needs (n̂·ε_t/(m·cells))
 FOREST_MIN_DEPENDENCE = 0.6  # δ*: a step must resolve a pair this dependent (forest_resolves)
 NETWORK_THETA = 4.5  # PrivBayes keeps a k = 1 network from here (below: the forest model)
+# ... but below this usefulness a resolving forest replaces it (Laplace plans; H49, issue 18),
+# there with this share of ε on the 1-way tables (the rest less the structure: its 2-way tables)
+NETWORK_FOREST_THETA = 10.0
+BAND_FOREST_ONE_WAY_FRACTION = 0.6
 REFINE_NOISE_MASS = 0.9  # κ: the refinement tables' summed expected L1 noise stays ≤ κ·n̂ ...
 REFINE_PICKS_PER_ROUND = 5  # ... and its pairs are picked at most this many per round
 REFINE_PAIRS_RULE = ("P = min(countable pairs, d, ⌊√(κ·n̂·ε_meas/(m·groups²))⌋) in max(rounds, "
@@ -149,6 +156,40 @@ def choose_network_degree(rows: float, epsilon: float, shape: Sequence[int], *, 
     return 0
 
 
+def band_forest(rows: float, epsilon: float, shape: Sequence[int], *, count_epsilon: float = 0.0,
+                max_contributions: int = 1, max_family_cells: int = MAX_FAMILY_CELLS,
+                forest_theta: float = NETWORK_FOREST_THETA) -> ForestPlan | None:
+    """The forest that replaces a ``k = 1`` network which is θ-useful but less than
+    ``forest_theta``-useful (issue 18, H49), or ``None`` (keep the network).
+
+    In that band (:func:`network_usefulness` at ``k = 1`` below ``forest_theta``) it is
+    :func:`plan_forest` with the model's ε (``epsilon − count_epsilon``, what the run-time
+    fallback gets) and :data:`BAND_FOREST_ONE_WAY_FRACTION` = 0.6 of it on the 1-way tables (0.1
+    structure, 0.3 on the edges' tables: more, larger edges than below the band) if that forest
+    resolves, else the small-input forest's 0.8 / 0.1 / 0.1 split if that one resolves, else
+    ``None``.
+
+    Why: under pure ε a ``k = 1`` network's 1-way estimates come from noisier 2-way family
+    tables (about twice independent's 1-way L1 noise, docs/privbayes.md H38), so on small inputs
+    its TVD1 was above ``--method independent``'s (Beam-free harness, DP count, 5 paired seeds:
+    ACS 6,107 rows ε = 2 0.0246 vs 0.0177, COMPAS 5,050 ε = 0.5 0.0350 vs 0.0248, Adult 5,000
+    ε = 2 0.0238 vs 0.0211); the forest was at or below independent on TVD1/2/3 there
+    (docs/privbayes.md "Thirteenth session"). Where no forest resolves a pair the network is
+    kept (NLTCS 1,000 ε = 0.5: √cells 1-way tables would lose the network's TVD2/3).
+    ``forest_theta`` = :data:`NETWORK_FOREST_THETA` = 10 lies below Adult 32k at ε = 0.5
+    (12.2), whose network stays. A pure function of public values (``rows`` public or a DP
+    count: post-processing); spends nothing."""
+    if network_usefulness(rows, epsilon, shape, 1, max_contributions=max_contributions) >= forest_theta:
+        return None
+    for one_way in (BAND_FOREST_ONE_WAY_FRACTION, FOREST_ONE_WAY_FRACTION):
+        forest = plan_forest(rows, epsilon - count_epsilon, shape,
+                             max_contributions=max_contributions, max_family_cells=max_family_cells,
+                             one_way_fraction=one_way)
+        if forest.steps > 0:
+            return forest
+    return None
+
+
 @dataclass(frozen=True)
 class NetworkSizing:
     """How the network's size is chosen: from a public row count ``rows`` at build time, or from
@@ -168,11 +209,42 @@ class NetworkSizing:
     refine_rounds: int = 0
     refine_countable: int = 0
     refine_noise: str = "laplace"  # "gaussian": the zCDP plan's rule (gaussian_refine_size)
+    forest_theta: float | None = NETWORK_FOREST_THETA  # the band where a resolving forest wins
+    max_family_cells: int = MAX_FAMILY_CELLS  # the forest's pair cap (plan_forest), as planned
 
     def degree(self, rows_hat: float) -> int:
-        """The degree for an estimate ``rows_hat`` (public or DP: post-processing)."""
-        return choose_network_degree(rows_hat, self.epsilon, self.shape, max_degree=self.max_degree,
-                                     max_contributions=self.max_contributions, theta=self.theta)
+        """The degree for an estimate ``rows_hat`` (public or DP: post-processing).
+
+        :func:`choose_network_degree` with :attr:`theta`; where it keeps ``k = 1`` but the
+        network is less than :attr:`forest_theta`-useful, a Laplace plan (``refine_noise ==
+        "laplace"``) returns 0 if the small-input forest resolves at ``rows_hat``
+        (:meth:`small_forest`): the run then fits that forest (or the declared target's
+        star) with the same ε. Public values only."""
+        k = choose_network_degree(rows_hat, self.epsilon, self.shape, max_degree=self.max_degree,
+                                  max_contributions=self.max_contributions, theta=self.theta)
+        if k >= 1 and self._band_forest(rows_hat) is not None:
+            return 0
+        return k
+
+    def _band_forest(self, rows_hat: float) -> ForestPlan | None:
+        if self.refine_noise != "laplace" or self.forest_theta is None:
+            return None
+        return band_forest(rows_hat, self.epsilon, self.shape,
+                           count_epsilon=0.0 if self.count_budget is None else self.count_budget.epsilon,
+                           max_contributions=self.max_contributions,
+                           max_family_cells=self.max_family_cells, forest_theta=self.forest_theta)
+
+    def small_forest(self, rows_hat: float, epsilon: float) -> ForestPlan:
+        """The forest a ``k = 0`` run fits with the model's ``epsilon``: the band's
+        (:func:`band_forest`) where it replaced a θ-useful network, else :func:`plan_forest`
+        (0.8 / 0.1 / 0.1; ``steps = 0``: the √cells 1-way tables). Public values only."""
+        if choose_network_degree(rows_hat, self.epsilon, self.shape, max_degree=self.max_degree,
+                                 max_contributions=self.max_contributions, theta=self.theta) >= 1:
+            band = self._band_forest(rows_hat)
+            if band is not None:
+                return band
+        return plan_forest(rows_hat, epsilon, self.shape, max_contributions=self.max_contributions,
+                           max_family_cells=self.max_family_cells)
 
     def refine_plan(self, rows_hat: float, refine: Any) -> Any:
         """The refinement plan (:class:`~beamsynth.transforms.refine.RefinePlan`) for a DP count
@@ -241,13 +313,17 @@ class NetworkSizing:
     def details(self) -> dict[str, Any]:
         """Manifest details: the rule, where n̂ comes from, and (public rows) the decision."""
         out: dict[str, Any] = {
-            "rule": "largest k <= max_degree with n̂·ε/(d·m·g^(k+1)) >= theta, else 0 = every "
+            "rule": "largest k <= max_degree with n̂·ε/(d·m·g^(k+1)) >= theta (k = 1 below "
+                    f"forest_theta = {self.forest_theta} only if the forest below does not "
+                    "resolve; Laplace plans), else 0 = every "
                     "1-way table + a forest of θ-useful pairs (plan_forest) if its steps resolve "
                     "a pair of dependence δ* among the K affordable ones (n̂·δ*·ε_step/(8m) >= "
                     f"ln(K+1), δ* = {FOREST_MIN_DEPENDENCE}: forest_resolves), else independent "
                     "1-way marginals with the whole ε, ∝ √cells (AIM-style sizing, PrivBayes "
                     "θ-usefulness)",
-            "theta": self.theta, "max_degree": self.max_degree, "epsilon": self.epsilon,
+            "theta": self.theta, "forest_theta": self.forest_theta
+            if self.refine_noise == "laplace" else None,
+            "max_degree": self.max_degree, "epsilon": self.epsilon,
             "rows_source": "public input row count (CLI --input-rows)" if self.rows is not None
             else "DP count in the measurement step (discrete Laplace, Δ = m)"}
         if self.refine_requested > 0:

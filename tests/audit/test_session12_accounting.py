@@ -236,8 +236,10 @@ def test_every_branch_fits_its_spends(monkeypatch, n, m, rows, branch):
 
 # -- 2. broken variants ------------------------------------------------------------------------------
 def _forest_given_eps(monkeypatch, plan):
-    real = pbm.plan_forest
-    monkeypatch.setattr(pbm, "plan_forest", lambda rows, eps, *a, **k: real(
+    from beamsynth.transforms import privbayes_sizing as pbs  # the measurement's forest (H49)
+
+    real = pbs.plan_forest
+    monkeypatch.setattr(pbs, "plan_forest", lambda rows, eps, *a, **k: real(
         rows, eps + plan.zcdp.count_epsilon, *a, **k))
 
 

@@ -200,9 +200,10 @@ def test_refinement_size_follows_the_dp_count_at_run_time():
         adult = plan_privbayes(ADULT_SHAPE, PureDP(epsilon=e), sizing="auto")
         for n_hat in (30_000, 32_561, 35_000, 48_842):
             assert adult.sizing.refine_plan(n_hat, adult.refine) == adult.refine, (e, n_hat)
-    # and with public rows Adult keeps the floor-capped count (not raised above it at small ε)
+    # and with public rows Adult keeps the floor-capped count (not raised above it at small ε;
+    # at ε 0.25 / 0.3 the network is below NETWORK_FOREST_THETA and the forest runs: H49)
     assert [plan_privbayes(ADULT_SHAPE, PureDP(epsilon=e), sizing="auto", rows=32_561).refine.pairs
-            for e in (0.25, 0.3, 0.5, 1.0)] == [5, 6, 10, 15]
+            for e in (0.5, 1.0)] == [10, 15]
     assert refine_size(32_561, 0.05, ADULT_SHAPE, requested=15, planned=5, rounds=3,
                        countable=105, groups=5) == (5, 3)
     assert refine_size(199_523, 0.2, CENSUS_KDD_SHAPE, requested=15, planned=15, rounds=3,

@@ -1,0 +1,127 @@
+"""A resolving forest replaces a barely useful k = 1 network on small inputs (issue 18, H49).
+
+Under pure ε a k = 1 network's 1-way estimates come from its 2-way family tables, so on small
+inputs its TVD1 was above independent marginals' (ACS 6,107 rows ε = 2, COMPAS 5,050 ε = 0.5,
+Adult 5,000 ε = 2). Below ``NETWORK_FOREST_THETA`` the Laplace plan now fits the small-input
+forest wherever that forest resolves a pair; the decision reads public values only."""
+
+import math
+
+import numpy as np
+import pytest
+
+from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, PureDP
+from beamsynth.transforms.measure import count_marginals
+from beamsynth.transforms.noise import RandomSource
+from beamsynth.transforms.privbayes import (
+    candidate_families,
+    gaussian_plan,
+    measure_privbayes,
+    plan_privbayes,
+    spend_privbayes,
+)
+from beamsynth.transforms.privbayes_sizing import (
+    BAND_FOREST_ONE_WAY_FRACTION,
+    FOREST_ONE_WAY_FRACTION,
+    NETWORK_FOREST_THETA,
+    NETWORK_THETA,
+    band_forest,
+    network_usefulness,
+    plan_forest,
+)
+
+ADULT_SHAPE = (14, 9, 14, 16, 16, 7, 15, 6, 5, 2, 12, 10, 14, 42, 2)
+COMPAS_SHAPE = (2, 12, 3, 6, 5, 5, 5, 11, 3, 9, 10, 4, 10, 4, 2)  # benchmarks/schemas/compas.yaml
+ACS_SHAPE = (31, 20, 2, 7, 5, 9, 7, 8, 3, 3, 11, 20, 20, 13, 18, 11, 28, 7, 3, 3, 2, 2, 11, 12)
+NLTCS_SHAPE = (2,) * 16
+
+
+@pytest.mark.parametrize("shape, rows, epsilon", [
+    (ACS_SHAPE, 6107, 2.0), (COMPAS_SHAPE, 5050, 0.5), (ADULT_SHAPE, 5000, 2.0)])
+def test_band_cells_fit_the_forest(shape, rows, epsilon):
+    u = network_usefulness(rows, epsilon, shape, 1)
+    assert NETWORK_THETA <= u < NETWORK_FOREST_THETA
+    plan = plan_privbayes(shape, PureDP(epsilon=epsilon), sizing="auto", rows=rows)
+    assert plan.forest is not None and plan.forest.steps >= 1 and plan.refine is None
+    assert plan.sizing.details()["chosen_degree"] == 0
+    # the switch off: the network as before
+    assert plan.sizing.__class__(**{**plan.sizing.__dict__, "forest_theta": None}).degree(rows) == 1
+    acc = PrivacyAccountant(total=PureDP(epsilon=epsilon))
+    spend_privbayes(acc, plan)
+    assert [s.step for s in acc.spends] == ["privbayes.structure", "privbayes.one_way",
+                                            "privbayes.marginals"]
+    assert math.isclose(acc.spent_epsilon, epsilon, rel_tol=1e-9)
+
+
+@pytest.mark.parametrize("shape, rows, epsilon", [
+    (NLTCS_SHAPE, 1000, 0.5),  # in the band, but the forest does not resolve: keep the network
+    (ADULT_SHAPE, 32561, 0.5), (ADULT_SHAPE, 30000, 1.0), (COMPAS_SHAPE, 5050, 1.0)])
+def test_the_network_is_kept_elsewhere(shape, rows, epsilon):
+    plan = plan_privbayes(shape, PureDP(epsilon=epsilon), sizing="auto", rows=rows)
+    assert plan.forest is None and plan.degree == 1 and plan.refine is not None
+    if network_usefulness(rows, epsilon, shape, 1) < NETWORK_FOREST_THETA:
+        assert plan_forest(rows, epsilon, shape).steps == 0
+        assert band_forest(rows, epsilon, shape) is None
+
+
+def test_zcdp_plans_keep_their_network_in_the_band():
+    budget = ApproxDP(epsilon=2.0, delta=1e-9)
+    plan = gaussian_plan(plan_privbayes(ACS_SHAPE, budget, sizing="auto"), budget)
+    assert plan.sizing.refine_noise == "gaussian" and plan.sizing.degree(6107) == 1
+    laplace = plan_privbayes(ACS_SHAPE, PureDP(epsilon=2.0), sizing="auto")
+    assert laplace.sizing.degree(6107) == 0
+
+
+def test_the_band_forest_gets_the_models_epsilon_after_the_size_count():
+    # the run-time fallback fits the forest with ε − ε_c; the band's usefulness test uses ε
+    rows, shape, eps = 5000, ADULT_SHAPE, 2.0
+    for count in (0.0, 0.04, 0.3):
+        forest = band_forest(rows, eps, shape, count_epsilon=count)
+        parts = (forest.one_way_budget.epsilon + forest.structure_budget.epsilon
+                 + forest.pair_budget.epsilon)
+        assert parts == pytest.approx(eps - count)
+    # usefulness from the whole ε: at 4.4 / 10.2 of it outside the band whatever the count
+    u1 = network_usefulness(rows, 1.0, shape, 1)
+    assert band_forest(rows, NETWORK_FOREST_THETA / u1 * 1.01, shape, count_epsilon=0.5) is None
+
+
+@pytest.mark.parametrize("shape, rows, epsilon, one_way", [
+    (ADULT_SHAPE, 5000, 2.0, BAND_FOREST_ONE_WAY_FRACTION),  # the 0.6 forest resolves
+    (COMPAS_SHAPE, 5050, 0.5, FOREST_ONE_WAY_FRACTION),  # only the 0.8 forest resolves
+])
+def test_the_band_forest_prefers_more_edges_where_they_resolve(shape, rows, epsilon, one_way):
+    forest = band_forest(rows, epsilon, shape)
+    assert forest.one_way_budget.epsilon == pytest.approx(one_way * epsilon)
+    assert forest.structure_budget.epsilon == pytest.approx(0.1 * epsilon)
+    parts = (forest.one_way_budget.epsilon + forest.structure_budget.epsilon
+             + forest.pair_budget.epsilon)
+    assert parts == pytest.approx(epsilon)
+    plan = plan_privbayes(shape, PureDP(epsilon=epsilon), sizing="auto", rows=rows)
+    assert plan.forest == forest  # the plan with public rows fits the same forest
+    below = plan_privbayes(ADULT_SHAPE, PureDP(epsilon=1.0), sizing="auto", rows=5000)
+    assert below.forest.one_way_budget.epsilon == pytest.approx(FOREST_ONE_WAY_FRACTION)
+
+
+def test_run_time_band_decision_fits_the_forest_with_the_whole_planned_epsilon():
+    shape = COMPAS_SHAPE
+    plan = plan_privbayes(shape, PureDP(epsilon=0.5), sizing="auto")  # no public rows
+    assert plan.degree == 1 and plan.refine is not None  # decided in the measurement step
+    rng = np.random.default_rng(5)
+    # a strongly dependent pair (the first two columns copy one draw) so the forest has an edge
+    base = rng.integers(0, 2, 5050)
+    codes = np.stack([rng.integers(0, c, 5050) for c in shape], axis=1)
+    codes[:, 0], codes[:, 14] = base, base
+    fams = candidate_families(len(shape), plan.degree, shape=shape,
+                              max_family_cells=plan.max_family_cells)
+    counts = [t.reshape([shape[c] for c in f])
+              for t, f in zip(count_marginals(codes, fams, shape), fams)]
+    m = measure_privbayes(counts, fams, shape=shape, names=[f"c{i}" for i in range(len(shape))],
+                          plan=plan, rs=RandomSource(seed=2))
+    assert m.sizing["degree"] == 0 and m.sizing["forest_steps"] >= 1
+    assert m.refinement is None and "forest_edges" in m.sizing
+    model_eps = 0.5 - plan.sizing.count_budget.epsilon
+    forest = plan.sizing.small_forest(m.sizing["rows_hat"], model_eps)
+    assert forest == band_forest(m.sizing["rows_hat"], 0.5, shape, count_epsilon=0.01)
+    structure = forest.structure_budget.epsilon
+    released = sum(t.budget.epsilon for t in m.marginals)
+    assert released + structure == pytest.approx(model_eps)
