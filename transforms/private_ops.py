@@ -214,6 +214,8 @@ class Marginals(PrivateTransform):
 class _Tables(dict):
     """``Marginals``' output: a missing key names the tables there are and how to ask for one."""
 
+    _whose, _var = "bs.Marginals' output is a dict of tables", "tables"
+
     def __missing__(self, key: Any) -> Any:
         raise KeyError(f"no marginal table {key!r}; the tables are {sorted(self)} (a key is the "
                        "column names joined by commas; marginals=('a', 'b') asks for two one-way "
@@ -224,9 +226,19 @@ class _Tables(dict):
         object has no attribute 'is_bounded'``)."""
         if not isinstance(getattr(step, "transform", step), beam.PTransform):
             return super().__or__(step)
-        raise TypeError(f"{step.label}: bs.Marginals' output is a dict of tables (one PCollection "
-                        "each): apply Beam's steps to one of them, "
-                        + " or ".join(f"tables[{k!r}]" for k in sorted(self)))
+        raise TypeError(f"{step.label}: {self._whose} (one PCollection each): apply Beam's "
+                        "steps to one of them, "
+                        + " or ".join(f"{self._var}[{k!r}]" for k in sorted(self)))
+
+
+class _TreeOutputs(_Tables):
+    """``PrefixTree``'s output: ``keys`` and ``tree``, refused whole by a Beam step (as above)."""
+
+    _whose, _var = "bs.PrefixTree's output is a dict of two outputs", "tree"
+
+    def __missing__(self, key: Any) -> Any:
+        raise KeyError(f"no bs.PrefixTree output {key!r}; its outputs are ['keys', 'tree'] "
+                       "(synthetic keys as rows, and the released nodes)")
 
 
 class _MarginalRowsFn(beam.DoFn):
@@ -426,8 +438,8 @@ class PrefixTree(PrivateTransform):
             codec=codec, seed=p.job.step_seed(f"{self.label}/decode"), restore_discount=restore,
             reduce=self._method == "direct")
         # pyarrow.Table of synthetic keys
-        return {
+        return _TreeOutputs({
             "keys": synthetic | "KeyRows" >> release_rows(p, key_rows, codec,
                                                           row_type=key_type(codec)),
             "tree": released | "TreeRows" >> release_rows(p, tree_rows, codec, row_type=TREE_TYPE),
-        }
+        })

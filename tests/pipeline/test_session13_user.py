@@ -218,3 +218,20 @@ def test_a_beam_step_on_the_marginals_dict_names_its_tables():
                        r"tables\['race'\] or tables\['sex,income'\]"):
         tables | beam.Map(print)
     job.accountant.to_dict()
+
+
+def test_a_beam_step_on_the_prefix_tree_dict_names_its_outputs():
+    """`tree | beam.Map(print)` on bs.PrefixTree's output raised "AttributeError: 'dict' object
+    has no attribute 'is_bounded'" and tree['key'] a bare KeyError: 'key'."""
+    job = bs.PrivacyJob(epsilon=1.0)
+    keys = {"q": bs.TextKey(column="q", alphabet="ab", max_length=3)}
+    private = beam.Pipeline() | beam.Create([dict(ROW, q="ab")]) | job.private(SMALL, keys=keys)
+    tree = private | bs.PrefixTree(key="q", epsilon=0.5)
+    with pytest.raises(TypeError, match=r"^Map\(print\): bs.PrefixTree's output is a dict of two "
+                       r"outputs \(one PCollection each\): apply Beam's steps to one of them, "
+                       r"tree\['keys'\] or tree\['tree'\]$"):
+        tree | beam.Map(print)
+    with pytest.raises(KeyError, match=r"no bs.PrefixTree output 'key'; its outputs are \['keys', "
+                       r"'tree'\]"):
+        tree["key"]
+    job.accountant.to_dict()
