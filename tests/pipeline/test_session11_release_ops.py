@@ -301,7 +301,7 @@ def test_check_before_the_first_night_compares_spends_with_the_policies(tmp_path
     assert main(["--quiet", "release", str(cfg), "--date", "2026-03-01"]) == 2  # as the run does
     cfg.write_text(text.replace("budget: {epsilon: 1.0}", "budget: {epsilon: 1.0, delta: 1e-9}")
                    .replace("    epsilon: 1.0\n", "    epsilon: 1.0\n    delta: 1e-9\n"
-                            "    method: privbayes\n    options: {pb_noise: auto}\n"), encoding="utf-8")
+                            "    method: privbayes\n    options: {pb_noise: gaussian}\n"), encoding="utf-8")
     (tmp_path / "ledger.sqlite").unlink(missing_ok=True)
     assert main(["release", str(cfg), "--date", "2026-03-01", "--check"]) == 2
     err = capsys.readouterr().err
