@@ -10,6 +10,8 @@
     tables = private | bs.Marginals(marginals=[("age", "sex")], epsilon=0.2)
     synthetic = private | bs.PrivBayes(epsilon=0.7, rows=10_000)
     _ = p | bs.WriteManifest(job=job, path="out/manifest.json")
+    # output="json": its text for beam.io.WriteToText; output="row": a schema'd Row for
+    # WriteToJson/WriteToCsv/WriteToParquet (default: the manifest as a dict)
 
 Every mechanism spends its ε on the job's one accountant when it is applied, before any data is
 read; overspending raises :class:`BudgetExceededError` while the pipeline is built.
