@@ -40,6 +40,7 @@ from beamsynth.transforms.private import (
     PrivacyJob,
     PrivateCollection,
     PrivateTransform,
+    _keywords_checked,
     check_epsilon,
     release_rows,
     window_row_type,
@@ -413,6 +414,7 @@ class WriteManifest(beam.PTransform):
     ``WriteToCsv``, ``WriteToParquet``, BigQuery).
     """
 
+    @_keywords_checked  # bs.WriteManifest(job, "m.json") names its keywords
     def __init__(self, *, job: PrivacyJob, path: str, output: str = "dict",
                  label: str | None = None) -> None:
         super().__init__(label)
