@@ -197,7 +197,8 @@ class _StatsStep(beam.PTransform):
         self._step_acct = PrivacyAccountant(total=self._budget)
         # raises when this step's whole ε does not fit the job budget (before any spend)
         ledger.add(self.label, self._step_acct, self._job_budget,
-                   (self._unit.id_column, self._unit.max_contributions), kind=self.kind)
+                   (self._unit.id_column, self._unit.max_contributions), kind=self.kind,
+                   windows=self._windows)
         job = self._job(pcoll.pipeline, ledger, name)
         spent_before, counts_before = len(job.accountant.spends), len(job.count_outputs)
         private = pcoll | "Private" >> job.private(

@@ -333,14 +333,24 @@ class _JobLedger:
         self.total: Optional[ApproxDP] = None  # noqa: UP045
         self.declared_by = ""
         self.unit: Optional[tuple[Any, int]] = None  # noqa: UP045 ((privacy id, max contributions))
+        self.windows: Optional[DeclaredWindows] = None  # noqa: UP045 (the steps' declared windows)
         self.steps: list[tuple[str, PrivacyAccountant]] = []
         self.kinds: set[str] = set()  # BeamsynthSynthesize, BeamsynthHistogram, ...
         self.accountant: Optional[PrivacyAccountant] = None  # noqa: UP045
 
     def add(self, step: str, spent: PrivacyAccountant, declared: Optional[ApproxDP],  # noqa: UP045
-            unit: tuple[Any, int] = (None, 1), kind: str = STEP) -> None:
+            unit: tuple[Any, int] = (None, 1), kind: str = STEP,
+            windows: Optional[DeclaredWindows] = None) -> None:  # noqa: UP045
         """Register step ``step`` (a ``kind`` step) spending ``spent``; raises when its privacy unit
-        differs, its job budget differs, or its ε does not fit what the earlier steps left."""
+        or windowing differs, its job budget differs, or its ε does not fit what the earlier
+        steps left."""
+        if self.steps and windows != self.windows:  # the job's ε holds per window (rule 3, H52)
+            raise ValueError(
+                f"{kind} {step!r}: windows {_windows_text(windows)} differ from the other steps' "
+                f"({_windows_text(self.windows)}); the job budget holds per declared window, so "
+                "every beamsynth step of one pipeline declares the same windows (a person's "
+                "records in one long window would reach every short window's release)")
+        self.windows = windows
         if self.unit is not None and unit != self.unit:
             raise ValueError(
                 f"{kind} {step!r}: privacy unit (privacy_id={unit[0]!r}, max_contributions="
@@ -388,6 +398,10 @@ class _JobLedger:
 
 
 _LEDGERS: "weakref.WeakKeyDictionary[beam.Pipeline, _JobLedger]" = weakref.WeakKeyDictionary()
+
+
+def _windows_text(windows: Optional[DeclaredWindows]) -> str:  # noqa: UP045
+    return "none (the global window)" if windows is None else str(windows.describe())
 
 
 def job_accountant(pipeline: beam.Pipeline) -> Optional[PrivacyAccountant]:  # noqa: UP045
@@ -541,9 +555,11 @@ def check_step_windows(pcoll: Any, windows: Optional[DeclaredWindows], name: str
 
 
 def check_step_fields(pcoll: Any, schema: Schema, name: str) -> None:
-    """Refuse typed rows that carry none of the declared columns (the parse step forgotten:
-    ``ReadFromText`` gives ``Row(line)``): every row would be an error row and the release
-    learned from no record. Field names only (the element type, known when built)."""
+    """Warn (when built) about typed rows that carry none of the declared columns (the parse
+    step forgotten: ``ReadFromText`` gives ``Row(line)``): every row would be an error row and
+    the release learned from no record. A warning, not a refusal: ``ReadFromJson`` infers the
+    rows' type from the records, so a refusal would make whether a release happens depend on
+    one record (rule 7). Field names only (the element type, known when built)."""
     fields = getattr(pcoll.element_type, "_fields", None)
     if not isinstance(pcoll.element_type, RowTypeConstraint) or not fields:
         return
@@ -551,8 +567,8 @@ def check_step_fields(pcoll: Any, schema: Schema, name: str) -> None:
     known = {n for c in declared for n in (c, avro_field_name(c))}
     names = [f[0] for f in fields]
     if not known.intersection(names):
-        raise ValueError(
-            f"{name}: its input rows have fields {names}, none of schema "
+        _LOG.warning(
+            "%s", f"{name}: its input rows have fields {names}, none of schema "
             f"{schema.name!r}'s columns ({', '.join(declared[:6])}"
             f"{', ...' if len(declared) > 6 else ''}), so no row carries a declared value; parse "
             "the records first (ReadFromCsv, ReadFromJson, ReadFromParquet, or MapToFields "
@@ -640,7 +656,7 @@ class Synthesize(beam.PTransform):
     def _register(self, pipeline: beam.Pipeline) -> "_JobLedger":
         ledger = _LEDGERS.setdefault(pipeline, _JobLedger())
         unit = (self._plan.schema.privacy_id, self._plan.config.max_contributions)
-        ledger.add(self.label, self._plan.accountant, self._job_budget, unit)
+        ledger.add(self.label, self._plan.accountant, self._job_budget, unit, windows=self._windows)
         return ledger
 
     def display_data(self) -> dict[str, Any]:

@@ -1,0 +1,151 @@
+"""Session 13 privacy review (H52) of this session's commits (5cc3cae..), through the real entry
+points (Beam YAML via ``apache_beam.yaml.main``, ``bs.*`` on the DirectRunner).
+
+1. Beam YAML statistics steps (H46: fc0a210, 9898628, cef1afd, f686454) next to
+   ``BeamsynthSynthesize`` under one ``job_budget``, found clean and kept as an audit: every
+   discrete Laplace draw of a pipeline with all five steps (Count, Histogram, Marginals,
+   Prefixes, Synthesize; privacy id, max_contributions 2) is recorded from the draw itself;
+   Σ m/b over the draws (a prefix tree's per-level "final" draws count once: they measure the
+   disjoint leaves of one second pass, seed 003 §2.3) is the job's 1.0 exactly (0.1 + 0.2 + 0.2 +
+   0.2 + 0.3), and no two draws share a randomness stream (seeded: a seed per step; secure: one
+   run secret per transform).
+2. Windowings of one job (rule 3): the YAML ledger refused steps of different privacy units but
+   not of different windowings; ``BeamsynthCount`` per 600-s window (ε 0.5) and
+   ``BeamsynthSynthesize`` per 3600-s window (ε 0.5) built under ``job_budget {epsilon: 1.0}``,
+   each manifest stating the ledger's 1.0 per declared window. One person's six records, one per
+   10-minute slot of one hour (max_contributions 1, bounded per window), are in six Count
+   releases and one synthesis: 6 · 0.5 + 0.5 = 3.5 for that person's records in one 3600-s
+   window. The API refuses this (``PrivacyJob.use_windows``: one windowing per job); the ledger
+   now does too.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+from importlib import resources
+from pathlib import Path
+
+import apache_beam as beam
+import pytest
+
+from tests.pipeline.test_yaml_stats import TINY  # color (nullable, 3 values), age (2 bins)
+
+pytestmark = pytest.mark.audit
+
+
+def _provider() -> str:
+    return str(resources.files("beamsynth.pipelines") / "beamsynth_provider.yaml")
+
+
+def _record_laplace(monkeypatch) -> list[dict]:
+    """Every discrete Laplace draw a beamsynth module makes: its scale, size, labels and stream
+    (seed, or the run secret's key) — read from the draw, not from the accountant."""
+    import beamsynth.pipelines.yaml_stats  # noqa: F401  (every drawing module imported first)
+    import beamsynth.pipelines.yaml_transforms  # noqa: F401
+    import beamsynth.transforms.noise as noise
+    import beamsynth.transforms.prefix  # noqa: F401
+
+    calls: list[dict] = []
+    orig = noise.discrete_laplace
+
+    def rec(rs, param, size):
+        stream = ("seed", rs.seed) if rs.seeded else ("secret", rs.run_secret.stream_key(()).hex())
+        calls.append({"scale": float(param), "labels": tuple(rs.labels), "stream": stream})
+        return orig(rs, param, size)
+
+    for name, mod in list(sys.modules.items()):
+        if name.startswith("beamsynth.") and mod is not noise and mod is not None:
+            for attr, value in list(vars(mod).items()):
+                if value is orig:
+                    monkeypatch.setattr(mod, attr, rec)
+    return calls
+
+
+def _five_steps(tmp_path: Path, seed: int | None, m: int) -> dict:
+    schema = tmp_path / "tiny.yaml"
+    schema.write_text(TINY, encoding="utf-8")
+    data = tmp_path / "in.csv"
+    data.write_text("pid,color,age,word\n" + "".join(
+        f"p{i % 7},{['red', 'green', 'blue'][i % 3]},{(i * 13) % 100},{['ab', 'b', 'abc', 'ba'][i % 4]}\n"
+        for i in range(40)), encoding="utf-8")
+
+    def cfg(eps: float, **kw) -> dict:
+        return {"schema": str(schema), "epsilon": eps, "job_budget": {"epsilon": 1.0},
+                "privacy_id": "pid", "max_contributions": m,
+                **({} if seed is None else {"seed": seed}), **kw}
+
+    key = {"kind": "text", "column": "word", "alphabet": "abc", "max_length": 3}
+    steps = [
+        {"type": "BeamsynthCount", "name": "C", "input": "Read", "config": cfg(0.1)},
+        {"type": "BeamsynthHistogram", "name": "H", "input": "Read",
+         "config": cfg(0.2, columns=["color", "age"])},
+        {"type": "BeamsynthMarginals", "name": "M", "input": "Read",
+         "config": cfg(0.2, marginals=[["color", "age"], ["age"]])},
+        {"type": "BeamsynthPrefixes", "name": "P", "input": "Read",
+         "config": cfg(0.2, method="basic", key=key)},
+        {"type": "BeamsynthSynthesize", "name": "S", "input": "Read", "config": cfg(0.3, rows=5)},
+    ]
+    out = tmp_path / "out"
+    writes = [{"type": "WriteToJson", "name": f"W{i}", "input": src, "config": {"path": f"{out}/{i}"}}
+              for i, src in enumerate(["C", "H", "M.age", "M.color_by_age", "P.keys", "S"])]
+    return {"providers": [{"include": _provider()}], "pipeline": {"transforms": [
+        {"type": "ReadFromCsv", "name": "Read",
+         "config": {"path": str(data), "keep_default_na": False, "dtype": "str"}},
+        *steps, *writes]}}
+
+
+# -- 1. five steps, one job budget: what the draws use ---------------------------------------------
+@pytest.mark.parametrize("seed", [3, None], ids=["seeded", "secure"])
+def test_five_yaml_steps_draw_exactly_the_job_budget(monkeypatch, tmp_path: Path, seed) -> None:
+    """Measured (m = 2): Count 1 draw b = 20 (0.1), Histogram 2 tables b = 20 (0.1 each),
+    Marginals 2 tables b = 20, Prefixes basic 4 levels b = 53.3 (0.0375 each) + final b = 40
+    (0.05, once), Synthesize 3 one-way tables b = 20: Σ = 1.0000; 16 draws, 5 streams, no stream
+    drawn twice."""
+    yaml_main = pytest.importorskip("apache_beam.yaml.main", reason="Beam YAML extras")
+    import yaml
+
+    m = 2
+    calls = _record_laplace(monkeypatch)
+    spec = tmp_path / "p.yaml"
+    spec.write_text(yaml.safe_dump(_five_steps(tmp_path, seed, m)), encoding="utf-8")
+    yaml_main.run(argv=["--runner=DirectRunner", f"--yaml_pipeline_file={spec}"])
+    finals = [c for c in calls if c["labels"][-1] == "final"]
+    others = [c for c in calls if c["labels"][-1] != "final"]
+    assert finals and len({c["scale"] for c in finals}) == 1  # one second pass over disjoint leaves
+    used = sum(m / c["scale"] for c in others) + m / finals[0]["scale"]
+    assert used <= 1.0 * (1 + 1e-9), used
+    assert used == pytest.approx(1.0)  # the whole job budget, nothing unaccounted
+    streams = collections.Counter((c["stream"], c["labels"]) for c in calls)
+    assert max(streams.values()) == 1, streams  # no draw reused
+    assert len({c["stream"] for c in calls}) == 5  # one seed / run secret per step
+
+
+# -- 2. one windowing per job ------------------------------------------------------------------------
+def test_steps_of_one_job_with_different_windowings_are_refused(tmp_path: Path) -> None:
+    """Count per 600-s window + Synthesize per 3600-s window under one job_budget: a person's
+    records in one hour reach six Count releases and one synthesis (3.5 · ε-share, module
+    docstring). Refused when built, as bs.PrivacyJob refuses it; equal windows still build."""
+    from beamsynth.pipelines import yaml_stats
+    from beamsynth.pipelines.yaml_transforms import Synthesize
+
+    schema = tmp_path / "tiny.yaml"
+    schema.write_text(TINY, encoding="utf-8")
+    job = {"epsilon": 1.0}
+    hour = {"start": 0, "end": 3600, "size": 3600}
+    for first, second in [({"start": 0, "end": 3600, "size": 600}, hour), (hour, None), (None, hour)]:
+        p = beam.Pipeline()
+        rows = (p | beam.Create([(beam.Row(color="red", age="3", pid="a"), 10)])
+                | beam.MapTuple(lambda r, t: beam.window.TimestampedValue(r, t)))
+        _ = rows | "C" >> yaml_stats.Count(schema=str(schema), epsilon=0.5, job_budget=job,
+                                           windows=first, privacy_id="pid")
+        with pytest.raises(ValueError, match=r"'S': windows .* differ from the other steps'"):
+            _ = rows | "S" >> Synthesize(schema=str(schema), epsilon=0.5, rows=5, job_budget=job,
+                                         windows=second, privacy_id="pid")
+    p = beam.Pipeline()
+    rows = (p | beam.Create([(beam.Row(color="red", age="3", pid="a"), 10)])
+            | beam.MapTuple(lambda r, t: beam.window.TimestampedValue(r, t)))
+    _ = rows | "C" >> yaml_stats.Count(schema=str(schema), epsilon=0.5, job_budget=job,
+                                       windows=dict(hour), privacy_id="pid")
+    _ = rows | "S" >> Synthesize(schema=str(schema), epsilon=0.5, rows=5, job_budget=job,
+                                 windows=dict(hour), privacy_id="pid")  # the same windows: fine
