@@ -24,10 +24,10 @@ fix.
 3. ``schema draft`` (4765fef, rule 1): a pandas table of distinct-text columns (names, e-mails)
    and a one-record ``orient="index"`` table still drafted (row numbers as categories, values in
    REVIEW notes); refused now.
-4. OPEN (strict xfail, for the lead): ``job.private``'s refusal of typed rows without any field
-   it reads (4b709eb; YAML twin c7a9d7b) is data-dependent when Beam infers the type from the
-   records (``ReadFromJson``, ``Create``): D (50 records without ``code``) is refused when built,
-   D + ``{"code": 1}`` releases (rule 7).
+4. ``job.private``'s refusal of typed rows without any field it reads (4b709eb; YAML twin
+   c7a9d7b; lacking a required field, 77a7d72) was data-dependent when Beam infers the type from
+   the records (``ReadFromJson``, ``Create``): D (50 records without ``code``) was refused when
+   built, D + ``{"code": 1}`` released (rule 7). Now a build-time warning on both sides.
 5. Codes with leading zeros through pandas readers (rule 6, API and YAML): ``beam.io.ReadFromCsv``
    reads a code column ``01, 02, 03`` as the numbers 1, 2, 3 unless one value is no number, so D
    (300 rows) had all 300 rows rejected and D + the row ``x1,5`` used them. A number whose text
@@ -292,7 +292,7 @@ def test_schema_draft_refuses_a_one_record_table(tmp_path: Path, capsys):
     assert [c.spec["domain"]["values"] for c in read_dictionary(shared)[1]] == [["0", "1"]] * 2
 
 
-# -- 4. OPEN: the typed-rows refusal of 4b709eb / c7a9d7b depends on the data ----------------------
+# -- 4. the typed-rows check of 4b709eb / c7a9d7b must not depend on the data ----------------------
 def _builds(rows_json: list[dict], tmp_path: Path) -> bool:
     """Whether ``beam.io.ReadFromJson(path) | job.private(schema)`` builds (Beam infers the rows'
     type from the records when the pipeline is built)."""
@@ -311,11 +311,6 @@ def _builds(rows_json: list[dict], tmp_path: Path) -> bool:
     return True
 
 
-@pytest.mark.xfail(strict=True, reason="open (H45, for the lead): job.private refuses typed rows "
-                   "with none of the fields it reads, and beam.io.ReadFromJson / beam.Create / "
-                   "YAML ReadFromJson infer that type from the records, so the refusal depends "
-                   "on the data (rule 7); remedy: warn instead of refusing, or state it in the "
-                   "manifest as the CLI's empty-input refusal (5b66ac3)")
 def test_typed_rows_refusal_does_not_depend_on_the_records(tmp_path: Path) -> None:
     """Neighbours D (50 records {"note": ...}, none carrying ``code``) and D + {"code": 1}
     through ``beam.io.ReadFromJson``: D is refused when built, D + record builds and releases
@@ -384,3 +379,20 @@ def test_yaml_read_from_csv_codes_with_leading_zeros_are_used(tmp_path: Path) ->
     (they were all rejected, while D + ``x1,5`` used them)."""
     m = _run_yaml(tmp_path, str(_zero_csv(tmp_path, [])), ZERO).copy()
     assert (_find(m, "rows_read"), _find(m, "rows_used"), _find(m, "rows_rejected")) == (300, 300, 0)
+
+
+def test_yaml_typed_rows_check_does_not_depend_on_the_records(tmp_path: Path) -> None:
+    """The YAML twin: ``ReadFromJson`` (schema inferred from the records) → BeamsynthSynthesize on
+    D (40 records without ``code``) and D + {"code": 1}: both release, with the same number of
+    synthetic rows and the used/rejected counts only in the private part."""
+    schema = {"name": "codes", "columns": CODES["columns"][:1]}
+    base = [{"note": f"x{i}"} for i in range(40)]
+    manifests = []
+    for name, records in (("d", base), ("d1", base + [{"code": 1}])):
+        folder = tmp_path / name
+        folder.mkdir()
+        path = folder / "in.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+        manifests.append(_run_yaml(folder, str(path), schema))
+    assert [_find(m, "rows_used") for m in manifests] == [0, 1]
+    assert _find(manifests[0], "rows_out") == _find(manifests[1], "rows_out") == 10

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import glob
 import json
+import re
 
 import apache_beam as beam
 import pyarrow.parquet as pq
@@ -73,16 +74,18 @@ def _yaml(tmp_path, transforms: str) -> None:
     yaml_main.run(argv=["--runner=DirectRunner", f"--yaml_pipeline_file={spec}"])
 
 
-def test_yaml_step_on_unparsed_text_lines_is_refused_when_built(tmp_path):
+def test_yaml_step_on_unparsed_text_lines_is_warned_about_when_built(tmp_path, caplog):
     """YAML `ReadFromText` -> BeamsynthSynthesize (the parse step forgotten) ran: every
     Row(line=...) was an error row ("required field 'age' is missing") and the step released
-    100 synthetic rows learned from no record. Typed rows carrying none of the declared columns
-    are now refused when the pipeline is built, naming the fields and the parse steps."""
+    100 synthetic rows learned from no record, without a word. Typed rows carrying none of the
+    declared columns now get a warning when the pipeline is built, naming the fields and the
+    parse steps; every line reaches the error output. A warning, not a refusal: YAML's
+    ReadFromJson infers the rows' type from the records, so a refusal would make whether a
+    release happens depend on one record (rule 7, tests/audit/test_session13_redteam.py)."""
     data = tmp_path / "in.csv"
     data.write_text("age,sex\n39,Male\n", encoding="utf-8")
     out = tmp_path / "out"
-    with pytest.raises(ValueError, match=r"BeamsynthSynthesize 'Synth': its input rows have "
-                       r"fields \['line'\], none of schema 'adult''s columns.*ReadFromCsv"):
+    with caplog.at_level("WARNING", logger="beamsynth.pipelines.yaml_transforms"):
         _yaml(tmp_path, f"""\
     - {{type: ReadFromText, name: Read, config: {{path: "{data}"}}}}
     - type: BeamsynthSynthesize
@@ -92,7 +95,11 @@ def test_yaml_step_on_unparsed_text_lines_is_refused_when_built(tmp_path):
     - {{type: WriteToJson, input: Synth.output, config: {{path: "{out}"}}}}
     - {{type: WriteToJson, input: Synth.bad, config: {{path: "{out}.bad"}}}}
 """)
-    assert not list(tmp_path.glob("out*"))
+    message = "\n".join(r.getMessage() for r in caplog.records)
+    assert re.search(r"BeamsynthSynthesize 'Synth': its input rows have fields \['line'\], none "
+                     r"of schema 'adult''s columns.*ReadFromCsv", message), message
+    bad = [json.loads(line) for line in _lines(f"{out}.bad")]
+    assert len(bad) == 2 and all("required field" in b["reason"] for b in bad), bad
 
 
 @pytest.mark.parametrize("config, message", [
@@ -280,22 +287,26 @@ def test_yaml_row_breaking_its_inferred_schema_is_an_error_row_not_a_crash(tmp_p
     assert len(_lines(f"{out}-")) == 10
 
 
-def test_job_private_on_typed_rows_without_a_declared_column_is_refused_when_built():
-    """The API twin of the YAML refusal: `ReadFromCsv(path, header=None, names=['a', 'b'])`
+def test_job_private_on_typed_rows_without_a_declared_column_is_warned_about_when_built(caplog):
+    """The API twin of the YAML warning: `ReadFromCsv(path, header=None, names=['a', 'b'])`
     (Adult without its header names) -> job.private(schema) ran: all 402 rows dead letters and
-    a Count released on no record. Typed rows (beam.Row, named tuples) carrying none of the
-    fields job.private reads (declared columns, privacy id, key columns) are now refused when
-    built, naming the fields; rows with one of them still run."""
+    a Count released on no record, silently. Typed rows (beam.Row, named tuples) carrying none of
+    the fields job.private reads (declared columns, privacy id, key columns) now get a warning
+    when built, naming the fields (not a refusal: rule 7, the type may be inferred from the
+    records); rows with one of them get none."""
     typed = beam.typehints.row_type.RowTypeConstraint.from_fields([("a", str), ("b", str)])
     job = bs.PrivacyJob(epsilon=1.0)
     p = beam.Pipeline()
     rows = p | beam.Create([beam.Row(a="39", b="Male")]).with_output_types(typed)
-    with pytest.raises(ValueError, match=r"MakePrivate\(adult\): its input rows have fields "
-                       r"\['a', 'b'\], none of the fields it reads \(age, sex, race, income\)"):
+    with caplog.at_level("WARNING", logger="beamsynth.transforms.private"):
         rows | job.private(SMALL)
+    assert re.search(r"MakePrivate\(adult\): its input rows have fields \['a', 'b'\], none of the "
+                     r"fields it reads \(age, sex, race, income\)", caplog.text), caplog.text
+    caplog.clear()
     keyed = bs.load_schema({"name": "k", "columns": [{"name": "kind", "type": "categorical",
                             "nullable": True, "domain": {"kind": "categorical", "values": ["x"]}}]})
     name = beam.typehints.row_type.RowTypeConstraint.from_fields([("name", str)])
     ok = p | "Names" >> beam.Create([beam.Row(name="ola")]).with_output_types(name)
     ok | "Keyed" >> job.private(keyed, keys={"name": bs.TextKey(column="name", alphabet="alo",
                                                                   max_length=3)})
+    assert "none of the fields" not in caplog.text
