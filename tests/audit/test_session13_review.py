@@ -17,11 +17,16 @@ points (Beam YAML via ``apache_beam.yaml.main``, ``bs.*`` on the DirectRunner).
    releases and one synthesis: 6 · 0.5 + 0.5 = 3.5 for that person's records in one 3600-s
    window. The API refuses this (``PrivacyJob.use_windows``: one windowing per job); the ledger
    now does too.
+3. Typed rows lacking a required field (H50's 77a7d72): ``job.private`` refused them when built,
+   and ``beam.io.ReadFromJson`` types its rows from the records, so D (50 records without
+   ``income``) was refused while D + one record carrying ``income`` built and released (rule 7).
+   The lead's d6bc27b made it a warning; the API and YAML-statistics pairs are kept here.
 """
 
 from __future__ import annotations
 
 import collections
+import json
 import sys
 from importlib import resources
 from pathlib import Path
@@ -149,3 +154,42 @@ def test_steps_of_one_job_with_different_windowings_are_refused(tmp_path: Path) 
                                        windows=dict(hour), privacy_id="pid")
     _ = rows | "S" >> Synthesize(schema=str(schema), epsilon=0.5, rows=5, job_budget=job,
                                  windows=dict(hour), privacy_id="pid")  # the same windows: fine
+
+
+# -- 3. typed rows lacking a required field (77a7d72, warned since d6bc27b) ------------------------
+def _json_builds(records: list[dict], path: Path, step: str) -> bool:
+    """Whether ``beam.io.ReadFromJson(path)`` → ``job.private`` + ``bs.Count`` (``step="api"``) or
+    → the Beam YAML ``BeamsynthCount`` step builds (Beam types the rows from the records)."""
+    import beamsynth as bs
+    from beamsynth.pipelines import yaml_stats
+
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    p = beam.Pipeline()
+    rows = p | beam.io.ReadFromJson(str(path), lines=True)
+    try:
+        if step == "api":
+            small = bs.load_schema("adult").select(["age", "sex", "race", "income"])
+            _ = rows | bs.PrivacyJob(epsilon=1.0, seed=1).private(small) | bs.Count(epsilon=1.0)
+        else:
+            schema = path.with_suffix(".yaml")
+            schema.write_text(TINY, encoding="utf-8")
+            _ = rows | "Count" >> yaml_stats.Count(schema=str(schema), epsilon=1.0, seed=1)
+    except ValueError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("step", ["api", "yaml"])
+def test_lacking_field_check_does_not_depend_on_one_record(tmp_path: Path, step: str) -> None:
+    """Neighbours through beam.io.ReadFromJson, D without a required field and D + one record
+    carrying it: API, D = 50 {age, sex, race} vs D + {..., income}: at 77a7d72 D was refused
+    ("lack 'income'") and D + record built and released (Count noisy_count 1, seed 1); YAML
+    BeamsynthCount, D = 50 {color} vs D + {color, age}. Both must build (rule 7)."""
+    if step == "api":
+        base = [{"age": 30 + i % 40, "sex": "Male", "race": "White"} for i in range(50)]
+        extra = {"age": 40, "sex": "Female", "race": "White", "income": "<=50K"}
+    else:
+        base = [{"color": "red"} for _ in range(50)]
+        extra = {"color": "blue", "age": 7}
+    assert _json_builds(base, tmp_path / "d.jsonl", step)
+    assert _json_builds(base + [extra], tmp_path / "d1.jsonl", step)
