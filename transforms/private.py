@@ -414,6 +414,11 @@ def _keywords_checked(init: Any) -> Any:
     return checked
 
 
+# bs.PrivacyJob(1.0), bs.PrivacyUnit("user", 2), privacy_unt=...: the keywords, the nearest one
+PrivacyUnit.__init__ = _keywords_checked(PrivacyUnit.__init__)  # type: ignore[method-assign]
+PrivacyJob.__init__ = _keywords_checked(PrivacyJob.__init__)  # type: ignore[method-assign]
+
+
 class PrivateTransform(beam.PTransform):
     """Base of the mechanisms that apply to a :class:`PrivateCollection`.
 
@@ -583,6 +588,7 @@ class MakePrivate(beam.PTransform):
     window, also under declared windows.
     """
 
+    @_keywords_checked  # job.private(schema, key=...) names the nearest keyword
     def __init__(self, *, job: PrivacyJob, schema: Schema | str,
                  keys: Mapping[str, KeyCodec] | None = None, position_field: str | None = None,
                  source: str | None = None, batch_rows: int = DEFAULT_BATCH_ROWS,

@@ -237,3 +237,29 @@ def test_a_beam_step_on_the_prefix_tree_dict_names_its_outputs():
                        r"'tree'\]"):
         tree["key"]
     job.accountant.to_dict()
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: bs.PrivacyJob(1.0), "bs.PrivacyJob takes keyword arguments only (epsilon=, delta=, "
+     "privacy_unit=, seed=, name=, disjoint=); got 1 positional: 1.0"),
+    (lambda: bs.PrivacyJob(epsilon=1.0, privacy_unt=None),
+     "bs.PrivacyJob got an unknown keyword 'privacy_unt' (did you mean 'privacy_unit'?)"),
+    (lambda: bs.PrivacyUnit("user", 2), "bs.PrivacyUnit takes keyword arguments only (id_column=, "
+     "max_contributions=); got 2 positional: 'user', 2"),
+    (lambda: bs.PrivacyJob(epsilon=1.0).private(SMALL, key={}),
+     "bs.MakePrivate got an unknown keyword 'key' (did you mean 'keys'?)"),
+    (lambda: bs.WriteManifest(bs.PrivacyJob(epsilon=1.0), "m.json"),
+     "bs.WriteManifest takes keyword arguments only (job=, path=, output=, label=); got 2 "
+     "positional: "),
+    (lambda: bs.WriteManifest(job=bs.PrivacyJob(epsilon=1.0), pth="m.json"),
+     "bs.WriteManifest got an unknown keyword 'pth' (did you mean 'path'?); it takes: job, path, "
+     "output, label"),
+])
+def test_positional_or_misspelt_arguments_of_the_job_say_the_keywords(make, message):
+    """bs.PrivacyJob(1.0) said 'PrivacyJob.__init__() takes 1 positional argument but 2 were
+    given' (bs.WriteManifest(job, 'm.json'), bs.PrivacyUnit('user', 2) the same) and a typo 'got
+    an unexpected keyword argument 'privacy_unt'', where the mechanisms (bs.Count(0.5)) already
+    named their keywords and the nearest one."""
+    with pytest.raises(TypeError) as err:
+        make()
+    assert str(err.value).startswith(message), str(err.value)
