@@ -230,3 +230,38 @@ def test_api_job_and_yaml_synthesis_step_in_one_pipeline_are_refused(tmp_path: P
     first()
     with pytest.raises(ValueError):
         second()
+
+
+# -- 5. H47's zCDP refinement cut from the DP count, per declared window (798ad58) -------------------
+def test_refinement_cut_is_chosen_per_window_and_fits_rho(monkeypatch) -> None:
+    """One PrivBayesMeasureFn over three declared windows of 8,000, 40,000 and 8,000 records
+    (zCDP plan, Adult's shape, ε = 1, δ = 1e-9, DP count): each window draws its own size count,
+    chooses its refinement from its own n̂ (measured: 19, 40, 19 pairs; the cut of the first
+    window does not stick to the plan) and its draws cost ρ/ρ' = 1.000000 of the zCDP spend
+    (the dropped pairs' ρ on the network tables, never more), by the recorded draws."""
+    from apache_beam.transforms.window import IntervalWindow
+
+    from beamsynth.transforms.measure import window_labels
+    from beamsynth.transforms.privbayes_measure import PrivBayesMeasureFn
+    from tests.audit import test_session12_accounting as s12
+
+    plan, spends, _ = s12._plan_and_spends(1, None)
+    planned = plan.refine.pairs
+    calls = s12.record_draws(monkeypatch)
+    fams, _ = s12._counts(plan, s12._codes(1, 0))
+    fn = PrivBayesMeasureFn(families=fams, shape=s12.SHAPE,
+                            names=[f"c{i}" for i in range(len(s12.SHAPE))], plan=plan, seed=5)
+    pairs = []
+    for i, n in enumerate((8_000, 40_000, 8_000)):
+        window = IntervalWindow(i * 3600, (i + 1) * 3600)
+        _, counts = s12._counts(plan, s12._codes(n, i))
+        (out,) = list(fn.process(counts, window=window))
+        assert out.sizing["degree"] > 0, out.sizing  # the network branch in every window
+        pairs.append(out.sizing["refine_pairs"])
+        mine = [c for c in calls if c["labels"][1:1 + len(window_labels(window))]
+                == window_labels(window)]
+        v = s12.verdict(mine, m=1, count=spends["privbayes.size_count"],
+                        rest=spends["privbayes.zcdp"])
+        assert v["ok"], (n, v)
+    assert pairs[0] < planned and pairs[1] == planned and pairs[2] == pairs[0], pairs
+    assert plan.refine.pairs == planned  # the plan itself is never cut
