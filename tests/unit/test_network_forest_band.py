@@ -64,6 +64,22 @@ def test_the_network_is_kept_elsewhere(shape, rows, epsilon):
         assert band_forest(rows, epsilon, shape) is None
 
 
+def test_acs_national_at_half_epsilon_keeps_its_network():
+    # H53: NETWORK_FOREST_THETA 10 -> 9. ACS national2019 (27,253 rows) at ε = 0.5 is 9.3-9.5
+    # useful: at 10 the band took it (TVD2 0.084 -> 0.104, independent 0.107); at 9 it keeps k = 1
+    assert NETWORK_FOREST_THETA == 9.0
+    rows, eps = 27253, 0.5
+    assert 9.0 <= network_usefulness(rows * 0.98, eps, ACS_SHAPE, 1) < 9.5
+    assert band_forest(rows * 0.98, eps, ACS_SHAPE) is None
+    assert band_forest(rows * 0.98, eps, ACS_SHAPE, forest_theta=10.0) is not None  # the old band
+    plan = plan_privbayes(ACS_SHAPE, PureDP(epsilon=eps), sizing="auto", rows=rows)
+    assert plan.forest is None and plan.degree == 1 and plan.refine is not None
+    dp = plan_privbayes(ACS_SHAPE, PureDP(epsilon=eps), sizing="auto")  # DP count at run time
+    assert dp.sizing.degree(rows * 0.98) == 1 and dp.sizing.degree(rows) == 1
+    at_ten = dp.sizing.__class__(**{**dp.sizing.__dict__, "forest_theta": 10.0})
+    assert at_ten.degree(rows * 0.98) == 0  # what this test pins against
+
+
 def test_zcdp_plans_keep_their_network_in_the_band():
     budget = ApproxDP(epsilon=2.0, delta=1e-9)
     plan = gaussian_plan(plan_privbayes(ACS_SHAPE, budget, sizing="auto"), budget)
