@@ -123,7 +123,7 @@ def _instrumented_measure(monkeypatch, n: int, m: int, rows: int | None, eps: fl
 
 @pytest.mark.parametrize(("n", "m", "rows", "path"), [
     (20_000, 1, None, "network"),  # DP size count, network + refinement
-    (20_000, 2, None, "network"),  # two records per unit: Δ = 2 tables, 8 structure
+    (30_000, 2, None, "network"),  # two records per unit: Δ = 2 tables, 8 structure (20,000: band)
     (48_842, 1, 48_842, "network"),  # public row count: no size count
     (3_000, 1, None, "forest"),  # run-time fallback: forest of pure-DP tables
     (6_000, 2, None, "forest"),

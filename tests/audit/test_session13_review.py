@@ -234,9 +234,10 @@ def test_api_job_and_yaml_synthesis_step_in_one_pipeline_are_refused(tmp_path: P
 
 # -- 5. H47's zCDP refinement cut from the DP count, per declared window (798ad58) -------------------
 def test_refinement_cut_is_chosen_per_window_and_fits_rho(monkeypatch) -> None:
-    """One PrivBayesMeasureFn over three declared windows of 8,000, 40,000 and 8,000 records
+    """One PrivBayesMeasureFn over three declared windows of 14,000, 40,000 and 14,000 records
     (zCDP plan, Adult's shape, ε = 1, δ = 1e-9, DP count): each window draws its own size count,
-    chooses its refinement from its own n̂ (measured: 19, 40, 19 pairs; the cut of the first
+    chooses its refinement from its own n̂ (measured: 28, 40, 28 pairs; 8,000 until H53's band
+    took it; the cut of the first
     window does not stick to the plan) and its draws cost ρ/ρ' = 1.000000 of the zCDP spend
     (the dropped pairs' ρ on the network tables, never more), by the recorded draws."""
     from apache_beam.transforms.window import IntervalWindow
@@ -252,7 +253,7 @@ def test_refinement_cut_is_chosen_per_window_and_fits_rho(monkeypatch) -> None:
     fn = PrivBayesMeasureFn(families=fams, shape=s12.SHAPE,
                             names=[f"c{i}" for i in range(len(s12.SHAPE))], plan=plan, seed=5)
     pairs = []
-    for i, n in enumerate((8_000, 40_000, 8_000)):
+    for i, n in enumerate((14_000, 40_000, 14_000)):
         window = IntervalWindow(i * 3600, (i + 1) * 3600)
         _, counts = s12._counts(plan, s12._codes(n, i))
         (out,) = list(fn.process(counts, window=window))
