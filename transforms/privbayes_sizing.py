@@ -61,6 +61,7 @@ __all__ = [
     "forest_resolves",
     "NETWORK_THETA",
     "NETWORK_FOREST_THETA",
+    "BAND_FOR_ZCDP",
     "BAND_FOREST_ONE_WAY_FRACTION",
     "band_forest",
     "ForestPlan",
@@ -98,11 +99,14 @@ FOREST_STRUCTURE_FRACTION = 0.1  # ... on choosing the forest's edges (the rest:
 FOREST_THETA = 4.0  # usefulness a forest edge's 2-way table needs (n̂·ε_t/(m·cells))
 FOREST_MIN_DEPENDENCE = 0.6  # δ*: a step must resolve a pair this dependent (forest_resolves)
 NETWORK_THETA = 4.5  # PrivBayes keeps a k = 1 network from here (below: the forest model)
-# ... but below this usefulness a resolving forest replaces it (Laplace plans; H49, issue 18),
+# ... but below this usefulness a resolving forest replaces it (H49, issue 18; zCDP plans too: H53),
 # there with this share of ε on the 1-way tables (the rest less the structure: its 2-way tables).
 # 9: a hand calibration on measured cells (H53): above ACS 6,107 ε 2 (8.4), below ACS 27k ε 0.5 (9.3)
 NETWORK_FOREST_THETA = 9.0
 BAND_FOREST_ONE_WAY_FRACTION = 0.6
+# the band applies to zCDP plans sized from the DP count too, as it does with public rows (H53);
+# False is an A/B of the run-time path only (the network there, as before H53)
+BAND_FOR_ZCDP = True
 REFINE_NOISE_MASS = 0.9  # κ: the refinement tables' summed expected L1 noise stays ≤ κ·n̂ ...
 REFINE_PICKS_PER_ROUND = 5  # ... and its pairs are picked at most this many per round
 REFINE_PAIRS_RULE = ("P = min(countable pairs, d, ⌊√(κ·n̂·ε_meas/(m·groups²))⌋) in max(rounds, "
@@ -220,10 +224,12 @@ class NetworkSizing:
         """The degree for an estimate ``rows_hat`` (public or DP: post-processing).
 
         :func:`choose_network_degree` with :attr:`theta`; where it keeps ``k = 1`` but the
-        network is less than :attr:`forest_theta`-useful, a Laplace plan (``refine_noise ==
-        "laplace"``) returns 0 if the small-input forest resolves at ``rows_hat``
-        (:meth:`small_forest`): the run then fits that forest (or the declared target's
-        star) with the same ε. Public values only."""
+        network is less than :attr:`forest_theta`-useful, it returns 0 if the small-input forest
+        resolves at ``rows_hat`` (:meth:`small_forest`): the run then fits that forest (or the
+        declared target's star) with the same ε — a Laplace plan's network ε, a zCDP plan's pure
+        ``ε − ε_c`` (its run-time fallback, within its ``(ε − ε_c, δ)`` spend), so a zCDP plan
+        sized from the DP count gets the model a public ``--input-rows`` of the same size gets at
+        build time (H53; :data:`BAND_FOR_ZCDP`). Public values only."""
         k = choose_network_degree(rows_hat, self.epsilon, self.shape, max_degree=self.max_degree,
                                   max_contributions=self.max_contributions, theta=self.theta)
         if k >= 1 and self._band_forest(rows_hat) is not None:
@@ -231,7 +237,7 @@ class NetworkSizing:
         return k
 
     def _band_forest(self, rows_hat: float) -> ForestPlan | None:
-        if self.refine_noise != "laplace" or self.forest_theta is None:
+        if self.forest_theta is None or (self.refine_noise != "laplace" and not BAND_FOR_ZCDP):
             return None
         return band_forest(rows_hat, self.epsilon, self.shape,
                            count_epsilon=0.0 if self.count_budget is None else self.count_budget.epsilon,
@@ -319,14 +325,14 @@ class NetworkSizing:
         out: dict[str, Any] = {
             "rule": "largest k <= max_degree with n̂·ε/(d·m·g^(k+1)) >= theta (k = 1 below "
                     f"forest_theta = {self.forest_theta} only if the forest below does not "
-                    "resolve; Laplace plans), else 0 = every "
+                    "resolve), else 0 = every "
                     "1-way table + a forest of θ-useful pairs (plan_forest) if its steps resolve "
                     "a pair of dependence δ* among the K affordable ones (n̂·δ*·ε_step/(8m) >= "
                     f"ln(K+1), δ* = {FOREST_MIN_DEPENDENCE}: forest_resolves), else independent "
                     "1-way marginals with the whole ε, ∝ √cells (AIM-style sizing, PrivBayes "
                     "θ-usefulness)",
             "theta": self.theta, "forest_theta": self.forest_theta
-            if self.refine_noise == "laplace" else None,
+            if self.refine_noise == "laplace" or BAND_FOR_ZCDP else None,
             "max_degree": self.max_degree, "epsilon": self.epsilon,
             "rows_source": "public input row count (CLI --input-rows)" if self.rows is not None
             else "DP count in the measurement step (discrete Laplace, Δ = m)"}

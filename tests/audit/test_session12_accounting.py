@@ -21,7 +21,9 @@ the size count is the draw labelled ``size_count``. The verdict:
 * the two spends add up to the method's ``(ε, δ)``.
 
 Branches: network, forest, Gaussian 1-way tables (DP count; m = 1, 2), the network and the
-build-time forest with a public row count (no count), and three declared windows of different
+build-time forest with a public row count (no count), the network → forest band (H53: a θ-useful
+``k = 1`` network below ``NETWORK_FOREST_THETA`` gives way to the pure forest from the DP count as
+with public rows), and three declared windows of different
 sizes in one measurement step (each window its own count and branch). Broken variants that must be
 caught: the forest given ε instead of ε − ε_c, the 1-way tables given zcdp_rho(ε, δ), the network's
 ρ from ε. Finally a two-night ``beamsynth release`` of ``pb_noise: gaussian``: the ledger, release
@@ -199,8 +201,11 @@ def audit_branch(monkeypatch, *, n: int, m: int, rows: int | None, seed: int = 0
 # -- 1. every branch, DP count or public rows -------------------------------------------------------
 @pytest.mark.parametrize(("n", "m", "rows", "branch"), [
     (20_000, 1, None, "network"),
-    (20_000, 2, None, "network"),
-    (8_000, 1, None, "network"),  # H47: the refinement cut to 19 pairs, 21 pairs' ρ on the tables
+    (30_000, 2, None, "network"),
+    (14_000, 1, None, "network"),  # H47: the refinement cut to 28 pairs, 12 pairs' ρ on the tables
+    (8_000, 1, None, "forest"),  # H53: the band (θ-useful k = 1 below 9) from the DP count ...
+    (20_000, 2, None, "forest"),  # ... at m = 2 (usefulness 7.5)
+    (8_000, 1, 8_000, "forest"),  # ... and with public rows: the build-time forest, pure spends
     (300, 1, None, "forest"),
     (6_000, 2, None, "forest"),
     (60, 1, None, "independent"),
@@ -214,7 +219,8 @@ def test_every_branch_fits_its_spends(monkeypatch, n, m, rows, branch):
     ρ/ρ' = 1.000000 of ρ' = zcdp_rho(0.98, 1e-9) (δ'' = 1.0e-9), m = 1 and 2, with public rows
     ρ(1, 1e-9) likewise; the run-time forest's pure draws Σε = 0.9800 = ε − ε_c (its zCDP cost
     would be 2.37 ρ' at m = 1, 1.86 ρ' at m = 2: the forest is accounted pure, as documented); the
-    build-time forest Σε = 1.0000 of its pure spends."""
+    build-time forest Σε = 1.0000 of its pure spends. H53's band forests (n = 8,000 m = 1,
+    20,000 m = 2 from the DP count; 8,000 public rows): the same pure sums."""
     plan, spends, acc, got, v = audit_branch(monkeypatch, n=n, m=m, rows=rows)
     assert got == branch
     assert (acc.spent_epsilon, acc.spent_delta) == pytest.approx(
@@ -259,13 +265,15 @@ def _dropped_rho_given_twice(monkeypatch, plan):
                         lambda r: real(r) if r == plan.refine else 0.0)
 
 
-@pytest.mark.parametrize(("variant", "n"), [("forest given ε", 300), ("1-way tables at ρ(ε)", 60),
+@pytest.mark.parametrize(("variant", "n"), [("forest given ε", 300), ("forest given ε", 8_000),
+                                            ("1-way tables at ρ(ε)", 60),
                                             ("network ρ from ε", 20_000),
-                                            ("cut refinement's ρ kept and given", 8_000)])
+                                            ("cut refinement's ρ kept and given", 14_000)])
 def test_broken_variants_are_caught(monkeypatch, variant, n):
     """Measured: forest given ε: Σε = 1.0000 > 0.98 (zCDP 2.47 ρ'); 1-way tables at ρ(ε) and the
     network's ρ from ε: ρ/ρ' = 1.0395, δ'' = 1.96e-9 > 1e-9; H47's cut refinement (19 of 40
-    pairs at n = 8,000) whose kept pairs' ρ also goes to the tables: over ρ'."""
+    pairs at n = 8,000; 28 at 14,000 since H53's band took 8,000) whose kept pairs' ρ also goes
+    to the tables: over ρ'. The band's run-time forest (n = 8,000, H53) given ε: caught too."""
     if variant == "network ρ from ε":
         real = pbp.zcdp_rho
         eps_c = plan_privbayes(SHAPE, ApproxDP(epsilon=EPS, delta=DELTA), sizing="auto",

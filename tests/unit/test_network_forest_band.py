@@ -2,8 +2,10 @@
 
 Under pure ε a k = 1 network's 1-way estimates come from its 2-way family tables, so on small
 inputs its TVD1 was above independent marginals' (ACS 6,107 rows ε = 2, COMPAS 5,050 ε = 0.5,
-Adult 5,000 ε = 2). Below ``NETWORK_FOREST_THETA`` the Laplace plan now fits the small-input
-forest wherever that forest resolves a pair; the decision reads public values only."""
+Adult 5,000 ε = 2). Below ``NETWORK_FOREST_THETA`` (9 since H53) the plan now fits the
+small-input forest wherever that forest resolves a pair, Laplace and zCDP plans alike, with
+public rows at build time and from the DP count at run time (H53); the decision reads public
+values only."""
 
 import math
 
@@ -80,12 +82,31 @@ def test_acs_national_at_half_epsilon_keeps_its_network():
     assert at_ten.degree(rows * 0.98) == 0  # what this test pins against
 
 
-def test_zcdp_plans_keep_their_network_in_the_band():
-    budget = ApproxDP(epsilon=2.0, delta=1e-9)
-    plan = gaussian_plan(plan_privbayes(ACS_SHAPE, budget, sizing="auto"), budget)
-    assert plan.sizing.refine_noise == "gaussian" and plan.sizing.degree(6107) == 1
-    laplace = plan_privbayes(ACS_SHAPE, PureDP(epsilon=2.0), sizing="auto")
-    assert laplace.sizing.degree(6107) == 0
+@pytest.mark.parametrize("shape, rows, epsilon, small", [
+    (COMPAS_SHAPE, 5050, 0.5, True), (ADULT_SHAPE, 5000, 2.0, True), (ACS_SHAPE, 6107, 2.0, True),
+    (ADULT_SHAPE, 1000, 1.0, True),  # below NETWORK_THETA: the small-input forest either way
+    (NLTCS_SHAPE, 1000, 0.5, False),  # in the band, no forest resolves: the network either way
+    (ACS_SHAPE, 27253, 0.5, False), (ADULT_SHAPE, 32561, 1.0, False), (COMPAS_SHAPE, 5050, 1.0, False)])
+def test_zcdp_plans_choose_the_same_model_at_build_and_run_time(shape, rows, epsilon, small):
+    # H53: a Gaussian plan with public rows inside the band was the band's pure forest at build
+    # time, while the same size from the DP count kept the Gaussian network at run time
+    budget = ApproxDP(epsilon=epsilon, delta=1e-9)
+    public = gaussian_plan(plan_privbayes(shape, budget, sizing="auto", rows=rows), budget)
+    counted = gaussian_plan(plan_privbayes(shape, budget, sizing="auto"), budget)
+    assert counted.zcdp is not None and counted.sizing.refine_noise == "gaussian"
+    built_small = public.forest is not None
+    assert built_small == small and (public.zcdp is None) == small  # the forest is pure
+    assert (counted.sizing.degree(rows) == 0) == small  # the run-time decision, DP count = rows
+    if small:  # the same forest rule, with the model ε the run gets (ε − ε_c)
+        model_eps = counted.zcdp.budget.epsilon
+        ran = counted.sizing.small_forest(rows, model_eps)
+        assert ran.steps > 0
+        assert ran.one_way_budget.epsilon / model_eps == pytest.approx(
+            public.forest.one_way_budget.epsilon / epsilon)
+    if network_usefulness(rows, epsilon, shape, 1) < NETWORK_THETA:
+        return
+    laplace = plan_privbayes(shape, PureDP(epsilon=epsilon), sizing="auto")
+    assert laplace.sizing.degree(rows) == counted.sizing.degree(rows)  # Laplace and zCDP agree
 
 
 def test_the_band_forest_gets_the_models_epsilon_after_the_size_count():
