@@ -62,8 +62,9 @@ class PrivBayesMethod(Method):
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
         opts = self.options
-        # laplace (default: pure ε), gaussian (zCDP), auto (gaussian when the method's δ > 0)
-        self._noise = str(opts.get("pb_noise") or "laplace")
+        # auto (default since H53: gaussian when the method's δ > 0 and the schema is wide enough,
+        # else laplace, byte for byte at δ = 0), laplace (pure ε), gaussian (zCDP)
+        self._noise = str(opts.get("pb_noise") or "auto")
         gaussian = resolve_noise(self._noise, self.budget.delta, n_columns=len(self.schema.shape),
                                  epsilon=self.budget.epsilon)[0] == "gaussian"
         # zCDP: its own refinement defaults
@@ -153,12 +154,12 @@ class PrivBayesMethod(Method):
                                      "(docs/privbayes.md)")
         if "--pb-noise" not in taken:
             parser.add_argument("--pb-noise", dest="pb_noise", choices=NOISE_MODES, default=None,
-                                help="privbayes: laplace (default, pure ε-DP; a --delta is not used), "
-                                     "gaussian (zCDP converted to (ε, δ): needs --delta > 0; "
-                                     f"discrete Gaussian tables, {GAUSSIAN_REFINE_PAIRS} "
-                                     f"refinement pairs of {GAUSSIAN_REFINE_GROUPS} groups by "
-                                     "default) or auto (gaussian when --delta > 0 and the "
-                                     "schema is wide enough for zCDP to pay, else laplace); "
+                                help="privbayes: auto (default: gaussian when --delta > 0 and "
+                                     "the schema is wide enough for zCDP to pay, else laplace), "
+                                     "laplace (pure ε-DP; a --delta is not used) or gaussian "
+                                     "(zCDP converted to (ε, δ): needs --delta > 0; discrete "
+                                     f"Gaussian tables, {GAUSSIAN_REFINE_PAIRS} refinement pairs "
+                                     f"of {GAUSSIAN_REFINE_GROUPS} groups by default); "
                                      "docs/privbayes.md")
         if "--pb-sampling" not in taken:
             parser.add_argument("--pb-sampling", dest="sampling", choices=SAMPLING_MODES, default=None,

@@ -75,12 +75,16 @@ def test_cli_auto_is_the_mode_delta_selects(adult_small, tmp_path, delta, explic
     assert (mode["option"], mode["chosen"]) == ("auto", "gaussian" if explicit else "laplace")
 
 
-def test_cli_default_with_delta_is_laplace(adult_small, tmp_path):
-    lap, m = _run(adult_small, tmp_path / "lap.csv", "--delta", "1e-9")
-    plain, _ = _run(adult_small, tmp_path / "plain.csv", "--delta", "0")
-    assert lap == plain  # δ is not used by the pure-ε mode
-    assert m["release"]["budget"]["spent"]["delta"] == 0.0
-    assert "not used" in m["release"]["details"]["method"]["privbayes"]["noise_mode"]["why"]
+def test_cli_default_is_auto(adult_small, tmp_path):
+    # H53: the default --pb-noise is auto; at δ = 0 it writes laplace's bytes, with δ > 0 gaussian's
+    plain, m0 = _run(adult_small, tmp_path / "plain.csv", "--delta", "0")
+    lap, _ = _run(adult_small, tmp_path / "lap.csv", "--delta", "0", "--pb-noise", "laplace")
+    assert plain == lap and m0["release"]["budget"]["spent"]["delta"] == 0.0
+    wide, m = _run(adult_small, tmp_path / "wide.csv", "--delta", "1e-9")
+    gauss, _ = _run(adult_small, tmp_path / "gauss.csv", "--delta", "1e-9", "--pb-noise", "gaussian")
+    assert wide == gauss
+    mode = m["release"]["details"]["method"]["privbayes"]["noise_mode"]
+    assert (mode["option"], mode["chosen"]) == ("auto", "gaussian")
 
 
 def test_api_privbayes_with_delta_spends_zcdp():

@@ -1,6 +1,6 @@
 """``pb_noise`` of ``--method privbayes`` / ``bs.PrivBayes`` / ``bs.Synthesize`` (H29,
-docs/privbayes.md "Twelfth session"): the default stays ``laplace`` (pure ε; a method δ > 0 is
-unused and the manifest says so); ``auto`` is discrete Gaussian tables under zCDP when the
+docs/privbayes.md "Twelfth session"): the default is ``auto`` since H53 (``laplace``: pure ε; a
+method δ > 0 is unused and the manifest says so); ``auto`` is discrete Gaussian tables under zCDP when the
 method's δ > 0 and Laplace when δ = 0. Build-time checks (no data read)."""
 
 import pytest
@@ -34,14 +34,16 @@ def _plan(delta, **options):
     return [s.step for s in plan.accountant.spends], plan.method.details()["privbayes"], plan
 
 
-def test_default_is_laplace_and_says_delta_is_unused():
+def test_default_is_auto():
+    # H53: the default is auto (gaussian on Adult's 15 columns with δ > 0, laplace at δ = 0)
     steps, details, plan = _plan(1e-9)
-    assert steps == LAPLACE_STEPS and plan.accountant.spent_delta == 0.0
-    mode = details["noise_mode"]
-    assert (mode["option"], mode["chosen"]) == ("laplace", "laplace")
-    assert "δ = 1e-09 is not used" in mode["why"]
+    assert steps == ["privbayes.zcdp"] and plan.accountant.spent_delta == pytest.approx(1e-9)
+    assert (details["noise_mode"]["option"], details["noise_mode"]["chosen"]) == ("auto", "gaussian")
     steps, details, _ = _plan(0.0)
-    assert steps == LAPLACE_STEPS and "not used" not in details["noise_mode"]["why"]
+    assert steps == LAPLACE_STEPS and details["noise_mode"]["chosen"] == "laplace"
+    steps, details, plan = _plan(1e-9, pb_noise="laplace")  # explicit laplace: δ not used
+    assert steps == LAPLACE_STEPS and plan.accountant.spent_delta == 0.0
+    assert "δ = 1e-09 is not used" in details["noise_mode"]["why"]
 
 
 def test_auto_follows_delta():
