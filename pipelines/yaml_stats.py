@@ -68,6 +68,7 @@ from beamsynth.transforms.private import (
     WINDOW_FIELD,
     PrivacyJob,
     PrivacyUnit,
+    claim_pipeline_budget,
     names_of,
     pure,
     window_row_type,
@@ -172,6 +173,7 @@ class _StatsStep(beam.PTransform):
             job = PrivacyJob(epsilon=total.epsilon, delta=total.delta, privacy_unit=self._unit,
                              seed=self._seed, name=_JOB_NAME)
             _JOBS[pipeline] = (job, self.label)
+            claim_pipeline_budget(pipeline, f"{self.kind} {self.label!r}", job=job)
             return job
         if job.seed != self._seed:
             raise ValueError(f"{name}: seed {self._seed!r} differs from step {first!r}'s "

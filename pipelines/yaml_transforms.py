@@ -76,7 +76,12 @@ from beamsynth.schemas.tables import arrow_schema_for
 from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, as_budget
 from beamsynth.transforms.conventions import display_items
 from beamsynth.transforms.measure import combine_globally
-from beamsynth.transforms.private import WindowRowsFn, stamp_now, window_row_type
+from beamsynth.transforms.private import (
+    WindowRowsFn,
+    claim_pipeline_budget,
+    stamp_now,
+    window_row_type,
+)
 from beamsynth.transforms.units import BoundContributions
 from beamsynth.transforms.windows import (
     DeclaredWindows,
@@ -654,6 +659,7 @@ class Synthesize(beam.PTransform):
         return SEEDED_NOTE if self._plan.config.seed is not None else SECURE_NOTE
 
     def _register(self, pipeline: beam.Pipeline) -> "_JobLedger":
+        claim_pipeline_budget(pipeline, f"{STEP} {self.label!r}")  # no API PrivacyJob beside it
         ledger = _LEDGERS.setdefault(pipeline, _JobLedger())
         unit = (self._plan.schema.privacy_id, self._plan.config.max_contributions)
         ledger.add(self.label, self._plan.accountant, self._job_budget, unit, windows=self._windows)

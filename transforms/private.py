@@ -106,6 +106,29 @@ _LOG = logging.getLogger(__name__)
 # unless every job of the pipeline declares disjoint=True.
 _PIPELINE_JOBS: weakref.WeakKeyDictionary[beam.Pipeline, list[PrivacyJob]] = (
     weakref.WeakKeyDictionary())
+# Steps that spend from their own accountant on a pipeline's records (Beam YAML's
+# BeamsynthSynthesize ledger; pipelines/yaml_transforms.py): a PrivacyJob beside them would hand
+# out a second full budget too, unless the ledger made it (the YAML statistics steps' job).
+_PIPELINE_HOLDERS: weakref.WeakKeyDictionary[beam.Pipeline, str] = weakref.WeakKeyDictionary()
+_LEDGER_JOBS: weakref.WeakSet[PrivacyJob] = weakref.WeakSet()
+
+
+def claim_pipeline_budget(pipeline: beam.Pipeline, holder: str, *,
+                          job: PrivacyJob | None = None) -> None:
+    """Register ``holder`` (a step spending from its own accountant, e.g. a Beam YAML step's job
+    ledger) as spending on ``pipeline``'s records, and ``job`` as a PrivacyJob that ledger made;
+    raises ``ValueError`` (build time) when another PrivacyJob already spends there (rule 3: two
+    budgets over the same records would each be spent in full)."""
+    if job is not None:
+        _LEDGER_JOBS.add(job)
+    others = [j for j in _PIPELINE_JOBS.get(pipeline, []) if j not in _LEDGER_JOBS]
+    if others:
+        raise ValueError(
+            f"{holder}: this pipeline already has a bs.PrivacyJob ({others[0].name!r}, "
+            f"{others[0].accountant.total}); a Beam YAML step keeps its own job budget, so both "
+            "would spend in full over the same records. Use either the API (one bs.PrivacyJob, "
+            "bs.Synthesize, bs.Histogram, ...) or the YAML steps (one job_budget) in one pipeline")
+    _PIPELINE_HOLDERS.setdefault(pipeline, holder)
 
 
 def _not_a_number(name: str, value: Any, rule: str, example: str) -> TypeError:
@@ -716,6 +739,14 @@ class MakePrivate(beam.PTransform):
         jobs = _PIPELINE_JOBS.setdefault(pipeline, [])
         if any(j is self._job for j in jobs):
             return
+        holder = _PIPELINE_HOLDERS.get(pipeline)
+        if holder is not None and self._job not in _LEDGER_JOBS:
+            raise ValueError(
+                f"{self.label}: this pipeline already has {holder}, which keeps its own job "
+                f"budget; a PrivacyJob ({self._job.name!r}, {self._job.accountant.total}) would "
+                "add its whole budget over the same records. Use either the API (one "
+                "bs.PrivacyJob, bs.Synthesize, bs.Histogram, ...) or the YAML steps (one "
+                "job_budget) in one pipeline")
         if jobs and not (self._job.disjoint and all(j.disjoint for j in jobs)):
             other = jobs[0]
             raise ValueError(

@@ -21,11 +21,11 @@ points (Beam YAML via ``apache_beam.yaml.main``, ``bs.*`` on the DirectRunner).
    and ``beam.io.ReadFromJson`` types its rows from the records, so D (50 records without
    ``income``) was refused while D + one record carrying ``income`` built and released (rule 7).
    The lead's d6bc27b made it a warning; the API and YAML-statistics pairs are kept here.
-4. OPEN (strict xfail, for the lead): an API ``bs.PrivacyJob`` and the YAML
-   ``BeamsynthSynthesize`` step class in one Python pipeline each spend a full budget on the same
-   records (ε 1 + 1, each manifest saying 1): the API's one-job check (``_PIPELINE_JOBS``) and the
-   YAML ledger (``_LEDGERS``) do not see each other (the statistics steps, whose PrivacyJob meets
-   the API's check, are refused there).
+4. An API ``bs.PrivacyJob`` and the YAML ``BeamsynthSynthesize`` step class in one Python
+   pipeline each spent a full budget on the same records (ε 1 + 1, each manifest saying 1): the
+   API's one-job check (``_PIPELINE_JOBS``) and the YAML ledger (``_LEDGERS``) did not see each
+   other. Now the ledger claims the pipeline (``private.claim_pipeline_budget``) and either order
+   is refused when built; the YAML statistics steps' own job stays allowed beside the ledger.
 """
 
 from __future__ import annotations
@@ -200,10 +200,7 @@ def test_lacking_field_check_does_not_depend_on_one_record(tmp_path: Path, step:
     assert _json_builds(base + [extra], tmp_path / "d1.jsonl", step)
 
 
-# -- 4. OPEN: an API PrivacyJob next to a YAML BeamsynthSynthesize step --------------------------------
-@pytest.mark.xfail(strict=True, reason="open (H52, for the lead): the YAML job ledger and the API's "
-                   "one-job-per-pipeline check do not see each other, so a bs.PrivacyJob and a "
-                   "BeamsynthSynthesize step each spend a full budget on the same records (rule 3)")
+# -- 4. an API PrivacyJob next to a YAML BeamsynthSynthesize step (refused when built) --------------
 @pytest.mark.parametrize("api_first", [True, False], ids=["api-first", "yaml-first"])
 def test_api_job_and_yaml_synthesis_step_in_one_pipeline_are_refused(tmp_path: Path,
                                                                      api_first: bool) -> None:
@@ -228,7 +225,7 @@ def test_api_job_and_yaml_synthesis_step_in_one_pipeline_are_refused(tmp_path: P
 
     first, second = (api, yaml_step) if api_first else (yaml_step, api)
     first()
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="(keeps its own job budget|already has a bs.PrivacyJob)"):
         second()
 
 
