@@ -263,3 +263,36 @@ def test_refinement_cut_is_chosen_per_window_and_fits_rho(monkeypatch) -> None:
         assert v["ok"], (n, v)
     assert pairs[0] < planned and pairs[1] == planned and pairs[2] == pairs[0], pairs
     assert plan.refine.pairs == planned  # the plan itself is never cut
+
+
+# -- 6. H49/H53's network -> forest band from the DP count (b43da64, e955c63) -----------------------
+@pytest.mark.parametrize("target", [False, True], ids=["forest", "star"])
+@pytest.mark.parametrize("noise_mode", ["laplace", "gaussian"])
+def test_band_model_from_the_dp_count_fits_its_spends(monkeypatch, noise_mode, target) -> None:
+    """9,000 records of Adult's shape, ε = 1 (δ = 1e-9 for the zCDP plan), DP count: inside the
+    band the run fits the forest (or, with a declared target, the star) instead of the k = 1
+    network; its recorded draws are pure and sum to ε − ε_c = 0.98 exactly (the size count
+    within its own spend). Sweep (not kept): n 2,000-30,000, m 1/2, Laplace and zCDP, with and
+    without target, DP count and public rows: every draw set within its spends."""
+    from tests.audit import test_session12_accounting as s12
+    from tests.audit import test_session13_redteam as rt
+
+    if target:
+        plan, spends, acc = rt._star_plan(noise_mode, 1, None)
+    else:
+        budget = s12.ApproxDP(epsilon=s12.EPS, delta=s12.DELTA if noise_mode == "gaussian" else 0.0)
+        plan = s12.plan_privbayes(s12.SHAPE, budget, sizing="auto", max_contributions=1)
+        if noise_mode == "gaussian":
+            plan = s12.gaussian_plan(plan, budget)
+        acc = s12.PrivacyAccountant(total=budget)
+        s12.spend_privbayes(acc, plan)
+        spends = {s["step"]: s for s in acc.to_dict()["spends"]}
+    calls = s12.record_draws(monkeypatch)
+    out, _ = rt._measure(plan, s12._codes(9_000, 0))
+    assert out.sizing["degree"] == 0, out.sizing  # the band: no network at this n̂
+    count = spends["privbayes.size_count"]
+    rest = spends.get("privbayes.zcdp") or {"epsilon": acc.spent_epsilon - count["epsilon"],
+                                            "delta": acc.spent_delta}
+    v = s12.verdict(calls, m=1, count=count, rest=rest)
+    assert v["ok"] and v["gaussian"] == 0, v
+    assert v["pure"] == pytest.approx(s12.EPS - count["epsilon"], rel=1e-9)
