@@ -26,6 +26,10 @@ points (Beam YAML via ``apache_beam.yaml.main``, ``bs.*`` on the DirectRunner).
    API's one-job check (``_PIPELINE_JOBS``) and the YAML ledger (``_LEDGERS``) did not see each
    other. Now the ledger claims the pipeline (``private.claim_pipeline_budget``) and either order
    is refused when built; the YAML statistics steps' own job stays allowed beside the ledger.
+5. H47's zCDP refinement cut (798ad58), found clean: chosen per declared window from that
+   window's DP count, the plan never cut, every window's draws within the zCDP spend.
+6. The network→forest band (H49 b43da64, H53 e955c63) from the DP count, found clean: the band's
+   forest or target star under Laplace and zCDP plans draws pure ε − ε_c exactly.
 """
 
 from __future__ import annotations
