@@ -52,6 +52,17 @@ __all__ = ["IndependentSynthesis", "PlausibleDeniability", "PrivBayes", "SBHG", 
            "WriteManifest", "method_option_names"]
 
 
+def _scale_text(scale: Any) -> str:
+    """A spend's noise scale for display data: one number, or a few numbers (e.g. one per
+    refinement round or table), never a data value."""
+    if isinstance(scale, (list, tuple)):
+        parts = [_scale_text(v) for v in scale]
+        return "[" + ", ".join(parts[:4]) + (", ..." if len(parts) > 4 else "") + "]"
+    if isinstance(scale, (int, float)) and not isinstance(scale, bool):
+        return f"{scale:g}"
+    return str(scale)
+
+
 class _StepAccountant:
     """The job's accountant seen by one method: spends are named ``<step>/<part>``."""
 
@@ -170,7 +181,7 @@ class Synthesize(PrivateTransform):
             job.spend(s.step, s.budget, mechanism=s.mechanism, details=s.details)
         self._spends = "; ".join(  # display_data: each part's ε and scale (public, no data)
             s.step.removeprefix(f"{step}/") + f" {s.budget}"
-            + (f" scale {s.details['scale']:g}" if "scale" in (s.details or {}) else "")
+            + (f" scale {_scale_text(s.details['scale'])}" if "scale" in (s.details or {}) else "")
             for s in staged.spends)
         if not self._typed:
             row_type = record_type(schema)

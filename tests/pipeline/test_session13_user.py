@@ -263,3 +263,18 @@ def test_positional_or_misspelt_arguments_of_the_job_say_the_keywords(make, mess
     with pytest.raises(TypeError) as err:
         make()
     assert str(err.value).startswith(message), str(err.value)
+
+
+def test_privbayes_with_a_per_round_scale_builds_and_shows_it():
+    """bs.PrivBayes(options={"refine_pairs": 3}) raised when applied, from display data: its
+    refinement spend's scale is one number per round, and the spends text formatted it as one
+    number ('unsupported format string passed to list.__format__'). It builds, and the display
+    lists the numbers."""
+    from apache_beam.transforms.display import DisplayData
+
+    job = bs.PrivacyJob(epsilon=1.0, seed=1)
+    p = beam.Pipeline()
+    step = bs.PrivBayes(epsilon=1.0, rows=50, options={"refine_pairs": 3})
+    _ = p | beam.Create([ROW] * 5) | job.private(SMALL) | step
+    spends = {item.key: item.value for item in DisplayData.create_from(step).items}["spends"]
+    assert "refine" in spends and "scale [" in spends, spends
