@@ -121,7 +121,8 @@ class _StatsStep(beam.PTransform):
         self._seed, self._batch_rows = seed, batch_rows
         self._manifest, self._position = manifest, position_field
         warn_at_build(self.kind, seed if self.mark_seeded else None, self._errors,
-                      "its released rows", counter="elements_rejected")  # the API's encoder
+                      "its released rows", counter="elements_rejected",  # the API's encoder
+                      manifest=manifest, epsilon=self._budget.epsilon)
 
     def _columns(self, columns: Sequence[str], what: str) -> list[str]:
         """Declared column names (a field name such as ``education_num`` is refused with the

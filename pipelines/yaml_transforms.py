@@ -530,9 +530,16 @@ def check_step_config(*, batch_rows: Any, error_handling: Any, manifest: Any,
 
 
 def warn_at_build(step: str, seed: Optional[int], errors: Optional[str], what: str,  # noqa: UP045
-                  counter: str = "rows_rejected_schema") -> None:
+                  counter: str = "rows_rejected_schema", *, manifest: Optional[str] = "",  # noqa: UP045
+                  epsilon: float = 0.0) -> None:
     """The build-time warnings of a step: a seed (``what`` are the rows it counts as not for
-    release) and no error output (bad rows dropped and counted in ``beamsynth/<counter>``)."""
+    release), no error output (bad rows dropped and counted in ``beamsynth/<counter>``) and no
+    ``manifest`` (``None``: the step's spends of ``epsilon`` are recorded in no file; brief rule
+    3, as the API warns for a job without ``bs.WriteManifest``)."""
+    if manifest is None:
+        _LOG.warning("%s: no manifest: this step spends ε=%g and its spends are recorded in no "
+                     "file; give it manifest: PATH (a bounded input) and keep that file with the "
+                     "release", step, epsilon)
     if seed is not None:
         _LOG.warning("%s: seed=%d: %s (fixed randomness is for tests and demos; the output is "
                      "marked in the manifest and %s counted in beamsynth/"
@@ -646,7 +653,8 @@ class Synthesize(beam.PTransform):
         self._batch_rows = batch_rows
         self._errors = errors
         self._manifest = manifest
-        warn_at_build(STEP, seed if self.mark_seeded else None, errors, "its rows")
+        warn_at_build(STEP, seed if self.mark_seeded else None, errors, "its rows",
+                      manifest=manifest, epsilon=self._plan.accountant.total.epsilon)
 
     @property
     def accountant(self) -> PrivacyAccountant:

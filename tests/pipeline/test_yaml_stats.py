@@ -277,3 +277,23 @@ def test_statistics_and_synthesis_steps_without_job_budget_are_refused(tmp_path:
     _ = rows | "Hist" >> yaml_stats.Histogram(schema=schema, epsilon=0.3, column="color")
     with pytest.raises(ValueError, match=r"^beamsynth steps \['Hist', 'Synth'\] run in one pipeline"):
         _ = rows | "Synth" >> Synthesize(schema=schema, epsilon=0.3, rows=5)
+
+
+def test_a_step_without_a_manifest_says_its_spends_are_recorded_nowhere(tmp_path: Path, caplog) -> None:
+    """A YAML step without `manifest:` spent its ε with no record in any file, silently (the API
+    warns for a job without bs.WriteManifest): each step now says so when built; with a manifest
+    it does not."""
+    from beamsynth.pipelines.yaml_transforms import Synthesize
+
+    schema = tmp_path / "tiny.yaml"
+    schema.write_text(TINY, encoding="utf-8")
+    with caplog.at_level("WARNING", logger="beamsynth.pipelines.yaml_transforms"):
+        yaml_stats.Histogram(schema=str(schema), epsilon=0.3, column="age")
+        Synthesize(schema=str(schema), epsilon=0.5, rows=5)
+    notes = [r.getMessage() for r in caplog.records if "no manifest" in r.getMessage()]
+    assert len(notes) == 2 and "ε=0.3" in notes[0] and "ε=0.5" in notes[1], notes
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="beamsynth.pipelines.yaml_transforms"):
+        yaml_stats.Histogram(schema=str(schema), epsilon=0.3, column="age",
+                             manifest=str(tmp_path / "m.json"))
+    assert "no manifest" not in caplog.text
