@@ -26,7 +26,9 @@ wires them into Beam.
 
 from __future__ import annotations
 
+import difflib
 import functools
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -46,6 +48,7 @@ __all__ = [
     "display_items",
     "element_type_error",
     "element_types",
+    "keywords_checked",
 ]
 
 # Where a user with dicts / beam.Rows / Arrow batches should go (the public API, api/__init__.py).
@@ -248,3 +251,42 @@ def display_items(**values: Any) -> dict[str, DisplayDataItem]:
             value = str(value)
         out[key] = DisplayDataItem(value, label=key.replace("_", " "))
     return out
+
+
+def keywords_checked(init: Any) -> Any:
+    """``init`` with Python's bare keyword errors replaced by the ``bs.`` name, the nearest
+    parameter and the list (``bs.PrivBayes(row=100)`` said ``Synthesize.__init__() got an
+    unexpected keyword argument 'row'``, naming the parent class). Positional values are echoed
+    as the keyword call they would be (``bs.DeclaredWindows(0, 3600, 600)`` → ``call
+    bs.DeclaredWindows(start=0, end=3600, size=600)``)."""
+    params = [p for name, p in inspect.signature(init).parameters.items() if name != "self"]
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return init
+    names = [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    positional = sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+    variadic = any(p.kind is p.VAR_POSITIONAL for p in params)
+
+    @functools.wraps(init)
+    def checked(self: Any, *args: Any, **kwargs: Any) -> None:
+        unknown = [k for k in kwargs if k not in names]
+        if unknown or (len(args) > positional and not variadic):  # the error path only
+            name = f"bs.{type(self).__name__}"
+            shown = [n for n in names if n in inspect.signature(type(self)).parameters]  # named forms
+            if not unknown:
+                free = [n for n in shown if n not in kwargs]
+                call = ""
+                if len(args) <= len(free):  # the keyword call those values would be
+                    given = [f"{n}={v!r}" for n, v in zip(free, args)]
+                    given += [f"{k}={v!r}" for k, v in kwargs.items()]
+                    call = f"; call {name}({', '.join(given)})"
+                raise TypeError(f"{name} takes keyword arguments only ("
+                                f"{', '.join(n + '=' for n in shown)}); got {len(args)} positional: "
+                                f"{', '.join(map(repr, args))}{call}")
+            close = difflib.get_close_matches(unknown[0], shown, n=1, cutoff=0.6)
+            raise TypeError(f"{name} got an unknown keyword {unknown[0]!r}"
+                            + (f" (did you mean {close[0]!r}?)" if close else "")
+                            + f"; it takes: {', '.join(shown)}")
+        init(self, *args, **kwargs)
+
+    checked._keywords_checked = True  # type: ignore[attr-defined]
+    return checked

@@ -40,9 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import functools
 import hashlib
-import inspect
 import logging
 import weakref
 from collections.abc import Mapping, Sequence
@@ -66,6 +64,7 @@ from beamsynth.transforms.budget import (
     PureDP,
     as_budget,
 )
+from beamsynth.transforms.conventions import keywords_checked as _keywords_checked
 from beamsynth.transforms.inputs import (
     DEAD_LETTER_TYPE,
     DEFAULT_BATCH_ROWS,
@@ -403,38 +402,6 @@ class PrivateCollection(tuple):
             "Beam's own steps do not apply to it; apply a beamsynth mechanism (private | "
             "bs.Count(epsilon=...), bs.Marginals, ...) and give its output to Beam, or route "
             f"private.dead_letters (the rejected elements) to Beam's sinks{again}")
-
-
-def _keywords_checked(init: Any) -> Any:
-    """``init`` with Python's bare keyword errors replaced by the ``bs.`` name, the nearest
-    parameter and the list (``bs.PrivBayes(row=100)`` said ``Synthesize.__init__() got an
-    unexpected keyword argument 'row'``, naming the parent class)."""
-    params = [p for name, p in inspect.signature(init).parameters.items() if name != "self"]
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        return init
-    names = [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    positional = sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
-
-    variadic = any(p.kind is p.VAR_POSITIONAL for p in params)
-
-    @functools.wraps(init)
-    def checked(self: Any, *args: Any, **kwargs: Any) -> None:
-        unknown = [k for k in kwargs if k not in names]
-        if unknown or (len(args) > positional and not variadic):  # the error path only
-            name = f"bs.{type(self).__name__}"
-            shown = [n for n in names if n in inspect.signature(type(self)).parameters]  # named forms
-            if not unknown:
-                raise TypeError(f"{name} takes keyword arguments only ("
-                                f"{', '.join(n + '=' for n in shown)}); got {len(args)} positional: "
-                                f"{', '.join(map(repr, args))}")
-            close = difflib.get_close_matches(unknown[0], shown, n=1, cutoff=0.6)
-            raise TypeError(f"{name} got an unknown keyword {unknown[0]!r}"
-                            + (f" (did you mean {close[0]!r}?)" if close else "")
-                            + f"; it takes: {', '.join(shown)}")
-        init(self, *args, **kwargs)
-
-    checked._keywords_checked = True  # type: ignore[attr-defined]
-    return checked
 
 
 # bs.PrivacyJob(1.0), bs.PrivacyUnit("user", 2), privacy_unt=...: the keywords, the nearest one

@@ -52,7 +52,7 @@ from apache_beam.utils.timestamp import Duration
 from apache_beam.utils.windowed_value import PaneInfoTiming
 
 from beamsynth.schemas.schema import EncodedBatch
-from beamsynth.transforms.conventions import display_items
+from beamsynth.transforms.conventions import display_items, keywords_checked
 
 __all__ = [
     "CombineDeclaredWindows",
@@ -142,6 +142,7 @@ class DeclaredWindows(beam_window.FixedWindows):
     the range, never read it off the data.
     """
 
+    @keywords_checked  # DeclaredWindows(0, 3600, 600): the values echoed as the keyword call
     def __init__(self, *, start: int | _dt.datetime, end: int | _dt.datetime | None,
                  size: int) -> None:
         self.declared_start, self.declared_end = declared_range(
