@@ -384,6 +384,24 @@ class PrivateCollection(tuple):
         """Records per privacy unit after bounding (every mechanism's sensitivity)."""
         return self.job.unit.max_contributions
 
+    @property
+    def element_type(self) -> Any:
+        """Refused: Beam asks for it where a PCollection is converted (``to_dataframe(private)``,
+        side inputs); the message says what to apply (``to_dataframe`` failed with
+        ``'PrivateCollection' object has no attribute 'element_type'``)."""
+        raise TypeError(
+            "job.private's output is a private collection, not a PCollection: Beam DataFrames "
+            "(to_dataframe), side inputs and Beam's steps do not take it; apply a beamsynth "
+            "mechanism first and convert its output, e.g. to_dataframe(private | "
+            "bs.Count(epsilon=...)) or to_dataframe(private | bs.PrivBayes(epsilon=..., rows=...)), "
+            "or route private.dead_letters (the rejected elements) to Beam")
+
+    @property
+    def windowing(self) -> Any:
+        """Refused, like :attr:`element_type` (``beam.pvalue.AsList(private)`` said
+        ``'PrivateCollection' object has no attribute 'windowing'``)."""
+        return self.element_type
+
     def __repr__(self) -> str:
         return f"PrivateCollection(source={self.source!r}, schema={self.schema.name!r})"
 
