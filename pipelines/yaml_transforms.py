@@ -80,6 +80,7 @@ from beamsynth.transforms.private import (
     WindowRowsFn,
     claim_pipeline_budget,
     stamp_now,
+    warn_ambiguous_values,
     window_row_type,
 )
 from beamsynth.transforms.units import BoundContributions
@@ -646,6 +647,7 @@ class Synthesize(beam.PTransform):
                               seed=seed, count_fraction=count_fraction,
                               options=dict(options or {}))
         self._plan = plan_synthesis(cfg)  # spends the step's budget now, before any data is read
+        warn_ambiguous_values(self._plan.schema, STEP)
         if self._job_budget is not None and not PrivacyAccountant(total=self._job_budget).can_spend(
                 self._plan.accountant.total):
             raise ValueError(f"{STEP}: epsilon/delta ({self._plan.accountant.total}) exceed the "

@@ -251,15 +251,17 @@ class Column:
                                                      dtype=object))[1]
                 codes[whole] = np.where(sub_codes >= 0, sub_codes, codes[whole])
             if isinstance(self.domain, CategoricalDomain):
-                # a number whose text is not declared is the one declared category of its value
-                # ("01" for 1: pandas' CSV reader parses a code column as numbers unless one of
-                # its values is no number, rule 6, H45); each value alone, ambiguity rejected
+                # a number or boolean whose text is not declared is the declared category of its
+                # value ("01" for 1: pandas' CSV reader parses a code column as numbers unless one
+                # of its values is no number, rule 6, H45); so is text a pandas reader would give
+                # as that value ("1", " 1", "1.0", "TRUE"), else the same field was used or not
+                # depending on another row (H55); each value alone, ambiguity rejected
                 numbers = [i for i in np.flatnonzero(codes == OUT_OF_DOMAIN).tolist()
-                           if _number_value(vals[i]) is not None]
+                           if _value_key(vals[i]) is not None]
                 if numbers:
                     by_value = _declared_numbers(self.domain.values)
                     for i in numbers:
-                        codes[i] = by_value.get(_number_value(vals[i]), OUT_OF_DOMAIN)
+                        codes[i] = by_value.get(_value_key(vals[i]), OUT_OF_DOMAIN)
         reasons: dict[int, str] = {}
         if is_null.any():
             if self.nullable:
@@ -563,7 +565,8 @@ class Schema:
         }
 
 
-_NUMBER_TEXT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+_NUMBER_TEXT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")  # ASCII, as pandas
+_BOOL_TEXT = {"true": True, "false": False}  # pandas' spellings: true, True, TRUE (and False)
 
 
 def _number_value(value: Any) -> int | float | None:
@@ -577,15 +580,56 @@ def _number_value(value: Any) -> int | float | None:
     return (int(v) if v.is_integer() else v) if np.isfinite(v) else None
 
 
-def _declared_numbers(values: Sequence[str]) -> dict[int | float, int]:
-    """``{number: index}`` of the declared categories written as one number ("01", "1.50"),
-    numbers that two categories spell left out (declared values only: public)."""
-    found: dict[int | float, list[int]] = {}
+def _value_key(value: Any) -> tuple[str, Any] | None:
+    """``("n", number)`` or ``("b", bool)`` for a number, a boolean, or text a pandas reader parses
+    as one (``"01"``, ``" 1"``, ``"1.0"``, ``"1e0"``, ``"TRUE"``); else ``None``."""
+    if isinstance(value, (bool, np.bool_)):
+        return ("b", bool(value))
+    if isinstance(value, str):
+        text = value.strip()
+        if text in ("true", "True", "TRUE", "false", "False", "FALSE"):
+            return ("b", _BOOL_TEXT[text.lower()])
+        if not _NUMBER_TEXT.fullmatch(text):
+            return None
+        value = int(text) if text.lstrip("+-").isdigit() else float(text)
+    number = _number_value(value)
+    return None if number is None else ("n", number)
+
+
+def _declared_numbers(values: Sequence[str]) -> dict[tuple[str, Any], int]:
+    """``{value key: index}`` of the declared categories written as one number or boolean ("01",
+    "1.50", "true"); a value two categories spell goes to the one written as Python writes it
+    ("1" of "1" and "01", "True" of "true" and "True"), else is left out (declared values only:
+    public)."""
+    found: dict[tuple[str, Any], list[int]] = {}
     for i, text in enumerate(values):
-        if _NUMBER_TEXT.fullmatch(text):
-            found.setdefault(_number_value(int(text) if text.lstrip("+-").isdigit()
-                                           else float(text)), []).append(i)
-    return {v: ix[0] for v, ix in found.items() if v is not None and len(ix) == 1}
+        key = _value_key(text) if text == text.strip() else None
+        if key is not None:
+            found.setdefault(key, []).append(i)
+    out = {}
+    for key, ix in found.items():
+        plain = [i for i in ix if values[i] == str(key[1])]
+        if len(ix) == 1 or len(plain) == 1:
+            out[key] = ix[0] if len(ix) == 1 else plain[0]
+    return out
+
+
+def ambiguous_values(schema: Schema) -> dict[str, list[list[str]]]:
+    """``{column: [[spellings], ...]}``: declared categories spelling one number or boolean
+    (``"1"`` and ``"01"``), which a pandas reader (``beam.io.ReadFromCsv``, ``ReadFromJson``)
+    gives as one value unless another value of its chunk is not one (declared values only)."""
+    out: dict[str, list[list[str]]] = {}
+    for col in schema.columns:
+        if isinstance(col.domain, CategoricalDomain):
+            found: dict[tuple[str, Any], list[str]] = {}
+            for text in col.domain.values:
+                key = _value_key(text)
+                if key is not None:
+                    found.setdefault(key, []).append(text)
+            same = [v for v in found.values() if len(v) > 1]
+            if same:
+                out[col.name] = same
+    return out
 
 
 def privacy_id_text(value: Any) -> str:

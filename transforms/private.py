@@ -56,7 +56,13 @@ from apache_beam.typehints.row_type import RowTypeConstraint
 from apache_beam.utils.timestamp import Timestamp
 
 from beamsynth.schemas.keys import KeyCodec
-from beamsynth.schemas.schema import EncodedBatch, Schema, avro_field_name, load_schema
+from beamsynth.schemas.schema import (
+    EncodedBatch,
+    Schema,
+    ambiguous_values,
+    avro_field_name,
+    load_schema,
+)
 from beamsynth.transforms.budget import (
     ApproxDP,
     BudgetExceededError,
@@ -128,6 +134,22 @@ def claim_pipeline_budget(pipeline: beam.Pipeline, holder: str, *,
             "would spend in full over the same records. Use either the API (one bs.PrivacyJob, "
             "bs.Synthesize, bs.Histogram, ...) or the YAML steps (one job_budget) in one pipeline")
     _PIPELINE_HOLDERS.setdefault(pipeline, holder)
+
+
+def warn_ambiguous_values(schema: Schema, step: str) -> None:
+    """Warn (when built; declared values only) about categories spelling one number or boolean
+    (``"1"`` and ``"01"``): a pandas reader (``beam.io.ReadFromCsv``, ``ReadFromJson``) gives
+    both as ``1`` unless another value of its chunk is no number, so whether a record is ``"01"``
+    or ``"1"`` would depend on the other records (rule 6; H55). Text is judged as declared; a
+    number goes to the category Python writes for it (``"1"``)."""
+    for name, groups in ambiguous_values(schema).items():
+        spelled = "; ".join(" and ".join(repr(v) for v in g) for g in groups[:3])
+        _LOG.warning(
+            "%s", f"{step}: column {name!r} of schema {schema.name!r} declares {spelled}: one "
+            "value each to a reader that parses numbers and booleans (pandas: beam.io.ReadFromCsv, "
+            "ReadFromJson), which gives them alike unless another value of the chunk is no "
+            "number, so one record could move others between these categories; read the column "
+            "as text (ReadFromCsv(path, dtype={...: str})) or declare one spelling per value")
 
 
 def _not_a_number(name: str, value: Any, rule: str, example: str) -> TypeError:
@@ -556,7 +578,7 @@ def _may_hold_records(hint: Any) -> bool:
     values, so ``Create(dicts + [None])`` is ``Union[NoneType, Dict[str, str]]`` and
     ``Create(dicts + [{1: 2}])`` is ``Dict[Union[int, str], ...]``; refusing those made whether the
     pipeline builds depend on one element (rules 7, 8; found by H30). A type with no record
-    member (``str`` from ``ReadFromText``) is still refused when built."""
+    member (``str`` from ``ReadFromText``) gets a build-time warning instead (H55)."""
     if isinstance(hint, typehints.UnionConstraint):
         return any(_may_hold_records(h) for h in hint.union_types)
     if isinstance(hint, (typehints.DictConstraint, RowTypeConstraint)):
@@ -611,6 +633,7 @@ class MakePrivate(beam.PTransform):
             raise ValueError(f"source ({source!r}) must be None or a non-empty string")
         self._job = job
         self._layout = KeyLayout(_with_unit(_check_schema(schema), job.unit), keys)
+        warn_ambiguous_values(self._layout.schema, f"job.private({self._layout.schema.name})")
         self._position, self._source, self._batch_rows = position_field, source, batch_rows
         self._windows = windows
         EncodeElements(layout=self._layout, source="check", position_field=position_field,
@@ -630,11 +653,19 @@ class MakePrivate(beam.PTransform):
             return
         try:
             super().type_check_inputs(pvalueish)
-        except TypeCheckError as exc:  # Beam's text names the types, not what to do
-            raise TypeCheckError(
-                f"{exc}; job.private takes dicts, beam.Rows (or named tuples) and pyarrow "
-                "Tables/RecordBatches: parse each element first, e.g. beam.Map(json.loads) for "
-                "JSON lines or a csv parse to dicts (docs/beam-api.md, 'Inputs')") from None
+        except TypeCheckError:  # a type admitting no record (str lines): warn, never refuse
+            # beam.Create types its PCollection from the values: Create(["a", "b"]) is str and
+            # Create(["a", "b", {...}]) a Union holding dicts, so a refusal made whether the
+            # pipeline builds depend on one element (rule 7; H55). Every element is then a dead
+            # letter with its reason ("element of type str is not a dict, ..."), as for typed
+            # rows lacking every field (_check_fields).
+            _LOG.warning(
+                "%s", f"{self.label}: its input is typed {hint} (no dict, beam.Row, named tuple "
+                "or pyarrow Table/RecordBatch), so every element would be a dead letter and "
+                "every release learned from no record; job.private takes dicts, beam.Rows (or "
+                "named tuples) and pyarrow Tables/RecordBatches: parse each element first, e.g. "
+                "beam.Map(json.loads) for JSON lines or a csv parse to dicts (docs/beam-api.md, "
+                "'Inputs')")
 
     def _check_fields(self, hint: Any) -> None:
         """Warn (when built) about typed rows carrying none of the fields read, or lacking a

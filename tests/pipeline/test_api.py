@@ -14,7 +14,6 @@ import pyarrow.parquet as pq
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.util import assert_that, equal_to
-from apache_beam.typehints.decorators import TypeCheckError
 
 import beamsynth as bs
 
@@ -100,12 +99,8 @@ def test_miswired_element_types_fail_at_construction():
         "Count applies to a private collection, got PCollection[Dict[<class 'str'>, <class 'str'>]]; "
         "make one with `private = records | job.private(schema)` and apply `private | "
         "bs.Count(...)`")
-    ints = p | "Ints" >> beam.Create([1, 2])
-    with pytest.raises(TypeCheckError) as err:
-        _ = ints | job.private(SCHEMA)
-    assert str(err.value).startswith("Input type hint violation at MakePrivate(toy): expected "
-                                     "Union[")
-    assert "got <class 'int'>; job.private takes dicts" in str(err.value)
+    ints = p | "Ints" >> beam.Create([1, 2])  # builds since H55 (warning; dead letters)
+    assert isinstance(ints | job.private(SCHEMA), bs.PrivateCollection)
 
 
 def test_windowed_input_manifest_freeze_and_validation_messages():

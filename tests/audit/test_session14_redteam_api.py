@@ -1,0 +1,167 @@
+"""Session 14 red team (H55): the thirteenth session's API, Beam YAML and IO code (5cc3cae..e3aef0a)
+against the privacy rules, with neighbour pairs through the real entry points. Each test failed
+on the code before its fix (the commit message says how it was checked).
+
+1. Number-looking text in a code column (rule 6). H45's mapping (a number is the one declared
+   category of its value, ``1`` → ``"01"``) judged numbers only, so through
+   ``beam.io.ReadFromCsv`` → ``job.private`` the same field was used or rejected depending on
+   another row: pandas reads ``1``, `` 1``, ``1.0``, ``1e0``, ``+1`` as the number 1 (→ ``"01"``)
+   unless one value of the chunk is no number, and then as text (rejected). Neighbours D (30
+   rows, codes ``1..3`` spelled five ways, declared ``01..03``) and D + ``x,5``: 30 vs 0 rows used
+   (31 rejected). Now text is judged by the value a pandas reader would give it: 30 and 30.
+   Booleans likewise (pandas reads ``true``/``TRUE`` as ``True``): declared ``["true", "false"]``,
+   D (20 rows) 0 used vs D + ``x`` 20 used; now 20 and 20.
+2. Two categories spelling one value (``"1"`` and ``"01"``): no encoder can tell them apart once
+   a pandas reader made both the number 1 (D: 20 ``01`` + 10 ``1`` rows all in cell ``"1"``; D + ``x``:
+   20 in ``"01"``, 10 in ``"1"``). Left open; ``job.private`` and ``BeamsynthSynthesize`` now warn
+   when built (declared values only) and name the fix (read the column as text).
+3. A ``PCollection`` typed with no record member (``beam.Create(["a", "b"])`` is ``str``) was
+   refused when built while the same data plus one dict (``Union[str, Dict]``) built and released
+   (rule 7). Now a build-time warning and a dead letter per element, with its reason.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import apache_beam as beam
+import pytest
+
+import beamsynth as bs
+
+pytestmark = pytest.mark.audit
+
+CODES = {"name": "codes", "columns": [
+    {"name": "code", "type": "categorical",
+     "domain": {"kind": "categorical", "values": ["01", "02", "03"]}},
+    {"name": "n", "type": "integer", "domain": {"kind": "integer", "low": 0, "high": 1000}}]}
+FLAGS = {"name": "flags", "columns": [
+    {"name": "flag", "type": "categorical",
+     "domain": {"kind": "categorical", "values": ["true", "false"]}}]}
+
+
+def _csv_counts(tmp_path: Path, runs: dict[str, tuple[dict, str]]) -> dict[str, dict]:
+    """``beam.io.ReadFromCsv`` → ``job.private`` → ``bs.Count`` + ``bs.WriteManifest`` for each
+    ``tag: (schema, csv text)``, one job each (``disjoint=True``: the neighbours share one
+    pipeline run, so the pair costs one start-up): the manifests' operational counts."""
+    jobs = {}
+    with beam.Pipeline() as p:
+        for tag, (schema, text) in runs.items():
+            path = tmp_path / f"{tag}.csv"
+            path.write_text(text, encoding="utf-8")
+            jobs[tag] = job = bs.PrivacyJob(epsilon=1.0, seed=1, disjoint=True, name=tag)
+            private = (p | f"Read[{tag}]" >> beam.io.ReadFromCsv(str(path))
+                       | f"Private[{tag}]" >> job.private(bs.load_schema(schema)))
+            _ = private | f"Count[{tag}]" >> bs.Count(epsilon=1.0)
+            _ = p | f"Manifest[{tag}]" >> bs.WriteManifest(job=job, path=str(tmp_path / f"{tag}.json"))
+    out = {}
+    for tag in runs:
+        op = json.loads((tmp_path / f"{tag}.json").read_text(encoding="utf-8"))["operational"]
+        out[tag] = {k: op[k] for k in ("rows_read", "rows_used", "rows_rejected")}
+    return out
+
+
+# -- 1. number-looking text and booleans through a pandas reader ----------------------------------
+SPELLINGS = ["1", " 1", "1.0", "1e0", "+1", "2", "2.0", "3", "03", "3."]
+
+
+def test_number_and_boolean_text_is_judged_as_a_pandas_reader_gives_it() -> None:
+    """The encoder alone: each spelling pandas reads as the number ``v`` (or as text, beside a
+    value that is no number) is the declared category of ``v``, and each boolean spelling the
+    declared ``"true"``/``"false"``; Unicode digits are no number to pandas and stay rejected.
+    Before the fix text ``1`` and the boolean ``True`` were outside the domain."""
+    col = bs.load_schema(CODES).columns[0]
+    import pandas as pd  # the values pandas gives a numeric chunk
+    numbers = pd.to_numeric(pd.Series(SPELLINGS)).tolist()
+    as_text, _ = col.encode(SPELLINGS)
+    as_numbers, _ = col.encode(numbers)
+    assert as_text.tolist() == as_numbers.tolist() == [0, 0, 0, 0, 0, 1, 1, 2, 2, 2]
+    assert col.encode(["\u0661"])[0].tolist() == [-1]
+    flags = ["true", "TRUE", "True", "false", "FALSE", " true"]
+    flag = bs.load_schema(FLAGS).columns[0]
+    import io
+    parsed = pd.read_csv(io.StringIO("flag\n" + "\n".join(flags[:-1]) + "\n"))["flag"].tolist()
+    assert parsed == [True, True, True, False, False]  # what a pandas reader gives
+    assert flag.encode(flags)[0].tolist() == [0, 0, 0, 1, 1, 0]
+    assert flag.encode(parsed)[0].tolist() == [0, 0, 0, 1, 1]
+
+
+@pytest.mark.slow  # four ReadFromCsv in one run: 8.5 s at load 6 (the encoder test is fast)
+def test_read_from_csv_neighbours_use_the_same_rows(tmp_path: Path) -> None:
+    """Neighbours D (30 rows, codes spelled as in ``SPELLINGS``) and D + ``x,5`` through
+    ``beam.io.ReadFromCsv`` → ``job.private``: 30 vs 0 rows used before the fix (the added row
+    made the column text, and text ``1`` was outside ``01..03``). Declared ``["true", "false"]``:
+    pandas reads ``true``/``TRUE``/``false`` as booleans unless one value is none; D (20 rows)
+    had 0 rows used, D + ``x`` 20 (``True`` is no declared text)."""
+    rows = "".join(f'"{SPELLINGS[i % len(SPELLINGS)]}",{i}\n' for i in range(30))
+    flags = "".join(("true\n", "TRUE\n", "false\n", "False\n")[i % 4] for i in range(20))
+    got = _csv_counts(tmp_path, {"d": (CODES, "code,n\n" + rows),
+                                 "d1": (CODES, "code,n\n" + rows + "x,5\n"),
+                                 "f": (FLAGS, "flag\n" + flags),
+                                 "f1": (FLAGS, "flag\n" + flags + "x\n")})
+    assert [got[t]["rows_used"] for t in ("d", "d1", "f", "f1")] == [30, 30, 20, 20]
+    assert [got[t]["rows_rejected"] for t in ("d", "d1", "f", "f1")] == [0, 1, 0, 1]
+
+
+# -- 2. two categories spelling one value: warned about when built --------------------------------
+BOTH = {"name": "both", "columns": [
+    {"name": "code", "type": "categorical",
+     "domain": {"kind": "categorical", "values": ["1", "01", "2"]}}]}
+
+
+def test_two_spellings_of_one_value_are_warned_about_when_built(caplog) -> None:
+    """Declared ``"1"`` and ``"01"``: ``job.private`` and ``BeamsynthSynthesize`` warn when built;
+    a number and the text a pandas reader gives for it agree (``1``, ``1.0``, ``"1.0"``,
+    ``" 1"`` → ``"1"``); only ``"01"`` read as a number cannot be told from ``"1"``."""
+    from beamsynth.pipelines.yaml_transforms import Synthesize
+
+    schema = bs.load_schema(BOTH)
+    with caplog.at_level(logging.WARNING):
+        _ = beam.Pipeline() | beam.Create([{"code": "1"}]) | bs.PrivacyJob(epsilon=1.0).private(schema)
+    assert "declares '1' and '01'" in caplog.text and "read the column as text" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        Synthesize(schema=str(_schema_file(BOTH)), epsilon=1.0, rows=5, manifest="m.json")
+    assert "declares '1' and '01'" in caplog.text
+    codes, _ = schema.columns[0].encode([1, 1.0, "1.0", " 1", "01", "1"])
+    assert codes.tolist() == [0, 0, 0, 0, 1, 0]
+
+
+def _schema_file(schema: dict) -> Path:
+    import tempfile
+
+    path = Path(tempfile.mkdtemp()) / "schema.json"
+    path.write_text(json.dumps(schema), encoding="utf-8")
+    return path
+
+
+# -- 3. a PCollection typed with no record member -------------------------------------------------
+def _str_run(elements: list, tmp_path: Path, tag: str) -> tuple[list, dict]:
+    schema = bs.load_schema({"name": "codes", "columns": CODES["columns"][:1]})
+    job = bs.PrivacyJob(epsilon=1.0, seed=1)
+    out = tmp_path / f"dead_{tag}"
+    with beam.Pipeline() as p:
+        private = p | beam.Create(elements) | job.private(schema)
+        _ = (private.dead_letters | beam.Map(lambda r: json.dumps([r.reason, r.element]))
+             | beam.io.WriteToText(str(out), shard_name_template=""))
+        _ = private | bs.Count(epsilon=1.0)
+        _ = p | bs.WriteManifest(job=job, path=str(tmp_path / f"{tag}.json"))
+    dead = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    return sorted(dead), json.loads((tmp_path / f"{tag}.json").read_text(encoding="utf-8"))
+
+
+def test_str_elements_build_and_release_like_their_neighbour(tmp_path: Path, caplog) -> None:
+    """Neighbours ``Create(["a", "b"])`` (typed ``str``) and ``Create(["a", "b", {"code": "01"}])``
+    (``Union[str, Dict]``): the first was refused when built (``TypeCheckError: Input type hint
+    violation at MakePrivate(codes)``), the second built and released (rule 7). Now both release,
+    the strings are dead letters with their reason, and the build warns naming the parse step."""
+    with caplog.at_level(logging.WARNING):
+        d, md = _str_run(["a", "b"], tmp_path, "d")
+    assert "typed <class 'str'>" in caplog.text and "parse each element first" in caplog.text
+    d1, md1 = _str_run(["a", "b", {"code": "01"}], tmp_path, "d1")
+    reason = "element of type str is not a dict, beam.Row, named tuple or Arrow table"
+    assert d == d1 == [[reason, '"a"'], [reason, '"b"']]
+    assert (md["operational"]["rows_used"], md1["operational"]["rows_used"]) == (0, 1)
+    assert md["release"]["budget"] == md1["release"]["budget"]
