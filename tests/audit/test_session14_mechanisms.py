@@ -417,3 +417,124 @@ def test_cathist_draws_are_the_declared_domain_at_the_spend(monkeypatch, tmp_pat
     assert binom["n"] == n_declared - active
     assert binom["p"] == pytest.approx(_dlap_tail(tau, lap["param"]), rel=1e-9)
     assert geo["q"] == pytest.approx(math.exp(-1.0 / lap["param"]), rel=1e-12)
+
+
+def _adult_input(tmp_path: Path, n: int, m: int) -> tuple[Path, list[str]]:
+    """The first ``n`` Adult records (a ``pid`` column of ``m`` records per person when m > 1)
+    and the CLI arguments of the unit."""
+    lines = ADULT.read_text(encoding="utf-8").splitlines()[:n + 1]
+    path = tmp_path / "adult.csv"
+    if m > 1:
+        lines = ["pid," + lines[0]] + [f"p{i // m},{x}" for i, x in enumerate(lines[1:])]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path, (["--privacy-id", "pid", "--max-contributions", str(m)] if m > 1 else [])
+
+
+def _synthesize(monkeypatch, tmp_path: Path, method: str, m: int, n: int, *extra: str):
+    data, unit = _adult_input(tmp_path, n, m)
+    calls = record_all(monkeypatch)
+    out = tmp_path / "out.csv"
+    _cli(["synthesize", str(data), "--schema", "adult", "--method", method, "--output", str(out),
+          "--seed", "3", *unit, *extra])
+    return calls, json.loads((tmp_path / "out.csv.manifest.json").read_text())
+
+
+@needs_adult
+@pytest.mark.parametrize("m", [1, 2])
+def test_sbhg_draws_fit_selection_and_sba_spends(monkeypatch, tmp_path, m):
+    """CLI ``synthesize --method sbhg`` (ε = 1, δ = 1e-6, 1,000 Adult records, 200 rows out):
+    p·R = 30 exponential-mechanism draws of Δ = m·(ln C + 1) whose ε sum to sbhg.hash_selection
+    (0.2), p = 15 SBA draws at m/b = 0.8/15 summing to sbhg.conditionals, and Σ_j δ_j of the
+    threshold the release used, δ_j = max(P(Z ≥ t − m), m·P(Z ≥ t − 1)) from the law (the SBA
+    proof converted to add/remove, sbhg.sba_delta), within δ. Measured m = 1: t = 299, b = 18.75."""
+    from beamsynth.transforms import sbhg
+
+    used = []
+    real = sbhg.sba_release
+
+    def spy(keys, counts, *, scale, threshold, rs):
+        used.append((scale, threshold, tuple(rs.labels)))
+        return real(keys, counts, scale=scale, threshold=threshold, rs=rs)
+
+    monkeypatch.setattr(sbhg, "sba_release", spy)
+    calls, manifest = _synthesize(monkeypatch, tmp_path, "sbhg", m, 1000, "--epsilon", "1",
+                                  "--delta", "1e-6", "--rows", "200", "--burn-in", "5")
+    spends = _spends(manifest)
+    sel, cond = spends["sbhg.hash_selection"], spends["sbhg.conditionals"]
+    assert set(spends) == {"sbhg.hash_selection", "sbhg.conditionals"}
+    em = [c for c in calls if c["kind"] == "exponential_mechanism"]
+    sba = [c for c in calls if c["kind"] == "discrete_laplace"]
+    assert len(calls) == len(em) + len(sba)  # nothing else drawn
+    p = len(sba)
+    assert p == 15 and len(em) == p * 2  # R = 2
+    cap = sel["details"]["mi_count_cap"]
+    assert all(c["sensitivity"] == pytest.approx(m * (math.log(cap) + 1), rel=1e-12) for c in em)
+    assert sum(c["epsilon"] for c in em) == pytest.approx(sel["epsilon"], rel=1e-9)
+    assert sel["delta"] == 0.0
+    assert sum(m / c["param"] for c in sba) == pytest.approx(cond["epsilon"], rel=1e-9)
+    assert len(used) == p and {s for s, _, _ in used} == {c["param"] for c in sba}
+    delta = sum(max(_dlap_tail(t - m, s), m * _dlap_tail(t - 1, s)) for s, t, _ in used)
+    assert delta <= cond["delta"] * (1 + 1e-9), delta
+    assert manifest["release"]["budget"]["spent"]["epsilon"] == pytest.approx(1.0)
+
+
+@needs_adult
+def test_sbhg_fallback_draws_fit_its_spend(monkeypatch, tmp_path):
+    """A public ``--input-rows 100`` too small for a hash: SBHG falls back to independent 1-way
+    tables with the whole ε (pure; δ unspent): the 15 tables' Σ m/b = 1.0."""
+    calls, manifest = _synthesize(monkeypatch, tmp_path, "sbhg", 1, 100, "--epsilon", "1",
+                                  "--delta", "1e-6", "--rows", "50", "--input-rows", "100")
+    spends = _spends(manifest)
+    assert set(spends) == {"sbhg.fallback_independent"}
+    lap = [c for c in calls if c["kind"] == "discrete_laplace"]
+    assert len(lap) == len(calls) == 15
+    assert sum(1 / c["param"] for c in lap) == pytest.approx(1.0, rel=1e-9)
+    assert manifest["release"]["budget"]["spent"]["delta"] == 0.0
+
+
+@needs_adult
+@pytest.mark.parametrize("m", [1, 2])
+def test_plausible_draws_fit_model_and_test_spends(monkeypatch, tmp_path, m):
+    """CLI ``synthesize --method plausible`` (PrivBayes generator, ε = 5000, δ = 1e-6, public
+    --rows 200, k = 50, γ = 4, ε0 = 1): the generator's draws are pure and sum (Σ m/b + Σ ε of
+    permute-and-flip) to the plausible.model.* spends; the Poisson invocations have Σ λ·|D_S| =
+    rows; one Test-2 threshold draw of scale 1/ε0 per candidate (Theorem 1); and plausible.candidates
+    is (C·ε₁·m, C·δ₁' + δ_tail) recomputed here with C from scipy's Poisson tail and group privacy
+    δ₁' = m·e^{(m−1)ε₁}·δ₁. Measured m = 1: model 500 (= 0.1·ε), C = 278, candidates 319.26."""
+    from scipy.stats import poisson
+
+    calls, manifest = _synthesize(
+        monkeypatch, tmp_path, "plausible", m, 1000, "--epsilon", "5000", "--delta", "1e-6",
+        "--rows", "200", "--k", "50", "--gamma", "4", "--epsilon0", "1", "--generator", "privbayes")
+    spends = _spends(manifest)
+    model = [c for c in calls if c["labels"][0] == "privbayes"]
+    tests = [c for c in calls if c["labels"][0] == "plausible.test"]
+    invocations = [c for c in calls if c["labels"][0] == "plausible.candidates"]
+    assert len(model) + len(tests) + len(invocations) == len(calls)
+    assert {c["kind"] for c in model} == {"discrete_laplace", "permute_and_flip"}
+    used = sum(m / c["param"] if c["kind"] == "discrete_laplace" else c["epsilon"] for c in model)
+    planned = sum(s["epsilon"] for k, s in spends.items() if k.startswith("plausible.model"))
+    assert all(s["delta"] == 0.0 for k, s in spends.items() if k.startswith("plausible.model"))
+    assert used == pytest.approx(planned, rel=1e-9) and planned == pytest.approx(500.0)
+    cand = spends["plausible.candidates"]
+    inv = cand["details"]["per_invocation"]
+    eps0, k, gamma, t = inv["epsilon0"], inv["k"], inv["gamma"], inv["t"]
+    assert {c["kind"] for c in invocations} == {"poisson"} and {c["kind"] for c in tests} == {
+        "laplace_internal"}
+    rows = cand["details"]["rows"]
+    assert rows == 200
+    # each seed of D_S draws Poisson(rows/|D_S|): the invocations' means add up to rows (public)
+    assert len({float(c["lam"]) for c in invocations}) == 1
+    assert sum(float(c["lam"]) * _cells(c["size"]) for c in invocations) == pytest.approx(rows)
+    assert all(c["param"] == pytest.approx(1.0 / eps0) for c in tests)
+    n_tested = sum(_cells(c["size"]) for c in tests)
+    assert n_tested == manifest["operational"]["method"]["tested"]
+    tail = cand["details"]["tail_delta"]
+    big_c = next(c for c in range(rows, 10 * rows) if poisson.sf(c, rows) <= tail)
+    eps1, delta1 = eps0 + math.log1p(gamma / t), math.exp(-eps0 * (k - t))
+    assert cand["epsilon"] == pytest.approx(big_c * m * eps1, rel=1e-9)
+    assert cand["delta"] == pytest.approx(
+        big_c * min(1.0, m * math.exp((m - 1) * eps1) * delta1) + tail, rel=1e-9)
+    spent = manifest["release"]["budget"]["spent"]
+    assert spent["epsilon"] == pytest.approx(planned + cand["epsilon"], rel=1e-12)
+    assert spent["delta"] <= 1e-6
