@@ -35,6 +35,7 @@ from beamsynth.pipelines.methods.synthesize import (
 from beamsynth.pipelines.methods.wording import Vocabulary
 from beamsynth.schemas.schema import EncodedBatch
 from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, PureDP, as_budget
+from beamsynth.transforms.conventions import typed_boundary
 from beamsynth.transforms.outputs import record_type, table_rows
 from beamsynth.transforms.private import (
     PrivacyJob,
@@ -451,6 +452,7 @@ class WriteManifest(beam.PTransform):
                 "delta_total": acct.total.delta, "spends": len(acct.spends),
                 "output": self._output}
 
+    @typed_boundary  # typed at the public step, not at each inner one
     def expand(self, pbegin):
         job = self._job
         job.freeze(self.label)

@@ -71,6 +71,7 @@ from beamsynth.transforms.budget import (
     as_budget,
 )
 from beamsynth.transforms.conventions import keywords_checked as _keywords_checked
+from beamsynth.transforms.conventions import typed_boundary
 from beamsynth.transforms.inputs import (
     DEAD_LETTER_TYPE,
     DEFAULT_BATCH_ROWS,
@@ -465,6 +466,8 @@ class PrivateTransform(beam.PTransform):
         init = cls.__dict__.get("__init__")
         if init is not None and not getattr(init, "_keywords_checked", False):
             cls.__init__ = _keywords_checked(init)  # type: ignore[method-assign]
+        if "expand" in cls.__dict__:  # typed at the public step, not at each inner one
+            cls.expand = typed_boundary(cls.__dict__["expand"])  # type: ignore[method-assign]
 
     def _refuse(self, left: Any) -> None:
         kind = type(left).__name__
@@ -782,6 +785,7 @@ class MakePrivate(beam.PTransform):
         job._pipeline = weakref.ref(pipeline)
         jobs.append(job)
 
+    @typed_boundary  # typed at the public step, not at each inner one
     def expand(self, elements):
         declared = self._declared(elements)
         self._check_runner(elements, declared)
