@@ -198,17 +198,21 @@ class _StatsStep(beam.PTransform):
                              "read a bounded source")
         ledger = _LEDGERS.setdefault(pcoll.pipeline, _JobLedger())
         self._step_acct = PrivacyAccountant(total=self._budget)
+        # the step's full label names its spends and seeds its seeded noise: two steps "H" in
+        # two composites shared one noise stream (step_seed of "histogram[H]") and one spend
+        # name (rule 4; H55); top-level steps keep their label
+        step = pcoll.pipeline._current_transform().full_label or self.label
         # raises when this step's whole ε does not fit the job budget (before any spend)
-        ledger.add(self.label, self._step_acct, self._job_budget,
+        ledger.add(step, self._step_acct, self._job_budget,
                    (self._unit.id_column, self._unit.max_contributions), kind=self.kind,
                    windows=self._windows)
         job = self._job(pcoll.pipeline, ledger, name)
         spent_before, counts_before = len(job.accountant.spends), len(job.count_outputs)
         private = pcoll | "Private" >> job.private(
-            self._schema, keys=self._keys(), position_field=self._position, source=self.label,
+            self._schema, keys=self._keys(), position_field=self._position, source=step,
             batch_rows=self._batch_rows, windows=self._windows)
         # PrivateCollection: EncodedBatch (bounded per unit) + dead-letter Rows
-        released = private | self._mechanism(f"{self.short}[{self.label}]")
+        released = private | self._mechanism(f"{self.short}[{step}]")
         # the mechanism's release: rows, tagged rows or typed values (see _outputs)
         for s in job.accountant.spends[spent_before:]:
             self._step_acct.spend(self.short, s.budget, mechanism=s.mechanism, details=s.details)
@@ -219,7 +223,7 @@ class _StatsStep(beam.PTransform):
             outputs = {tag: rows | f"CountSeeded[{tag}]" >> beam.Map(_count_seeded)
                        .with_output_types(rows.element_type) for tag, rows in outputs.items()}
         if self._manifest is not None:
-            self._write_manifest(job.count_outputs[counts_before:], outputs, ledger)
+            self._write_manifest(job.count_outputs[counts_before:], outputs, ledger, step)
         if self._errors is None:  # dead letters: counted (metrics, manifest) and dropped
             # one output is the step's only PCollection (Beam YAML: input: STEP), as Synthesize's
             return outputs["output"] if list(outputs) == ["output"] else outputs
@@ -229,7 +233,8 @@ class _StatsStep(beam.PTransform):
         # beam.Row(source, row, reason, raw) per rejected row (private)
         return {**outputs, self._errors: errors}
 
-    def _write_manifest(self, api_counts: list, outputs: dict, ledger: _JobLedger) -> None:
+    def _write_manifest(self, api_counts: list, outputs: dict, ledger: _JobLedger,
+                        step: str) -> None:
         parts = [c | f"ManifestCounts{i}" >> beam.FlatMap(_operational)
                  for i, c in enumerate(api_counts)]
         for tag in self._released_rows(outputs):
@@ -241,14 +246,14 @@ class _StatsStep(beam.PTransform):
         # (name, n) pairs, global window
         schema = self._schema
         info = {
-            "command": f"beam-yaml {self.kind}", "method": self.short, "inputs": [self.label],
+            "command": f"beam-yaml {self.kind}", "method": self.short, "inputs": [step],
             "schema_name": schema.name, "schema_fingerprint": schema.fingerprint(),
             "seed": self._seed,
             "privacy_unit": {"privacy_id": self._unit.id_column,
                              "max_contributions": self._unit.max_contributions,
                              "per": "window" if self._windows is not None else "run",
                              "neighbouring": "add/remove one privacy unit"},
-            "details": {"step": self.label, "step_budget": self._step_acct.to_dict(),
+            "details": {"step": step, "step_budget": self._step_acct.to_dict(),
                         **self._details(),
                         "declared_windows": None if self._windows is None else self._windows.describe(),
                         "dead_letters": "error_handling output" if self._errors else

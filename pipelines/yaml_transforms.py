@@ -672,7 +672,9 @@ class Synthesize(beam.PTransform):
         claim_pipeline_budget(pipeline, f"{STEP} {self.label!r}")  # no API PrivacyJob beside it
         ledger = _LEDGERS.setdefault(pipeline, _JobLedger())
         unit = (self._plan.schema.privacy_id, self._plan.config.max_contributions)
-        ledger.add(self.label, self._plan.accountant, self._job_budget, unit, windows=self._windows)
+        # the full label names the spends: two steps "S" in two composites were both "S/..." (H55)
+        self._step = pipeline._current_transform().full_label or self.label
+        ledger.add(self._step, self._plan.accountant, self._job_budget, unit, windows=self._windows)
         return ledger
 
     def display_data(self) -> dict[str, Any]:
@@ -773,7 +775,7 @@ class Synthesize(beam.PTransform):
                              "max_contributions": cfg.max_contributions,
                              "per": "window" if self._windows is not None else "run",
                              "neighbouring": "add/remove one privacy unit"},
-            "details": {"step": self.label, "step_budget": plan.accountant.to_dict(),
+            "details": {"step": self._step, "step_budget": plan.accountant.to_dict(),
                         "method": plan.method.details(),
                         "declared_windows": None if self._windows is None else self._windows.describe(),
                         "dead_letters": "error_handling output" if self._errors else
