@@ -325,6 +325,12 @@ def _encode_records(layout: KeyLayout, records: list[Mapping[str, Any]],
             col = why.split("'")[1]
             if not _present(records[i], col):
                 reasons[i] = f"required field {col!r} is missing"
+    unnamed = [i for i, r in enumerate(records) if None in r and i not in reasons]
+    if unnamed:  # csv.DictReader keeps a line's extra fields under None: not one record
+        already = set(reasons)
+        reasons.update((i, "values without a field name (csv.DictReader's extra fields: the line "
+                           "has more fields than its header)") for i in unnamed)
+        batch = _drop_rows(batch, reasons, already, n)
     if layout.schema.extra_columns == "reject":
         declared = set(names) | {avro_field_name(x) for x in names}
         already = set(reasons)
