@@ -634,8 +634,18 @@ def ambiguous_values(schema: Schema) -> dict[str, list[list[str]]]:
 
 def privacy_id_text(value: Any) -> str:
     """A privacy id as text, one spelling per person: 7, "7" and 7.0 (a JSON or pandas float)
-    are the id "7", so the contribution bound holds per person, not per spelling."""
-    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+    are the id "7", so the contribution bound holds per person, not per spelling. So are "07",
+    " 7" and "7.0": a pandas reader gives them as the number 7 in a file (or chunk) whose ids are
+    all numbers and as text beside an id that is none, so one person's records in two files
+    were two persons (rule 5; H55). Other text is kept as it is."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, str) and value and (value[0] in " +-0" or value[-1] == " "
+                                             or "." in value or "e" in value.lower()):
+        key = _value_key(value)  # number-looking text only (ASCII, as pandas parses it)
+        if key is not None and key[0] == "n":
+            return str(key[1])
+    return str(value)
 
 
 def avro_field_name(name: str) -> str:

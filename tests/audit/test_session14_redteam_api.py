@@ -15,6 +15,13 @@ on the code before its fix (the commit message says how it was checked).
    a pandas reader made both the number 1 (D: 20 ``01`` + 10 ``1`` rows all in cell ``"1"``; D + ``x``:
    20 in ``"01"``, 10 in ``"1"``). Left open; ``job.private`` and ``BeamsynthSynthesize`` now warn
    when built (declared values only) and name the fix (read the column as text).
+   The same through Beam YAML ``ReadFromJson`` (a column of ints and one string is read as text
+   "1"): D (5 × ``{"code": 1}``) vs D + ``{"code": "x"}``, BeamsynthHistogram and
+   BeamsynthSynthesize: 5 vs 0 rows used before, 5 and 5 now.
+   Privacy ids (rule 5): pandas reads ``01`` as the id 1 in a file of numeric ids and as ``"01"``
+   beside one that is none, so one person in two files was two persons: D (a.csv, b.csv: person
+   ``01`` three times each, max_contributions 1) 1 row used vs D + ``x9,a`` in b.csv 3 used; now
+   1 and 2 (number-looking ids are their number's text, ``privacy_id_text``).
 3. A ``PCollection`` typed with no record member (``beam.Create(["a", "b"])`` is ``str``) was
    refused when built while the same data plus one dict (``Union[str, Dict]``) built and released
    (rule 7). Now a build-time warning and a dead letter per element, with its reason.
@@ -103,6 +110,45 @@ def test_read_from_csv_neighbours_use_the_same_rows(tmp_path: Path) -> None:
                                  "f1": (FLAGS, "flag\n" + flags + "x\n")})
     assert [got[t]["rows_used"] for t in ("d", "d1", "f", "f1")] == [30, 30, 20, 20]
     assert [got[t]["rows_rejected"] for t in ("d", "d1", "f", "f1")] == [0, 1, 0, 1]
+
+
+def test_privacy_id_spellings_a_pandas_reader_gives_as_one_number_are_one_person() -> None:
+    """The id alone: ``07``, `` 7``, ``7.0``, ``+7``, ``7e0`` are the number 7 to pandas in a file
+    whose ids are all numbers, and text beside one that is none; both forms are the person
+    ``"7"`` now (``"07"`` was a second person). Other text is kept (``x9``, ``a.b``, ``E7``)."""
+    import pandas as pd
+
+    from beamsynth.schemas.schema import privacy_id_text
+
+    ids = ["07", " 7", "7.0", "+7", "7e0", "-07", "7.50"]
+    numbers = pd.to_numeric(pd.Series(ids)).tolist()
+    assert [privacy_id_text(v) for v in ids] == [privacy_id_text(v) for v in numbers] == [
+        "7", "7", "7", "7", "7", "-7", "7.5"]
+    assert [privacy_id_text(v) for v in ("x9", "a.b", "E7", "user01")] == ["x9", "a.b", "E7", "user01"]
+
+
+@pytest.mark.slow  # two ReadFromCsv runs: about 8 s at load 7 (the id test above is fast)
+def test_read_from_csv_one_person_in_two_files_is_bounded_once(tmp_path: Path) -> None:
+    """Neighbours through ``beam.io.ReadFromCsv("*.csv")`` → ``job.private`` (privacy id ``pid``,
+    max_contributions 1): D = a.csv and b.csv, three rows of person ``01`` each, and D + the row
+    ``x9,a`` in b.csv. Pandas reads each file alone: in D both give the id as 1 (1 row used); the
+    added row made b.csv's ids text, ``01`` there became a second person: 3 rows used, two of
+    person 01 (rule 5). Now 1 and 2."""
+    schema = bs.load_schema({"name": "p", "columns": [
+        {"name": "code", "type": "categorical", "domain": {"kind": "categorical", "values": ["a", "b"]}}]})
+    used = []
+    for tag, extra in (("d", ""), ("d1", "x9,a\n")):
+        folder = tmp_path / tag
+        folder.mkdir()
+        (folder / "a.csv").write_text("pid,code\n" + "01,a\n" * 3, encoding="utf-8")
+        (folder / "b.csv").write_text("pid,code\n" + "01,b\n" * 3 + extra, encoding="utf-8")
+        job = bs.PrivacyJob(epsilon=1.0, seed=1, privacy_unit=bs.PrivacyUnit(id_column="pid"))
+        with beam.Pipeline() as p:
+            private = p | beam.io.ReadFromCsv(str(folder / "*.csv")) | job.private(schema)
+            _ = private | bs.Count(epsilon=1.0)
+            _ = p | bs.WriteManifest(job=job, path=str(folder / "m.json"))
+        used.append(json.loads((folder / "m.json").read_text(encoding="utf-8"))["operational"]["rows_used"])
+    assert used == [1, 2]
 
 
 # -- 2. two categories spelling one value: warned about when built --------------------------------
