@@ -262,6 +262,15 @@ class Column:
                     by_value = _declared_numbers(self.domain.values)
                     for i in numbers:
                         codes[i] = by_value.get(_value_key(vals[i]), OUT_OF_DOMAIN)
+            else:  # an open string: a number, or number-looking text its own spelling does not
+                # fit, is its number's text ("1" for 1, 1.0, "1e0"), not malformed, so a pandas
+                # reader's number and text agree on whether the row is used (H55)
+                numbers = [i for i in np.flatnonzero(codes < 0).tolist()
+                           if (_value_key(vals[i]) or ("",))[0] == "n"]
+                if numbers:
+                    sub_codes = self._classify(pd.Series([str(_value_key(vals[i])[1])
+                                                          for i in numbers], dtype=object))[1]
+                    codes[numbers] = np.where(sub_codes >= 0, sub_codes, codes[numbers])
         reasons: dict[int, str] = {}
         if is_null.any():
             if self.nullable:
