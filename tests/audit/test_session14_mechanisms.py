@@ -354,14 +354,19 @@ def test_prefix_improved_draws_fit_theorem3(monkeypatch, tmp_path, kind, m):
     ε₀ = 1.86, b = 3, t = 3, loss 1.984 of 2)."""
     from beamsynth.transforms import prefix_levels as pl
 
-    used = []
-    real = pl.improved_step
+    used, discounts = [], []
+    real, real_discount = pl.improved_step, pl.allocate_discount
 
     def spy(*a, **kw):
         used.append((kw["acct"].scale, kw["acct"].threshold, kw["acct"].discount))
         return real(*a, **kw)
 
+    def spy_discount(counts, carry, discount, rule, rs):  # the discount the level subtracts
+        discounts.append(int(discount))
+        return real_discount(counts, carry, discount, rule, rs)
+
     monkeypatch.setattr(pl, "improved_step", spy)
+    monkeypatch.setattr(pl, "allocate_discount", spy_discount)
     calls, manifest = _prefix_run(monkeypatch, tmp_path, kind, "improved", m, 2.0)
     spent = _spends(manifest)["prefixes/improved"]
     assert spent["epsilon"] == pytest.approx(2.0) and spent["delta"] == 0.0
@@ -371,6 +376,7 @@ def test_prefix_improved_draws_fit_theorem3(monkeypatch, tmp_path, kind, m):
     scales = {c["param"] for c in levels}
     assert len(scales) == 1 and len(set(used)) == 1 and used[0][0] == scales.pop()
     scale, threshold, discount = used[0]
+    assert set(discounts) == {discount}
     acct = spent["details"]
     assert (acct["scale"], acct["threshold"], acct["discount"]) == (scale, threshold, discount)
     loss = m * improved_record_loss(1.0 / scale, threshold, discount)
