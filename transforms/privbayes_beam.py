@@ -139,7 +139,8 @@ class DPPrivBayes(beam.PTransform):
         if accountant is not None:
             spend_privbayes(accountant, self.plan)
         self._families = candidate_families(len(schema.shape), self.plan.degree, shape=schema.shape,
-                                            max_family_cells=self.plan.max_family_cells)
+                                            max_family_cells=self.plan.max_family_cells,
+                                            target=self.plan.parent_target)
         self._seed, self._shrink = run_seed(seed), float(shrink)
 
     def display_data(self) -> dict[str, Any]:

@@ -143,11 +143,15 @@ def measure_privbayes(
     if marginal_rho is not None and refine is not None and refine.pairs < plan.refine.pairs:
         marginal_rho += gaussian_refine_rho(plan.refine) - gaussian_refine_rho(refine)
         scale *= math.sqrt(plan.zcdp.marginal_rho / marginal_rho)
+    target = plan.parent_target  # H58: only where its families were counted (older callers)
+    if target is not None and not any(target in f and len(f) > min(degree + 1, d) for f in tables):
+        target = None
     if d > 1 and degree > 0:
         structure = choose_structure(
             tables, shape, degree=degree, epsilon=plan.step_epsilon,
             sensitivity=plan.score_sensitivity, noise_scale=scale, rs=rs.child("structure"),
-            max_family_cells=plan.max_family_cells, exact_degree=plan.exact_degree)
+            max_family_cells=plan.max_family_cells, exact_degree=plan.exact_degree,
+            target=target, target_required=plan.target_required)
     else:
         structure = [(c, ()) for c in range(d)]
     specs = family_specs(structure)

@@ -92,6 +92,8 @@ __all__ = [
     "gaussian_plan",
     "spend_zcdp",
     "plan_privbayes",
+    "TARGET_PARENT",
+    "TARGET_PARENT_MODES",
 ]
 
 DEFAULT_DEGREE = 2  # parents per column without the refinement
@@ -108,6 +110,24 @@ GAUSSIAN_SHARES = {"structure": 0.03, "marginals": 0.45, "selection": 0.10, "mea
 GAUSSIAN_REFINE_PAIRS = 40
 GAUSSIAN_REFINE_GROUPS = 8
 # GAUSSIAN_REFINE_MIN_TABLE_RHO (privbayes_sizing): σ ≤ 141, the std of the Laplace rule's b = 100
+
+
+# How a declared target enters a k >= 1 network (H58, issue 18; docs/privbayes.md "Fourteenth
+# session: the declared target at k ≥ 1"): "off" = the label-free network (the target unused at
+# k >= 1, as before H58); "optional" = rooted at the target, which each column may take as a parent
+# beside its k chosen ones (the score decides); "required" = the target a parent of every column
+# (tree-augmented naive Bayes at k = 1). Neither met both of H58's criteria on the measured cells,
+# so "off" stays the default (A/B switch)
+TARGET_PARENT_MODES = ("off", "optional", "required")
+TARGET_PARENT = "off"
+TARGET_PARENT_WORDING = {
+    "optional": "k >= 1: the network is rooted at the target and each other column may take it "
+                "as a parent beside its up to k chosen parents (candidates Π and {T} ∪ Π, same "
+                "InDif − cells·b score; tree-augmented naive Bayes where every column takes it)",
+    "required": "k >= 1: the network is rooted at the target and the target is a parent of every "
+                "other column beside its up to k chosen parents (tree-augmented naive Bayes at "
+                "k = 1; PrivBayes §4 with T a fixed parent)",
+}
 
 
 AUTO_MAX_SIGMA_RATIO = 1.5  # auto: gaussian only where its network tables' σ ≤ 1.5 × Laplace's std
@@ -226,9 +246,25 @@ class PrivBayesPlan:
     sizing: NetworkSizing | None = None
     zcdp: ZCDPPlan | None = None  # noise="gaussian" (gaussian_plan): zCDP accounting
     forest: ForestPlan | None = None  # the small-input model (public rows, network not useful)
-    target: int | None = None  # declared prediction target (privbayes_star; k = 0 only)
+    target: int | None = None  # declared prediction target (k = 0: privbayes_star; k >= 1: H58)
     star: StarPlan | None = None  # the small-input star around it (public rows, H41)
     target_name: str | None = None  # the target's declared name (public; manifest wording)
+
+    @property
+    def parent_target(self) -> int | None:
+        """The declared target as a parent of a k ≥ 1 network (:data:`TARGET_PARENT`, H58), or
+        ``None`` (no target, the star or forest plan, or the switch ``"off"``). The same d − 1
+        structure steps (permute-and-flip, Δ = 4m) and one table per column (Δ = m), so the same
+        spends as the label-free network."""
+        if (TARGET_PARENT == "off" or self.target is None or self.star is not None
+                or self.forest is not None or self.degree < 1 or self.n_columns < 3):
+            return None
+        return self.target
+
+    @property
+    def target_required(self) -> bool:
+        """Whether :attr:`parent_target` is a parent of every column (``"required"``)."""
+        return self.parent_target is not None and TARGET_PARENT == "required"
 
     @property
     def step_epsilon(self) -> float:
@@ -283,7 +319,8 @@ class PrivBayesPlan:
                 "column": self.target_name, "index": self.target,
                 "use": "where n̂·ε picks k = 0 (public rows at build time, else the DP count in "
                        f"the measurement step): {star_wording(self.target_name or self.target)}; "
-                       "k >= 1 does not use it"}}),
+                       + (TARGET_PARENT_WORDING[TARGET_PARENT] if self.parent_target is not None
+                          else "k >= 1 does not use it")}}),
             **({} if self.star is None else {"star": self.star.details()}),
         }
 
@@ -417,9 +454,12 @@ def plan_privbayes(
         pairs = 0
     if degree is None:
         degree = DEFAULT_REFINED_DEGREE if pairs else DEFAULT_DEGREE
+    if TARGET_PARENT not in TARGET_PARENT_MODES:
+        raise ValueError(f"TARGET_PARENT ({TARGET_PARENT!r}) must be one of {TARGET_PARENT_MODES}")
+    parent = target if TARGET_PARENT != "off" and sizing == "auto" else None  # H58: its families
     while degree > 0 and sum(
         family_cells(shape, f) for f in candidate_families(
-            len(shape), degree, shape=shape, max_family_cells=max_family_cells)
+            len(shape), degree, shape=shape, max_family_cells=max_family_cells, target=parent)
     ) > max_candidate_cells:
         degree -= 1
     spec = None
@@ -463,6 +503,8 @@ def plan_privbayes(
         network = budget.epsilon - refine.selection_budget.epsilon - refine.measure_budget.epsilon
     if spec is not None and refine is None and spec.refine_requested:
         spec = dataclasses.replace(spec, refine_requested=0)  # no refinement to size at run time
+    keep_target = target is not None and spec is not None and (
+        spec.count_budget is not None or (parent is not None and degree > 0))
     if len(shape) == 1 or degree == 0:  # nothing to choose: all of it on the 1-way tables
         structure, rest = 0.0, network
     else:
@@ -480,10 +522,10 @@ def plan_privbayes(
             and rest / (len(shape) * max_contributions) >= AUTO_EXACT_MIN_TABLE_EPSILON),
         refine=refine,
         sizing=spec,
-        # the DP count may choose k = 0 in the measurement step: the star there (H41)
-        target=target if spec is not None and spec.count_budget is not None else None,
-        target_name=(None if target is None or names is None or spec is None
-                     or spec.count_budget is None else names[target]),
+        # the DP count may choose k = 0 in the measurement step: the star there (H41); at k >= 1
+        # the target may be a parent of every column (H58, TARGET_PARENT)
+        target=target if keep_target else None,
+        target_name=None if not keep_target or names is None else names[target],
     )
 
 

@@ -81,7 +81,8 @@ def marginalize(table: np.ndarray, table_cols: Sequence[int], keep: Sequence[int
 
 
 def candidate_families(n_columns: int, degree: int, *, shape: Sequence[int] | None = None,
-                       max_family_cells: int | None = None) -> list[tuple[int, ...]]:
+                       max_family_cells: int | None = None,
+                       target: int | None = None) -> list[tuple[int, ...]]:
     """The column subsets whose exact counts cover every candidate family.
 
     Without ``shape``: all ``(degree+1)``-column subsets (all columns if there are fewer). With
@@ -92,6 +93,8 @@ def candidate_families(n_columns: int, degree: int, *, shape: Sequence[int] | No
     huge-domain column (a declared integer range of 10^6 values) does not force ``degree`` down
     for every other column.
     """
+    if target is not None and degree >= 1 and n_columns > 2:
+        return _target_families(n_columns, degree, shape, max_family_cells, target)
     size = min(degree + 1, n_columns)
     if shape is None or max_family_cells is None:
         return list(itertools.combinations(range(n_columns), size))
@@ -107,6 +110,29 @@ def candidate_families(n_columns: int, degree: int, *, shape: Sequence[int] | No
                 continue
             out.append(f)
     return out
+
+
+def _target_families(n_columns: int, degree: int, shape: Sequence[int] | None,
+                     max_family_cells: int | None, target: int) -> list[tuple[int, ...]]:
+    """:func:`candidate_families` with a declared target ``T`` (H58): the ``(degree+2)``-subsets
+    holding ``T`` (each column ``X`` with ``T`` and up to ``degree`` other parents, within the
+    cell limit), then the label-free list for ``degree`` less the subsets already covered (the
+    refinement's pairs, and the families of a column whose ``X × T`` table is over the limit).
+    Declared shape and target only: data-independent."""
+    size = min(degree + 2, n_columns)
+    others = [c for c in range(n_columns) if c != target]
+
+    def fits(f: tuple[int, ...]) -> bool:
+        return shape is None or max_family_cells is None or family_cells(shape, f) <= max_family_cells
+
+    out: list[tuple[int, ...]] = []
+    for s in range(size, 1, -1):  # with T: the largest subsets within the limit first
+        for rest in itertools.combinations(others, s - 1):
+            f = tuple(sorted((target, *rest)))
+            if fits(f) and not any(set(f) <= set(g) for g in out):
+                out.append(f)
+    plain = candidate_families(n_columns, degree, shape=shape, max_family_cells=max_family_cells)
+    return out + [f for f in plain if not any(set(f) <= set(g) for g in out)]
 
 
 def family_cells(shape: Sequence[int], cols: Sequence[int]) -> int:
@@ -136,6 +162,8 @@ def choose_structure(
     root: int | None = None,
     exact_degree: bool = False,
     max_family_cells: int | None = None,
+    target: int | None = None,
+    target_required: bool = False,
 ) -> list[tuple[int, tuple[int, ...]]]:
     """Greedy private network construction (PrivBayes Alg. 4, DataSynthesizer GreedyBayes).
 
@@ -156,6 +184,16 @@ def choose_structure(
     ``max_family_cells`` declared cells are not candidates; with ``exact_degree``, when no parent
     set of the exact size fits for some ``X``, its largest size that does fit is used.
     Returns ``[(column, parents), ...]`` in sampling order.
+
+    ``target`` (a declared column, H58): the network is rooted at it, and each later column ``X``
+    may take it as a parent **beside** up to ``degree`` parents chosen as above among the other
+    placed columns: the candidates are ``Π`` and ``{T} ∪ Π`` (the latter only while ``X × T``
+    fits ``max_family_cells``), scored alike (InDif − cells·b, so the target's cells pay their
+    noise); with ``target_required`` only ``{T} ∪ Π`` (tree-augmented naive Bayes at
+    ``degree`` 1: PrivBayes §4's k-degree network with ``T`` a fixed parent). The candidates of a
+    step are a function of declared facts and earlier outputs only and the score and its
+    sensitivity are unchanged, so privacy is as above. ``tables`` must then hold the families
+    with ``T`` (:func:`candidate_families` with ``target``).
     """
     d = len(shape)
     # every candidate's score is fixed by the data: compute each once (cached sub-tables)
@@ -168,6 +206,8 @@ def choose_structure(
         return marginalize(cache[key], key, cols)
 
     scored: dict[tuple[int, tuple[int, ...]], float] = {}
+    if target is not None:
+        root = target
     if root is None:
         root = rs.child("root").randbelow(d)
     placed = [root]
@@ -178,10 +218,15 @@ def choose_structure(
         for x in range(d):
             if x in placed:
                 continue
-            top = min(degree, len(placed))
+            fixed = () if target is None or (max_family_cells is not None and family_cells(
+                shape, (x, target)) > max_family_cells) else (target,)
+            pool = sorted(c for c in placed if c not in fixed)
+            top = min(degree, len(pool))
             for size in range(top, -1, -1):
-                fits = [ps for ps in itertools.combinations(sorted(placed), size)
-                        if max_family_cells is None or size == 0
+                fits = [tuple(sorted((*fixed, *ps))) for ps in itertools.combinations(pool, size)]
+                if fixed and not target_required:  # the target optional: also without it
+                    fits += list(itertools.combinations(pool, size))
+                fits = [ps for ps in fits if max_family_cells is None or not ps
                         or family_cells(shape, (x, *ps)) <= max_family_cells]
                 for parents in fits:
                     key = (x, parents)
