@@ -649,9 +649,9 @@ def privacy_id_text(value: Any) -> str:
     were two persons (rule 5; H55). Other text is kept as it is."""
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
-    if isinstance(value, str) and value and (value[0] in " +-0" or value[-1] == " "
-                                             or "." in value or "e" in value.lower()):
-        key = _value_key(value)  # number-looking text only (ASCII, as pandas parses it)
+    if isinstance(value, str) and value and value[0] in " +-.0123456789" and (
+            value[0] in " +-.0" or value[-1] == " " or "." in value or "e" in value.lower()):
+        key = _value_key(value)  # number-looking text not already canonical ("7": as it is)
         if key is not None and key[0] == "n":
             return str(key[1])
     return str(value)
