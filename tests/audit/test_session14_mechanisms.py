@@ -544,3 +544,32 @@ def test_plausible_draws_fit_model_and_test_spends(monkeypatch, tmp_path, m):
     spent = manifest["release"]["budget"]["spent"]
     assert spent["epsilon"] == pytest.approx(planned + cand["epsilon"], rel=1e-12)
     assert spent["delta"] <= 1e-6
+
+
+@needs_adult
+@pytest.mark.parametrize("m", [1, 2])
+def test_plausible_cfs_generator_draws_fit_the_model_spend(monkeypatch, tmp_path, m):
+    """The paper's CFS generator (``--generator cfs``, seed 001 §3.3-3.5), model ε = 500 (0.1 of
+    5000): on D_T the noisy record count (Δ = m) and the Q = 120 noisy n·H values (continuous
+    Laplace, internal: only the structure is released; Δ = m·(log2 N + (N − 1)·log2(N/(N − 1))) per
+    value, N = max_records) sum to the model ε; on the disjoint D_P every conditional-count draw
+    has one scale b and a record meets one row of each of the p = 15 tables: p·m/b = the model
+    ε (parallel composition over the two splits, as the plausible.model spend states)."""
+    calls, manifest = _synthesize(
+        monkeypatch, tmp_path, "plausible", m, 1000, "--epsilon", "5000", "--delta", "1e-6",
+        "--rows", "200", "--k", "50", "--gamma", "4", "--epsilon0", "1", "--generator", "cfs")
+    model = _spends(manifest)["plausible.model"]
+    eps = model["epsilon"]
+    assert eps == pytest.approx(500.0) and model["delta"] == 0.0
+    big_n = model["details"]["max_records"]
+    (count,) = [c for c in calls if c["labels"][-1] == "count"]
+    (ent,) = [c for c in calls if c["labels"][-1] == "entropies"]
+    params = [c for c in calls if c["labels"] == ("noise",)]
+    others = [c for c in calls if c["labels"][0] not in ("plausible.test", "plausible.candidates")]
+    assert len(others) == 2 + len(params)  # nothing else drawn for the model
+    delta_f = math.log2(big_n) + (big_n - 1) * math.log2(big_n / (big_n - 1))
+    structure = m / count["param"] + m * delta_f * _cells(ent["size"]) / ent["param"]
+    assert _cells(ent["size"]) == 15 + 15 * 14 // 2
+    assert structure == pytest.approx(eps, rel=1e-6)
+    assert len({c["param"] for c in params}) == 1
+    assert 15 * m / params[0]["param"] == pytest.approx(eps, rel=1e-9)
