@@ -329,8 +329,8 @@ def improved_record_loss(eps0: float, threshold: float, discount: int) -> float:
         j += 1
 
 
-@pytest.mark.parametrize("m", [1, 3])
-@pytest.mark.parametrize("kind", ["text", "spatial"])
+@pytest.mark.parametrize(("kind", "m"), [("text", 1), ("text", 3), ("spatial", 1),
+                                         pytest.param("spatial", 3, marks=pytest.mark.slow)])
 def test_prefix_direct_draws_cost_the_spend_on_every_path(monkeypatch, tmp_path, kind, m):
     """CLI ``prefixes --method direct`` (ε = 2): every record path's recorded Σ m/b is within the
     spend and the costliest uses it exactly. Measured (text, m = 1): root b = 3 (1/3), level
@@ -345,8 +345,8 @@ def test_prefix_direct_draws_cost_the_spend_on_every_path(monkeypatch, tmp_path,
         assert costs == pytest.approx([spent["epsilon"]] * len(costs), rel=1e-9)
 
 
-@pytest.mark.parametrize("m", [1, 3])
-@pytest.mark.parametrize("kind", ["text", "spatial"])
+@pytest.mark.parametrize(("kind", "m"), [("text", 1), ("text", 3), ("spatial", 1),
+                                         pytest.param("spatial", 3, marks=pytest.mark.slow)])
 def test_prefix_improved_draws_fit_theorem3(monkeypatch, tmp_path, kind, m):
     """CLI ``prefixes --method improved`` (ε = 2): every level draws one stream at the same scale
     1/ε₀, the threshold and discount the steps used are the manifest's, and m times the per-record
@@ -499,7 +499,7 @@ def test_sbhg_fallback_draws_fit_its_spend(monkeypatch, tmp_path):
 
 
 @needs_adult
-@pytest.mark.parametrize("m", [1, 2])
+@pytest.mark.parametrize("m", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_plausible_draws_fit_model_and_test_spends(monkeypatch, tmp_path, m):
     """CLI ``synthesize --method plausible`` (PrivBayes generator, ε = 5000, δ = 1e-6, public
     --rows 200, k = 50, γ = 4, ε0 = 1): the generator's draws are pure and sum (Σ m/b + Σ ε of
@@ -547,7 +547,7 @@ def test_plausible_draws_fit_model_and_test_spends(monkeypatch, tmp_path, m):
 
 
 @needs_adult
-@pytest.mark.parametrize("m", [1, 2])
+@pytest.mark.parametrize("m", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_plausible_cfs_generator_draws_fit_the_model_spend(monkeypatch, tmp_path, m):
     """The paper's CFS generator (``--generator cfs``, seed 001 §3.3-3.5), model ε = 500 (0.1 of
     5000): on D_T the noisy record count (Δ = m) and the Q = 120 noisy n·H values (continuous
