@@ -71,7 +71,13 @@ from beamsynth.pipelines.methods.synthesize import (
     synthesize_batches,
 )
 from beamsynth.pipelines.stream import EMPTY_WINDOW_METHODS, empty_batch, window_output_path
-from beamsynth.schemas.schema import EncodedBatch, Schema, avro_field_name, load_schema
+from beamsynth.schemas.schema import (
+    EncodedBatch,
+    Schema,
+    _is_timestamp,
+    avro_field_name,
+    load_schema,
+)
 from beamsynth.schemas.tables import arrow_schema_for
 from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, as_budget
 from beamsynth.transforms.conventions import display_items
@@ -146,6 +152,7 @@ def _judge_row(schema: Schema, d: dict,
     used: set[Any] = set()
     columns = [(c.name, c.nullable) for c in schema.columns]
     coded = {c.name for c in schema.columns if c.type in ("categorical", "string", "text")}
+    stamped = {c.name for c in schema.columns if c.type != "datetime"}
     if schema.privacy_id is not None:
         columns.append((schema.privacy_id, False))
         coded.add(schema.privacy_id)  # 7.0 is the person 7 (privacy_id_text), not a second one
@@ -162,6 +169,8 @@ def _judge_row(schema: Schema, d: dict,
         v = d[keys[0]]  # a number in a code column or id stays a number (pandas: 1 -> 1.0 in a
         # column with a null, "01" -> 1), judged as job.private does (rules 5 and 6, H45)
         out[name] = v if name in coded and _is_number(v) else _raw_value(v)
+        if name in stamped and _is_timestamp(v):  # pandas' JSON reader's date columns: judged as
+            out[name] = v  # job.private does (Column.encode: the declared value; rule 6, H55)
     if schema.extra_columns == "reject":
         extra = [str(k) for k in d if k not in used and k != position_field]
         if extra:

@@ -25,6 +25,7 @@ and the problem. Nothing here looks at data rows: domains are declared.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -223,6 +224,9 @@ class Column:
             series = pd.Series([str.__str__(v) if isinstance(v, str) else v
                                 for v in series.tolist()], dtype=object)
         raw = series
+        if self.type != "datetime" and _pandas_date_name(self.name) and any(
+                map(_is_timestamp, series.tolist())):
+            series = self._undo_timestamps(series)
         if self.normalize is not None and not self.normalize.is_identity:
             # null tokens are matched on the raw value; everything else is normalised first
             raw_null = (series.isna() | series.isin(list(self.null_values))).to_numpy(dtype=bool)
@@ -296,6 +300,37 @@ class Column:
                 int(i), f"column {self.name!r}: value {_short(raw[i])} is not a valid {self.type}"
             )
         return codes, reasons
+
+    def _undo_timestamps(self, series: pd.Series) -> pd.Series:
+        """Timestamps in a column that is no datetime (named as pandas converts: see
+        :func:`_pandas_date_name`) back to the declared value they stand for.
+
+        pandas' JSON reader (``beam.io.ReadFromJson``, Beam YAML's ``ReadFromJson``) turns a
+        column named like a date (``date``, ``*_at``, ``*_time``, ``timestamp*``, ...) into
+        timestamps when every value of the chunk parses as one, and leaves it alone beside one
+        that does not, so a value was used or rejected depending on another row (rule 6; H55).
+        A categorical column takes the one declared category that parses to the same instant
+        (``"2020-01"``); an integer/float column the epoch number in the first unit, as pandas
+        tries them (s, ms, us, ns), that is whole and inside the declared range. Each value
+        alone, declared values only; anything else stays a timestamp (then malformed)."""
+        out = []
+        for v in series.tolist():
+            if not _is_timestamp(v):
+                out.append(v)
+                continue
+            ns = pd.Timestamp(v).value
+            if isinstance(self.domain, CategoricalDomain):
+                out.append(_declared_instants(tuple(self.domain.values)).get(ns, v))
+                continue
+            low, high = getattr(self.domain, "low", None), getattr(self.domain, "high", None)
+            found = v
+            if low is not None and high is not None:
+                for unit in (10**9, 10**6, 10**3, 1):
+                    if ns % unit == 0 and low <= ns // unit <= high:
+                        found = ns // unit
+                        break
+            out.append(found)
+        return pd.Series(out, dtype=object)
 
     def decode(self, codes: np.ndarray, rs: Any = None) -> list[Any]:
         """Values for cell codes (null cell → None); numeric bins sample inside the bin with ``rs``."""
@@ -621,6 +656,36 @@ def _declared_numbers(values: Sequence[str]) -> dict[tuple[str, Any], int]:
         if len(ix) == 1 or len(plain) == 1:
             out[key] = ix[0] if len(ix) == 1 else plain[0]
     return out
+
+
+def _pandas_date_name(name: str) -> bool:
+    """Whether pandas' JSON reader converts a column of this name (or its Avro-safe field name)
+    to timestamps by default (``keep_default_dates``: ``*_at``, ``*_time``, ``timestamp*``,
+    ``modified``, ``date``, ``datetime``)."""
+    return any(n.endswith(("_at", "_time")) or n.startswith("timestamp")
+               or n in ("modified", "date", "datetime")
+               for n in (name.lower(), avro_field_name(name).lower()))
+
+
+def _is_timestamp(value: Any) -> bool:
+    """A pandas/NumPy/Python datetime (not NaT), as pandas' JSON reader gives a date column."""
+    import datetime
+
+    return isinstance(value, (pd.Timestamp, np.datetime64, datetime.datetime)) and not pd.isna(value)
+
+
+@functools.lru_cache(maxsize=64)
+def _declared_instants(values: tuple[str, ...]) -> dict[int, str]:
+    """``{epoch ns: category}`` of the declared categories pandas parses as one instant (each
+    instant spelled by one category only; declared values only: public)."""
+    found: dict[int, list[str]] = {}
+    for text in values:
+        try:
+            ns = pd.Timestamp(pd.to_datetime(text)).value
+        except (ValueError, TypeError, OverflowError):
+            continue
+        found.setdefault(ns, []).append(text)
+    return {ns: texts[0] for ns, texts in found.items() if len(texts) == 1}
 
 
 def ambiguous_values(schema: Schema) -> dict[str, list[list[str]]]:
