@@ -22,9 +22,17 @@ on the code before its fix (the commit message says how it was checked).
    beside one that is none, so one person in two files was two persons: D (a.csv, b.csv: person
    ``01`` three times each, max_contributions 1) 1 row used vs D + ``x9,a`` in b.csv 3 used; now
    1 and 2 (number-looking ids are their number's text, ``privacy_id_text``).
+   Date-named columns (``date``, ``created_at``): pandas' JSON reader makes them timestamps
+   unless one value of the chunk is no date. YAML ``ReadFromJson`` → BeamsynthCount +
+   BeamsynthSynthesize, D (20 records) vs D + ``{"date": "soon", "created_at": "never"}``: 0 vs
+   20 rows used; now 20 and 20 (a timestamp is its declared category / epoch number).
+   Open string columns: numbers were malformed and their text used; now a number is its text.
 3. A ``PCollection`` typed with no record member (``beam.Create(["a", "b"])`` is ``str``) was
    refused when built while the same data plus one dict (``Union[str, Dict]``) built and released
    (rule 7). Now a build-time warning and a dead letter per element, with its reason.
+4. Beam YAML statistics steps named alike in two composites (``A/H``, ``B/H``), seeded alike as
+   they must be, drew the same noise (noisy - true = [-1, 0, -6, 1] in both); now the full label
+   names their spends and seeds their noise (rule 4).
 """
 
 from __future__ import annotations
