@@ -17,9 +17,10 @@ the public size decision).
 Privacy (add/remove one privacy unit of at most ``m`` records): spends exactly the plan spent at
 build time (:mod:`~beamsynth.transforms.privbayes_plan`): the size count with discrete Laplace,
 Δ = m; each structure step with permute-and-flip on InDif, Δ = 4m (PrivBayes Alg. 4, PrivSyn §4,
-McKenna & Sheldon 2020); the tables with discrete Laplace, Δ = m, ``ε_t ∝ √cells`` (PrivBayes
-§4.2, add/remove counts), or discrete Gaussian, L2 Δ = m, ``ρ_t ∝ cells^⅔`` (Canonne, Kamath &
-Steinke 2020); the refinement as in :mod:`~beamsynth.transforms.refine`. Sequential (or zCDP)
+McKenna & Sheldon 2020); the tables with discrete Laplace, Δ = m, ``ε_t`` by
+``split_network_budget`` (√cells moved toward the 1-way margins, H59; PrivBayes §4.2, add/remove
+counts), or discrete Gaussian, L2 Δ = m, ``ρ_t ∝ cells^⅔`` (Canonne, Kamath & Steinke 2020);
+the refinement as in :mod:`~beamsynth.transforms.refine`. Sequential (or zCDP)
 composition gives the plan's total (a zCDP plan's DP size count is pure ε_c and composes with its
 (ε − ε_c, δ) by basic composition: every model chosen from it, the forest with pure ε − ε_c
 included, is (ε − ε_c, δ)-DP); what follows the noisy tables is post-processing. The
@@ -56,6 +57,7 @@ from beamsynth.transforms.privbayes_sizing import (
     choose_forest,
     gaussian_refine_rho,
     split_marginal_budget,
+    split_network_budget,
 )
 from beamsynth.transforms.privbayes_star import measure_star, plan_star
 from beamsynth.transforms.privbayes_structure import _family_table, choose_structure, family_specs
@@ -159,7 +161,8 @@ def measure_privbayes(
     one_way = ([] if plan.zcdp is None or GAUSSIAN_ONE_WAY_SHARE <= 0
                else [(c,) for c in range(d) if (c,) not in specs])
     exact = [_family_table(tables, s) for s in [*specs, *one_way]]
-    budgets = split_marginal_budget(plan.marginal_budget, [t.size for t in exact])
+    budgets = (split_network_budget(plan.marginal_budget, [*specs, *one_way], shape)  # H59
+               if plan.zcdp is None else split_marginal_budget(plan.marginal_budget, [t.size for t in exact]))
     released = _release_tables(exact, [*specs, *one_way], names, budgets, plan, rs, marginal_rho,
                                one_way=len(one_way))
     measurement = PrivBayesMeasurement(tuple((x, tuple(p)) for x, p in structure), released,

@@ -809,9 +809,11 @@ def spend_privbayes(accountant: PrivacyAccountant, plan: PrivBayesPlan, prefix: 
                  "penalty_scale": plan.table_scale(plan.max_tables),
                  "penalty_scale_note": "the scale the structure penalty assumes (ε split equally "
                                        "over max_tables; data-independent)",
-                 "split": "ε_i ∝ √cells_i over the released tables (split_marginal_budget); the "
-                          "tables are chosen privately, so each table's ε and scale are released "
-                          "with the model's noisy marginals",
+                 "split": "ε_i by split_network_budget over the released tables: the √cells "
+                          "split moved toward the tables that carry the columns' 1-way margins "
+                          "(H59; ε_i ∝ √cells_i where NETWORK_SPLIT_TABLE_WEIGHT is None), "
+                          "adding up to this ε; the tables are chosen privately, so each table's "
+                          "ε and scale are released with the model's noisy marginals",
                  "paper": "PrivBayes §4.2 (noisy conditionals), converted to add/remove counts"},
     )
     if plan.refine is not None:

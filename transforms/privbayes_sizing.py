@@ -9,6 +9,8 @@
   independent model with the whole ε; under a zCDP plan it gets the pure ε − ε_count, as in the
   Laplace plan: :func:`~beamsynth.transforms.privbayes_plan.gaussian_plan`);
 * :func:`split_marginal_budget` — ``ε_i ∝ √min(cells_i, SPLIT_CELLS_CAP)`` over released tables;
+* :func:`split_network_budget` — a pure-ε network's tables: the √cells split moved toward the
+  tables that carry the columns' 1-way margins (issue 18, H59);
 * :func:`refine_pairs_for_rows`, :func:`refine_rounds_for_pairs`, :func:`refine_size` — how many
   coarse pairs the refinement measures when ``n̂·ε`` supports more than requested (wide tables,
   issue 18), from a public row count at build time or the DP count at run time
@@ -72,6 +74,8 @@ __all__ = [
     "SPLIT_CELLS_CAP",
     "GAUSSIAN_ONE_WAY_SHARE",
     "split_marginal_budget",
+    "NETWORK_SPLIT_TABLE_WEIGHT",
+    "split_network_budget",
     "REFINE_NOISE_MASS",
     "REFINE_PICKS_PER_ROUND",
     "refine_pairs_for_rows",
@@ -746,6 +750,71 @@ SPLIT_CELLS_CAP = 10_000  # tables above this many cells earn no larger share of
 # zCDP network (noise="gaussian"): share of the tables' ρ on every column's own 1-way table
 # (privbayes_measure._release_tables; docs/privbayes.md "Twelfth session: explicit 1-way tables")
 GAUSSIAN_ONE_WAY_SHARE = 0.2
+
+
+# pure-ε network: weight of the tables' summed L1 noise against the 1-way margins' in
+# split_network_budget (H59, issue 18); None: the √cells split (the release before H59)
+NETWORK_SPLIT_TABLE_WEIGHT: float | None = 1.0
+
+
+def split_network_budget(budget: PureDP, specs: Sequence[Sequence[int]], shape: Sequence[int], *,
+                         table_weight: float | None = None) -> list[PureDP]:
+    """ε over a pure-ε network's released tables (``specs``, each a tuple of columns): the
+    √cells split of :func:`split_marginal_budget` moved toward the tables that carry the
+    columns' 1-way margins (issue 18, H59).
+
+    A column's 1-way estimate is the inverse-variance mean of its sums over the tables that hold
+    it (:func:`~beamsynth.transforms.privbayes_model._one_way_estimates`): a table of ``C``
+    cells with discrete Laplace at ``ε_t`` (variance ``∝ 1/ε_t²``) summed to a column of ``c``
+    cells has per-cell variance ``∝ (C/c)/ε_t²``. The split minimizes
+    ``J₁(ε)/J₁(ε⁰) + w·T₂(ε)/T₂(ε⁰)`` over ``Σ ε_t = ε`` (``ε⁰``: the √cells split), where
+    ``J₁ = Σ_c c·(Σ_{t∋c} ε_t²·c/C_t)^{-1/2}`` is the columns' summed 1-way L1 noise (up to a
+    constant) and ``T₂ = Σ_t C_t/ε_t`` the tables' (√cells minimizes ``T₂`` alone, Lagrange);
+    ``w`` = ``table_weight`` (default :data:`NETWORK_SPLIT_TABLE_WEIGHT` = 1; ``None``: the
+    √cells split). Cells are capped at :data:`SPLIT_CELLS_CAP` as in the √cells split. Why: the
+    √cells split leaves a small table that is its column's only source (ACS's DVET × HOUSING_TYPE,
+    21 cells) a small ε, so that column's margin is several times noisier than independent
+    marginals' (docs/privbayes.md "Fourteenth session: TVD1 against independent"). Solved by
+    L-BFGS-B over softmax weights from ``ε⁰`` (deterministic); the result is normalized so that
+    the ε_t add up to ``budget.epsilon`` (sequential composition). A function of the chosen
+    structure (a released, private choice) and the declared shape only: post-processing,
+    spends nothing beyond ``budget``."""
+    weight = NETWORK_SPLIT_TABLE_WEIGHT if table_weight is None else table_weight
+    specs = [tuple(int(c) for c in s) for s in specs]
+    cells = np.minimum([float(math.prod(int(shape[c]) for c in s)) for s in specs], SPLIT_CELLS_CAP)
+    base = split_marginal_budget(budget, cells)
+    if weight is None or len(specs) < 2 or all(len(s) < 2 for s in specs):
+        return base
+    columns = sorted({c for s in specs for c in s})
+    k = np.minimum([float(shape[c]) for c in columns], SPLIT_CELLS_CAP)
+    # a[c, t] = c/C_t: the precision of column c's sums from table t per unit ε_t²
+    a = np.zeros((len(columns), len(specs)))
+    for t, s in enumerate(specs):
+        for c in s:
+            a[columns.index(c), t] = k[columns.index(c)] / cells[t]
+    total = float(budget.epsilon)
+    e0 = np.asarray([b.epsilon for b in base]) / total
+
+    def parts(e: np.ndarray) -> tuple[float, np.ndarray, float, np.ndarray]:
+        prec = a @ (e * e)
+        j1 = float(np.sum(k / np.sqrt(prec)))
+        g1 = -e * (a.T @ (k * prec ** -1.5))
+        return j1, g1, float(np.sum(cells / e)), -cells / (e * e)
+
+    j0, _, t0, _ = parts(e0)
+
+    def objective(z: np.ndarray) -> tuple[float, np.ndarray]:
+        w = np.exp(z - z.max())
+        e = w / w.sum()
+        j1, g1, t2, g2 = parts(e)
+        g = g1 / j0 + weight * g2 / t0
+        return j1 / j0 + weight * t2 / t0, e * (g - float(e @ g))
+
+    from scipy.optimize import minimize  # a runtime dependency (pyproject), loaded where used
+
+    z = minimize(objective, np.log(e0), jac=True, method="L-BFGS-B").x
+    w = np.exp(z - z.max())
+    return [PureDP(epsilon=float(total * wi)) for wi in w / w.sum()]
 
 
 def split_marginal_budget(budget: PureDP, cells: Sequence[int]) -> list[PureDP]:

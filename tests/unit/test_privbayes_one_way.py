@@ -20,7 +20,7 @@ from beamsynth.transforms.privbayes import (
     plan_privbayes,
     spend_privbayes,
 )
-from beamsynth.transforms.privbayes_sizing import GAUSSIAN_ONE_WAY_SHARE, split_marginal_budget
+from beamsynth.transforms.privbayes_sizing import GAUSSIAN_ONE_WAY_SHARE, split_network_budget
 from beamsynth.transforms.privbayes_structure import _family_table, family_specs
 from tests.audit.test_zcdp_noise_laws import check_gaussian_law
 
@@ -120,12 +120,13 @@ def test_broken_variant_spending_the_share_twice_is_caught():
 
 def test_laplace_network_measures_no_explicit_one_way_tables():
     """Pure ε: the released tables are the network's families only (there explicit 1-way tables
-    do not pay: docs/privbayes.md), ε_t ∝ √cells adding up to ε_marginals."""
+    do not pay: docs/privbayes.md), ε_t by split_network_budget (√cells moved toward the 1-way
+    margins, H59) adding up to ε_marginals."""
     codes = _codes(SHAPE, 3000, 2)
     plan = plan_privbayes(SHAPE, PureDP(epsilon=1.0), degree=1, refine_pairs=0)
     out, _ = _measure(SHAPE, plan, codes, 0)
     assert [t.columns for t in out.marginals] == family_specs(out.structure)
-    want = split_marginal_budget(plan.marginal_budget, [t.values.size for t in out.marginals])
+    want = split_network_budget(plan.marginal_budget, [t.columns for t in out.marginals], SHAPE)
     assert [t.budget.epsilon for t in out.marginals] == pytest.approx([b.epsilon for b in want])
     assert sum(t.budget.epsilon for t in out.marginals) == pytest.approx(plan.marginal_budget.epsilon)
 
