@@ -78,7 +78,9 @@ def record_all(monkeypatch) -> list[dict]:
 
         def rec(*args, **kwargs):
             bound = sig.bind(*args, **kwargs).arguments
-            entry = {"kind": kind, "labels": tuple(bound["rs"].labels)}
+            rs = bound["rs"]
+            entry = {"kind": kind, "labels": tuple(rs.labels), "stream": (
+                ("seed", rs.seed) if rs.seeded else ("secret", rs.run_secret.stream_key(()).hex()))}
             for name, value in bound.items():
                 if name in ("rs", "scores", "good", "bad", "bounds", "probs"):
                     continue
@@ -573,3 +575,92 @@ def test_plausible_cfs_generator_draws_fit_the_model_spend(monkeypatch, tmp_path
     assert structure == pytest.approx(eps, rel=1e-6)
     assert len({c["param"] for c in params}) == 1
     assert 15 * m / params[0]["param"] == pytest.approx(eps, rel=1e-9)
+
+
+def _window_of(labels: tuple) -> tuple | None:
+    """The declared window a draw's labels name (``("window", start, end)``), if any."""
+    for i, label in enumerate(labels[:-2]):
+        if label == "window":
+            return tuple(labels[i:i + 3])
+    return None
+
+
+@pytest.mark.slow  # about 4.5 s CPU (Beam pipeline with three mechanisms over three windows)
+def test_api_windows_each_window_draws_the_job_budget(monkeypatch):
+    """The API over three declared hours (records in hours 1 and 3, none in hour 2), one job of
+    ε = 1.5 with m = 2: ``bs.PrefixTree`` direct on a text key (0.5), ``bs.PrefixTree`` improved
+    on a spatial key (0.5), ``bs.Histogram`` (CatHist over 1-6 letter strings, 0.5). Per declared
+    window, empty included: direct's paths Σ m/b = 0.5, improved's m × loss ≤ 0.5 at one scale,
+    CatHist m/b = 0.5 with Binomial(n_declared − a, P(Z ≥ τ)); every stream once."""
+    import apache_beam as beam
+
+    import beamsynth as bs
+    from beamsynth.transforms import cathist as ch
+    from beamsynth.transforms import prefix_levels as pl
+
+    m, hour = 2, 3600
+    schema = bs.load_schema({"name": "w", "columns": [
+        {"name": "word", "type": "string", "open": {"tolerance": 0.5},
+         "domain": {"kind": "string", "alphabet": "abc", "min_length": 1, "max_length": 6}}]})
+    keys = {"word": bs.TextKey(column="word", alphabet="abc", max_length=4),
+            "at": bs.SpatialKey(columns=["x", "y"], box=[(0.0, 1.0), (0.0, 1.0)], depth=4)}
+    rng = np.random.default_rng(2)
+    rows = [({"pid": f"u{i // m}", "word": ["ab", "abc", "c", "ba"][i % 4],
+              "x": float(rng.uniform(0, 0.5)), "y": float(rng.uniform(0, 1))},
+             (0 if i < 120 else 2 * hour) + 30) for i in range(200)]
+    plans = []
+    real_plan = ch.plan_cathist
+
+    def spy_plan(**kw):
+        plans.append(real_plan(**kw))
+        return plans[-1]
+
+    monkeypatch.setattr(ch, "plan_cathist", spy_plan)
+    used = []
+    real_step = pl.improved_step
+
+    def spy_step(*a, **kw):
+        used.append((kw["acct"].scale, kw["acct"].threshold, kw["acct"].discount))
+        return real_step(*a, **kw)
+
+    monkeypatch.setattr(pl, "improved_step", spy_step)
+    calls = record_all(monkeypatch)
+    job = bs.PrivacyJob(epsilon=1.5, seed=1, privacy_unit=bs.PrivacyUnit(id_column="pid",
+                                                                         max_contributions=m))
+    windows = bs.DeclaredWindows(start=0, end=3 * hour, size=hour)
+    with beam.Pipeline() as p:
+        private = (p | beam.Create(rows) | beam.MapTuple(beam.window.TimestampedValue)
+                   | job.private(schema, keys=keys, windows=windows))
+        _ = private | "D" >> bs.PrefixTree(key="word", epsilon=0.5, method="direct")
+        _ = private | "I" >> bs.PrefixTree(key="at", epsilon=0.5, method="improved")
+        _ = private | "H" >> bs.Histogram(column="word", epsilon=0.5)
+    assert len(plans) >= 1 and len({(pl.scale, pl.tau, pl.domain_size) for pl in plans}) == 1
+    plan = plans[0]
+    by_window: dict[tuple, list[dict]] = {}
+    for c in calls:
+        by_window.setdefault(_window_of(c["labels"]), []).append(c)
+    assert len([w for w in by_window if w is not None]) == 3, list(by_window)
+    assert None not in by_window  # nothing drawn outside the declared windows
+    for w, mine in by_window.items():
+        trees = {c["stream"] for c in mine if c["labels"][0] == "Tree"}  # one seed per step
+        (direct_stream,) = {c["stream"] for c in mine if c["labels"][-1] == "root"}
+        assert len(trees) == 2 and direct_stream in trees
+        direct = [c for c in mine if c["stream"] == direct_stream]
+        improved = [c for c in mine if c["stream"] in trees - {direct_stream}
+                    and c["kind"] == "discrete_laplace"]
+        hist = [c for c in mine if c["kind"] in ("binomial", "geometric")
+                or (c["kind"] == "discrete_laplace" and c["labels"][-1] == "active")]
+        assert max(direct_path_costs(direct, m)) == pytest.approx(0.5, rel=1e-9), w
+        assert len({c["param"] for c in improved}) == 1
+        assert len(set(used)) == 1  # one accounting for every window and level
+        assert len(improved) == 4  # one level stream per depth of the spatial key
+        (lap,) = [c for c in hist if c["kind"] == "discrete_laplace"]
+        (binom,) = [c for c in hist if c["kind"] == "binomial"]
+        assert m / lap["param"] == pytest.approx(0.5, rel=1e-12), w
+        assert binom["n"] == plan.domain_size - _cells(lap["size"])
+        assert binom["p"] == pytest.approx(_dlap_tail(plan.tau, lap["param"]), rel=1e-9)
+        scale, threshold, discount = used[0]
+        assert improved[0]["param"] == scale
+        assert m * improved_record_loss(1.0 / scale, threshold, discount) <= 0.5 * (1 + 1e-9)
+    spends = job.accountant.to_dict()["spends"]
+    assert [s["epsilon"] for s in spends] == pytest.approx([0.5, 0.5, 0.5])
