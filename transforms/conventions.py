@@ -46,6 +46,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 __all__ = [
     "API_HINT",
     "ElementTypeError",
+    "NotAPCollectionError",
     "conforms",
     "describe_type",
     "display_items",
@@ -65,6 +66,12 @@ _INT64_MAX = 2**63 - 1
 
 class ElementTypeError(TypeError):
     """A PCollection whose elements are not what a beamsynth transform takes."""
+
+
+class NotAPCollectionError(TypeError, AttributeError):
+    """A beamsynth output that is no PCollection (the private collection, a dict of tables) where
+    Beam asks for a PCollection's ``element_type`` or ``windowing`` (``to_dataframe``, side
+    inputs). Also an ``AttributeError``, so ``hasattr(x, "element_type")`` stays ``False``."""
 
 
 def describe_type(hint: Any) -> str:

@@ -70,8 +70,8 @@ from beamsynth.transforms.budget import (
     PureDP,
     as_budget,
 )
+from beamsynth.transforms.conventions import NotAPCollectionError, typed_boundary
 from beamsynth.transforms.conventions import keywords_checked as _keywords_checked
-from beamsynth.transforms.conventions import typed_boundary
 from beamsynth.transforms.inputs import (
     DEAD_LETTER_TYPE,
     DEFAULT_BATCH_ROWS,
@@ -412,7 +412,7 @@ class PrivateCollection(tuple):
         """Refused: Beam asks for it where a PCollection is converted (``to_dataframe(private)``,
         side inputs); the message says what to apply (``to_dataframe`` failed with
         ``'PrivateCollection' object has no attribute 'element_type'``)."""
-        raise TypeError(
+        raise NotAPCollectionError(
             "job.private's output is a private collection, not a PCollection: Beam DataFrames "
             "(to_dataframe), side inputs and Beam's steps do not take it; apply a beamsynth "
             "mechanism first and convert its output, e.g. to_dataframe(private | "

@@ -22,6 +22,7 @@ import apache_beam as beam
 from beamsynth.schemas.keys import KeyCodec
 from beamsynth.schemas.schema import EncodedBatch, Schema
 from beamsynth.transforms.cathist import ColumnCells, DPCategoricalHistogram
+from beamsynth.transforms.conventions import NotAPCollectionError
 from beamsynth.transforms.measure import DPMarginals, NoisyMarginal
 from beamsynth.transforms.outputs import (
     COUNT_TYPE,
@@ -226,9 +227,22 @@ class _Tables(dict):
         object has no attribute 'is_bounded'``)."""
         if not isinstance(getattr(step, "transform", step), beam.PTransform):
             return super().__or__(step)
-        raise TypeError(f"{step.label}: {self._whose} (one PCollection each): apply Beam's "
-                        "steps to one of them, "
-                        + " or ".join(f"{self._var}[{k!r}]" for k in sorted(self)))
+        raise TypeError(f"{step.label}: {self._pick()}")
+
+    def _pick(self) -> str:
+        return (f"{self._whose} (one PCollection each): apply Beam's steps to one of them, "
+                + " or ".join(f"{self._var}[{k!r}]" for k in sorted(self)))
+
+    @property
+    def element_type(self) -> Any:
+        """Refused naming the outputs: Beam asks for it in ``to_dataframe(tables)`` and side
+        inputs (it said ``'_Tables' object has no attribute 'element_type'``)."""
+        raise NotAPCollectionError(f"to_dataframe, side inputs: {self._pick()}")
+
+    @property
+    def windowing(self) -> Any:
+        """Refused like :attr:`element_type` (``beam.pvalue.AsList(tables)``)."""
+        return self.element_type
 
 
 class _TreeOutputs(_Tables):

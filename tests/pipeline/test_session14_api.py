@@ -48,6 +48,22 @@ def test_a_dataframe_or_side_input_of_the_private_collection_is_refused_with_wha
     with pytest.raises(TypeError, match=r"private collection, not a PCollection.*"
                                         r"to_dataframe\(private \| bs.Count\(epsilon=...\)\)"):
         escape(p, private)
+    assert not hasattr(private, "element_type")  # code probing with hasattr is not broken
+
+
+def test_a_dataframe_of_the_whole_marginals_or_prefix_tree_output_names_its_pcollections():
+    """to_dataframe(tables) (the dict bs.Marginals returns) said "'_Tables' object has no
+    attribute 'element_type'"; bs.PrefixTree's the same. Now they name what to pick, as a Beam
+    step on them already did."""
+    p = beam.Pipeline()
+    private = p | beam.Create([ROW]) | bs.PrivacyJob(epsilon=2.0, seed=1).private(SMALL, keys=NAME_KEY)
+    tables = private | bs.Marginals(marginals=[("sex", "income"), "race"], epsilon=1.0)
+    tree = private | bs.PrefixTree(key="name", epsilon=1.0)
+    with pytest.raises(TypeError, match=r"dict of tables .* tables\['race'\] or tables\['sex,income'\]"):
+        to_dataframe(tables)
+    with pytest.raises(TypeError, match=r"tree\['keys'\] or tree\['tree'\]"):
+        beam.pvalue.AsList(tree)
+    assert to_dataframe(tables["race"]) is not None  # one table converts
 
 
 RACES = ["White", "Black", "Asian-Pac-Islander", "Amer-Indian-Eskimo", "Other"]
