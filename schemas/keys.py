@@ -232,7 +232,7 @@ class TextKeyCodec(KeyCodec):
         """``(normalized string, None)`` or ``(None, reason)`` for one raw value."""
         if value is None or (isinstance(value, float) and math.isnan(value)):
             return None, "missing value"
-        s = str(value)
+        s = str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)  # H55
         if self.strip:
             s = s.strip()
         if self.casefold:
