@@ -664,3 +664,48 @@ def test_api_windows_each_window_draws_the_job_budget(monkeypatch):
         assert m * improved_record_loss(1.0 / scale, threshold, discount) <= 0.5 * (1 + 1e-9)
     spends = job.accountant.to_dict()["spends"]
     assert [s["epsilon"] for s in spends] == pytest.approx([0.5, 0.5, 0.5])
+
+
+@pytest.mark.slow  # a Beam pipeline with Gibbs sampling per declared window
+def test_api_windows_sbhg_draws_its_spends_per_window(monkeypatch):
+    """``bs.SBHG`` (ε = 1, δ = 1e-6, public rows 50, m = 1) over three declared hours (records in
+    hours 1 and 3, none in 2): every window, the empty one included, draws p·R exponential-
+    mechanism picks summing to ``sbhg.hash_selection``; the windows with records draw p SBA
+    draws summing (m/b) to ``sbhg.conditionals`` (the empty one none: SBA noises the non-empty
+    cells only, Algorithm 1); each stream once."""
+    import apache_beam as beam
+
+    import beamsynth as bs
+
+    hour = 3600
+    schema = bs.load_schema("adult").select(["age", "sex", "race", "income"])
+    rng = np.random.default_rng(3)
+    rows = [({"age": int(rng.integers(20, 70)), "sex": ["Male", "Female"][i % 2],
+              "race": "White", "income": ["<=50K", ">50K"][i % 3 == 0]},
+             (0 if i < 150 else 2 * hour) + 10) for i in range(250)]
+    calls = record_all(monkeypatch)
+    job = bs.PrivacyJob(epsilon=1.0, delta=1e-6, seed=2)
+    windows = bs.DeclaredWindows(start=0, end=3 * hour, size=hour)
+    with beam.Pipeline() as p:
+        private = (p | beam.Create(rows) | beam.MapTuple(beam.window.TimestampedValue)
+                   | job.private(schema, windows=windows))
+        _ = private | bs.SBHG(epsilon=1.0, delta=1e-6, rows=50)
+    spends = {s["step"].split("/")[-1] if "/" in s["step"] else s["step"]: s
+              for s in job.accountant.to_dict()["spends"]}
+    sel = next(s for k, s in spends.items() if k.endswith("hash_selection"))
+    cond = next(s for k, s in spends.items() if k.endswith("conditionals"))
+    privacy = [c for c in calls if c["kind"] in ("exponential_mechanism", "discrete_laplace")]
+    by_window: dict[tuple, list[dict]] = {}
+    for c in privacy:
+        by_window.setdefault(_window_of(c["labels"]), []).append(c)
+    assert sorted(w is None for w in by_window) == [False] * 3, list(by_window)
+    for w, mine in by_window.items():
+        em = [c for c in mine if c["kind"] == "exponential_mechanism"]
+        sba = [c for c in mine if c["kind"] == "discrete_laplace"]
+        empty = w[1] == hour * 10**6  # hour 2: SBA noises non-empty cells only, so none here
+        assert len(em) == 4 * 2 and len(sba) == (0 if empty else 4), (w, len(em), len(sba))
+        assert sum(c["epsilon"] for c in em) == pytest.approx(sel["epsilon"], rel=1e-9)
+        assert sum(1 / c["param"] for c in sba) == pytest.approx(0 if empty else cond["epsilon"],
+                                                                  rel=1e-9)
+        streams = [(c["stream"], c["labels"]) for c in mine]
+        assert len(set(streams)) == len(streams)
