@@ -171,6 +171,16 @@ def test_a_job_builds_under_beams_all_required_type_check_strictness():
     assert all(step.get_type_hints().output_types for step in public.values()), public
 
 
+def test_every_public_ptransform_is_typed_at_its_boundary():
+    """Every bs. PTransform's expand is a typed boundary (a new public step without it would stop
+    an ALL_REQUIRED job at its first inner step, as all did before session 14)."""
+    public = [getattr(bs, n) for n in bs.__all__]
+    steps = [c for c in public if isinstance(c, type) and issubclass(c, beam.PTransform)]
+    assert {c.__name__ for c in steps} >= {"Count", "Marginals", "Histogram", "PrefixTree",
+                                           "Synthesize", "PrivBayes", "MakePrivate", "WriteManifest"}, steps
+    assert [c.__name__ for c in steps if not getattr(c.expand, "_typed_boundary", False)] == []
+
+
 def test_a_csv_line_with_more_fields_than_its_header_is_a_dead_letter(tmp_path):
     """csv.DictReader (the standard parse of a CSV line to a dict) keeps a line's extra fields
     under the key None; such a line was used with its first fields (in the ETL round: 2,000 Adult
