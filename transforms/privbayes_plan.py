@@ -640,6 +640,20 @@ def plan_shape(plan: PrivBayesPlan) -> tuple[int, ...]:
     return tuple(plan.sizing.shape)
 
 
+def _target_parent_details(plan: PrivBayesPlan) -> dict[str, Any]:
+    """Spend details of a network with the declared target as a parent (H58), else nothing."""
+    if plan.parent_target is None:
+        return {}
+    return {"target_parent": {
+        "column": plan.target_name, "index": plan.parent_target, "mode": TARGET_PARENT,
+        "rule": TARGET_PARENT_WORDING[TARGET_PARENT],
+        "tables": "one per column as without a target: (k+1)-way, or (k+2)-way where the target "
+                  "is among the parents (L1/L2 sensitivity m each); the same d − 1 structure "
+                  "steps (InDif, Δ = 4m); the candidates are declared facts and earlier picks",
+        "paper": "PrivBayes §4 (Zhang et al. 2014) with the target a parent; tree-augmented "
+                 "naive Bayes (Friedman, Geiger & Goldszmidt 1997)"}}
+
+
 def spend_zcdp(accountant: PrivacyAccountant, plan: PrivBayesPlan, prefix: str = "privbayes") -> None:
     """The spends of a ``noise="gaussian"`` plan: the DP size count (if planned) as its own pure
     ``(ε_c, 0)`` spend (:func:`_spend_size_count`, as in the Laplace plan), then one
@@ -665,7 +679,8 @@ def spend_zcdp(accountant: PrivacyAccountant, plan: PrivBayesPlan, prefix: str =
     if plan.structure_budget is not None:
         parts["structure"] = {"mechanism": "permute-and-flip on InDif − cells·b, greedy network",
                               "steps": plan.n_columns - 1, "epsilon_per_step": plan.step_epsilon,
-                              "rho": z.structure_rho, "sensitivity": plan.score_sensitivity}
+                              "rho": z.structure_rho, "sensitivity": plan.score_sensitivity,
+                              **_target_parent_details(plan)}
     parts["marginals"] = {"mechanism": "discrete Gaussian on the chosen (k+1)-way marginals",
                           "rho": z.marginal_rho, "split": "ρ_i ∝ min(cells_i, 10⁴)^⅔",
                           "l2_sensitivity_per_table": plan.max_contributions}
@@ -800,7 +815,8 @@ def spend_privbayes(accountant: PrivacyAccountant, plan: PrivBayesPlan, prefix: 
                      "sensitivity": plan.score_sensitivity, "degree": plan.degree,
                      "neighbours": "add/remove one privacy unit",
                      "paper": "PrivBayes Alg. 4 (Zhang et al. 2014); InDif score (PrivSyn §4); "
-                              "permute-and-flip (McKenna & Sheldon 2020)"},
+                              "permute-and-flip (McKenna & Sheldon 2020)",
+                     **_target_parent_details(plan)},
         )
     accountant.spend(
         f"{prefix}.marginals", plan.marginal_budget,

@@ -6,6 +6,7 @@ draws unchanged."""
 from __future__ import annotations
 
 import itertools
+import json
 import math
 
 import numpy as np
@@ -145,3 +146,24 @@ def test_measurement_uses_the_target_and_spends_the_plan(monkeypatch, mode):
                             names=[f"c{i}" for i in range(len(SHAPE))], plan=plan,
                             rs=RandomSource(seed=4))
     assert all(len(ps) <= 1 for _, ps in old.structure)
+
+
+@pytest.mark.parametrize("noise", ["laplace", "gaussian"])
+def test_spend_details_name_the_target_parent(monkeypatch, noise):
+    monkeypatch.setattr(pbp, "TARGET_PARENT", "required")
+    budget = ApproxDP(epsilon=2.0, delta=1e-9 if noise == "gaussian" else 0.0)
+    plan = plan_privbayes(SHAPE, budget, sizing="auto", target=T,
+                          names=[f"c{i}" for i in range(len(SHAPE))])
+    if noise == "gaussian":
+        plan = gaussian_plan(plan, budget)
+    acc = PrivacyAccountant(total=budget)
+    spend_privbayes(acc, plan)
+    spends = {s["step"]: s for s in acc.to_dict()["spends"]}
+    d = (spends["privbayes.structure"]["details"] if noise == "laplace"
+         else spends["privbayes.zcdp"]["details"]["parts"]["structure"])
+    assert d["target_parent"]["column"] == f"c{T}" and d["target_parent"]["mode"] == "required"
+    monkeypatch.setattr(pbp, "TARGET_PARENT", "off")
+    acc = PrivacyAccountant(total=budget)
+    plan = plan_privbayes(SHAPE, budget, sizing="auto", target=T)
+    spend_privbayes(acc, gaussian_plan(plan, budget) if noise == "gaussian" else plan)
+    assert "target_parent" not in json.dumps(acc.to_dict())
