@@ -55,7 +55,14 @@ def test_tight_pair_comes_close_to_the_claim():
     assert 0.8 * case.epsilon < r.epsilon_lower_bound <= case.epsilon
 
 
-BATCHED = [pytest.param(n, marks=pytest.mark.slow) if n == "privbayes" else n
+# Slow-only (H61, default-suite time): a broken variant whose fast path is the correct case's
+# function with one parameter changed has its law checked by the correct case in the default run:
+# "privbayes gaussian: σ halved" by [privbayes gaussian] (batch_measure over _pb_gaussian_measure,
+# rho_factor 4 vs 1; 35 s vs 56 s under load 9), "cathist: empty bins at a wrong threshold" by
+# [cathist (2,000 bins: binomial empty bins)] (batch_cathist_big, p_shift 1 vs 0; 19 s vs 19 s).
+# Their audits (test_audit_catches_broken_variant) stay in the default run.
+SLOW_BATCHED = {"privbayes", "privbayes gaussian: σ halved", "cathist: empty bins at a wrong threshold"}
+BATCHED = [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_BATCHED else n
            for n, c in {**AUDITS, **BROKEN}.items() if c.batch is not None]
 
 
