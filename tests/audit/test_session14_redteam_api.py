@@ -283,18 +283,25 @@ def _schema_file(schema: dict) -> Path:
 
 
 # -- 3. a PCollection typed with no record member -------------------------------------------------
-def _str_run(elements: list, tmp_path: Path, tag: str) -> tuple[list, dict]:
+def _str_runs(runs: dict[str, list], tmp_path: Path) -> dict[str, tuple[list, dict]]:
+    """Each ``tag: elements`` through ``beam.Create`` → ``job.private`` → ``bs.Count`` +
+    ``bs.WriteManifest``, one job each (``disjoint=True``: both neighbours in one pipeline run):
+    the sorted ``[reason, element]`` dead letters and the manifest per tag."""
     schema = bs.load_schema({"name": "codes", "columns": CODES["columns"][:1]})
-    job = bs.PrivacyJob(epsilon=1.0, seed=1)
-    out = tmp_path / f"dead_{tag}"
     with beam.Pipeline() as p:
-        private = p | beam.Create(elements) | job.private(schema)
-        _ = (private.dead_letters | beam.Map(lambda r: json.dumps([r.reason, r.element]))
-             | beam.io.WriteToText(str(out), shard_name_template=""))
-        _ = private | bs.Count(epsilon=1.0)
-        _ = p | bs.WriteManifest(job=job, path=str(tmp_path / f"{tag}.json"))
-    dead = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
-    return sorted(dead), json.loads((tmp_path / f"{tag}.json").read_text(encoding="utf-8"))
+        for tag, elements in runs.items():
+            job = bs.PrivacyJob(epsilon=1.0, seed=1, disjoint=True, name=tag)
+            private = p | f"Create[{tag}]" >> beam.Create(elements) | f"Private[{tag}]" >> job.private(schema)
+            _ = (private.dead_letters
+                 | f"Reasons[{tag}]" >> beam.Map(lambda r: json.dumps([r.reason, r.element]))
+                 | f"Write[{tag}]" >> beam.io.WriteToText(str(tmp_path / f"dead_{tag}"),
+                                                          shard_name_template=""))
+            _ = private | f"Count[{tag}]" >> bs.Count(epsilon=1.0)
+            _ = p | f"Manifest[{tag}]" >> bs.WriteManifest(job=job, path=str(tmp_path / f"{tag}.json"))
+    return {tag: (sorted(json.loads(line) for line in (tmp_path / f"dead_{tag}").read_text(
+                encoding="utf-8").splitlines()),
+                  json.loads((tmp_path / f"{tag}.json").read_text(encoding="utf-8")))
+            for tag in runs}
 
 
 def test_str_elements_build_and_release_like_their_neighbour(tmp_path: Path, caplog) -> None:
@@ -303,13 +310,14 @@ def test_str_elements_build_and_release_like_their_neighbour(tmp_path: Path, cap
     violation at MakePrivate(codes)``), the second built and released (rule 7). Now both release,
     the strings are dead letters with their reason, and the build warns naming the parse step."""
     with caplog.at_level(logging.WARNING):
-        d, md = _str_run(["a", "b"], tmp_path, "d")
+        got = _str_runs({"d": ["a", "b"], "d1": ["a", "b", {"code": "01"}]}, tmp_path)
     assert "typed <class 'str'>" in caplog.text and "parse each element first" in caplog.text
-    d1, md1 = _str_run(["a", "b", {"code": "01"}], tmp_path, "d1")
+    (d, md), (d1, md1) = got["d"], got["d1"]
     reason = "element of type str is not a dict, beam.Row, named tuple or Arrow table"
     assert d == d1 == [[reason, '"a"'], [reason, '"b"']]
     assert (md["operational"]["rows_used"], md1["operational"]["rows_used"]) == (0, 1)
-    assert md["release"]["budget"] == md1["release"]["budget"]
+    assert [(b["total"], b["spent"]) for b in (md["release"]["budget"], md1["release"]["budget"])] \
+        == [({"epsilon": 1.0, "delta": 0.0}, {"epsilon": 1.0, "delta": 0.0})] * 2
 
 
 # -- 4. Beam YAML statistics steps of one name in two composites ---------------------------------
