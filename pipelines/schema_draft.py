@@ -14,7 +14,15 @@ Input forms (``--format``, default ``auto``):
   map such as German credit's ``values_maps.json``: the codes become the categories);
 * ``csv`` — a codebook with a header and columns ``column, type`` and optionally ``values``
   (``|``-separated), ``min``, ``max``, ``null_values`` (``|``-separated), ``granularity``,
-  ``description``.
+  ``description``;
+* ``smartnoise`` — SmartNoise SQL metadata YAML (``collection: {schema: {table: {...}}}``): table
+  options ``row_privacy``, ``max_ids`` and per column ``type`` (int, float, string, boolean,
+  datetime, unknown), ``lower``/``upper``, ``private_id``, ``nullable``, ``missing_value``.
+
+More dictionaries (``also``, CLI ``--with``) fill in what the first one leaves undeclared (a
+string column's categories); where both declare a domain, the first wins and a ``# REVIEW:``
+note names the other. ``header_from`` orders the columns as a data file's header line (public
+structure: only that line is read, never a record).
 """
 
 from __future__ import annotations
@@ -27,10 +35,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DRAFT_FORMATS", "DraftColumn", "draft_schema", "nice_step", "read_dictionary",
+__all__ = ["DRAFT_FORMATS", "DraftColumn", "DraftTable", "data_header", "draft_schema",
+           "merge_drafts", "nice_step", "order_by_header", "read_dictionary", "read_draft",
            "render_yaml"]
 
-DRAFT_FORMATS = ("auto", "sdnist", "domain-json", "csv")
+DRAFT_FORMATS = ("auto", "sdnist", "domain-json", "csv", "smartnoise")
 WIDE_RANGE = 200  # integer ranges with more values than this are drafted with bins
 TARGET_BINS = 50  # about this many bins for a wide integer range
 FLOAT_BINS = 20  # about this many bins for a float range
@@ -47,6 +56,18 @@ class DraftColumn:
     spec: dict[str, Any] | None
     notes: list[str] = field(default_factory=list)
     description: str = ""
+    pending: dict[str, Any] | None = None  # the spec without its domain, for another dictionary
+
+
+@dataclass
+class DraftTable:
+    """A drafted table: its columns, privacy id and table-level review notes."""
+
+    fmt: str
+    columns: list[DraftColumn]
+    privacy_id: str | None = None
+    notes: list[str] = field(default_factory=list)
+    source: str = ""
 
 
 def nice_step(width: float, target: int) -> float:
@@ -239,9 +260,196 @@ def _from_csv_row(row: Mapping[str, str], line: int) -> DraftColumn:
     return col
 
 
+# -- SmartNoise SQL metadata YAML ---------------------------------------------------------------------
+_SN_TABLE_KEYS = {"max_ids", "row_privacy", "rows", "rowcount", "rows_exact", "sample_max_ids",
+                  "censor_dims", "clamp_counts", "clamp_columns", "use_dpsu"}
+_SN_COLUMN_KEYS = {"type", "lower", "upper", "private_id", "private_key", "nullable",
+                   "missing_value", "sensitivity", "cardinality"}
+_SN_TYPES = ("int", "float", "string", "boolean", "datetime", "unknown")
+
+
+def _is_sn_table(node: Any) -> bool:
+    return isinstance(node, Mapping) and any(isinstance(v, Mapping) and "type" in v
+                                             for v in node.values())
+
+
+def _sn_tables(data: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """``(schema.table, table node)`` of a SmartNoise collection (collection: schema: table:)."""
+    found: list[tuple[str, Mapping[str, Any]]] = []
+    for coll in data.values():
+        if not isinstance(coll, Mapping):
+            continue
+        for sname, schema in coll.items():
+            if _is_sn_table(schema):  # collection: table: (no schema level)
+                found.append((str(sname), schema))
+                continue
+            if isinstance(schema, Mapping):
+                found.extend((f"{sname}.{t}" if sname else str(t), node)
+                             for t, node in schema.items() if _is_sn_table(node))
+    return found
+
+
+def _truthy(value: Any) -> bool:
+    return value is True or str(value).strip().lower() in ("true", "yes", "1")
+
+
+def _sn_column(name: str, entry: Mapping[str, Any]) -> DraftColumn:
+    col = DraftColumn(name, None)
+    ctype = str(entry.get("type", "")).strip().lower()
+    unknown = sorted(set(map(str, entry)) - _SN_COLUMN_KEYS)
+    if unknown:
+        col.notes.append(f"key(s) {unknown} not understood; ignored")
+    extra: dict[str, Any] = {}
+    if "missing_value" in entry:
+        extra = {"nullable": True, "null_values": [""]}
+        col.notes.append(f"missing_value {entry['missing_value']!r}: SmartNoise replaces a null by "
+                         "it; here a null (empty field) stays its own cell. To impute, fill it in "
+                         "before the synthesis, or set nullable: false")
+    elif _truthy(entry.get("nullable", True)):
+        extra = {"nullable": True, "null_values": [""]}  # SmartNoise's default: nullable
+    if "sensitivity" in entry:
+        col.notes.append("sensitivity (for SmartNoise sums) has no use here; ignored")
+    lower, upper = entry.get("lower"), entry.get("upper")
+    if ctype in ("int", "float"):
+        lo, hi = _as_number(lower), _as_number(upper)
+        if lo is None or hi is None or lo > hi:
+            kind = "integer" if ctype == "int" else "float"
+            col.notes.append(f"{ctype} column without both lower and upper; not drafted: declare "
+                             f"type: {kind}, domain: {{kind: {kind}, low: ..., high: ...}} from "
+                             "the documentation (never from the data)")
+            return col
+        if ctype == "int":
+            spec = {"name": name, "type": "integer", "domain": _integer_column(name, lo, hi,
+                                                                               col.notes)}
+        else:
+            spec = {"name": name, "type": "float", "domain": _float_column(lo, hi, col.notes)}
+    elif ctype == "datetime":
+        if lower is None or upper is None:
+            col.notes.append("datetime column without lower and upper; not drafted: declare type: "
+                             "datetime, domain: {kind: datetime, start: ..., end: ..., "
+                             "granularity: day}")
+            return col
+        col.notes.append("granularity 'day' guessed")
+        spec = {"name": name, "type": "datetime", "domain": {
+            "kind": "datetime", "start": str(lower), "end": str(upper), "granularity": "day"}}
+    elif ctype == "boolean":
+        col.notes.append("boolean drafted as the categories False, True: list the spelling the "
+                         "file uses (true/false, 1/0, Y/N)")
+        spec = {"name": name, "type": "categorical",
+                "domain": {"kind": "categorical", "values": ["False", "True"]}}
+    elif ctype == "string":
+        hint = (f" (the metadata's cardinality hint: about {entry['cardinality']} values)"
+                if "cardinality" in entry else "")
+        col.notes.append(
+            "string column: the metadata lists no categories; not drafted. Declare every value "
+            "the documentation lists: type: categorical, domain: {kind: categorical, values: "
+            f"[...]}}{hint}, or give a dictionary that lists them with --with (e.g. a domain "
+            "JSON {column: size} for codes 0..size-1). Never list the values found in the data")
+        col.pending = {"name": name, "type": "categorical", **extra}
+        return col
+    else:
+        what = "unknown (SmartNoise ignores the column)" if ctype == "unknown" else repr(ctype)
+        col.notes.append(f"type {what}; not drafted (types: {', '.join(_SN_TYPES)})")
+        return col
+    if lower is not None and ctype not in ("int", "float", "datetime"):
+        col.notes.append(f"lower/upper on a {ctype} column ignored")
+    col.spec = {**spec, **extra}
+    return col
+
+
+def _from_smartnoise(data: Mapping[str, Any], source: str, table: str | None) -> DraftTable:
+    tables = _sn_tables(data)
+    if not tables:
+        raise ValueError(f"dictionary {source!r}: a YAML file with no SmartNoise table "
+                         "(collection: schema: table: column: {type: ...}); draft reads "
+                         "SmartNoise metadata YAML, an SDNist data_dictionary.json, a domain JSON "
+                         "or a CSV codebook (docs/schema-guide.md)")
+    names = [n for n, _ in tables]
+    if table is not None:
+        tables = [(n, t) for n, t in tables if table in (n, n.rsplit(".", 1)[-1])]
+        if len(tables) != 1:
+            raise ValueError(f"dictionary {source!r}: --table {table!r} names "
+                             f"{len(tables)} of its tables {names}")
+    elif len(tables) > 1:
+        raise ValueError(f"dictionary {source!r} holds {len(tables)} tables {names}: choose one "
+                         "with --table")
+    tname, node = tables[0]
+    out = DraftTable("smartnoise", [], source=source)
+    ids = [str(c) for c, e in node.items() if isinstance(e, Mapping)
+           and (_truthy(e.get("private_id", False)) or _truthy(e.get("private_key", False)))]
+    row_privacy = _truthy(node.get("row_privacy", False))
+    max_ids = node.get("max_ids")
+    where = f"table {tname} of {source}"
+    if ids:
+        out.privacy_id = ids[0]
+        out.notes.append(f"privacy_id {ids[0]!r}: the private_id column of {where}")
+        if len(ids) > 1:
+            out.notes.append(f"private_id on {ids}: SmartNoise's unit is their combination; a "
+                             f"schema names one column: {ids[0]!r} is used alone. Join them into "
+                             "one column before the synthesis if it does not identify a person")
+        bound = 1 if max_ids is None else max_ids
+        out.notes.append(
+            f"max_ids {bound}" + (" (SmartNoise's default)" if max_ids is None else "")
+            + f": each person's rows are bounded at run time, `beamsynth synthesize ... "
+            f"--max-contributions {bound}` (the schema has no such key); rows beyond it are "
+            "dropped at random")
+    elif row_privacy:
+        out.notes.append(f"row_privacy: true in {where}: one record = one person "
+                         "(privacy_id: null)")
+    else:
+        out.notes.append(f"{where} sets neither row_privacy nor a private_id column (SmartNoise "
+                         "refuses to query it): privacy_id: null treats each record as one "
+                         "person; name the column identifying a person if people have several rows")
+    if row_privacy and (ids or (max_ids is not None and max_ids != 1)):
+        out.notes.append("row_privacy: true beside a private_id or max_ids > 1 (SmartNoise "
+                         "requires max_ids 1 with row_privacy): the private_id column is used")
+    if any(k in node for k in ("rows", "rowcount", "rows_exact")):
+        out.notes.append("the row count in the metadata is not used (and not copied here): the "
+                         "synthesis releases a DP count; --rows sets the output size")
+    ignored = sorted(k for k in node if k in _SN_TABLE_KEYS - {"max_ids", "row_privacy", "rows",
+                                                                 "rowcount", "rows_exact"})
+    if ignored:
+        out.notes.append(f"query-engine option(s) {ignored} have no meaning for a synthesis; "
+                         "ignored")
+    odd = sorted(str(k) for k, v in node.items() if k not in _SN_TABLE_KEYS
+                 and not isinstance(v, Mapping))
+    if odd:
+        out.notes.append(f"table key(s) {odd} not understood; ignored")
+    out.notes.append("SmartNoise columns are nullable unless `nullable: false`: each drafted "
+                     "column takes an empty field as null (one more cell); remove nullable where "
+                     "the documentation says every value is set")
+    for cname, entry in node.items():
+        if isinstance(entry, Mapping) and str(cname) not in ids:
+            out.columns.append(_sn_column(str(cname), entry))
+    return out
+
+
+def _yaml_dictionary(text: str, source: str, table: str | None) -> DraftTable:
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"dictionary {source!r}: not valid YAML: {exc}") from exc
+    if isinstance(data, Mapping) and isinstance(data.get("columns"), list):
+        raise ValueError(f"dictionary {source!r}: a beamsynth schema (it has 'columns:'); it needs "
+                         "no draft: `beamsynth schema validate` it (docs/schema-guide.md)")
+    if not isinstance(data, Mapping):
+        raise ValueError(f"dictionary {source!r}: expected a YAML mapping (SmartNoise metadata: "
+                         "collection: schema: table: columns)")
+    return _from_smartnoise(data, source, table)
+
+
 # -- reading and rendering ----------------------------------------------------------------------------
 def read_dictionary(path: str | Path, fmt: str = "auto") -> tuple[str, list[DraftColumn]]:
     """``(format, drafted columns)`` of a public dictionary file (never the data)."""
+    got = read_draft(path, fmt)
+    return got.fmt, got.columns
+
+
+def read_draft(path: str | Path, fmt: str = "auto", *, table: str | None = None) -> DraftTable:
+    """The drafted table of a public dictionary file (never the data); ``table`` picks one
+    table of a SmartNoise collection."""
     if fmt not in DRAFT_FORMATS:
         raise ValueError(f"format ({fmt!r}) must be one of {list(DRAFT_FORMATS)}")
     p = Path(path)
@@ -249,13 +457,15 @@ def read_dictionary(path: str | Path, fmt: str = "auto") -> tuple[str, list[Draf
         text = p.read_text(encoding="utf-8-sig")
     except OSError as exc:
         raise ValueError(f"dictionary {str(p)!r}: cannot read: {exc}") from exc
-    if fmt == "auto" and p.suffix.lower() in (".yaml", ".yml"):
-        raise ValueError(
-            f"dictionary {str(p)!r}: a YAML file; draft reads an SDNist data_dictionary.json, a "
-            "domain JSON or a CSV codebook. From metadata such as SmartNoise's YAML (type, lower, "
-            "upper per column), write a CSV codebook 'column,type,values,min,max' (categories "
-            "as a|b|c) and draft that; an existing beamsynth schema YAML needs no draft: "
-            "`beamsynth schema validate` it (docs/schema-guide.md)")
+    if fmt == "smartnoise" or (fmt == "auto" and p.suffix.lower() in (".yaml", ".yml")):
+        return _yaml_dictionary(text, p.name, table)
+    if table is not None:
+        raise ValueError("--table picks a table of SmartNoise metadata YAML only")
+    fmt, cols = _read_flat(p, text, fmt)
+    return DraftTable(fmt, cols, source=p.name)
+
+
+def _read_flat(p: Path, text: str, fmt: str) -> tuple[str, list[DraftColumn]]:
     if fmt == "auto":
         fmt = "csv" if p.suffix.lower() in (".csv", ".tsv") else "json"
     if fmt == "csv":
@@ -330,18 +540,24 @@ def _flow(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def render_yaml(name: str, columns: Sequence[DraftColumn], *, source: str, fmt: str) -> str:
-    """The drafted schema as YAML text, each guess marked ``# REVIEW:``."""
+def render_yaml(name: str, columns: Sequence[DraftColumn], *, source: str, fmt: str,
+                privacy_id: str | None = None, notes: Sequence[str] = (),
+                id_declared: bool = False) -> str:
+    """The drafted schema as YAML text, each guess marked ``# REVIEW:``; ``notes`` are
+    table-level review notes, ``id_declared``: the dictionary said who the privacy unit is."""
     drafted = [c for c in columns if c.spec is not None]
     lines = [
         f"# Drafted by `beamsynth schema draft` from the public dictionary {source} ({fmt}).",
         "# Every domain below comes from that dictionary, never from the data. Review each",
         "# '# REVIEW:' line, then check the file with `beamsynth schema validate`.",
         f"name: {_flow(name)}",
-        "privacy_id: null   # REVIEW: name the column identifying a person, if any",
-        "extra_columns: ignore",
-        "columns:",
     ]
+    lines += [f"# REVIEW: {note}" for note in notes]
+    if privacy_id is None and not id_declared:
+        lines.append("privacy_id: null   # REVIEW: name the column identifying a person, if any")
+    else:
+        lines.append(f"privacy_id: {_flow(privacy_id)}")
+    lines += ["extra_columns: ignore", "columns:"]
     for c in columns:
         if c.description:
             lines.append(f"  # {c.name}: {' '.join(c.description.split())}")
@@ -361,14 +577,168 @@ def render_yaml(name: str, columns: Sequence[DraftColumn], *, source: str, fmt: 
     if not drafted:
         raise ValueError(f"dictionary {source!r}: no column could be drafted; `schema draft` reads "
                          "an SDNist data_dictionary.json, a domain JSON ({column: {type, min, max} "
-                         "| {categories: [...]} | size} or {column: {code: label}}) or a CSV "
-                         "codebook (column,type[,values,min,max,...]); see the notes above each "
-                         "column in the output (docs/schema-guide.md)")
+                         "| {categories: [...]} | size} or {column: {code: label}}), a CSV "
+                         "codebook (column,type[,values,min,max,...]) or SmartNoise metadata YAML; "
+                         "see the notes above each column in the output; a second dictionary "
+                         "(--with) can supply what the first lacks (docs/schema-guide.md)")
     return "\n".join(lines) + "\n"
 
 
-def draft_schema(path: str | Path, *, fmt: str = "auto", name: str | None = None) -> str:
-    """The drafted schema YAML for a dictionary file (see the module docstring)."""
-    used, cols = read_dictionary(path, fmt)
-    stem = Path(path).stem
-    return render_yaml(name or stem, cols, source=Path(path).name, fmt=used)
+# -- combining dictionaries, ordering by a data header -------------------------------------------------
+def _domain_text(spec: Mapping[str, Any]) -> str:
+    d = spec["domain"]
+    if d.get("kind") == "categorical":
+        vals = d.get("values", [])
+        shown = ", ".join(map(str, vals[:8])) + (", ..." if len(vals) > 8 else "")
+        return f"categorical [{shown}] ({len(vals)} values)"
+    if d.get("kind") in ("integer", "float"):
+        return f"{d['kind']} {d['low']:g}..{d['high']:g}"
+    return _flow(d)
+
+
+def _as_categories(spec: Mapping[str, Any]) -> list[str] | None:
+    """A supplement's domain as category codes: its values, or a small integer range's codes."""
+    d = spec["domain"]
+    if d.get("kind") == "categorical" and isinstance(d.get("values"), list):
+        return [str(v) for v in d["values"]]
+    if d.get("kind") == "integer" and "edges" not in d and d["high"] - d["low"] < 1000:
+        return [str(v) for v in range(int(d["low"]), int(d["high"]) + 1)]
+    return None
+
+
+def merge_drafts(main: DraftTable, others: Sequence[DraftTable]) -> DraftTable:
+    """``main`` completed by ``others`` (in order): a column ``main`` could not draft takes the
+    first other's domain (a string column's categories: its listed values or codes
+    ``0..size-1``), keeping ``main``'s type and null settings; where both declare a domain,
+    ``main``'s stays and a note names the other's; a column only the others list is added at
+    the end with a note. Public dictionaries only: nothing here reads data."""
+    cols = list(main.columns)
+    index = {c.name: i for i, c in enumerate(cols)}
+    notes = list(main.notes)
+    for other in others:
+        src = other.source
+        for oc in other.columns:
+            if oc.name == main.privacy_id:
+                notes.append(f"{src} declares the privacy id column {oc.name!r}; not drafted")
+                continue
+            if oc.name not in index:
+                if oc.spec is not None:
+                    oc = DraftColumn(oc.name, oc.spec, [*oc.notes, f"only in {src}, not in "
+                                     f"{main.source}: is it a column of this table?"],
+                                     oc.description)
+                    index[oc.name] = len(cols)
+                    cols.append(oc)
+                continue
+            i = index[oc.name]
+            mc = cols[i]
+            if oc.spec is None:
+                continue
+            if mc.spec is None:
+                base = mc.pending or {"name": mc.name, "type": oc.spec["type"]}
+                domain = oc.spec["domain"]
+                if base["type"] == "categorical":
+                    cats = _as_categories(oc.spec)
+                    if cats is None:
+                        mc.notes.append(f"{src} declares {_domain_text(oc.spec)}, not categories; "
+                                        "not used")
+                        continue
+                    domain = {"kind": "categorical", "values": cats}
+                spec = {**base, "domain": domain}
+                if not base.get("nullable") and oc.spec.get("nullable"):
+                    spec.update(nullable=True, null_values=oc.spec["null_values"])
+                onotes = list(oc.notes)
+                if oc.spec["type"] == "integer" and base["type"] == "categorical":
+                    d = oc.spec["domain"]
+                    note = (f"categories from {src}: the codes {d['low']}..{d['high']} of its "
+                            "integer range, as text (check that the file writes them so)")
+                    onotes = [n for n in onotes if not n.startswith("a size only")]
+                else:
+                    note = f"domain from {src}: {_domain_text(spec)}"
+                cols[i] = DraftColumn(mc.name, spec, [*[n for n in mc.notes if not n.startswith(
+                    ("string column:", "int column", "float column"))], note, *onotes],
+                    mc.description or oc.description)
+            elif _domain_text(mc.spec) != _domain_text(oc.spec) or mc.spec["type"] != oc.spec["type"]:
+                mine, theirs = _domain_text(mc.spec), _domain_text(oc.spec)
+                if mc.spec["type"] != oc.spec["type"]:
+                    mine, theirs = f"{mc.spec['type']}: {mine}", f"{oc.spec['type']}: {theirs}"
+                mc.notes.append(f"conflict: {src} declares {theirs}"
+                                + (f" ({oc.notes[0]})" if oc.notes else "")
+                                + f"; kept {main.source}'s {mine} (the first dictionary wins): "
+                                "values only one of them allows would be rejected by the other; "
+                                "choose from the documentation")
+    return DraftTable(main.fmt, cols, main.privacy_id, notes, main.source)
+
+
+def data_header(path: str | Path) -> list[str]:
+    """The column names of a data file's header, reading nothing else: a CSV's first line (as
+    the reader takes it), an Avro file's writer schema, a Parquet file's schema. Column names
+    are public structure (``docs/schema-guide.md``); no record is read."""
+    from beamsynth.pipelines.io.records import detect_format
+
+    path = str(path)
+    fmt = detect_format(path)
+    if fmt == "csv":
+        from beamsynth.pipelines.io.read_csv import _csv_header
+
+        header, _ = _csv_header(path)
+        if not header:
+            raise ValueError(f"--header-from {path!r}: no header line")
+        return header
+    if fmt == "avro":
+        from apache_beam.io.filesystems import FileSystems
+
+        from beamsynth.pipelines.io.read_avro import read_avro_header
+
+        with FileSystems.open(path, compression_type="uncompressed") as fh:
+            return list(read_avro_header(fh).fields)
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        return list(pq.read_schema(path).names)
+    raise ValueError(f"--header-from {path!r}: a {fmt} file has no header line; order the "
+                     "columns in the drafted file by hand")
+
+
+def order_by_header(table: DraftTable, header: Sequence[str], source: str) -> DraftTable:
+    """``table``'s columns in the order of a data file's header; a dictionary column missing
+    from it is left out (it would fail the pre-flight), header columns the dictionary does not
+    declare are named in a note (``extra_columns: ignore`` skips them)."""
+    pos = {h: i for i, h in enumerate(header)}
+    notes = list(table.notes)
+    kept, gone = [], []
+    for c in table.columns:
+        if c.name in pos:
+            kept.append(c)
+        elif c.spec is not None:
+            gone.append(c.name)
+            kept.append(DraftColumn(c.name, None, [*c.notes, f"not in the header of {source}: "
+                                    "left out (a declared column missing from the file fails "
+                                    "the run's pre-flight); check the name"], c.description))
+        else:
+            kept.append(c)
+    kept.sort(key=lambda c: pos.get(c.name, len(pos)))
+    names = {c.name for c in table.columns} | {table.privacy_id}
+    extra = [h for h in header if h not in names]
+    notes.append(f"columns in the order of {source}'s header line (only that line was read)")
+    if extra:
+        notes.append(f"{source}'s header has column(s) {extra} that no dictionary declares: "
+                     "ignored by the synthesis (extra_columns: ignore) and absent from its output")
+    if table.privacy_id is not None and table.privacy_id not in pos:
+        notes.append(f"the privacy id {table.privacy_id!r} is not in {source}'s header")
+    return DraftTable(table.fmt, kept, table.privacy_id, notes, table.source)
+
+
+def draft_schema(path: str | Path, *, fmt: str = "auto", name: str | None = None,
+                 table: str | None = None, also: Sequence[str | Path] = (),
+                 header_from: str | Path | None = None) -> str:
+    """The drafted schema YAML for a dictionary file (see the module docstring), completed by
+    the dictionaries ``also`` and ordered by ``header_from``'s header line."""
+    got = read_draft(path, fmt, table=table)
+    if also:
+        got = merge_drafts(got, [read_draft(p) for p in also])
+    if header_from is not None:
+        got = order_by_header(got, data_header(header_from), Path(header_from).name)
+    sources = ", ".join([Path(path).name, *(Path(p).name for p in also)])
+    return render_yaml(name or Path(path).stem, got.columns, source=sources, fmt=got.fmt,
+                       privacy_id=got.privacy_id, notes=got.notes,
+                       id_declared=got.fmt == "smartnoise")

@@ -23,8 +23,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                   "the data dictionary or codebook file")
     p.add_argument("--format", default="auto", choices=[*DRAFT_FORMATS, "json"],
                    help="draft: dictionary form (sdnist data_dictionary.json, domain-json like "
-                        "adult-domain.json, csv codebook; json = either JSON form; default: "
-                        "from the file)")
+                        "adult-domain.json, csv codebook, smartnoise metadata YAML; json = either "
+                        "JSON form; default: from the file)")
+    p.add_argument("--with", dest="also", action="append", default=[], metavar="DICTIONARY",
+                   help="draft: another public dictionary (repeatable, any form, read by its "
+                        "extension and shape) filling in what the first leaves undeclared, e.g. "
+                        "the categories of SmartNoise string columns; where both declare a "
+                        "domain the first dictionary wins and a '# REVIEW:' note names the other")
+    p.add_argument("--table", help="draft: the table of a SmartNoise collection (name or "
+                                   "schema.table) when it holds several")
+    p.add_argument("--header-from", metavar="DATA_FILE",
+                   help="draft: order the columns as this data file's header line (CSV first "
+                        "line, Avro/Parquet schema); only the column names are read, no record")
     p.add_argument("--output", help="draft: schema YAML to write (default: standard output)")
     p.add_argument("--name", help="draft: schema name (default: the dictionary's file name)")
     p.set_defaults(func=_run)
@@ -33,8 +43,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     if beam_args:
         raise ValueError(f"unexpected arguments: {' '.join(beam_args)}")
-    if args.action != "draft" and (args.output or args.name or args.format != "auto"):
-        raise ValueError("--format, --output and --name apply to `schema draft` only")
+    if args.action != "draft" and (args.output or args.name or args.format != "auto" or args.also
+                                   or args.table or args.header_from):
+        raise ValueError("--format, --output, --name, --with, --table and --header-from apply to "
+                         "`schema draft` only")
     if args.action == "draft":
         return _draft(args)
     schema = load_schema(args.schema)
@@ -52,7 +64,8 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
 
 def _draft(args: argparse.Namespace) -> int:
     fmt = "json" if args.format == "json" else args.format
-    text = draft_schema(args.schema, fmt=fmt if fmt != "json" else "auto", name=args.name)
+    text = draft_schema(args.schema, fmt=fmt if fmt != "json" else "auto", name=args.name,
+                        table=args.table, also=args.also, header_from=args.header_from)
     load_schema(_parsed(text))  # the draft must validate before anyone reviews it
     reviews = text.count("# REVIEW:")
     if args.output:

@@ -123,7 +123,7 @@ def test_bad_dictionaries_are_refused(tmp_path, content, fmt, message):
 
 def test_bad_format_and_undraftable_dictionary(tmp_path, capsys):
     with pytest.raises(ValueError, match=r"format \('xml'\) must be one of \['auto', 'sdnist', "
-                                         r"'domain-json', 'csv'\]"):
+                                         r"'domain-json', 'csv', 'smartnoise'\]"):
         read_dictionary(SDNIST, "xml")
     path = tmp_path / "d.json"
     path.write_text('{"a": {"description": "free text"}}', encoding="utf-8")
@@ -146,17 +146,3 @@ def test_code_label_map_is_drafted_as_categories(tmp_path, capsys):
     bad.write_text('{"a": [1, 2]}', encoding="utf-8")
     assert main(["schema", "draft", str(bad)]) == 2
     assert "a CSV codebook (column,type" in capsys.readouterr().err
-
-
-def test_yaml_metadata_is_named_not_parsed_as_json(tmp_path):
-    """A SmartNoise metadata YAML (PUMS.yaml: type/lower/upper per column, H51) is not a form
-    draft reads: the message says it is YAML and what to write, not 'not valid JSON: Expecting
-    value: line 1 column 1'."""
-    path = tmp_path / "PUMS.yaml"
-    path.write_text("PUMS:\n  PUMS:\n    PUMS:\n      age:\n        type: int\n        lower: 0\n"
-                    "        upper: 100\n", encoding="utf-8")
-    with pytest.raises(ValueError) as info:
-        read_dictionary(path)
-    message = str(info.value)
-    assert "YAML" in message and "CSV codebook" in message and "docs/schema-guide.md" in message
-    assert "Expecting value" not in message
