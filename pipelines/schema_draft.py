@@ -68,6 +68,7 @@ class DraftTable:
     privacy_id: str | None = None
     notes: list[str] = field(default_factory=list)
     source: str = ""
+    unit_declared: bool = False  # the dictionary says who the privacy unit is (SmartNoise)
 
 
 def nice_step(width: float, target: int) -> float:
@@ -266,6 +267,7 @@ _SN_TABLE_KEYS = {"max_ids", "row_privacy", "rows", "rowcount", "rows_exact", "s
 _SN_COLUMN_KEYS = {"type", "lower", "upper", "private_id", "private_key", "nullable",
                    "missing_value", "sensitivity", "cardinality"}
 _SN_TYPES = ("int", "float", "string", "boolean", "datetime", "unknown")
+_SN_NULLABLE = "SmartNoise columns are nullable unless `nullable: false`"
 
 
 def _is_sn_table(node: Any) -> bool:
@@ -374,7 +376,7 @@ def _from_smartnoise(data: Mapping[str, Any], source: str, table: str | None) ->
         raise ValueError(f"dictionary {source!r} holds {len(tables)} tables {names}: choose one "
                          "with --table")
     tname, node = tables[0]
-    out = DraftTable("smartnoise", [], source=source)
+    out = DraftTable("smartnoise", [], source=source, unit_declared=True)
     ids = [str(c) for c, e in node.items() if isinstance(e, Mapping)
            and (_truthy(e.get("private_id", False)) or _truthy(e.get("private_key", False)))]
     row_privacy = _truthy(node.get("row_privacy", False))
@@ -415,8 +417,7 @@ def _from_smartnoise(data: Mapping[str, Any], source: str, table: str | None) ->
                  and not isinstance(v, Mapping))
     if odd:
         out.notes.append(f"table key(s) {odd} not understood; ignored")
-    out.notes.append("SmartNoise columns are nullable unless `nullable: false`: each drafted "
-                     "column takes an empty field as null (one more cell); remove nullable where "
+    out.notes.append(_SN_NULLABLE + ": each drafted column takes an empty field as null (one more cell); remove nullable where "
                      "the documentation says every value is set")
     for cname, entry in node.items():
         if isinstance(entry, Mapping) and str(cname) not in ids:
@@ -615,10 +616,15 @@ def merge_drafts(main: DraftTable, others: Sequence[DraftTable]) -> DraftTable:
     cols = list(main.columns)
     index = {c.name: i for i, c in enumerate(cols)}
     notes = list(main.notes)
+    pid, declared = main.privacy_id, main.unit_declared
     for other in others:
         src = other.source
+        if other.unit_declared and not declared:  # the unit from the first that declares it
+            pid, declared = other.privacy_id, True
+            notes += [f"from {src}: {n}" for n in other.notes
+                      if not n.startswith(_SN_NULLABLE)]  # about its own columns
         for oc in other.columns:
-            if oc.name == main.privacy_id:
+            if oc.name == pid:
                 notes.append(f"{src} declares the privacy id column {oc.name!r}; not drafted")
                 continue
             if oc.name not in index:
@@ -666,7 +672,12 @@ def merge_drafts(main: DraftTable, others: Sequence[DraftTable]) -> DraftTable:
                                 + f"; kept {main.source}'s {mine} (the first dictionary wins): "
                                 "values only one of them allows would be rejected by the other; "
                                 "choose from the documentation")
-    return DraftTable(main.fmt, cols, main.privacy_id, notes, main.source)
+    if pid is not None and pid in index:
+        i = index[pid]
+        notes.append(f"the privacy id {pid!r} is also a column of {main.source}: not drafted "
+                     "(a privacy id is never synthesized)")
+        cols[i] = DraftColumn(pid, None, cols[i].notes, cols[i].description)
+    return DraftTable(main.fmt, cols, pid, notes, main.source, declared)
 
 
 def data_header(path: str | Path) -> list[str]:
@@ -725,7 +736,7 @@ def order_by_header(table: DraftTable, header: Sequence[str], source: str) -> Dr
                      "ignored by the synthesis (extra_columns: ignore) and absent from its output")
     if table.privacy_id is not None and table.privacy_id not in pos:
         notes.append(f"the privacy id {table.privacy_id!r} is not in {source}'s header")
-    return DraftTable(table.fmt, kept, table.privacy_id, notes, table.source)
+    return DraftTable(table.fmt, kept, table.privacy_id, notes, table.source, table.unit_declared)
 
 
 def draft_schema(path: str | Path, *, fmt: str = "auto", name: str | None = None,
@@ -740,5 +751,4 @@ def draft_schema(path: str | Path, *, fmt: str = "auto", name: str | None = None
         got = order_by_header(got, data_header(header_from), Path(header_from).name)
     sources = ", ".join([Path(path).name, *(Path(p).name for p in also)])
     return render_yaml(name or Path(path).stem, got.columns, source=sources, fmt=got.fmt,
-                       privacy_id=got.privacy_id, notes=got.notes,
-                       id_declared=got.fmt == "smartnoise")
+                       privacy_id=got.privacy_id, notes=got.notes, id_declared=got.unit_declared)

@@ -129,7 +129,14 @@ def test_with_fills_categories_and_first_dictionary_wins_conflicts(tmp_path):
     # through the CLI, repeatable, and the other order: the domain JSON wins
     out = tmp_path / "o.yaml"
     assert main(["schema", "draft", str(sizes), "--with", str(meta), "--output", str(out)]) == 0
-    assert _cols(out.read_text())["age"]["domain"]["high"] == 94
+    swapped = out.read_text()
+    assert _cols(swapped)["age"]["domain"]["high"] == 94
+    assert "# REVIEW: from meta.yaml: row_privacy: true" in swapped  # the unit still declared
+    assert "privacy_id: null\n" in swapped and "SmartNoise columns are nullable" not in swapped
+    pid_meta = _write(tmp_path, "pid.yaml", SN_PID)
+    text = draft_schema(_write(tmp_path, "s2.json", '{"pid": 9, "age": 101}'), also=[pid_meta])
+    assert load_schema(_spec(text)).privacy_id == "pid" and "pid" not in _cols(text)
+    assert "from pid.yaml: max_ids 4" in text and "is also a column of s2.json" in text
 
 
 def test_header_from_orders_columns_reading_only_the_header(tmp_path):
