@@ -565,11 +565,14 @@ def render_yaml(name: str, columns: Sequence[DraftColumn], *, source: str, fmt: 
         prefix = "  " if c.spec is not None else "  # "
         for note in c.notes:
             lines.append(f"  # REVIEW: {note}")
-        if c.spec is None:
+        if c.spec is None and c.pending is None:
             lines.append(f"  # - name: {_flow(c.name)}   (not drafted)")
             continue
-        spec = c.spec
-        lines.append(f"{prefix}- name: {_flow(spec['name'])}")
+        if c.spec is None:  # a template to complete: the domain's values are left empty
+            lines.append(f"  # - name: {_flow(c.name)}   (not drafted: list the values, uncomment)")
+        spec = c.spec or {**c.pending, "domain": {"kind": "categorical", "values": []}}
+        if c.spec is not None:
+            lines.append(f"{prefix}- name: {_flow(spec['name'])}")
         lines.append(f"{prefix}  type: {spec['type']}")
         lines.append(f"{prefix}  domain: {_flow(spec['domain'])}")
         if spec.get("nullable"):

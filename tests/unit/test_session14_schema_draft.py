@@ -91,7 +91,10 @@ def test_smartnoise_yaml_drafts_bounds_types_and_row_privacy(tmp_path):
     assert schema.privacy_id is None and "privacy_id: null\n" in text  # row_privacy: one record
     assert "row_privacy: true in table Census.People" in text
     # what cannot be drafted is said, with exactly what to declare; nothing is silent
-    assert '# - name: "sex"   (not drafted)' in text
+    assert ('  # - name: "sex"   (not drafted: list the values, uncomment)\n'
+            '  #   type: categorical\n'
+            '  #   domain: {"kind": "categorical", "values": []}\n'
+            '  #   nullable: true\n') in text
     assert "values: [...]} (the metadata's cardinality hint: about 2 values)" in text
     assert "Never list the values found in the data" in text
     assert '# - name: "weird"   (not drafted)' in text and "type unknown" in text
