@@ -152,6 +152,11 @@ def test_header_from_orders_columns_reading_only_the_header(tmp_path):
     assert "left out (a declared column missing from the file" in text  # b
     assert "header has column(s) ['extra'] that no dictionary declares" in text
     assert "only that line was read" in text
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"a": [1], "zz": ["x"], "c": [0]}), tmp_path / "d.parquet")
+    assert data_header(tmp_path / "d.parquet") == ["a", "zz", "c"]
     jsonl = _write(tmp_path, "d.jsonl", '{"a": 1}\n')
     with pytest.raises(ValueError, match="has no header line; order the columns"):
         draft_schema(dom, header_from=jsonl)
