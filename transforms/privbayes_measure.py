@@ -40,6 +40,7 @@ from typing import Any
 import apache_beam as beam
 import numpy as np
 
+from beamsynth.transforms import privbayes_plan as pbp
 from beamsynth.transforms.budget import PureDP, zcdp_approx
 from beamsynth.transforms.measure import (
     NoisyMarginal,
@@ -148,6 +149,13 @@ def measure_privbayes(
     target = plan.parent_target  # H58: only where its families were counted (older callers)
     if target is not None and not any(target in f and len(f) > min(degree + 1, d) for f in tables):
         target = None
+    if target is not None and pbp.TARGET_PARENT == "useful":  # public rows or the DP count
+        rows = sizing["rows_hat"] if sizing is not None else plan.sizing.rows
+        useful = pbp.target_parent_usefulness(rows, plan)
+        if sizing is not None:
+            sizing = {**sizing, "target_parent_usefulness": useful}
+        if useful < pbp.TARGET_PARENT_THETA:
+            target = None
     if d > 1 and degree > 0:
         structure = choose_structure(
             tables, shape, degree=degree, epsilon=plan.step_epsilon,

@@ -1,5 +1,6 @@
 """Audit of H58's branch (issue 18): a declared target as a parent in a k ≥ 1 PrivBayes network
-(``privbayes_plan.TARGET_PARENT`` ``"optional"`` / ``"required"``), by the recorded draws.
+(``privbayes_plan.TARGET_PARENT`` ``"optional"`` / ``"required"`` / ``"useful"``, the latter
+with its gate passed), by the recorded draws.
 
 Every privacy draw of one measurement (recorded in every beamsynth module by
 ``test_session12_accounting.record_draws``) against the accountant's spends: the DP size count
@@ -34,6 +35,7 @@ NAMES = [f"c{i}" for i in range(len(s12.SHAPE))]
 
 def _run(monkeypatch, mode: str, noise: str, m: int, n: int):
     monkeypatch.setattr(pbp, "TARGET_PARENT", mode)
+    monkeypatch.setattr(pbp, "TARGET_PARENT_THETA", 0.0)  # "useful": the gate passes here
     budget = ApproxDP(epsilon=s12.EPS, delta=s12.DELTA if noise == "gaussian" else 0.0)
     plan = plan_privbayes(s12.SHAPE, budget, sizing="auto", max_contributions=m, target=T,
                           names=NAMES)
@@ -57,7 +59,7 @@ def _run(monkeypatch, mode: str, noise: str, m: int, n: int):
     return plan, out, s12.verdict(calls, m=m, count=count, rest=rest), count
 
 
-@pytest.mark.parametrize("mode", ["optional", "required"])
+@pytest.mark.parametrize("mode", ["optional", "required", "useful"])
 @pytest.mark.parametrize("noise", ["laplace", "gaussian"])
 @pytest.mark.parametrize(("m", "n"), [(1, 20_000), (2, 40_000)])
 def test_target_network_draws_fit_the_spends(monkeypatch, mode, noise, m, n):
@@ -66,6 +68,7 @@ def test_target_network_draws_fit_the_spends(monkeypatch, mode, noise, m, n):
     assert out.sizing["degree"] == 1 and out.structure[0] == (T, ()), out.sizing
     with_t = [x for x, ps in out.structure if T in ps]
     assert with_t and (mode == "optional" or len(with_t) == len(s12.SHAPE) - 1)
+    assert mode != "useful" or out.sizing["target_parent_usefulness"] > 0
     assert any(len(ps) == 2 for _, ps in out.structure)  # (X, T, P) families were released
     assert v["ok"], v
     if noise == "laplace":

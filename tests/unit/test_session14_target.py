@@ -167,3 +167,32 @@ def test_spend_details_name_the_target_parent(monkeypatch, noise):
     plan = plan_privbayes(SHAPE, budget, sizing="auto", target=T)
     spend_privbayes(acc, gaussian_plan(plan, budget) if noise == "gaussian" else plan)
     assert "target_parent" not in json.dumps(acc.to_dict())
+
+
+def test_useful_mode_gates_the_target_on_the_triples_usefulness(monkeypatch):
+    """``"useful"``: the target a parent of every column where rows·ε_m/(m·Σ_X |X|·|T|·c̄) ≥ θ_T
+    (from the DP count here), else the label-free network (the target not the root)."""
+    monkeypatch.setattr(pbp, "TARGET_PARENT", "useful")
+    plan = plan_privbayes(SHAPE, PureDP(epsilon=2.0), sizing="auto", rows=None, target=T,
+                          degree=1, refine_pairs=0)
+    cbar = sum(SHAPE[:T]) / T
+    want = 30_000 * plan.marginal_budget.epsilon / sum(s * SHAPE[T] * cbar for s in SHAPE[:T])
+    assert pbp.target_parent_usefulness(30_000, plan) == pytest.approx(want)
+    fams = candidate_families(len(SHAPE), plan.degree, shape=SHAPE,
+                              max_family_cells=plan.max_family_cells, target=plan.parent_target)
+    counts = _counts(SHAPE, fams, _codes(30_000))
+    outs = {}
+    for theta in (0.0, 1e9):
+        monkeypatch.setattr(pbp, "TARGET_PARENT_THETA", theta)
+        outs[theta] = measure_privbayes(counts, fams, shape=SHAPE, names=[f"c{i}" for i in range(7)],
+                                        plan=plan, rs=RandomSource(seed=4))
+    assert sum(T in ps for _, ps in outs[0.0].structure) == T  # every column: required
+    assert outs[0.0].sizing["target_parent_usefulness"] > 0
+    # below θ_T: the label-free network, the draws of TARGET_PARENT "off" (same counts)
+    monkeypatch.setattr(pbp, "TARGET_PARENT", "off")
+    plain = candidate_families(len(SHAPE), plan.degree, shape=SHAPE,
+                               max_family_cells=plan.max_family_cells)
+    off = measure_privbayes(_counts(SHAPE, plain, _codes(30_000)), plain, shape=SHAPE,
+                            names=[f"c{i}" for i in range(7)], plan=plan, rs=RandomSource(seed=4))
+    assert outs[1e9].structure == off.structure and all(len(ps) <= 1 for _, ps in off.structure)
+    assert all(np.array_equal(a.values, b.values) for a, b in zip(outs[1e9].marginals, off.marginals))
