@@ -92,6 +92,7 @@ pipeline is built (:class:`_UnsupportedVisitor`); ``Impulse`` is its one empty e
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -810,6 +811,39 @@ def _overrides() -> list[PTransformOverride]:
     return [_LiftCombinePerKey(), _ReadBoundedSource(), *beams]
 
 
+def _quiet_dashboard(dask_options: dict[str, Any]) -> None:
+    """The runner's own ``LocalCluster`` serves its HTTP endpoints on a free port unless bokeh
+    (the dashboard) is installed. ``distributed`` binds 8787 by default and, when another cluster
+    (another run, a notebook) holds it, warns ``UserWarning: Port 8787 is already in use. Perhaps
+    you already have a cluster running?`` (4 lines on the terminal) and takes another port
+    anyway; without bokeh (``beamsynth[dask]`` does not install it) there is no dashboard to find
+    there. With bokeh, or a cluster of the user's, nothing changes."""
+    if dask_options.get("address") or dask_options.get("scheduler_file"):
+        return
+    if importlib.util.find_spec("bokeh") is None:
+        dask_options.setdefault("dashboard_address", ":0")
+
+
+def _owns_cluster(client: Any) -> bool:
+    """Whether ``client`` started its own ``LocalCluster`` (no ``--dask_client_address`` or
+    scheduler file): only then are its workers' heartbeats ours to stop."""
+    return getattr(client, "cluster", None) is not None
+
+
+def _close(client: Any) -> None:
+    """Close the runner's client, and with it the ``LocalCluster`` it started, after stopping the
+    workers' heartbeats (:mod:`beamsynth.runners.dask_shutdown`). Stopping them is best effort:
+    whatever it raises (a worker already gone) never replaces the run's own outcome."""
+    if _owns_cluster(client):
+        from beamsynth.runners.dask_shutdown import stop_heartbeats
+
+        try:
+            client.run(stop_heartbeats, on_error="ignore")
+        except Exception:  # noqa: BLE001 - a shutdown courtesy; the close below still runs
+            pass
+    client.close()
+
+
 @dataclass
 class DaskRunnerResult(PipelineResult):
     """A running pipeline: one future for the whole graph, Beam metrics when it is done.
@@ -835,9 +869,9 @@ class DaskRunnerResult(PipelineResult):
             return self._state  # still running
         except BaseException:
             self._state = PipelineState.FAILED
-            self.client.close()
+            _close(self.client)
             raise
-        self.client.close()  # the runner's own client (and the LocalCluster it started)
+        _close(self.client)  # the runner's own client (and the LocalCluster it started)
         metrics = DirectMetrics()
         for item in results:
             if not isinstance(item, int):  # leaf sizes are ints, metric updates are not
@@ -881,10 +915,15 @@ class DaskRunner(PipelineRunner):
         dask_options = options.view_as(DaskOptions).get_all_options(drop_default=True,
                                                                     current_only=True)
         bag_kwargs = DaskOptions._extract_bag_kwargs(dask_options)
+        _quiet_dashboard(dask_options)
         pipeline.replace_all(_overrides())
         pipeline.visit(_UnsupportedVisitor())  # before a cluster starts or a task runs
         client = distributed.Client(**dask_options)
         try:
+            if _owns_cluster(client):  # a quiet shutdown (dask_shutdown); never on a user's cluster
+                from beamsynth.runners.dask_shutdown import Heartbeats
+
+                client.register_plugin(Heartbeats(), name=Heartbeats.name)
             cap = _partition_cap(client)
             readers = _ReadersVisitor()
             pipeline.visit(readers)
@@ -896,6 +935,6 @@ class DaskRunner(PipelineRunner):
             (graph,) = dask.optimize(everything)
             return DaskRunnerResult(client, client.compute(graph))
         except BaseException:
-            client.close()  # a failed build (a missing file while splitting) leaves no client
+            _close(client)  # a failed build (a missing file while splitting) leaves no client
             raise
 

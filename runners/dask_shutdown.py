@@ -1,0 +1,71 @@
+"""A quiet end for the DaskRunner's own ``LocalCluster``: workers' heartbeats stop before it closes.
+
+A non-quiet run on ``--runner dask`` (no ``--dask_client_address``: the runner starts a
+``LocalCluster`` and closes it when the run ends) could end with a worker's ``ERROR
+distributed.worker: Failed to communicate with scheduler during heartbeat.`` and a
+``CommClosedError`` traceback on the terminal, exit code 0 and every output correct.
+``Worker.close`` stops its heartbeat callback but not a heartbeat already waiting for the
+scheduler's answer, then closes its connections under it (the worker logs the ``OSError`` with
+its traceback); under load, with the scheduler in the launcher's busy process, one is often in
+flight (dask/distributed#7192 reports the same race at ``Client.shutdown``).
+
+:class:`Heartbeats` (registered by the runner on its own cluster only) serialises each worker's
+heartbeats through a lock; :func:`stop_heartbeats`, run on every worker once the run's result is
+in, stops the heartbeat callback and waits for the one in flight (at most :data:`WAIT_SECONDS`),
+which gets its answer from a scheduler that is still up. The cluster then closes with no heartbeat in flight. Nothing is
+filtered: every log line of the workers and a task's exception reach the user as before.
+
+Imported only by :mod:`beamsynth.runners.dask_runner` when it runs (``distributed`` is optional).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from distributed.diagnostics.plugin import WorkerPlugin
+
+__all__ = ["WAIT_SECONDS", "Heartbeats", "stop_heartbeats"]
+
+_LOCK = "_beamsynth_heartbeats"  # the worker attribute holding the heartbeat lock
+# How long a worker waits for its heartbeat in flight (normally milliseconds): a scheduler that
+# does not answer by then is a real problem, and the close goes on (and may show it) as before.
+WAIT_SECONDS = 10.0
+
+
+class Heartbeats(WorkerPlugin):
+    """Worker plugin: the worker's heartbeats run one at a time under a lock that
+    :func:`stop_heartbeats` can wait on."""
+
+    name = "beamsynth-heartbeats"
+
+    def setup(self, worker: Any) -> None:
+        """Wrap the worker's heartbeat callback (a ``tornado`` ``PeriodicCallback``) in the lock."""
+        callback = worker.periodic_callbacks.get("heartbeat")
+        if callback is None or getattr(worker, _LOCK, None) is not None:
+            return
+        lock = asyncio.Lock()
+        beat = callback.callback
+
+        async def heartbeat() -> None:
+            async with lock:
+                await beat()
+
+        callback.callback = heartbeat
+        setattr(worker, _LOCK, lock)
+
+
+async def stop_heartbeats(dask_worker: Any) -> None:
+    """On a worker (``client.run``), when the run is over: no new heartbeat starts, and the one
+    in flight, if any, finishes while the scheduler still answers."""
+    callback = dask_worker.periodic_callbacks.get("heartbeat")
+    if callback is not None:
+        callback.stop()
+    lock = getattr(dask_worker, _LOCK, None)
+    if lock is None:
+        return
+    try:
+        await asyncio.wait_for(lock.acquire(), WAIT_SECONDS)
+    except asyncio.TimeoutError:
+        return
+    lock.release()
