@@ -96,7 +96,9 @@ class DPPrivBayes(beam.PTransform):
     zCDP discrete Gaussian tables converted to ``budget``'s (ε, δ), :func:`gaussian_plan`;
     ``"auto"``: gaussian when ``budget.delta > 0``, :func:`resolve_noise`), target (a declared
     column name, the prediction target: with ``sizing="auto"`` the small-input model is the star
-    around it, :mod:`~beamsynth.transforms.privbayes_star`; ``None``: no target), accountant.
+    around it, :mod:`~beamsynth.transforms.privbayes_star`; ``None``: no target), target_parent
+    (how that target enters a k ≥ 1 network: ``"auto"``, the default, ``"off"``, ``"optional"``
+    or ``"required"``, :func:`plan_privbayes`; decided here and carried in the plan), accountant.
     """
 
     def __init__(self, *, schema: Schema, budget: ApproxDP, degree: int | None = None,
@@ -107,6 +109,7 @@ class DPPrivBayes(beam.PTransform):
                  refine_rounds: int = DEFAULT_REFINE_ROUNDS, refine_groups: int = DEFAULT_REFINE_GROUPS,
                  refine_fraction: float = DEFAULT_REFINE_FRACTION, sizing: str = "off",
                  rows: int | None = None, noise: str = "laplace", target: str | None = None,
+                 target_parent: str = "auto",
                  accountant: PrivacyAccountant | None = None, label: str | None = None) -> None:
         super().__init__(label)
         if not isinstance(schema, Schema):
@@ -129,7 +132,8 @@ class DPPrivBayes(beam.PTransform):
                                    parents=parents, names=schema.names,
                                    refine_pairs=refine_pairs, refine_rounds=refine_rounds,
                                    refine_groups=refine_groups, refine_fraction=refine_fraction,
-                                   sizing=sizing, rows=rows, target=target_index)
+                                   sizing=sizing, rows=rows, target=target_index,
+                                   target_parent=target_parent)
         self.noise, self.noise_reason = resolve_noise(  # "auto": by δ and the declared width
             noise, budget.delta, n_columns=len(schema.shape), epsilon=budget.epsilon)
         if self.noise == "gaussian":  # zCDP (issue 18): needs δ > 0, refinement sized for it

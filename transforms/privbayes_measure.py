@@ -40,7 +40,6 @@ from typing import Any
 import apache_beam as beam
 import numpy as np
 
-from beamsynth.transforms import privbayes_plan as pbp
 from beamsynth.transforms.budget import PureDP, zcdp_approx
 from beamsynth.transforms.measure import (
     NoisyMarginal,
@@ -149,12 +148,13 @@ def measure_privbayes(
     target = plan.parent_target  # H58: only where its families were counted (older callers)
     if target is not None and not any(target in f and len(f) > min(degree + 1, d) for f in tables):
         target = None
-    if target is not None and pbp.TARGET_PARENT == "useful":  # public rows or the DP count
+    if target is not None and plan.target_parent == "useful":  # public rows or the DP count
         rows = sizing["rows_hat"] if sizing is not None else plan.sizing.rows
-        useful = pbp.target_parent_usefulness(rows, plan)
+        on, useful = plan.target_parent_gate(rows)  # the plan's mode and θ_T (H65), not globals
         if sizing is not None:
-            sizing = {**sizing, "target_parent_usefulness": useful}
-        if useful < pbp.TARGET_PARENT_THETA:
+            sizing = {**sizing, "target_parent_usefulness": useful,
+                      "target_parent": "required" if on else "off"}
+        if not on:
             target = None
     if d > 1 and degree > 0:
         structure = choose_structure(
@@ -301,6 +301,10 @@ class PrivBayesMeasureFn(beam.DoFn):
                 if "star_columns" in out.sizing:  # the declared target's star (H41)
                     small = f"privbayes_k0_star_{out.sizing['star_columns']}"
                 beam.metrics.Metrics.counter(SIZING_METRICS_NAMESPACE, small).inc()
+            if "target_parent" in out.sizing:  # "useful"/auto's run-time gate (same DP count)
+                beam.metrics.Metrics.counter(
+                    SIZING_METRICS_NAMESPACE,
+                    f"privbayes_target_parent_{out.sizing['target_parent']}").inc()
             if "refine_pairs" in out.sizing:  # the refinement's run-time size (same DP count)
                 beam.metrics.Metrics.counter(
                     SIZING_METRICS_NAMESPACE,

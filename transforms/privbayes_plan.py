@@ -94,7 +94,9 @@ __all__ = [
     "plan_privbayes",
     "TARGET_PARENT",
     "TARGET_PARENT_MODES",
+    "TARGET_PARENT_OPTIONS",
     "TARGET_PARENT_THETA",
+    "resolve_target_parent",
     "target_parent_usefulness",
 ]
 
@@ -118,13 +120,19 @@ GAUSSIAN_REFINE_GROUPS = 8
 # session: the declared target at k ≥ 1"): "off" = the label-free network (the target unused at
 # k >= 1, as before H58); "optional" = rooted at the target, which each column may take as a parent
 # beside its k chosen ones (the score decides); "required" = the target a parent of every column
-# (tree-augmented naive Bayes at k = 1). Neither met both of H58's criteria on the measured cells,
-# so "off" stays the default (A/B switch)
+# (tree-augmented naive Bayes at k = 1); "useful" = "required" where the triples are useful enough
+# (target_parent_usefulness ≥ θ_T, from public rows or the DP count), else "off".
+# The user option (H65: --target-parent, options={'target_parent': ...}) is one of
+# TARGET_PARENT_OPTIONS, "auto" = "useful" at TARGET_PARENT_THETA; it is resolved when the plan is
+# built and carried in the plan (PrivBayesPlan.target_parent), so workers of a multi-process
+# runner measure the mode the launcher planned and spent.
+TARGET_PARENT_OPTIONS = ("auto", "off", "optional", "required")
 TARGET_PARENT_MODES = ("off", "optional", "required", "useful")
-TARGET_PARENT = "off"
-# "useful": "required" where the triples are useful enough (target_parent_usefulness ≥ this, from
-# public rows or the DP count), else "off"; fitted in-sample on ACS / Adult / NLTCS (H58), not a default
-TARGET_PARENT_THETA = 10.0
+# the option plan_privbayes uses when its caller passes none (read when the plan is built only)
+TARGET_PARENT = "auto"
+# "auto"/"useful": "required" where target_parent_usefulness ≥ this (public rows or the DP count);
+# H58 fitted 10 in-sample (ACS / Adult / NLTCS), COMPAS ε = 4 (u 11.8) sat at its edge: 20 (H65)
+TARGET_PARENT_THETA = 20.0
 TARGET_PARENT_WORDING = {
     "optional": "k >= 1: the network is rooted at the target and each other column may take it "
                 "as a parent beside its up to k chosen parents (candidates Π and {T} ∪ Π, same "
@@ -137,6 +145,18 @@ TARGET_PARENT_WORDING = {
               "every other column beside its up to k chosen parents (tree-augmented naive Bayes at "
               "k = 1); else the label-free network",
 }
+
+
+def resolve_target_parent(option: str) -> str:
+    """The network mode of a target-parent ``option`` (:data:`TARGET_PARENT_OPTIONS`, or a mode
+    of :data:`TARGET_PARENT_MODES`): ``"auto"`` is ``"useful"``; anything else is refused with
+    the bad value echoed."""
+    if option == "auto":
+        return "useful"
+    if not isinstance(option, str) or option not in TARGET_PARENT_MODES:
+        raise ValueError(f"target_parent ({option!r}) must be one of "
+                         f"{', '.join(TARGET_PARENT_OPTIONS)}")
+    return option
 
 
 def target_parent_usefulness(rows: float, plan: PrivBayesPlan) -> float:
@@ -272,14 +292,20 @@ class PrivBayesPlan:
     target: int | None = None  # declared prediction target (k = 0: privbayes_star; k >= 1: H58)
     star: StarPlan | None = None  # the small-input star around it (public rows, H41)
     target_name: str | None = None  # the target's declared name (public; manifest wording)
+    # the target at k >= 1 (H58), decided when the plan is built (H65): the mode (one of
+    # TARGET_PARENT_MODES), the user's option, θ_T of "useful", and why the mode is "off"
+    target_parent: str = "off"
+    target_parent_option: str = "off"
+    target_parent_theta: float = TARGET_PARENT_THETA
+    target_parent_note: str = ""
 
     @property
     def parent_target(self) -> int | None:
-        """The declared target as a parent of a k ≥ 1 network (:data:`TARGET_PARENT`, H58), or
-        ``None`` (no target, the star or forest plan, or the switch ``"off"``). The same d − 1
+        """The declared target as a parent of a k ≥ 1 network (:attr:`target_parent`, H58), or
+        ``None`` (no target, the star or forest plan, or the mode ``"off"``). The same d − 1
         structure steps (permute-and-flip, Δ = 4m) and one table per column (Δ = m), so the same
         spends as the label-free network."""
-        if (TARGET_PARENT == "off" or self.target is None or self.star is not None
+        if (self.target_parent == "off" or self.target is None or self.star is not None
                 or self.forest is not None or self.degree < 1 or self.n_columns < 3):
             return None
         return self.target
@@ -288,7 +314,41 @@ class PrivBayesPlan:
     def target_required(self) -> bool:
         """Whether :attr:`parent_target` is a parent of every column (``"required"``, and
         ``"useful"`` where the measurement keeps it)."""
-        return self.parent_target is not None and TARGET_PARENT in ("required", "useful")
+        return self.parent_target is not None and self.target_parent in ("required", "useful")
+
+    def target_parent_gate(self, rows: float) -> tuple[bool, float]:
+        """``"useful"``: whether the target is a parent of every column at ``rows`` (public rows
+        or the DP count: post-processing) and the usefulness it was judged by; other modes:
+        ``(parent_target is not None, nan)``."""
+        if self.parent_target is None or self.target_parent != "useful":
+            return self.parent_target is not None, float("nan")
+        u = target_parent_usefulness(rows, self)
+        return u >= self.target_parent_theta, u
+
+    def target_parent_details(self) -> dict[str, Any]:
+        """The manifest's word on the target at k ≥ 1: the option, the mode that runs and why."""
+        out: dict[str, Any] = {"option": self.target_parent_option, "mode": self.target_parent}
+        if self.parent_target is None:
+            why = self.target_parent_note or (
+                "the plan is the small-input model (star or forest)" if self.star is not None
+                or self.forest is not None else "no k >= 1 network with at least 3 columns"
+                if self.degree < 1 or self.n_columns < 3 else f"{self.target_parent_option}: "
+                "the label-free network (the target not a parent)")
+            return {**out, "ran": "off", "why": why}
+        if self.target_parent != "useful":
+            return {**out, "ran": self.target_parent,
+                    "why": f"{self.target_parent_option}: {TARGET_PARENT_WORDING[self.target_parent]}"}
+        out["theta"] = self.target_parent_theta
+        rule = (f"'required' where u = n̂·ε_m/(m·Σ_X |X|·|T|·c̄) ≥ θ_T = {self.target_parent_theta:g}, "
+                "else 'off'")
+        rows = None if self.sizing is None else self.sizing.rows
+        if rows is None:
+            return {**out, "ran": "decided per window from the DP count (sizing."
+                    "chosen_target_parent_windows)", "why": f"{self.target_parent_option}: {rule}"}
+        on, u = self.target_parent_gate(rows)
+        return {**out, "usefulness": u, "ran": "required" if on else "off",
+                "why": f"{self.target_parent_option}: {rule}; u = {u:.3g} at the public "
+                       f"{rows:,} rows"}
 
     @property
     def step_epsilon(self) -> float:
@@ -343,8 +403,9 @@ class PrivBayesPlan:
                 "column": self.target_name, "index": self.target,
                 "use": "where n̂·ε picks k = 0 (public rows at build time, else the DP count in "
                        f"the measurement step): {star_wording(self.target_name or self.target)}; "
-                       + (TARGET_PARENT_WORDING[TARGET_PARENT] if self.parent_target is not None
-                          else "k >= 1 does not use it")}}),
+                       + (TARGET_PARENT_WORDING[self.target_parent] if self.parent_target is not None
+                          else "k >= 1 does not use it"),
+                "target_parent": self.target_parent_details()}}),
             **({} if self.star is None else {"star": self.star.details()}),
         }
 
@@ -367,6 +428,7 @@ def plan_privbayes(
     sizing: str = "off",
     rows: int | None = None,
     target: int | None = None,
+    target_parent: str | None = None,
 ) -> PrivBayesPlan:
     """Validate parameters and split the budget; lowers ``degree`` (from the declared shape
     only) until the counts of all candidate families (each at most ``max_family_cells`` cells,
@@ -405,7 +467,15 @@ def plan_privbayes(
     are only split over the P picks (permute-and-flip, Δ = m each, ε_sel/P) and the P tables
     (discrete Laplace, L1 Δ = m each, ε_meas/P), so sequential (adaptive) composition gives
     P·ε_sel/P + P·ε_meas/P = ε_sel + ε_meas whatever P is: the spends recorded here are exact;
-    their details list the planned P and the manifest's ``sizing`` the run-time one."""
+    their details list the planned P and the manifest's ``sizing`` the run-time one.
+
+    ``target_parent`` (with a declared ``target`` and ``sizing="auto"``; H58, H65): how the target
+    enters a k ≥ 1 network, one of :data:`TARGET_PARENT_OPTIONS` (``None``: :data:`TARGET_PARENT`,
+    read here, at build time), carried in the plan (:attr:`PrivBayesPlan.target_parent`) so that
+    every worker measures the mode spent here. ``"auto"`` (``"useful"`` at
+    :data:`TARGET_PARENT_THETA`) counts the target's triples only where they fit
+    ``max_candidate_cells`` at the planned degree: it never lowers the degree (else ``"off"``,
+    with a note)."""
     if not isinstance(budget, ApproxDP):
         raise TypeError(f"budget must be an ApproxDP/PureDP, got {type(budget).__name__}")
     if degree is not None and (isinstance(degree, bool) or not isinstance(degree, int)
@@ -478,13 +548,21 @@ def plan_privbayes(
         pairs = 0
     if degree is None:
         degree = DEFAULT_REFINED_DEGREE if pairs else DEFAULT_DEGREE
-    if TARGET_PARENT not in TARGET_PARENT_MODES:
-        raise ValueError(f"TARGET_PARENT ({TARGET_PARENT!r}) must be one of {TARGET_PARENT_MODES}")
-    parent = target if TARGET_PARENT != "off" and sizing == "auto" else None  # H58: its families
-    while degree > 0 and sum(
-        family_cells(shape, f) for f in candidate_families(
-            len(shape), degree, shape=shape, max_family_cells=max_family_cells, target=parent)
-    ) > max_candidate_cells:
+    option = TARGET_PARENT if target_parent is None else target_parent
+    mode, parent_theta, parent_note = resolve_target_parent(option), TARGET_PARENT_THETA, ""
+    parent = target if mode != "off" and sizing == "auto" else None  # H58: its families
+
+    def candidate_cells(k: int, with_target: int | None) -> int:
+        return sum(family_cells(shape, f) for f in candidate_families(
+            len(shape), k, shape=shape, max_family_cells=max_family_cells, target=with_target))
+
+    if parent is not None and mode == "useful" and degree > 0 and (
+            candidate_cells(degree, parent) > max_candidate_cells):
+        # "useful" never lowers the degree for the triples: the label-free network (H65)
+        parent, mode = None, "off"
+        parent_note = (f"{option}: the target's (X, T, P) triples at k = {degree} exceed "
+                       f"max_candidate_cells = {max_candidate_cells:,}: the label-free network")
+    while degree > 0 and candidate_cells(degree, parent) > max_candidate_cells:
         degree -= 1
     spec = None
     if sized:
@@ -550,6 +628,8 @@ def plan_privbayes(
         # the target may be a parent of every column (H58, TARGET_PARENT)
         target=target if keep_target else None,
         target_name=None if not keep_target or names is None else names[target],
+        target_parent=mode if keep_target else "off", target_parent_option=str(option),
+        target_parent_theta=float(parent_theta), target_parent_note=parent_note,
     )
 
 
@@ -669,8 +749,8 @@ def _target_parent_details(plan: PrivBayesPlan) -> dict[str, Any]:
     if plan.parent_target is None:
         return {}
     return {"target_parent": {
-        "column": plan.target_name, "index": plan.parent_target, "mode": TARGET_PARENT,
-        "rule": TARGET_PARENT_WORDING[TARGET_PARENT],
+        "column": plan.target_name, "index": plan.parent_target, "mode": plan.target_parent,
+        "option": plan.target_parent_option, "rule": TARGET_PARENT_WORDING[plan.target_parent],
         "tables": "one per column as without a target: (k+1)-way, or (k+2)-way where the target "
                   "is among the parents (L1/L2 sensitivity m each); the same d − 1 structure "
                   "steps (InDif, Δ = 4m); the candidates are declared facts and earlier picks",

@@ -30,7 +30,11 @@ from beamsynth.transforms.privbayes import (
     SIZING_MODES,
     DPPrivBayes,
 )
-from beamsynth.transforms.privbayes_plan import resolve_noise
+from beamsynth.transforms.privbayes_plan import (
+    TARGET_PARENT_OPTIONS,
+    TARGET_PARENT_THETA,
+    resolve_noise,
+)
 from beamsynth.transforms.refine import (
     DEFAULT_REFINE_FRACTION,
     DEFAULT_REFINE_GROUPS,
@@ -85,11 +89,23 @@ class PrivBayesMethod(Method):
                                   else opts["refine_fraction"]),
             sizing=str(opts.get("pb_sizing") or "auto"),
             rows=None if opts.get("input_rows") is None else int(opts["input_rows"]),
-            noise=self._noise, target=self._target(),
+            noise=self._noise, target=self._target(), target_parent=self._target_parent(),
             max_contributions=self.max_contributions, seed=self.seed, accountant=self.accountant)
         self._chosen: dict[str, int] = {}
         self._small: dict[str, int] = {}  # degree-0 windows per small-input model that ran
         self._refined: dict[str, dict[str, Any]] = {}
+        self._parented: dict[str, int] = {}  # windows per run-time target-parent mode (auto)
+
+    def _target_parent(self) -> str:
+        """``--target-parent`` / ``options={'target_parent': ...}`` (default ``auto``), checked
+        here, in the caller's words, before anything is planned or spent."""
+        given = self.options.get("target_parent")
+        if given is None:
+            return "auto"
+        if given not in TARGET_PARENT_OPTIONS:
+            raise ValueError(f"{self.say.option('target_parent', given)}: must be one of "
+                             f"{', '.join(TARGET_PARENT_OPTIONS)} (docs/options.md)")
+        return str(given)
 
     def _target(self) -> str | None:
         """The declared target: the option (``--target`` / ``options={"target": ...}``, public
@@ -152,6 +168,16 @@ class PrivBayesMethod(Method):
                                      "predict (public; overrides the schema's target key, '' for "
                                      "none): on small inputs the model is a star around it "
                                      "(docs/privbayes.md)")
+        if "--target-parent" not in taken:
+            parser.add_argument("--target-parent", dest="target_parent",
+                                choices=TARGET_PARENT_OPTIONS, default=None,
+                                help="privbayes: with a declared target, how it enters a k >= 1 "
+                                     "network: auto (default: a parent of every column where "
+                                     "its tables are useful enough at n·ε, θ_T = "
+                                     f"{TARGET_PARENT_THETA:g}, else off), off (the label-free "
+                                     "network), optional (each column may take it), required "
+                                     "(a parent of every column: tree-augmented naive Bayes); "
+                                     "docs/privbayes.md")
         if "--pb-noise" not in taken:
             parser.add_argument("--pb-noise", dest="pb_noise", choices=NOISE_MODES, default=None,
                                 help="privbayes: auto (default: gaussian when --delta > 0 and "
@@ -196,6 +222,10 @@ class PrivBayesMethod(Method):
                 if value:  # the declared target's star (privbayes_star, H41)
                     self._small[f"star of {e} column(s) around the target "
                                 f"{plan.target_name!r} + 1-way tables"] = value
+        for mode in ("required", "off"):  # auto's gate on the same DP count (H65)
+            value = counter_value(result, f"privbayes_target_parent_{mode}")
+            if value:
+                self._parented[mode] = value
         for p in range(1, plan.sizing.refine_countable + 1 if plan.sizing.refine_requested else 1):
             value = counter_value(result, f"privbayes_refine_pairs_{p}")
             if value:  # the refinement's size chosen from the same DP count (refine_size)
@@ -242,4 +272,6 @@ class PrivBayesMethod(Method):
             out["sizing"] = {**out["sizing"], "chosen_small_model_windows": dict(self._small)}
         if self._refined:  # refinement per chosen pair count: windows, rounds, ε per pick/table
             out["sizing"] = {**out["sizing"], "chosen_refine": dict(self._refined)}
+        if self._parented:  # auto: where the DP count passed the target-parent gate
+            out["sizing"] = {**out["sizing"], "chosen_target_parent_windows": dict(self._parented)}
         return {"privbayes": out}

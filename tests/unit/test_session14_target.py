@@ -5,6 +5,7 @@ draws unchanged."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -183,9 +184,9 @@ def test_useful_mode_gates_the_target_on_the_triples_usefulness(monkeypatch):
     counts = _counts(SHAPE, fams, _codes(30_000))
     outs = {}
     for theta in (0.0, 1e9):
-        monkeypatch.setattr(pbp, "TARGET_PARENT_THETA", theta)
+        at = dataclasses.replace(plan, target_parent_theta=theta)  # θ_T is the plan's (H65)
         outs[theta] = measure_privbayes(counts, fams, shape=SHAPE, names=[f"c{i}" for i in range(7)],
-                                        plan=plan, rs=RandomSource(seed=4))
+                                        plan=at, rs=RandomSource(seed=4))
     assert sum(T in ps for _, ps in outs[0.0].structure) == T  # every column: required
     assert outs[0.0].sizing["target_parent_usefulness"] > 0
     # below θ_T: the label-free network, the draws of TARGET_PARENT "off" (same counts)
