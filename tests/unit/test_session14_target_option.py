@@ -29,18 +29,9 @@ from beamsynth.transforms.privbayes import (
     plan_privbayes,
     spend_privbayes,
 )
+from tests.unit.test_session14_target import SHAPE, T, _codes  # the target is the last column
 
-SHAPE = (6, 5, 4, 7, 3, 5, 2)  # the last column is the target
-T = len(SHAPE) - 1
 NAMES = [f"c{i}" for i in range(len(SHAPE))]
-
-
-def _codes(n: int, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    codes = np.stack([rng.integers(0, c, n) for c in SHAPE], axis=1)
-    vote = sum((codes[:, c] * 2 >= SHAPE[c]).astype(int) for c in range(T))
-    codes[:, T] = np.where(rng.random(n) < 0.8, (vote * 2 >= T).astype(int), rng.integers(0, 2, n))
-    return codes
 
 
 def _counts(plan, n: int = 20_000):
