@@ -43,7 +43,10 @@ QUIET_WORKER = "-m beamsynth.runners.sdk_worker"
 def _worker_command() -> Iterator[None]:
     """While it is open, a subprocess environment made from Beam's worker command runs
     :mod:`beamsynth.runners.sdk_worker` instead (any other command is left as it is)."""
-    made = SubprocessSDKEnvironment.__dict__["from_command_string"]
+    made = SubprocessSDKEnvironment.__dict__.get("from_command_string")
+    if not isinstance(made, classmethod):  # another Beam version: its own worker, its own lines
+        yield
+        return
 
     def from_command_string(cls: type, command_string: str) -> Any:
         if command_string.endswith(BEAM_WORKER):
