@@ -344,7 +344,9 @@ class PrivBayesPlan:
         rows = None if self.sizing is None else self.sizing.rows
         if rows is None:
             return {**out, "ran": "decided per window from the DP count (sizing."
-                    "chosen_target_parent_windows)", "why": f"{self.target_parent_option}: {rule}"}
+                    "chosen_target_parent_windows: 'required' or 'off' per k >= 1 window; a "
+                    "window where it picks k = 0 runs the small-input model, sizing."
+                    "chosen_degree_windows)", "why": f"{self.target_parent_option}: {rule}"}
         on, u = self.target_parent_gate(rows)
         return {**out, "usefulness": u, "ran": "required" if on else "off",
                 "why": f"{self.target_parent_option}: {rule}; u = {u:.3g} at the public "
