@@ -814,7 +814,33 @@ def split_network_budget(budget: PureDP, specs: Sequence[Sequence[int]], shape: 
 
     z = minimize(objective, np.log(e0), jac=True, method="L-BFGS-B").x
     w = np.exp(z - z.max())
-    return [PureDP(epsilon=float(total * wi)) for wi in w / w.sum()]
+    return [PureDP(epsilon=total * u / SPLIT_GRID) for u in _grid_shares(w / w.sum())]
+
+
+# The optimized shares are rounded to multiples of 1/SPLIT_GRID (2⁻²⁰ of ε): the iterative solver's
+# last bits can differ between machines (BLAS kernels, libm), and a recomputed measurement must
+# draw with the same scales (privacy rule 4); a difference far below the grid almost never crosses
+# a grid boundary. The cost is at most 2⁻²⁰·ε per table.
+SPLIT_GRID = 1 << 20
+
+
+def _grid_shares(shares: np.ndarray) -> list[int]:
+    """``shares`` (positive, summing to ~1) as whole grid units summing to exactly
+    :data:`SPLIT_GRID`: floors, at least 1 each, the rest to the largest remainders (ties: the
+    earlier table)."""
+    raw = np.asarray(shares, dtype=np.float64) * SPLIT_GRID
+    units = [max(1, int(math.floor(r))) for r in raw]
+    rest = SPLIT_GRID - sum(units)
+    order = sorted(range(len(units)), key=lambda i: (-(raw[i] - math.floor(raw[i])), i))
+    step = 1 if rest >= 0 else -1
+    i = 0
+    while rest != 0:
+        j = order[i % len(order)]
+        if step > 0 or units[j] > 1:
+            units[j] += step
+            rest -= step
+        i += 1
+    return units
 
 
 def split_marginal_budget(budget: PureDP, cells: Sequence[int]) -> list[PureDP]:

@@ -113,3 +113,19 @@ def test_measured_laplace_network_carries_the_split(monkeypatch, m: int) -> None
         assert t.scale == pytest.approx(m / t.budget.epsilon, rel=1e-12)
     old = split_marginal_budget(plan.marginal_budget, [t.values.size for t in out.marginals])
     assert max(abs(g - o.epsilon) for g, o in zip(got, old)) > 1e-3
+
+
+def test_split_is_on_a_grid_that_absorbs_last_bit_differences() -> None:
+    """The optimized shares are whole multiples of ε/2²⁰ adding up to exactly 2²⁰ units, each
+    table at least one unit; shares that differ in their last bits (another machine's solver)
+    give the same units, so a recomputed measurement draws with the same scales (rule 4)."""
+    budget = PureDP(epsilon=1.3)
+    got = [b.epsilon for b in split_network_budget(budget, SPECS, SHAPE, table_weight=1.0)]
+    units = [e / 1.3 * sizing.SPLIT_GRID for e in got]
+    assert all(abs(u - round(u)) < 1e-6 and round(u) >= 1 for u in units)
+    assert sum(round(u) for u in units) == sizing.SPLIT_GRID
+    shares = np.asarray([0.2137, 0.4011, 0.3852])
+    assert sum(sizing._grid_shares(shares)) == sizing.SPLIT_GRID
+    for eps in (1e-13, -1e-13, 3e-12):
+        assert sizing._grid_shares(shares * (1 + eps)) == sizing._grid_shares(shares)
+    assert sizing._grid_shares(np.asarray([1e-9, 1 - 1e-9])) == [1, sizing.SPLIT_GRID - 1]
