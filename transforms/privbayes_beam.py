@@ -142,9 +142,14 @@ class DPPrivBayes(beam.PTransform):
         self._delta = budget.delta if self.plan.zcdp is not None else 0.0
         if accountant is not None:
             spend_privbayes(accountant, self.plan)
+        family_target = self.plan.parent_target
+        public_rows = None if self.plan.sizing is None else self.plan.sizing.rows
+        if family_target is not None and public_rows is not None and not (
+                self.plan.target_parent_gate(public_rows)[0]):
+            family_target = None  # public rows close "useful"'s gate now: no (X, T, P) counts
         self._families = candidate_families(len(schema.shape), self.plan.degree, shape=schema.shape,
                                             max_family_cells=self.plan.max_family_cells,
-                                            target=self.plan.parent_target)
+                                            target=family_target)
         self._seed, self._shrink = run_seed(seed), float(shrink)
 
     def display_data(self) -> dict[str, Any]:

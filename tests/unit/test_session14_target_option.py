@@ -184,3 +184,20 @@ def test_manifest_says_which_mode_ran_and_why(noise):
     assert det["target_parent"]["mode"] == "required" and det["target_parent"]["option"] == "required"
     # no target: nothing of it in the plan's details
     assert "target" not in plan_privbayes(SHAPE, budget, sizing="auto", names=NAMES).details()
+
+
+def test_public_rows_that_close_the_gate_count_no_target_triples() -> None:
+    """With public rows the "useful" gate is decided when built: where it is closed (Adult's
+    shape, 30,000 rows, u < 1) the step counts the label-free pairs only, not the (X, T, P)
+    triples it would never use; `required` still counts them (lead review)."""
+    from beamsynth.schemas.schema import load_schema
+    from beamsynth.transforms.privbayes import DPPrivBayes
+
+    adult = load_schema("adult")
+    sizes = {}
+    for mode in ("auto", "required"):
+        step = DPPrivBayes(schema=adult, budget=ApproxDP(epsilon=1.0, delta=0), sizing="auto",
+                           rows=30000, target="income", target_parent=mode, seed=1)
+        assert step.plan.parent_target is not None
+        sizes[mode] = {len(f) for f in step._families}
+    assert sizes == {"auto": {2}, "required": {3}}
