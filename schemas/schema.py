@@ -645,17 +645,23 @@ def _declared_numbers(values: Sequence[str]) -> dict[tuple[str, Any], int]:
     "1.50", "true"); a value two categories spell goes to the one written as Python writes it
     ("1" of "1" and "01", "True" of "true" and "True"), else is left out (declared values only:
     public)."""
+    out = {}
+    for key, ix in _spellings_by_value(values).items():
+        plain = [i for i in ix if values[i] == str(key[1])]
+        if len(ix) == 1 or len(plain) == 1:
+            out[key] = ix[0] if len(ix) == 1 else plain[0]
+    return out
+
+
+def _spellings_by_value(values: Sequence[str]) -> dict[tuple[str, Any], list[int]]:
+    """``{value key: [indices]}`` of the declared categories written as one number or boolean
+    (without surrounding spaces), e.g. ``"1"`` and ``"01"`` under ``("n", 1)``."""
     found: dict[tuple[str, Any], list[int]] = {}
     for i, text in enumerate(values):
         key = _value_key(text) if text == text.strip() else None
         if key is not None:
             found.setdefault(key, []).append(i)
-    out = {}
-    for key, ix in found.items():
-        plain = [i for i in ix if values[i] == str(key[1])]
-        if len(ix) == 1 or len(plain) == 1:
-            out[key] = ix[0] if len(ix) == 1 else plain[0]
-    return out
+    return found
 
 
 def _pandas_date_name(name: str) -> bool:
@@ -695,12 +701,9 @@ def ambiguous_values(schema: Schema) -> dict[str, list[list[str]]]:
     out: dict[str, list[list[str]]] = {}
     for col in schema.columns:
         if isinstance(col.domain, CategoricalDomain):
-            found: dict[tuple[str, Any], list[str]] = {}
-            for text in col.domain.values:
-                key = _value_key(text)
-                if key is not None:
-                    found.setdefault(key, []).append(text)
-            same = [v for v in found.values() if len(v) > 1]
+            values = col.domain.values
+            same = [[values[i] for i in ix]
+                    for ix in _spellings_by_value(values).values() if len(ix) > 1]
             if same:
                 out[col.name] = same
     return out
