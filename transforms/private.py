@@ -119,6 +119,10 @@ _PIPELINE_HOLDERS: weakref.WeakKeyDictionary[beam.Pipeline, str] = weakref.WeakK
 _LEDGER_JOBS: weakref.WeakSet[PrivacyJob] = weakref.WeakSet()
 
 
+_ONE_BUDGET = ("Use either the API (one bs.PrivacyJob, bs.Synthesize, bs.Histogram, ...) or the "
+               "YAML steps (one job_budget) in one pipeline")
+
+
 def claim_pipeline_budget(pipeline: beam.Pipeline, holder: str, *,
                           job: PrivacyJob | None = None) -> None:
     """Register ``holder`` (a step spending from its own accountant, e.g. a Beam YAML step's job
@@ -132,8 +136,7 @@ def claim_pipeline_budget(pipeline: beam.Pipeline, holder: str, *,
         raise ValueError(
             f"{holder}: this pipeline already has a bs.PrivacyJob ({others[0].name!r}, "
             f"{others[0].accountant.total}); a Beam YAML step keeps its own job budget, so both "
-            "would spend in full over the same records. Use either the API (one bs.PrivacyJob, "
-            "bs.Synthesize, bs.Histogram, ...) or the YAML steps (one job_budget) in one pipeline")
+            "would spend in full over the same records. " + _ONE_BUDGET)
     _PIPELINE_HOLDERS.setdefault(pipeline, holder)
 
 
@@ -763,9 +766,7 @@ class MakePrivate(beam.PTransform):
             raise ValueError(
                 f"{self.label}: this pipeline already has {holder}, which keeps its own job "
                 f"budget; a PrivacyJob ({self._job.name!r}, {self._job.accountant.total}) would "
-                "add its whole budget over the same records. Use either the API (one "
-                "bs.PrivacyJob, bs.Synthesize, bs.Histogram, ...) or the YAML steps (one "
-                "job_budget) in one pipeline")
+                "add its whole budget over the same records. " + _ONE_BUDGET)
         if jobs and not (self._job.disjoint and all(j.disjoint for j in jobs)):
             other = jobs[0]
             raise ValueError(
