@@ -218,9 +218,13 @@ class _Tables(dict):
     _whose, _var = "bs.Marginals' output is a dict of tables", "tables"
 
     def __missing__(self, key: Any) -> Any:
+        if isinstance(key, tuple) and key and all(isinstance(k, str) for k in key):
+            joined = ",".join(key)  # tables[("sex", "income")]: the tuple given to marginals=
+            if joined in self:
+                return self[joined]
         raise KeyError(f"no marginal table {key!r}; the tables are {sorted(self)} (a key is the "
-                       "column names joined by commas; marginals=('a', 'b') asks for two one-way "
-                       "tables, [('a', 'b')] for one two-way table)")
+                       "column names joined by commas, or their tuple; marginals=('a', 'b') asks "
+                       "for two one-way tables, [('a', 'b')] for one two-way table)")
 
     def __or__(self, step: Any) -> Any:
         """A Beam step on the whole dict: refused naming the tables (Beam said ``'_Tables'

@@ -204,3 +204,15 @@ def test_a_csv_line_with_more_fields_than_its_header_is_a_dead_letter(tmp_path):
                        "more fields than its header)"], reasons
     sources = json.loads((tmp_path / "manifest.json").read_text())["operational"]["sources"]
     assert list(sources.values()) == [{"read": 4, "rejected": 3, "dropped_by_bound": 0, "used": 1}]
+
+
+def test_a_marginal_table_is_found_by_the_tuple_given_to_marginals() -> None:
+    """``tables[("sex", "income")]`` (the tuple the user passed in ``marginals=``) is the table
+    keyed ``"sex,income"``; it raised KeyError (lead's user check); unknown tuples still do."""
+    from beamsynth.transforms.private_ops import _Tables
+
+    tables = _Tables({"sex,income": "the table", "age": "one-way"})
+    assert tables[("sex", "income")] == "the table"
+    assert tables["sex,income"] == "the table" and tables["age"] == "one-way"
+    with pytest.raises(KeyError, match="or their tuple"):
+        tables[("income", "sex")]
