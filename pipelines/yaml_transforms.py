@@ -70,6 +70,7 @@ from beamsynth.pipelines.methods.synthesize import (
     plan_synthesis,
     synthesize_batches,
 )
+from beamsynth.pipelines.methods.wording import Vocabulary
 from beamsynth.pipelines.stream import EMPTY_WINDOW_METHODS, empty_batch, window_output_path
 from beamsynth.schemas.schema import (
     EncodedBatch,
@@ -655,7 +656,8 @@ class Synthesize(beam.PTransform):
                               privacy_id=privacy_id, max_contributions=max_contributions,
                               seed=seed, count_fraction=count_fraction,
                               options=dict(options or {}))
-        self._plan = plan_synthesis(cfg)  # spends the step's budget now, before any data is read
+        # spends the step's budget now, before any data is read; messages spell YAML keys
+        self._plan = plan_synthesis(cfg, vocabulary=Vocabulary("yaml"))
         warn_ambiguous_values(self._plan.schema, STEP)
         if self._job_budget is not None and not PrivacyAccountant(total=self._job_budget).can_spend(
                 self._plan.accountant.total):

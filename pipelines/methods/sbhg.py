@@ -46,7 +46,7 @@ class SBHGMethod(Method):
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
         if self.budget.delta <= 0:
-            who = (self.say.option("method", "sbhg") if self.say.caller == "cli"
+            who = (self.say.option("method", "sbhg") if self.say.caller != "api"
                    else "the sbhg method (bs.SBHG, bs.Synthesize(method='sbhg'))")
             raise ValueError(
                 f"{who} "

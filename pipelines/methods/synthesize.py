@@ -35,6 +35,7 @@ from beamsynth.pipelines.io.single_file import remove_temp_folders_on_failure
 from beamsynth.pipelines.io.write import WriteTables, ensure_parent
 from beamsynth.pipelines.methods.progress import Progress, RowProgressFn
 from beamsynth.pipelines.methods.registry import Method, get_method
+from beamsynth.pipelines.methods.wording import Vocabulary
 from beamsynth.runners.presets import is_beam_dask, is_dask
 from beamsynth.schemas.schema import Schema
 from beamsynth.schemas.tables import arrow_schema_for
@@ -91,8 +92,9 @@ class SynthesisPlan:
     count_budget: Any | None
 
 
-def plan_synthesis(cfg: SynthesisConfig) -> SynthesisPlan:
-    """Validate the configuration and spend the budget; raises before any data is read."""
+def plan_synthesis(cfg: SynthesisConfig, *, vocabulary: Vocabulary | None = None) -> SynthesisPlan:
+    """Validate the configuration and spend the budget; raises before any data is read.
+    ``vocabulary``: how the method's messages spell options (default the CLI's flags)."""
     if cfg.rows is not None and (isinstance(cfg.rows, bool) or not isinstance(cfg.rows, int) or cfg.rows < 0):
         raise ValueError(f"rows ({cfg.rows!r}) must be an int >= 0")
     if isinstance(cfg.split_bytes, bool) or not isinstance(cfg.split_bytes, int) or cfg.split_bytes < 0:
@@ -139,7 +141,8 @@ def plan_synthesis(cfg: SynthesisConfig) -> SynthesisPlan:
     method_cls = get_method(cfg.method)
     method = method_cls(schema=schema, accountant=accountant, budget=method_budget,
                         max_contributions=cfg.max_contributions, seed=cfg.seed,
-                        options={**cfg.options, "rows": cfg.rows})  # the CLI's vars(args) has rows too
+                        options={**cfg.options, "rows": cfg.rows},  # the CLI's vars(args) has rows too
+                        vocabulary=vocabulary)
     return SynthesisPlan(cfg, schema, accountant, method, count_budget)
 
 

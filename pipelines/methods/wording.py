@@ -1,7 +1,8 @@
 """How a method's build-time message spells an option: in the vocabulary of its caller.
 
-A synthesis method is reached from the CLI (``--rows 5``, ``--pd-model-fraction 0.3``) and from the
-Python API (``rows=5``, ``options={'pd_model_fraction': 0.3}``). Its messages name options through
+A synthesis method is reached from the CLI (``--rows 5``, ``--pd-model-fraction 0.3``), from the
+Python API (``rows=5``, ``options={'pd_model_fraction': 0.3}``) and from a Beam YAML step (``rows: 5``,
+``options: {pd_model_fraction: 0.3}``). Its messages name options through
 a :class:`Vocabulary` handed to it by the caller, so neither reads the other's words.
 """
 
@@ -25,17 +26,18 @@ def _text(value: Any, *, quote: bool) -> str:
 
 
 class Vocabulary:
-    """Spells options for one caller: ``"cli"`` (flags) or ``"api"`` (Python keywords).
+    """Spells options for one caller: ``"cli"`` (flags), ``"api"`` (Python keywords) or ``"yaml"``
+    (a Beam YAML step's config keys).
 
     Args:
-      caller: ``"cli"`` or ``"api"``.
+      caller: ``"cli"``, ``"api"`` or ``"yaml"``.
       flags: CLI only: option name (argparse destination) → flag, where it is not
         ``--`` + the name with dashes (``structure_fraction`` → ``--pb-structure-fraction``).
     """
 
     def __init__(self, caller: str = "cli", flags: Mapping[str, str] | None = None) -> None:
-        if caller not in ("cli", "api"):
-            raise ValueError(f"caller ({caller!r}) must be 'cli' or 'api'")
+        if caller not in ("cli", "api", "yaml"):
+            raise ValueError(f"caller ({caller!r}) must be 'cli', 'api' or 'yaml'")
         self.caller, self._flags = caller, dict(flags or {})
 
     @classmethod
@@ -48,14 +50,18 @@ class Vocabulary:
 
     def option(self, name: str, value: Any = _NO_VALUE) -> str:
         """``name`` (set to ``value``) as the caller writes it: ``--rows 5`` / ``rows=5`` /
-        ``options={'k': 50}``; a CLI switch (``value=True``) is its flag alone."""
+        ``options={'k': 50}`` / ``rows: 5`` / ``options: {k: 50}``; a CLI switch (``value=True``)
+        is its flag alone."""
         if self.caller == "cli":
             flag = self._flags.get(name, "--" + name.replace("_", "-"))
             return flag if value is _NO_VALUE or value is True else f"{flag} {_text(value, quote=False)}"
         shown = "..." if value is _NO_VALUE else _text(value, quote=True)
+        if self.caller == "yaml":  # a Beam YAML step: its own config key, else in its options
+            return f"{name}: {shown}" if name in API_KEYWORDS else f"options: {{{name}: {shown}}}"
         return f"{name}={shown}" if name in API_KEYWORDS else f"options={{{name!r}: {shown}}}"
 
     def method(self, name: str) -> str:
-        """Choosing synthesis method ``name``: ``--method sbhg`` / ``bs.Synthesize(method='sbhg')``."""
-        return self.option("method", name) if self.caller == "cli" else (
+        """Choosing synthesis method ``name``: ``--method sbhg`` / ``bs.Synthesize(method='sbhg')`` /
+        ``method: 'sbhg'``."""
+        return self.option("method", name) if self.caller != "api" else (
             f"bs.Synthesize(method={name!r})")
