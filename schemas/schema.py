@@ -613,15 +613,31 @@ _NUMBER_TEXT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?") 
 _BOOL_TEXT = {"true": True, "false": False}  # pandas' spellings: true, True, TRUE (and False)
 
 
+_EXACT_INT = 2**53  # beyond it a float64 (a pandas column with a blank) loses an int's last digits
+_INF_TEXT = re.compile(r"[+-]?inf(inity)?", re.IGNORECASE)  # what pandas' CSV reader reads as inf
+
+
 def _number_value(value: Any) -> int | float | None:
-    """A finite int/float value (not bool) as an int if whole, else a float; else ``None``."""
+    """An int/float value (not bool, not NaN) as an int if whole, else a float; else ``None``.
+
+    An int beyond 2**53 is the int of its nearest float (9007199254740993 -> ...992): a pandas
+    reader gives the field as that int, as text, or, in a column with a blank, as the float,
+    so only the float's value is the same whatever the other rows (rule 6; H66)."""
     if isinstance(value, (bool, np.bool_, np.timedelta64)) or not isinstance(
             value, (int, float, np.integer, np.floating)):  # np.timedelta64 is an np.integer
         return None
     if isinstance(value, (int, np.integer)):
-        return int(value)
+        n = int(value)
+        if abs(n) <= _EXACT_INT:
+            return n
+        try:
+            return int(float(n))
+        except OverflowError:  # no float: pandas keeps such a field as text in every chunk
+            return None
     v = float(value)
-    return (int(v) if v.is_integer() else v) if np.isfinite(v) else None
+    if np.isnan(v):
+        return None
+    return (int(v) if v.is_integer() else v) if np.isfinite(v) else v
 
 
 def _value_key(value: Any) -> tuple[str, Any] | None:
@@ -633,9 +649,13 @@ def _value_key(value: Any) -> tuple[str, Any] | None:
         text = value.strip()
         if text in ("true", "True", "TRUE", "false", "False", "FALSE"):
             return ("b", _BOOL_TEXT[text.lower()])
+        if _INF_TEXT.fullmatch(text):  # 'inf', 'Infinity', '-INF': pandas' float infinity
+            return ("n", float(text))
         if not _NUMBER_TEXT.fullmatch(text):
             return None
         value = int(text) if text.lstrip("+-").isdigit() else float(text)
+        if isinstance(value, float) and not np.isfinite(value):
+            return None  # '1e400': pandas keeps it as text in every chunk
     number = _number_value(value)
     return None if number is None else ("n", number)
 
@@ -714,11 +734,17 @@ def privacy_id_text(value: Any) -> str:
     are the id "7", so the contribution bound holds per person, not per spelling. So are "07",
     " 7" and "7.0": a pandas reader gives them as the number 7 in a file (or chunk) whose ids are
     all numbers and as text beside an id that is none, so one person's records in two files
-    were two persons (rule 5; H55). Other text is kept as it is."""
+    were two persons (rule 5; H55). An int beyond 2**53 is its nearest float's ("9007199254740993"
+    is "9007199254740992"): in a column with a blank a pandas reader gives every id as a float,
+    which merged such persons only then; and every spelling pandas reads as infinity is "inf"
+    (rule 5; H66). Other text is kept as it is."""
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
-    if isinstance(value, str) and value and value[0] in " +-.0123456789" and (
-            value[0] in " +-.0" or value[-1] == " " or "." in value or "e" in value.lower()):
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        return str(int(value) if abs(int(value)) <= _EXACT_INT else _number_value(value) or value)
+    if isinstance(value, str) and value and value[0] in " +-.0123456789iI" and (
+            value[0] in " +-.0iI" or value[-1] == " " or "." in value or "e" in value.lower()
+            or len(value) > 15):
         key = _value_key(value)  # number-looking text not already canonical ("7": as it is)
         if key is not None and key[0] == "n":
             return str(key[1])

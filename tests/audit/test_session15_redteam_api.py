@@ -1,0 +1,92 @@
+"""Session 15 red team (H66): the fourteenth session's API, IO and runner code (e3aef0a..35dcfea)
+against the privacy rules, with neighbour pairs through the real entry points. Each test failed
+on the code before its fix (the commit message says how it was checked).
+
+1. Integers beyond 2**53 (rules 5, 6). ``beam.io.ReadFromCsv`` gives a column of such ids or codes
+   as ints, as text beside a value that is no number, and as floats (the last digits lost) in a
+   column with a blank. Privacy ids ``2**53`` and ``2**53 + 1`` (three rows each,
+   max_contributions 1): D 2 rows used vs D + a row with a blank id 1 used (the two persons
+   merged only then). A declared code ``"9007199254740993"``: D (6 rows) 6 used vs D + a row with
+   a blank code 0 used (7 rejected). Now such a number is its nearest float's value for ids and
+   codes alike (1 and 1; 6 and 6), and every spelling pandas reads as infinity (``inf``,
+   ``Infinity``, ``-INF``) is one value.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import apache_beam as beam
+import pandas as pd
+import pytest
+
+import beamsynth as bs
+from beamsynth.schemas.schema import privacy_id_text
+
+pytestmark = pytest.mark.audit
+
+BIG = 2**53
+BIG_CODES = {"name": "big", "columns": [
+    {"name": "code", "type": "categorical",
+     "domain": {"kind": "categorical", "values": ["a", "b", str(BIG + 1), str(2**64 - 5)]}}]}
+
+
+def _pandas_forms(text: str, column: str) -> list[list]:
+    """The values a pandas CSV reader gives ``column`` of ``text`` alone, beside a row whose
+    ``column`` is blank, and beside a row whose ``column`` is no number (the added rows left out)."""
+    header, _, body = text.partition("\n")
+    blank = ",".join("" if h == column else "a" for h in header.split(","))
+    word = ",".join("x" if h == column else "a" for h in header.split(","))
+    n = body.count("\n")
+    return [pd.read_csv(io.StringIO(header + "\n" + body + extra))[column].tolist()[:n]
+            for extra in ("", blank + "\n", word + "\n")]
+
+
+def test_ids_and_codes_beyond_two_to_53_are_one_value_whatever_the_other_rows() -> None:
+    """The encoder alone, on what a pandas reader gives for the same fields in the three kinds of
+    chunk: int, float (a blank in the column) and text. Before the fix the float form was another
+    person (ids ``...992`` and ``...993`` merged only beside a blank) and outside the declared
+    codes."""
+    ids = [BIG + 1, BIG, BIG + 2, BIG + 3]
+    forms = _pandas_forms("pid,code\n" + "".join(f"{i},a\n" for i in ids), "pid")
+    assert [type(f[0]) for f in forms] == [int, float, str]
+    people = [[privacy_id_text(v) for v in f] for f in forms]
+    assert people[0] == people[1] == people[2]
+    assert people[0] == [str(BIG), str(BIG), str(BIG + 2), str(BIG + 4)]  # 2**53 + 1 merged
+    col = bs.load_schema(BIG_CODES).columns[0]
+    for big in (BIG + 1, 2**64 - 5):  # int64 (float beside a blank) and uint64 (text beside one)
+        forms = _pandas_forms(f"code,n\n{big},1\n{big},2\n", "code")
+        codes = [col.encode(f)[0].tolist() for f in forms]
+        assert codes[0] == codes[1] == codes[2] and min(codes[0]) >= 0, (big, forms, codes)
+    # every spelling pandas reads as infinity is one person (numbers) or text (beside a word)
+    inf = ["inf", "Infinity", "+INF", "-inf", "-Infinity"]
+    forms = _pandas_forms("pid,code\n" + "".join(f"{i},a\n" for i in inf), "pid")
+    assert [privacy_id_text(v) for v in forms[0]] == [privacy_id_text(v) for v in forms[2]] \
+        == ["inf", "inf", "inf", "-inf", "-inf"]
+
+
+@pytest.mark.slow  # four ReadFromCsv jobs in one run: ~6 s at load 5 (the encoder test is fast)
+def test_read_from_csv_big_ids_and_codes_neighbours(tmp_path: Path) -> None:
+    """``beam.io.ReadFromCsv`` → ``job.private`` (privacy id ``pid``, max_contributions 1) →
+    ``bs.Count``: D (persons 2**53 and 2**53 + 1, three rows each) 2 used vs D + ``,b`` (a blank
+    id) 1 used before the fix; a declared code 2**53 + 1 (6 rows) 6 used vs D + ``7,`` (a blank
+    code) 0. Now 1 and 1, 6 and 6."""
+    schema = bs.load_schema(BIG_CODES)
+    runs = {"d": "pid,code\n" + "".join(f"{BIG + (i % 2)},a\n" for i in range(6)),
+            "c": "pid,code\n" + "".join(f"{i},{BIG + 1}\n" for i in range(6))}
+    runs |= {"d1": runs["d"] + ",b\n", "c1": runs["c"] + "7,\n"}
+    with beam.Pipeline() as p:
+        for tag, text in runs.items():
+            (tmp_path / f"{tag}.csv").write_text(text, encoding="utf-8")
+            job = bs.PrivacyJob(epsilon=1.0, seed=1, disjoint=True, name=tag,
+                                privacy_unit=bs.PrivacyUnit(id_column="pid"))
+            private = (p | f"Read[{tag}]" >> beam.io.ReadFromCsv(str(tmp_path / f"{tag}.csv"))
+                       | f"Private[{tag}]" >> job.private(schema))
+            _ = private | f"Count[{tag}]" >> bs.Count(epsilon=1.0)
+            _ = p | f"Manifest[{tag}]" >> bs.WriteManifest(job=job, path=str(tmp_path / f"{tag}.json"))
+    used = {tag: json.loads((tmp_path / f"{tag}.json").read_text(encoding="utf-8"))["operational"]
+            for tag in runs}
+    assert [(used[t]["rows_used"], used[t]["rows_rejected"]) for t in ("d", "d1", "c", "c1")] \
+        == [(1, 0), (1, 1), (6, 0), (6, 1)]
