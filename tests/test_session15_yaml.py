@@ -70,5 +70,38 @@ def test_method_messages_spell_yaml_keys(config: dict, spelled: str) -> None:
 
 def test_yaml_pipeline_refusal_names_the_option_key() -> None:
     """Through Beam YAML itself (the text a user sees, after Beam's prefix)."""
-    with pytest.raises(ValueError, match=r"options: \{target_parent: 'bogus'\}: must be one of"):
+    with pytest.raises(ValueError, match=r"options: \{target_parent: 'bogus'\}:? must be one of"):
         _build(_synth_spec({"method": "privbayes", "options": {"target_parent": "bogus"}}))
+
+
+# -- 2. options of the wrong kind are refused in YAML words, not misread ---------------------------
+@pytest.mark.parametrize(("method", "options", "words"), [
+    ("privbayes", {"degree": 1.5}, "options: {degree: 1.5} must be a whole number"),  # ran as 1
+    ("privbayes", {"degree": True}, "options: {degree: True} must be a whole number"),  # as 1
+    ("privbayes", {"pb_noise": 0}, "options: {pb_noise: 0} must be one of laplace, gaussian"),
+    ("privbayes", {"sampling": False}, "options: {sampling: False} must be one of balanced, iid"),
+    ("privbayes", {"input_rows": 1.5}, "options: {input_rows: 1.5} must be a whole number"),
+    ("privbayes", {"shrink": [1]}, "options: {shrink: [1]} must be a finite number"),  # TypeError
+    ("sbhg", {"sbhg_sizing": "bogus"}, "options: {sbhg_sizing: 'bogus'} must be one of auto, off"),
+    ("sbhg", {"burn_in": "3"}, "options: {burn_in: '3'} must be a whole number"),
+    ("plausible", {"allow_non_dp": "no"}, "options: {allow_non_dp: 'no'} must be true or false"),
+    ("privbayes", "target: income", "options ('target: income') must be a mapping"),
+])
+def test_options_of_the_wrong_kind_are_refused(method: str, options, words: str) -> None:
+    """Before: degree 1.5 / True ran as degree 1, pb_noise 0 / sampling false / sbhg_sizing
+    'bogus' ran as the default, allow_non_dp 'no' was true, a list failed with Python's
+    ``int() argument must be ...``, a string options read its characters as option names."""
+    message = _refusal(method=method, delta=1e-6, rows=100, options=options)
+    assert words in message, message
+
+
+def test_options_of_the_right_kind_still_build() -> None:
+    logging.disable(logging.WARNING)
+    try:
+        step = Synthesize(schema="adult", epsilon=1.0, method="privbayes", manifest="m.json",
+                          options={"degree": 2, "shrink": 1, "structure_fraction": 0.2,
+                                   "pb_noise": "laplace", "target": "income", "sampling": None})
+    finally:
+        logging.disable(logging.NOTSET)
+    assert step.accountant.total.epsilon == 1.0
+
