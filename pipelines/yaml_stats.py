@@ -95,6 +95,8 @@ class _StatsStep(beam.PTransform):
     kind = "BeamsynthStats"
     #: short name of the mechanism (the spend's name in the ledger: ``<step>/<short>``)
     short = "stats"
+    #: the step's release outputs (the error output must not take one of their names)
+    outputs: tuple[str, ...] = ("output",)
     #: whether a seeded step is marked (build-time warning, row counter); only audits turn it off
     mark_seeded = True
 
@@ -104,10 +106,8 @@ class _StatsStep(beam.PTransform):
                windows: Optional[dict], manifest: Optional[str],  # noqa: UP045
                position_field: Optional[str]) -> None:  # noqa: UP045
         self._errors = check_step_config(batch_rows=batch_rows, error_handling=error_handling,
-                                         manifest=manifest, position_field=position_field)
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise ValueError(f"{self.kind}: seed ({seed!r}) must be an int (tests and demos only) "
-                             "or absent (secure noise)")
+                                         manifest=manifest, position_field=position_field,
+                                         seed=seed, outputs=self.outputs)
         self._schema: Schema = load_schema(schema)
         self._budget = pure(epsilon)
         pid = privacy_id if privacy_id is not None else self._schema.privacy_id
@@ -403,6 +403,7 @@ class Marginals(_StatsStep):
 
     kind = "BeamsynthMarginals"
     short = "marginals"
+    outputs = ()  # one per table: a table's tag is checked against the error output below
 
     @config_checked(kind, {"marginals": "a list of column lists, e.g. [[age, sex], [race]]"})
     def __init__(self, *, schema: str, epsilon: float,
@@ -514,6 +515,7 @@ class Prefixes(_StatsStep):
 
     kind = "BeamsynthPrefixes"
     short = "prefixes"
+    outputs = ("keys", "tree")
 
     @config_checked(kind, {"key": "the key's declaration, e.g. {kind: text, column: query, "
                                   "max_length: 8}"})
@@ -534,9 +536,6 @@ class Prefixes(_StatsStep):
         except KeySpecError as exc:
             raise ValueError(f"{self.kind}: key: {exc} (docs/prefixes.md)") from None
         self._key = ",".join(self._codec.input_columns)  # names the key in dead-letter reasons
-        if self._errors in ("keys", "tree"):
-            raise ValueError(f"{self.kind}: error_handling output {self._errors!r} is also a "
-                             "release output (keys, tree); rename it")
         self._options = {"method": method, "max_depth": max_depth, "discount": discount,
                          "threshold": threshold, "restore_discount": restore_discount}
         ApiPrefixTree(key=self._key, epsilon=self._budget.epsilon, label="check",

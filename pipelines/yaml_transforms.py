@@ -527,13 +527,23 @@ def config_checked(step: str, required: Optional[dict[str, str]] = None) -> Any:
 
 
 def check_step_config(*, batch_rows: Any, error_handling: Any, manifest: Any,
-                      position_field: Any) -> Optional[str]:  # noqa: UP045
-    """Validate the config keys every beamsynth YAML step shares; the error output's name."""
+                      position_field: Any, seed: Any = None,
+                      outputs: tuple[str, ...] = ("output",)) -> Optional[str]:  # noqa: UP045
+    """Validate the config keys every beamsynth YAML step shares; the error output's name.
+    ``outputs``: the step's release outputs, which the error output must not shadow."""
     if isinstance(batch_rows, bool) or not isinstance(batch_rows, int) or batch_rows < 1:
         raise ValueError(f"batch_rows ({batch_rows!r}) must be an int >= 1")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise ValueError(f"seed ({seed!r}) must be an int (tests and demos only) or absent "
+                         "(secure noise)")
     if error_handling is not None and not (isinstance(error_handling, dict)
                                            and isinstance(error_handling.get("output"), str)):
         raise ValueError(f"error_handling ({error_handling!r}) must be {{output: NAME}}")
+    if error_handling is not None and error_handling["output"] in outputs:
+        # {output: output} replaced the released rows by the error rows under one tag (H70)
+        raise ValueError(f"error_handling output {error_handling['output']!r} is also a release "
+                         f"output of the step ({', '.join(outputs)}); name it e.g. "
+                         "{output: rejected}")
     if manifest is not None and not (isinstance(manifest, str) and manifest):
         raise ValueError(f"manifest ({manifest!r}) must be a path")
     if position_field is not None and not (isinstance(position_field, str) and position_field):
@@ -699,7 +709,7 @@ class Synthesize(beam.PTransform):
                  position_field: Optional[str] = None) -> None:  # noqa: UP045
         super().__init__()
         errors = check_step_config(batch_rows=batch_rows, error_handling=error_handling,
-                                   manifest=manifest, position_field=position_field)
+                                   manifest=manifest, position_field=position_field, seed=seed)
         self._position = position_field
         self._job_budget = _budget_from_config(job_budget, "job_budget")
         self._windows = _windows_from_config(windows)

@@ -105,3 +105,24 @@ def test_options_of_the_right_kind_still_build() -> None:
         logging.disable(logging.NOTSET)
     assert step.accountant.total.epsilon == 1.0
 
+
+# -- 3. step keys shared by every step --------------------------------------------------------------
+@pytest.mark.parametrize("step", ["BeamsynthSynthesize", "BeamsynthHistogram", "BeamsynthCount"])
+def test_error_output_named_output_is_refused(step: str) -> None:
+    """``error_handling: {output: output}`` returned the error rows under the released rows' tag
+    ``output``: a ``WriteToCsv`` of ``STEP.output`` wrote the private bad rows, not the release."""
+    extra = {"column": "sex"} if step == "BeamsynthHistogram" else {}
+    spec = {"providers": [{"include": _provider()}], "pipeline": {"transforms": [
+        {"type": "Create", "name": "Rows", "config": {"elements": [{"age": "30"}]}},
+        {"type": step, "name": "S", "input": "Rows",
+         "config": {"schema": "adult", "epsilon": 1.0, "manifest": "m.json",
+                    "error_handling": {"output": "output"}, **extra}},
+        {"type": "WriteToJson", "input": "S.output", "config": {"path": "never-written"}}]}}
+    with pytest.raises(ValueError, match=r"error_handling output 'output' is also a release output"):
+        _build(spec)
+
+
+@pytest.mark.parametrize("seed", ["abc", 1.5])
+def test_synthesize_seed_must_be_an_int(seed) -> None:
+    """Was accepted when built (the statistics steps refused it)."""
+    assert "must be an int (tests and demos only)" in _refusal(seed=seed)
