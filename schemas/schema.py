@@ -224,8 +224,7 @@ class Column:
             series = pd.Series([str.__str__(v) if isinstance(v, str) else v
                                 for v in series.tolist()], dtype=object)
         raw = series
-        if self.type != "datetime" and _pandas_date_name(self.name) and any(
-                map(_is_timestamp, series.tolist())):
+        if self.type != "datetime" and _pandas_date_name(self.name):
             series = self._undo_timestamps(series)
         if self.normalize is not None and not self.normalize.is_identity:
             # null tokens are matched on the raw value; everything else is normalised first
@@ -312,9 +311,19 @@ class Column:
         A categorical column takes the one declared category that parses to the same instant
         (``"2020-01"``); an integer/float column the epoch number in the first unit, as pandas
         tries them (s, ms, us, ns), that is whole and inside the declared range. Each value
-        alone, declared values only; anything else stays a timestamp (then malformed)."""
+        alone, declared values only; anything else stays a timestamp (then malformed).
+
+        Text the reader would have made a timestamp ("2020-01-01", "Jan 2020" beside a declared
+        "2020-01"; an ISO date in an epoch column) is judged by the same instant, else it was used
+        in a chunk of dates and rejected beside one word (rule 6; H66). An epoch number is
+        undone only to a value pandas converts (> 31,536,000, its ``min_stamp``), else one
+        millisecond value in the chunk made every second value 1,000 times smaller (H66)."""
+        declared = (frozenset(self.domain.values) if isinstance(self.domain, CategoricalDomain)
+                    else frozenset())
         out = []
         for v in series.tolist():
+            if isinstance(v, str) and v not in declared and v.strip() and _value_key(v) is None:
+                v = _json_reader_stamp(v) or v
             if not _is_timestamp(v):
                 out.append(v)
                 continue
@@ -326,8 +335,10 @@ class Column:
             found = v
             if low is not None and high is not None:
                 for unit in (10**9, 10**6, 10**3, 1):
-                    if ns % unit == 0 and low <= ns // unit <= high:
-                        found = ns // unit
+                    raw = ns / unit if self.type == "float" else ns // unit
+                    if (self.type == "float" or ns % unit == 0) and raw > _JSON_MIN_STAMP \
+                            and low <= raw <= high:
+                        found = raw
                         break
             out.append(found)
         return pd.Series(out, dtype=object)
@@ -698,6 +709,26 @@ def _is_timestamp(value: Any) -> bool:
     import datetime
 
     return isinstance(value, (pd.Timestamp, np.datetime64, datetime.datetime)) and not pd.isna(value)
+
+
+_JSON_MIN_STAMP = 31_536_000  # pandas' JSON reader converts numbers above it only
+
+
+@functools.lru_cache(maxsize=4096)
+def _json_reader_stamp(text: str) -> Any:
+    """The timestamp pandas' JSON reader gives ``text`` alone in a date-named column, else
+    ``None`` (a chunk is converted only when all its values parse; each is then parsed alone)."""
+    import io
+    import warnings
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            value = pd.read_json(io.StringIO(json.dumps({"date": text}) + "\n"),
+                                 lines=True)["date"].iloc[0]
+    except (ValueError, TypeError, OverflowError):
+        return None
+    return value if _is_timestamp(value) else None
 
 
 @functools.lru_cache(maxsize=64)

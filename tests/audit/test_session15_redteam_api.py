@@ -10,6 +10,16 @@ on the code before its fix (the commit message says how it was checked).
    a blank code 0 used (7 rejected). Now such a number is its nearest float's value for ids and
    codes alike (1 and 1; 6 and 6), and every spelling pandas reads as infinity (``inf``,
    ``Infinity``, ``-INF``) is one value.
+2. Date-named columns (a4ae323) through pandas' JSON reader (``beam.io.ReadFromJson``, Beam YAML
+   ``ReadFromJson``). (a) Text the reader turns into a timestamp of a declared instant
+   (``"2020-01-01"``, ``"Jan 2020"`` beside declared ``"2020-01"``; an ISO date in an epoch
+   column) was used in a chunk of dates and rejected beside one word: D (3 records) codes
+   ``[0, 0, 1]`` vs D + ``{"date": "soon", ...}`` ``[-1, -1, 1]``. (b) The epoch undo took the
+   first unit inside the declared range, so one millisecond value in the chunk (pandas then
+   reads every value as ms) made the second values 1,000 times smaller (1.6e9 s → 1.6e6: bin 16
+   → 0); pandas converts only numbers above 31,536,000, so that unit is now skipped. (c) A
+   float column's fractional epochs (1600000000.5) were malformed as timestamps. Now text is
+   judged by the instant the reader gives it alone, and the undo respects ``min_stamp``.
 """
 
 from __future__ import annotations
@@ -90,3 +100,41 @@ def test_read_from_csv_big_ids_and_codes_neighbours(tmp_path: Path) -> None:
             for tag in runs}
     assert [(used[t]["rows_used"], used[t]["rows_rejected"]) for t in ("d", "d1", "c", "c1")] \
         == [(1, 0), (1, 1), (6, 0), (6, 1)]
+
+
+# -- 2. date-named columns through pandas' JSON reader --------------------------------------------
+DATES = {"name": "dates", "columns": [
+    {"name": "date", "type": "categorical",
+     "domain": {"kind": "categorical", "values": ["2020-01", "2020-02", "2020-03"]}},
+    {"name": "created_at", "type": "integer",
+     "domain": {"kind": "integer", "low": 0, "high": 2_000_000_000, "bins": 20}},
+    {"name": "updated_at", "type": "float",
+     "domain": {"kind": "float", "low": 0, "high": 2e9, "bins": 20}}]}
+DATE_RECORDS = [{"date": "2020-01-01", "created_at": "2020-09-13", "updated_at": 1600000000.5},
+                {"date": "Jan 2020", "created_at": 1600000000, "updated_at": 1600000001.25},
+                {"date": "2020-02", "created_at": 1700000000, "updated_at": 1600000002.0}]
+
+
+def _json_forms(records: list[dict], extra: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """What pandas' JSON reader (as ``beam.io.ReadFromJson`` calls it) gives ``records`` alone and
+    beside ``extra`` (left out)."""
+    text = "".join(json.dumps(r) + "\n" for r in records)
+    return (pd.read_json(io.StringIO(text), lines=True),
+            pd.read_json(io.StringIO(text + json.dumps(extra) + "\n"), lines=True)[:len(records)])
+
+
+def test_date_named_columns_agree_whatever_the_chunk() -> None:
+    """The encoder on what the reader gives the same three records in a chunk of dates, beside a
+    word (no conversion) and beside a millisecond epoch (every number read as ms): the same codes,
+    none rejected. Before: ``date`` [0, 0, 1] vs [-1, -1, 1] beside a word; ``created_at``'s
+    1.6e9 fell to bin 0 beside the ms value; ``updated_at``'s fractional epochs were rejected."""
+    schema = bs.load_schema(DATES)
+    word = {"date": "soon", "created_at": "never", "updated_at": "never"}
+    millis = {"date": "2020-03", "created_at": 1_600_000_000_000, "updated_at": 1.6e12}
+    (stamped, plain), (_, in_ms) = _json_forms(DATE_RECORDS, word), _json_forms(DATE_RECORDS, millis)
+    assert isinstance(stamped["date"][0], pd.Timestamp) and plain["date"][0] == "2020-01-01"
+    assert str(in_ms["updated_at"][0]).startswith("1970-01-19")  # 1.6e9 s read as ms
+    for col in schema.columns:
+        got = [col.encode(frame[col.name].tolist()) for frame in (stamped, plain, in_ms)]
+        assert got[0][0].tolist() == got[1][0].tolist() == got[2][0].tolist(), col.name
+        assert min(got[0][0].tolist()) >= 0 and not any(g[1] for g in got), col.name
