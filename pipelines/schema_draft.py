@@ -467,6 +467,10 @@ def read_draft(path: str | Path, fmt: str = "auto", *, table: str | None = None)
 
 
 def _read_flat(p: Path, text: str, fmt: str) -> tuple[str, list[DraftColumn]]:
+    if p.suffix.lower() in (".jsonl", ".ndjson"):  # JSON lines: beamsynth's data format (H66)
+        raise ValueError(f"dictionary {str(p)!r}: a JSON-lines file is data (one record per line), "
+                         "not a dictionary: `schema draft` reads a public data dictionary or "
+                         "codebook, never the data (docs/schema-guide.md)")
     if fmt == "auto":
         fmt = "csv" if p.suffix.lower() in (".csv", ".tsv") else "json"
     if fmt == "csv":
@@ -511,6 +515,9 @@ def _records_table(data: Mapping[str, Any]) -> str | None:
     distinct names; shared 0/1 codes still draft). The message names no value: draft never reads
     the data (rule 1)."""
     entries = list(data.values())
+    if all(not isinstance(e, (Mapping, list)) for e in entries) and not all(
+            _is_number(e) and float(e).is_integer() and e >= 1 for e in entries):
+        return _RECORD_MESSAGE  # one record {column: value} (a JSON-lines line; H66)
     if not all(isinstance(e, Mapping) and e and not set(e) & _DOMAIN_KEYS for e in entries):
         return None
     keys = set(entries[0])
@@ -534,6 +541,12 @@ _TABLE_MESSAGE = (
     "repeated or numeric values): this is a table of records, not a dictionary (e.g. a data file "
     "saved with pandas to_json). `schema draft` reads a public data dictionary or codebook, never "
     "the data: write one from the data's documentation (docs/schema-guide.md)")
+
+_RECORD_MESSAGE = (
+    "its entries are single values (text, booleans, fractions or nulls), as in one record of a "
+    "data file ({column: value}), not sizes, domains or code maps: `schema draft` reads a public "
+    "data dictionary or codebook, never the data (a record's values would become declared "
+    "domains, rule 1); write one from the data's documentation (docs/schema-guide.md)")
 
 
 def _flow(value: Any) -> str:

@@ -20,6 +20,12 @@ on the code before its fix (the commit message says how it was checked).
    → 0); pandas converts only numbers above 31,536,000, so that unit is now skipped. (c) A
    float column's fractional epochs (1600000000.5) were malformed as timestamps. Now text is
    judged by the instant the reader gives it alone, and the undo respects ``min_stamp``.
+3. ``beamsynth schema draft`` (H64) given one record of a data file (a one-line ``.jsonl``, or
+   ``{"age": 39, "workclass": "State-gov"}`` saved as ``.json``) drafted ``age`` as the declared
+   domain ``[0, 38]`` from the record's 39 ("a size only") and copied ``'State-gov'`` into a
+   comment (rule 1). Now a ``.jsonl`` dictionary and a flat record with any value that is no
+   size are refused, naming no value. (A record of positive integers only is a size dictionary
+   to any reader: left open, docs/audits.md.)
 """
 
 from __future__ import annotations
@@ -138,3 +144,20 @@ def test_date_named_columns_agree_whatever_the_chunk() -> None:
         got = [col.encode(frame[col.name].tolist()) for frame in (stamped, plain, in_ms)]
         assert got[0][0].tolist() == got[1][0].tolist() == got[2][0].tolist(), col.name
         assert min(got[0][0].tolist()) >= 0 and not any(g[1] for g in got), col.name
+
+
+# -- 3. schema draft given one record of the data -------------------------------------------------
+def test_schema_draft_refuses_one_data_record(tmp_path: Path) -> None:
+    """A one-line JSON-lines data file, and the same record as ``.json``: refused without echoing
+    a value; a size-only domain JSON still drafts. Before: ``age`` declared ``[0, 38]`` from the
+    record's 39, ``'State-gov'`` in a comment."""
+    from beamsynth.pipelines.schema_draft import draft_schema
+
+    record = json.dumps({"age": 39, "workclass": "State-gov", "sex": "Male"})
+    for name in ("one.jsonl", "one.json"):
+        (tmp_path / name).write_text(record + "\n", encoding="utf-8")
+        with pytest.raises(ValueError, match="never the data") as err:
+            draft_schema(tmp_path / name)
+        assert "39" not in str(err.value) and "State-gov" not in str(err.value)
+    (tmp_path / "sizes.json").write_text(json.dumps({"age": 74, "sex": 2}), encoding="utf-8")
+    assert '"high": 73' in draft_schema(tmp_path / "sizes.json")
