@@ -824,8 +824,9 @@ class Synthesize(beam.PTransform):
         # without position_field a row's place in its batch is no position (BatchElements sizes
         # batches by timing: line 401 came out as row 145, then 25), so it is null
         positioned = self._position is not None
+        step = self._step  # the source of its error rows, as the statistics steps' (H70)
         rejected = rejected | "RejectedRows" >> beam.Map(
-            lambda r: beam.Row(source=r.source, row=r.row if positioned else None,
+            lambda r: beam.Row(source=step, row=r.row if positioned else None,
                                reason=r.reason, raw=r.raw)
         ).with_output_types(ERROR_ROW_TYPE)
         return {"output": out, self._errors: rejected}

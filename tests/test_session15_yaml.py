@@ -6,8 +6,11 @@ Each test pins one stumble a YAML user met, and fails on the code before its fix
 
 from __future__ import annotations
 
+import glob
+import json
 import logging
 from importlib import resources
+from pathlib import Path
 
 import pytest
 
@@ -126,3 +129,52 @@ def test_error_output_named_output_is_refused(step: str) -> None:
 def test_synthesize_seed_must_be_an_int(seed) -> None:
     """Was accepted when built (the statistics steps refused it)."""
     assert "must be an int (tests and demos only)" in _refusal(seed=seed)
+
+
+# -- 4. a run: error rows say which step, why and where; the manifest counts them -----------------
+TINY = {"name": "tiny", "columns": [
+    {"name": "color", "type": "categorical",
+     "domain": {"kind": "categorical", "values": ["red", "green", "blue"]}}]}
+
+
+def _run(tmp_path: Path, spec: dict) -> None:
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(spec), encoding="utf-8")
+    yaml_main.run(argv=["--runner=DirectRunner", f"--yaml_pipeline_file={path}"])
+
+
+def _lines(pattern: str) -> list[dict]:
+    return [json.loads(line) for f in sorted(glob.glob(pattern))
+            for line in Path(f).read_text(encoding="utf-8").splitlines()]
+
+
+def test_error_rows_name_the_step_with_reason_and_position(tmp_path: Path) -> None:
+    """Two steps' error outputs: BeamsynthSynthesize's rows said ``source: beam-yaml`` while
+    BeamsynthCount's said ``Count``; now each names its step."""
+    schema = tmp_path / "tiny.json"
+    schema.write_text(json.dumps(TINY), encoding="utf-8")
+    data = tmp_path / "in.csv"
+    data.write_text("line,color\n2,red\n3,purple\n4,blue\n5,\n", encoding="utf-8")
+    out = tmp_path / "out"
+    common = {"schema": str(schema), "seed": 1, "position_field": "line",
+              "job_budget": {"epsilon": 1.0}, "error_handling": {"output": "bad"}}
+    _run(tmp_path, {"providers": [{"include": _provider()}], "pipeline": {"transforms": [
+        {"type": "ReadFromCsv", "name": "Read",
+         "config": {"path": str(data), "keep_default_na": False, "dtype": "str"}},
+        {"type": "BeamsynthSynthesize", "name": "Synth", "input": "Read",
+         "config": {**common, "epsilon": 0.5, "rows": 3, "manifest": f"{out}/synth.json"}},
+        {"type": "BeamsynthCount", "name": "Count", "input": "Read",
+         "config": {**common, "epsilon": 0.5}},
+        {"type": "WriteToJson", "input": "Synth.bad", "config": {"path": f"{out}/synth_bad"}},
+        {"type": "WriteToJson", "input": "Count.bad", "config": {"path": f"{out}/count_bad"}},
+        {"type": "WriteToCsv", "input": "Synth.output", "config": {"path": f"{out}/synth"}},
+        {"type": "WriteToCsv", "input": "Count.output", "config": {"path": f"{out}/count"}}]}})
+    for step, name in [("Synth", "synth_bad"), ("Count", "count_bad")]:
+        bad = sorted(_lines(f"{out}/{name}*"), key=lambda r: r["row"])
+        assert [(r["source"], r["row"]) for r in bad] == [(step, 3), (step, 5)], bad
+        assert "outside the declared categorical domain" in bad[0]["reason"]
+        assert "null in a non-nullable column" in bad[1]["reason"]
+    manifest = json.loads((out / "synth.json").read_text(encoding="utf-8"))
+    assert {k: manifest["operational"][k] for k in ("rows_read", "rows_used", "rows_rejected")} \
+        == {"rows_read": 4, "rows_used": 2, "rows_rejected": 2}
+    assert manifest["release"]["budget"]["spent"]["epsilon"] == pytest.approx(1.0)

@@ -91,8 +91,8 @@ ON_TIME_OPS = [{"rows_read": 1, "rows_used": 1, "rows_rejected": 0},
                {"rows_read": 1, "rows_used": 1, "rows_rejected": 0}]
 
 
-def _error_row(line: int, sex: str, reason: str) -> dict:
-    return {"source": "beam-yaml", "row": line, "reason": reason,
+def _error_row(line: int, sex: str, reason: str, source: str = "Synthesize") -> dict:
+    return {"source": source, "row": line, "reason": reason,  # the step's full label (H70)
             "raw": json.dumps({"sex": sex, "line": str(line)})}
 
 
@@ -194,7 +194,8 @@ output:
                | YamlTransform(spec, providers=list(load_providers(provider))))
         _ = out["good"] | "Synthetic" >> beam.ParDo(_Append(str(tmp_path / "out.jsonl"), True))
         _ = out["bad"] | "Errors" >> beam.ParDo(_Append(str(tmp_path / "bad.jsonl"), False))
-    assert _lines(tmp_path / "bad.jsonl") == [_error_row(2, "M", _late(D1, D2))]
+    assert _lines(tmp_path / "bad.jsonl") == [_error_row(2, "M", _late(D1, D2),
+                                                         "YamlTransform/Composite/Synth")]
     assert _lines(tmp_path / "out.jsonl") == ON_TIME_OUT
 
 
