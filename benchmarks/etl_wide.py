@@ -100,7 +100,7 @@ def one_release(args: argparse.Namespace, beam_args: list[str]) -> None:
     private = events["events"] | job.private(schema, source="events")
     case = args.case
     if case == "encode":
-        out = private.batches
+        out = private.exact_batches()
     elif case == "privbayes":
         out = private | bs.PrivBayes(epsilon=shares["synthetic"], options={"degree": 1})
     elif case == "histogram":

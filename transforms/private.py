@@ -119,6 +119,11 @@ _PIPELINE_HOLDERS: weakref.WeakKeyDictionary[beam.Pipeline, str] = weakref.WeakK
 _LEDGER_JOBS: weakref.WeakSet[PrivacyJob] = weakref.WeakSet()
 
 
+_NOT_A_PCOLLECTION = (
+    "job.private's output is a private collection, not a PCollection: Beam's steps, side inputs "
+    "and DataFrames (to_dataframe) do not take it; apply a beamsynth mechanism first (private | "
+    "bs.Count(epsilon=...), bs.Marginals, ...) and give its output to Beam, or route "
+    "private.dead_letters (the rejected elements) to Beam")
 _ONE_BUDGET = ("Use either the API (one bs.PrivacyJob, bs.Synthesize, bs.Histogram, ...) or the "
                "YAML steps (one job_budget) in one pipeline")
 
@@ -368,32 +373,66 @@ class PrivacyJob:
         return self.seed is not None
 
 
-class PrivateCollection(tuple):
+class PrivateCollection:
     """Encoded, contribution-bounded records of one input, bound to a :class:`PrivacyJob`.
 
     ``private = records | job.private(schema)``; apply beamsynth mechanisms to it
-    (``private | bs.Count(epsilon=0.1)``) and route ``private.dead_letters`` to a sink. (It is a
-    tuple ``(batches, dead_letters)`` to Beam, which is how a step may return it; use the
-    attributes, not unpacking.)
+    (``private | bs.Count(epsilon=0.1)``) and route ``private.dead_letters`` to a sink. It is not
+    a PCollection, nor a tuple of them: Beam's own steps (``beam.Map``, ``beam.Flatten``,
+    ``beam.CoGroupByKey``, ``beam.Partition``, side inputs, DataFrames) are refused when the
+    pipeline is built, saying what to do (join upstream before ``job.private``, or measure
+    first). Until the fifteenth session it was a tuple ``(batches, dead_letters)`` to Beam, so
+    ``{"a": private} | beam.CoGroupByKey()`` built and failed only in the run, and
+    ``private.batches`` handed the exact encoded records to any Beam step.
 
     Attributes:
-      batches: ``PCollection[EncodedBatch]`` (schema cells, then declared key symbols).
       dead_letters: ``PCollection[beam.Row]`` of rejected elements ``(source, position, reason,
-        element)``.
+        element)`` (private: keep them with the data owner).
       schema: the declared schema (with the job's privacy id).
       job: the job whose budget every mechanism spends.
-      layout: where declared prefix keys sit in ``batches``.
+      layout: where declared prefix keys sit in the encoded records.
       source: the name of this input in dead letters and the manifest.
-      windows: the :class:`DeclaredWindows` of ``batches`` (``None``: the global window).
+      windows: the :class:`DeclaredWindows` of the records (``None``: the global window).
     """
 
-    def __new__(cls, *, job: PrivacyJob, layout: KeyLayout, batches: beam.PCollection,
-                dead_letters: beam.PCollection, source: str,
-                windows: DeclaredWindows | None = None) -> PrivateCollection:
-        self = super().__new__(cls, (batches, dead_letters))
-        self.job, self.layout, self.batches = job, layout, batches
+    def __init__(self, *, job: PrivacyJob, layout: KeyLayout, batches: beam.PCollection,
+                 dead_letters: beam.PCollection, source: str,
+                 windows: DeclaredWindows | None = None) -> None:
+        self.job, self.layout, self._batches = job, layout, batches
         self.dead_letters, self.source, self.windows = dead_letters, source, windows
-        return self
+
+    def exact_batches(self) -> beam.PCollection:
+        """The encoded, contribution-bounded records (``PCollection[EncodedBatch]``: schema cells,
+        then declared key symbols) **as they are: exact, no noise, no budget spent**. For
+        mechanisms of your own (which must spend on ``private.job`` and add noise) and for tests
+        and audits; anything written from it is not differentially private."""
+        return self._batches
+
+    @property
+    def batches(self) -> Any:
+        """Refused: the encoded records are exact (``private.batches | beam.Map(...)`` released
+        them without noise or spend until the fifteenth session)."""
+        raise NotAPCollectionError(
+            "private.batches: the encoded records are exact (no noise, no budget spent), so they "
+            "are no longer an attribute that Beam's steps take; apply a beamsynth mechanism "
+            "(private | bs.Count(epsilon=...), bs.Marginals, bs.Synthesize, ...) and give its "
+            "output to Beam. A mechanism of your own or an audit that must see the exact records "
+            "calls private.exact_batches() (not DP)")
+
+    def __iter__(self) -> Any:
+        """Refused: Beam iterates a non-PCollection input to make a ``Create`` of it
+        (``{"a": private} | beam.CoGroupByKey()``, ``(private, other) | beam.Flatten()``), which
+        built and failed only in the run (``argument after * must be an iterable, not
+        _InvalidUnpickledPCollection``)."""
+        raise NotAPCollectionError(_NOT_A_PCOLLECTION + "; to join or merge it with other data "
+                                   "(beam.CoGroupByKey, beam.Flatten), join or merge the records "
+                                   "upstream and make the result private once (joined | "
+                                   "job.private(schema)), or measure each private collection "
+                                   "first and join the released outputs")
+
+    def __getitem__(self, index: Any) -> Any:
+        """Refused (``private[0]`` was the exact encoded records)."""
+        return self.batches
 
     @property
     def schema(self) -> Schema:
@@ -403,7 +442,7 @@ class PrivateCollection(tuple):
     @property
     def pipeline(self) -> beam.Pipeline:
         """The pipeline the collection belongs to."""
-        return self.batches.pipeline
+        return self._batches.pipeline
 
     @property
     def max_contributions(self) -> int:
@@ -416,11 +455,8 @@ class PrivateCollection(tuple):
         side inputs); the message says what to apply (``to_dataframe`` failed with
         ``'PrivateCollection' object has no attribute 'element_type'``)."""
         raise NotAPCollectionError(
-            "job.private's output is a private collection, not a PCollection: Beam DataFrames "
-            "(to_dataframe), side inputs and Beam's steps do not take it; apply a beamsynth "
-            "mechanism first and convert its output, e.g. to_dataframe(private | "
-            "bs.Count(epsilon=...)) or to_dataframe(private | bs.PrivBayes(epsilon=..., rows=...)), "
-            "or route private.dead_letters (the rejected elements) to Beam")
+            _NOT_A_PCOLLECTION + "; convert a mechanism's output, e.g. to_dataframe(private | "
+            "bs.Count(epsilon=...)) or to_dataframe(private | bs.PrivBayes(epsilon=..., rows=...))")
 
     @property
     def windowing(self) -> Any:
@@ -458,7 +494,7 @@ class PrivateTransform(beam.PTransform):
 
     ``private | mech`` (or ``private | "Label" >> mech``) first calls :meth:`bind`, which spends
     the mechanism's budget on the job (build time), then applies :meth:`expand` to
-    ``private.batches``. Anything else on the left fails when the pipeline is built.
+    ``private.exact_batches()``. Anything else on the left fails when the pipeline is built.
     """
 
     mechanism = ""
@@ -483,7 +519,7 @@ class PrivateTransform(beam.PTransform):
 
     def type_check_inputs(self, pvalueish: Any) -> None:
         """Refuse anything but a private collection's batches (``pcoll | mech`` lands here)."""
-        if self._private is None or pvalueish is not self._private.batches:
+        if self._private is None or pvalueish is not self._private.exact_batches():
             self._refuse(pvalueish)
         super().type_check_inputs(pvalueish)
 
@@ -495,7 +531,7 @@ class PrivateTransform(beam.PTransform):
         self._unique_label(left.pipeline)  # before bind: a refused step spends nothing
         self._private = left
         self.bind(left)
-        return left.pipeline.apply(self, left.batches)
+        return left.pipeline.apply(self, left.exact_batches())
 
     def _unique_label(self, pipeline: beam.Pipeline) -> None:
         """Refuse (or, under ``--auto_unique_labels``, rename) a label already in the pipeline
@@ -849,8 +885,11 @@ class MakePrivate(beam.PTransform):
                             "windows": None if declared is None else declared.describe()})
         batches.element_type = EncodedBatch
         dead.element_type = DEAD_LETTER_TYPE
+        self.with_output_types(typehints.Union[EncodedBatch, DEAD_LETTER_TYPE])  # its two outputs
         return PrivateCollection(job=job, layout=self._layout, batches=batches,
                                  dead_letters=dead, source=source, windows=declared)
+        # not a PValue nor a tuple of them: Beam registers no output of this composite and hands
+        # the object back as is (its PCollections are its inner steps' outputs)
 
 
 def stamp_now(row: Any, ts: Any = beam.DoFn.TimestampParam) -> Any:

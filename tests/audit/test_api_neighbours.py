@@ -5,7 +5,7 @@ records) run through the real API: ``p | beam.Create(...) | job.private(schema)`
 job (same noise on both sides), ``bs.Count(typed=True)`` and ``bs.WriteManifest``. With ``k`` the
 job's ``max_contributions``, the check is
 
-* the used records (codes and privacy ids, as ``private.batches`` carries them) of D are all
+* the used records (codes and privacy ids, as ``private.exact_batches()`` carries them) of D are all
   used in D', and D' adds at most ``k`` (stability, contribution bound);
 * ``|Count(D') − Count(D)| ≤ k`` (the release moves by at most the sensitivity);
 * both runs finish and the manifest's exact counts add up: read = used + rejected + dropped.
@@ -143,7 +143,7 @@ def _run(names: list[str], side: str, folder: Path) -> dict[str, Any]:
                 private = (p | f"Create[{name}]" >> beam.Create(elements, reshuffle=False)
                            | f"Private[{name}]" >> job.private(case.schema, source=name,
                                                               position_field=case.position_field))
-                _ = (private.batches | f"Used[{name}]" >> beam.FlatMap(_used_rows)
+                _ = (private.exact_batches() | f"Used[{name}]" >> beam.FlatMap(_used_rows)
                      | f"UsedList[{name}]" >> beam.combiners.ToList()
                      | f"WriteUsed[{name}]" >> beam.Map(_write_json, str(folder / f"{name}.used.json")))
                 _ = (private | f"Count[{name}]" >> bs.Count(epsilon=1.0, typed=True)

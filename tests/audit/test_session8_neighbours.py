@@ -265,7 +265,7 @@ def _api_run(elements: dict[str, list[dict]], folder: Path) -> dict[str, Any]:
                 job = bs.PrivacyJob(epsilon=1.0, seed=3, name=name, disjoint=True)
                 private = (p | f"Create[{name}]" >> beam.Create(items, reshuffle=False)
                            | f"Private[{name}]" >> job.private(schema, source=name))
-                _ = (private.batches | f"Used[{name}]" >> beam.FlatMap(_used)
+                _ = (private.exact_batches() | f"Used[{name}]" >> beam.FlatMap(_used)
                      | f"List[{name}]" >> beam.combiners.ToList()
                      | f"Write[{name}]" >> beam.Map(
                          lambda rows, path=str(folder / f"{name}.json"):
