@@ -37,7 +37,7 @@ from beamsynth.transforms.privbayes import (
     spend_privbayes,
 )
 from tests.audit import test_session12_accounting as s12
-from tests.audit.test_session14_mechanisms import _cli, record_all
+from tests.audit.test_session14_mechanisms import _cells, _cli, _window_of, record_all
 
 pytestmark = pytest.mark.audit
 
@@ -365,3 +365,108 @@ def test_split_shares_are_positive_and_add_up_on_any_structure():
         assert len(shares) == len(specs)
         assert all(math.isfinite(e) and e >= eps / SPLIT_GRID * (1 - 1e-12) for e in shares)
         assert math.fsum(shares) <= math.nextafter(eps, math.inf), (eps, shape, specs)
+
+
+# == 3. plausible deniability under declared windows ================================================
+HOUR = 3600
+_RELEASED: list[dict] = []  # the released rows of the last run (in-process DirectRunner)
+
+
+def _collect(row) -> None:
+    _RELEASED.append(row._asdict())
+
+
+def _plausible_windows(monkeypatch, tmp_path: Path, extra: list[tuple[dict, int]], name: str):
+    """``bs.PlausibleDeniability`` (PrivBayes generator, ε = 5000, δ = 1e-6, public rows 60,
+    k = 50, γ = 4, ε₀ = 1, seed 2) over three declared hours: 150 records in hour 1, none in
+    hour 2, 400 in hour 3, and ``extra`` (record, event time) pairs. Returns every recorded draw,
+    the released rows per window and the manifest."""
+    import apache_beam as beam
+
+    import beamsynth as bs
+
+    schema = bs.load_schema("adult").select(["age", "sex", "race", "income"])
+    rng = np.random.default_rng(3)
+    rows = [({"age": int(rng.integers(20, 23)), "sex": ["Male", "Female"][i % 2],
+              "race": "White", "income": ["<=50K", ">50K"][i % 3 == 0]},
+             (0 if i < 600 else 2 * HOUR) + 10) for i in range(1000)]
+    rows += extra
+    calls = record_all(monkeypatch)
+    job = bs.PrivacyJob(epsilon=5000.0, delta=1e-6, seed=2)
+    windows = bs.DeclaredWindows(start=0, end=3 * HOUR, size=HOUR)
+    _RELEASED.clear()
+    path = tmp_path / f"{name}.manifest.json"
+    with beam.Pipeline() as p:
+        private = (p | beam.Create(rows) | beam.MapTuple(beam.window.TimestampedValue)
+                   | job.private(schema, windows=windows))
+        released = private | bs.PlausibleDeniability(
+            epsilon=5000.0, delta=1e-6, rows=60,
+            options={"k": 50, "gamma": 4.0, "epsilon0": 1.0, "generator": "privbayes"})
+        _ = released | beam.Map(_collect)
+        _ = p | bs.WriteManifest(job=job, path=str(path))
+    monkeypatch.undo()
+    per_window: dict[str, list] = {}
+    for r in _RELEASED:
+        per_window.setdefault(str(r["window_start"]), []).append(tuple(sorted(r.items())))
+    return calls, {w: sorted(v) for w, v in per_window.items()}, json.loads(path.read_text())
+
+
+@pytest.mark.slow  # two API pipelines with plausible deniability over three windows (~9 s each)
+def test_plausible_under_declared_windows(monkeypatch, tmp_path):
+    """Per declared window (the empty one included): the PrivBayes generator's draws are pure
+    and sum to the plausible.model.* spends; the Poisson invocations have one λ and Σ λ·|D_S(w)|
+    = rows (public, per window), none in the empty window; one Test-2 threshold of scale 1/ε₀
+    per candidate tested in that window (the manifest's private per-window count); nothing is
+    drawn outside the windows; the manifest states the budget and the (C·ε₁, C·δ₁ + δ_tail)
+    charge per window. D + 1 record in hour 1: hours 2 and 3 draw and release exactly as on D.
+    Measured: 59 / 0 / 61 candidates tested and released, C = 104 per window."""
+    calls, released, manifest = _plausible_windows(monkeypatch, tmp_path, [], "d")
+    spends = {s["step"].split("/")[-1]: s for s in manifest["release"]["budget"]["spends"]}
+    model_eps = sum(s["epsilon"] for k, s in spends.items() if k.startswith("plausible.model"))
+    assert model_eps == pytest.approx(500.0)
+    eps0 = 1.0
+    ops = manifest["operational"]["mechanisms"]["Synthesize[plausible]"]["per_window"]
+    tested = {w["window_start"]: w["tested"] for w in ops}
+    by_window: dict = {}
+    for c in calls:
+        by_window.setdefault(_window_of(c["labels"]), []).append(c)
+    assert None not in by_window and len(by_window) == 3, list(by_window)
+    for w, mine in sorted(by_window.items()):
+        model = [c for c in mine if c["labels"][0] == "privbayes"]
+        tests = [c for c in mine if c["labels"][0] == "plausible.test"]
+        invocations = [c for c in mine if c["labels"][0] == "plausible.candidates"]
+        assert len(model) + len(tests) + len(invocations) == len(mine)
+        used = sum(1 / c["param"] if c["kind"] == "discrete_laplace" else c["epsilon"]
+                   for c in model)
+        assert {c["kind"] for c in model} <= {"discrete_laplace", "permute_and_flip"}
+        assert used == pytest.approx(model_eps, rel=1e-9), w
+        start = sorted(tested)[(w[1] // 10**6) // HOUR]
+        if tested[start] == 0:  # the empty hour: no seed, no invocation, no test
+            assert w[1] // 10**6 == HOUR and not invocations and not tests
+            continue
+        assert len({float(c["lam"]) for c in invocations}) == 1
+        assert sum(float(c["lam"]) * _cells(c["size"]) for c in invocations) == pytest.approx(60)
+        assert {c["kind"] for c in tests} == {"laplace_internal"}
+        assert {c["param"] for c in tests} == {1.0 / eps0}
+        assert sum(_cells(c["size"]) for c in tests) == tested[start]
+    guarantee = manifest["release"]["details"]["windows"]
+    assert guarantee["budget"].startswith("per window") and guarantee["windows"] == 3
+    per = guarantee["per_window"]
+    assert len(per) == 3 and all(
+        [x["step"] for x in p["spends"]] == [x["step"] for x in per[0]["spends"]] for p in per)
+    assert spends["plausible.candidates"]["details"]["C"] == 104
+    # D + 1 record in hour 1: the other hours are untouched (draws and released rows)
+    extra = [({"age": 21, "sex": "Female", "race": "White", "income": ">50K"}, 20)]
+    calls1, released1, _ = _plausible_windows(monkeypatch, tmp_path, extra, "d1")
+
+    def draws(cs, hour):
+        return [(c["kind"], c["labels"], repr({k: v for k, v in c.items()
+                                                if k not in ("kind", "labels", "stream")}))
+                for c in cs if (_window_of(c["labels"]) or (0, 0))[1] // 10**6 == hour * HOUR]
+
+    for hour in (1, 2):
+        assert draws(calls, hour) == draws(calls1, hour) and (hour == 1 or draws(calls, hour))
+    starts = sorted(tested)
+    assert released.get(starts[2]) == released1.get(starts[2]) and released.get(starts[2])
+    assert released.get(starts[1]) is None and released1.get(starts[1]) is None
+    assert draws(calls, 0) != draws(calls1, 0)  # hour 1 itself did see the record
