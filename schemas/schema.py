@@ -58,6 +58,7 @@ __all__ = [
     "NULL_CODE_REASON",
     "avro_field_name",
     "privacy_id_text",
+    "reader_caveats",
 ]
 
 COLUMN_TYPES = ("categorical", "integer", "float", "datetime", "string", "text")
@@ -757,6 +758,32 @@ def ambiguous_values(schema: Schema) -> dict[str, list[list[str]]]:
                     for ix in _spellings_by_value(values).values() if len(ix) > 1]
             if same:
                 out[col.name] = same
+    return out
+
+
+def reader_caveats(schema: Schema) -> dict[str, str]:
+    """``{column: why}`` for declared columns a pandas reader (``beam.io.ReadFromCsv``,
+    ``ReadFromJson``, Beam YAML's) may give differently depending on the other values of its
+    chunk in a way no encoder can undo (declared structure only: public; H66): columns named
+    like a date (not ``datetime``) and open strings over digits. See ``ambiguous_values`` for
+    categories."""
+    out: dict[str, str] = {}
+    for col in schema.columns:
+        if col.type != "datetime" and _pandas_date_name(col.name):
+            out[col.name] = (
+                "named like a date: pandas' JSON reader (ReadFromJson) makes it timestamps when "
+                "every value of the chunk parses as one, and then reads every epoch number in the "
+                "unit its largest value allows (1.6e9 s and 1.6e12 ms are one instant) and some "
+                "text only beside dates ('2020'), so one record could move or drop others; read "
+                "it with ReadFromJson(path, lines=True, convert_dates=False, "
+                "keep_default_dates=False), declare it datetime, or rename it")
+        elif col.type in ("string", "text") and any(
+                c in "0123456789" for c in getattr(col.domain, "alphabet", "")):
+            out[col.name] = (
+                "an open string over digits: a pandas reader gives number-looking text ('02134', "
+                "'1.0') as a number unless another value of the chunk is none, and the number's "
+                "text ('2134', '1') is another string, so one record could respell others; read "
+                "it as text (ReadFromCsv(path, dtype={...: str}))")
     return out
 
 

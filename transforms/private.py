@@ -62,6 +62,7 @@ from beamsynth.schemas.schema import (
     ambiguous_values,
     avro_field_name,
     load_schema,
+    reader_caveats,
 )
 from beamsynth.transforms.budget import (
     ApproxDP,
@@ -159,6 +160,8 @@ def warn_ambiguous_values(schema: Schema, step: str) -> None:
             "ReadFromJson), which gives them alike unless another value of the chunk is no "
             "number, so one record could move others between these categories; read the column "
             "as text (ReadFromCsv(path, dtype={...: str})) or declare one spelling per value")
+    for name, why in reader_caveats(schema).items():  # what no encoder can undo (H66)
+        _LOG.warning("%s", f"{step}: column {name!r} of schema {schema.name!r} is {why}")
 
 
 def _not_a_number(name: str, value: Any, rule: str, example: str) -> TypeError:

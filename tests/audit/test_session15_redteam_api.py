@@ -161,3 +161,29 @@ def test_schema_draft_refuses_one_data_record(tmp_path: Path) -> None:
         assert "39" not in str(err.value) and "State-gov" not in str(err.value)
     (tmp_path / "sizes.json").write_text(json.dumps({"age": 74, "sex": 2}), encoding="utf-8")
     assert '"high": 73' in draft_schema(tmp_path / "sizes.json")
+
+
+# -- 4. what no encoder can undo: warned about when built -----------------------------------------
+def test_reader_caveats_are_warned_about_when_built(caplog) -> None:
+    """An open string over digits (pandas respells ``02134`` as ``2134``, ``1.0`` as ``1`` in a
+    chunk of numbers) and a column named like a date (pandas' JSON reader picks an epoch's unit
+    by the chunk's largest value): ``job.private`` warns when built, naming the read option; a
+    schema with neither (Adult) does not."""
+    import logging
+
+    schema = bs.load_schema({"name": "caveats", "columns": [
+        {"name": "zip", "type": "string", "domain": {"kind": "string", "max_length": 5,
+                                                     "alphabet": "0123456789"}},
+        {"name": "word", "type": "string", "domain": {"kind": "string", "max_length": 5,
+                                                      "alphabet": "abc"}},
+        DATES["columns"][1]]})
+    with caplog.at_level(logging.WARNING):
+        _ = beam.Pipeline() | beam.Create([{"zip": "02134"}]) | bs.PrivacyJob(epsilon=1.0).private(schema)
+    assert "column 'zip' of schema 'caveats' is an open string over digits" in caplog.text
+    assert "column 'created_at' of schema 'caveats' is named like a date" in caplog.text
+    assert "convert_dates=False" in caplog.text and "dtype={...: str}" in caplog.text
+    assert "'word'" not in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        _ = beam.Pipeline() | beam.Create([{}]) | bs.PrivacyJob(epsilon=1.0).private(bs.load_schema("adult"))
+    assert "is named like a date" not in caplog.text and "open string" not in caplog.text
