@@ -111,6 +111,10 @@ class _StatsStep(beam.PTransform):
         self._schema: Schema = load_schema(schema)
         self._budget = pure(epsilon)
         pid = privacy_id if privacy_id is not None else self._schema.privacy_id
+        if pid is None and max_contributions != 1:  # the API's words name its id_column (H70)
+            raise ValueError(f"{self.kind}: max_contributions ({max_contributions!r}) needs "
+                             "privacy_id: COLUMN (or a schema declaring privacy_id); without one "
+                             "every record is its own privacy unit")
         self._unit = PrivacyUnit(id_column=pid, max_contributions=max_contributions)
         self._job_budget = _budget_from_config(job_budget, "job_budget")
         if self._job_budget is not None and not PrivacyAccountant(

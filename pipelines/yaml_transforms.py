@@ -433,7 +433,27 @@ def _budget_from_config(value: Any, name: str) -> Optional[ApproxDP]:  # noqa: U
         return None
     if not isinstance(value, dict) or set(value) - {"epsilon", "delta"} or "epsilon" not in value:
         raise ValueError(f"{name} ({value!r}) must be {{epsilon: E}} or {{epsilon: E, delta: D}}")
+    for key, v in value.items():
+        check_number(f"{name}: {{{key}: ...}}", v)
     return as_budget(value["epsilon"], value.get("delta", 0.0))
+
+
+def _text_number(value: str) -> str:
+    """Why YAML gave a number as text, and how to write it."""
+    mantissa, e, exponent = value.strip().lower().partition("e")
+    if e and mantissa and "." not in mantissa:
+        # YAML 1.1 (Beam YAML's loader): a float needs a dot, so 1e-6 is the text '1e-6'
+        return (f"YAML reads {value} as text (an exponent needs a dot in YAML: write "
+                f"{mantissa}.0e{exponent})")
+    return ("quoted, it is text: write the number without quotes (a Jinja variable too: "
+            "epsilon: {{ epsilon }})")
+
+
+def check_number(key: str, value: Any) -> None:
+    """Refuse text for a YAML key that takes a number, in YAML words (the budget's own check
+    spoke Python: ``pass epsilon=0.5 (a number, not text: float(...) ...)``)."""
+    if isinstance(value, str):
+        raise ValueError(f"{key} ({value!r}) must be a number; {_text_number(value)}")
 
 
 def _windows_from_config(value: Any) -> Optional[DeclaredWindows]:  # noqa: UP045
@@ -519,6 +539,9 @@ def config_checked(step: str, required: Optional[dict[str, str]] = None) -> Any:
                 raise ValueError(f"{step}: config needs " + ", ".join(
                     f"{k}: ({what.get(k, 'required')})" for k in missing)
                     + " (docs/releases.md, Beam YAML)")
+            for key in ("epsilon", "delta", "count_fraction", "threshold"):
+                if key in config:
+                    check_number(f"{step}: {key}", config[key])
             init(self, **config)
 
         return checked
@@ -608,8 +631,10 @@ def check_options(method: str, options: Any) -> None:
         try:
             check(value)
         except (TypeError, ValueError, OverflowError):
-            raise ValueError(f"{STEP}: {Vocabulary('yaml').option(name, value)} must be {wording} "
-                             f"(method {method!r}; docs/options.md)") from None
+            why = f"; {_text_number(value)}" if isinstance(value, str) and wording.endswith(
+                "number") else ""
+            raise ValueError(f"{STEP}: {Vocabulary('yaml').option(name, value)} must be {wording}"
+                             f"{why} (method {method!r}; docs/options.md)") from None
 
 
 def warn_at_build(step: str, seed: Optional[int], errors: Optional[str], what: str,  # noqa: UP045

@@ -178,3 +178,43 @@ def test_error_rows_name_the_step_with_reason_and_position(tmp_path: Path) -> No
     assert {k: manifest["operational"][k] for k in ("rows_read", "rows_used", "rows_rejected")} \
         == {"rows_read": 4, "rows_used": 2, "rows_rejected": 2}
     assert manifest["release"]["budget"]["spent"]["epsilon"] == pytest.approx(1.0)
+
+
+# -- 5. numbers YAML reads as text, API words in the statistics steps ------------------------------
+def _step_refusal(step: str, **config) -> str:
+    from beamsynth.pipelines import yaml_stats
+
+    cls = {"BeamsynthSynthesize": Synthesize, "BeamsynthCount": yaml_stats.Count}[step]
+    logging.disable(logging.WARNING)
+    try:
+        with pytest.raises(ValueError) as info:
+            cls(**{"schema": "adult", "epsilon": 1.0, "manifest": "m.json", **config})
+    finally:
+        logging.disable(logging.NOTSET)
+    return str(info.value)
+
+
+@pytest.mark.parametrize(("step", "config", "words"), [
+    # YAML 1.1 reads 1e-6 (no dot) as the text '1e-6': "delta must be a number, got str"
+    ("BeamsynthSynthesize", {"delta": "1e-6"}, "YAML reads 1e-6 as text (an exponent needs a "
+                                               "dot in YAML: write 1.0e-6)"),
+    ("BeamsynthSynthesize", {"job_budget": {"epsilon": 1.0, "delta": "1e-5"}}, "write 1.0e-5"),
+    # a quoted Jinja variable: the budget's Python advice "pass epsilon=0.5 (... float(...) ...)"
+    ("BeamsynthCount", {"epsilon": "0.5"}, "BeamsynthCount: epsilon ('0.5') must be a number; "
+                                           "quoted, it is text"),
+    ("BeamsynthSynthesize", {"count_fraction": "0.1"}, "count_fraction ('0.1') must be a number"),
+    ("BeamsynthSynthesize", {"method": "privbayes", "options": {"refine_fraction": "5e-1"}},
+     "options: {refine_fraction: '5e-1'} must be a finite number; YAML reads 5e-1 as text"),
+    # the API's keyword: "max_contributions (2) needs an id_column"
+    ("BeamsynthCount", {"max_contributions": 2}, "max_contributions (2) needs privacy_id: COLUMN"),
+])
+def test_yaml_words_for_numbers_and_units(step: str, config: dict, words: str) -> None:
+    message = _step_refusal(step, **config)
+    assert words in message, message
+    assert "float(" not in message and "id_column" not in message, message
+
+
+def test_exponent_with_a_dot_is_a_number_in_beam_yaml() -> None:
+    """What the message advises builds (Beam YAML's loader reads 1.0e-6 as a float)."""
+    p = _build(_synth_spec({"method": "sbhg", "delta": 1.0e-6, "rows": 10}))
+    assert p is not None
