@@ -794,8 +794,8 @@ def privacy_id_text(value: Any) -> str:
     all numbers and as text beside an id that is none, so one person's records in two files
     were two persons (rule 5; H55). An int beyond 2**53 is its nearest float's ("9007199254740993"
     is "9007199254740992"): in a column with a blank a pandas reader gives every id as a float,
-    which merged such persons only then; and every spelling pandas reads as infinity is "inf"
-    (rule 5; H66). Other text is kept as it is."""
+    which merged such persons only then; every spelling pandas reads as infinity is "inf" and
+    as a boolean ("true", "TRUE") is "True" or "False" (rule 5; H66). Other text is kept as it is."""
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
@@ -806,6 +806,11 @@ def privacy_id_text(value: Any) -> str:
         key = _value_key(value)  # number-looking text not already canonical ("7": as it is)
         if key is not None and key[0] == "n":
             return str(key[1])
+    if isinstance(value, str) and 4 <= len(value.strip()) <= 5 and value.strip() in (
+            "true", "TRUE", "false", "FALSE", "True", "False"):
+        return str(_BOOL_TEXT[value.strip().lower()])  # pandas' booleans: "True", as True (H66)
+    if isinstance(value, np.bool_):
+        return str(bool(value))
     return str(value)
 
 

@@ -9,7 +9,8 @@ on the code before its fix (the commit message says how it was checked).
    merged only then). A declared code ``"9007199254740993"``: D (6 rows) 6 used vs D + a row with
    a blank code 0 used (7 rejected). Now such a number is its nearest float's value for ids and
    codes alike (1 and 1; 6 and 6), and every spelling pandas reads as infinity (``inf``,
-   ``Infinity``, ``-INF``) is one value.
+   ``Infinity``, ``-INF``) is one value; so is every spelling of a boolean privacy id
+   (``true`` is ``True`` in a chunk of booleans: two persons before).
 2. Date-named columns (a4ae323) through pandas' JSON reader (``beam.io.ReadFromJson``, Beam YAML
    ``ReadFromJson``). (a) Text the reader turns into a timestamp of a declared instant
    (``"2020-01-01"``, ``"Jan 2020"`` beside declared ``"2020-01"``; an ISO date in an epoch
@@ -81,6 +82,13 @@ def test_ids_and_codes_beyond_two_to_53_are_one_value_whatever_the_other_rows() 
     forms = _pandas_forms("pid,code\n" + "".join(f"{i},a\n" for i in inf), "pid")
     assert [privacy_id_text(v) for v in forms[0]] == [privacy_id_text(v) for v in forms[2]] \
         == ["inf", "inf", "inf", "-inf", "-inf"]
+    # and every spelling pandas reads as a boolean one person ("true" in a chunk of booleans is
+    # True, beside a word the text "true": two persons before)
+    flags = ["true", "TRUE", "False", "false"]
+    forms = _pandas_forms("pid,code\n" + "".join(f"{i},a\n" for i in flags), "pid")
+    assert forms[0] == [True, True, False, False] and forms[2] == flags
+    assert [privacy_id_text(v) for v in forms[0]] == [privacy_id_text(v) for v in forms[2]] \
+        == ["True", "True", "False", "False"]
 
 
 @pytest.mark.slow  # four ReadFromCsv jobs in one run: ~6 s at load 5 (the encoder test is fast)
