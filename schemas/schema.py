@@ -225,7 +225,8 @@ class Column:
             series = pd.Series([str.__str__(v) if isinstance(v, str) else v
                                 for v in series.tolist()], dtype=object)
         raw = series
-        if self.type != "datetime" and _pandas_date_name(self.name):
+        dated = self.type != "datetime" and _pandas_date_name(self.name)
+        if dated and any(map(_is_timestamp, series.tolist())):
             series = self._undo_timestamps(series)
         if self.normalize is not None and not self.normalize.is_identity:
             # null tokens are matched on the raw value; everything else is normalised first
@@ -244,6 +245,18 @@ class Column:
                 sub_null, sub_codes = self._classify(sub)
                 is_null[padded] = sub_null
                 codes[padded] = sub_codes
+        if dated:
+            # text pandas' JSON reader would have made a timestamp ("2020-01-01" beside a
+            # declared "2020-01") is judged by that instant, as the timestamp is (H66)
+            vals = series.to_numpy(dtype=object)
+            failed = [i for i in np.flatnonzero((codes < 0) & ~is_null).tolist()
+                      if isinstance(vals[i], str) and vals[i].strip() and _value_key(vals[i]) is None]
+            stamps = {i: _json_reader_stamp(vals[i]) for i in failed}
+            stamped = [i for i in failed if stamps[i] is not None]
+            if stamped:
+                sub = self._undo_timestamps(pd.Series([stamps[i] for i in stamped], dtype=object))
+                sub_codes = self._classify(sub)[1]
+                codes[stamped] = np.where(sub_codes >= 0, sub_codes, codes[stamped])
         if self.type in ("categorical", "string", "text"):
             # a whole float whose own text is not declared is its integer code (1.0 -> "1": a
             # pandas column with a blank turns 1 into 1.0), as privacy ids; each value alone
@@ -315,16 +328,12 @@ class Column:
         alone, declared values only; anything else stays a timestamp (then malformed).
 
         Text the reader would have made a timestamp ("2020-01-01", "Jan 2020" beside a declared
-        "2020-01"; an ISO date in an epoch column) is judged by the same instant, else it was used
-        in a chunk of dates and rejected beside one word (rule 6; H66). An epoch number is
-        undone only to a value pandas converts (> 31,536,000, its ``min_stamp``), else one
-        millisecond value in the chunk made every second value 1,000 times smaller (H66)."""
-        declared = (frozenset(self.domain.values) if isinstance(self.domain, CategoricalDomain)
-                    else frozenset())
+        "2020-01"; an ISO date in an epoch column) is judged by the same instant in ``encode``,
+        else it was used in a chunk of dates and rejected beside one word (rule 6; H66). An epoch
+        number is undone only to a value pandas converts (> 31,536,000, its ``min_stamp``), else
+        one millisecond value in the chunk made every second value 1,000 times smaller (H66)."""
         out = []
         for v in series.tolist():
-            if isinstance(v, str) and v not in declared and v.strip() and _value_key(v) is None:
-                v = _json_reader_stamp(v) or v
             if not _is_timestamp(v):
                 out.append(v)
                 continue
