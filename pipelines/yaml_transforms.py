@@ -496,10 +496,13 @@ class _WriteManifestFn(beam.DoFn):
                  step: PrivacyAccountant) -> None:
         self._path, self._info, self._ledger, self._step = path, info, ledger, step
 
-    def process(self, counts: dict, window=beam.DoFn.WindowParam):
+    def process(self, counts: dict, window=beam.DoFn.WindowParam,
+                outside: Optional[int] = None):  # noqa: UP045 (side input, keyword)
         info = dict(self._info, accountant=(self._ledger.accountant or self._step).to_dict())
         path = self._path
         details = dict(info.pop("details"))
+        if outside is not None:  # the run's rows outside every declared window (rule 8)
+            counts = dict(counts, rows_outside_windows=int(outside))
         if isinstance(window, IntervalWindow):  # a declared window
             path = window_output_path(path, window)
             details["window"] = {"start": int(window.start.micros) // 1_000_000,
@@ -837,7 +840,8 @@ class Synthesize(beam.PTransform):
                                                   ).with_output_types(window_row_type(row_type_for(schema)))
         # beam.Row per synthetic record
         if self._manifest is not None:
-            self._write_manifest(enc, batches, tables, ledger, late_rows=late_rows)
+            self._write_manifest(enc, batches, tables, ledger, late_rows=late_rows,
+                                 outside=None if late_rows else outside)
         if self._errors is None:
             return out  # rejected rows: counted (metrics, manifest) and dropped
         rejected = enc["rejected"]
@@ -857,7 +861,7 @@ class Synthesize(beam.PTransform):
         return {"output": out, self._errors: rejected}
 
     def _write_manifest(self, enc, batches, tables, ledger: "_JobLedger", *,
-                        late_rows: bool = False) -> None:
+                        late_rows: bool = False, outside=None) -> None:
         plan, cfg = self._plan, self._plan.config
         counts = (
             (enc["batches"] | "ReadCounts" >> beam.Map(lambda b: ("rows_read", len(b))),
@@ -889,7 +893,17 @@ class Synthesize(beam.PTransform):
                 "rows arriving after their window's release are not in these counts: "
                 + ("error_handling output" if self._errors else "dropped")
                 + ", counted in beamsynth/rows_late")
+        side = {}
+        if outside is not None:  # a bounded input with declared windows: its rows outside them
+            # are error rows of no window; every window's manifest counts them for the run (H70)
+            info["details"]["rows_outside_windows"] = (
+                "rows of the whole run stamped outside every declared window (error rows, in no "
+                "window's rows_read; the same number in each window's manifest)")
+            side["outside"] = beam.pvalue.AsSingleton(
+                outside | "OutsideCount" >> beam.combiners.Count.Globally())
+            # int (global window): rows outside the declared windows
         _ = (combine_globally(counts, _SumCountsFn(), "SumCounts")
              # dict of exact counts, once per release window (operational, not DP)
              | "WriteManifest" >> beam.ParDo(_WriteManifestFn(path=self._manifest, info=info,
-                                                              ledger=ledger, step=plan.accountant)))
+                                                              ledger=ledger, step=plan.accountant),
+                                             **side))

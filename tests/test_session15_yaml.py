@@ -140,7 +140,9 @@ TINY = {"name": "tiny", "columns": [
 def _run(tmp_path: Path, spec: dict) -> None:
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(spec), encoding="utf-8")
-    yaml_main.run(argv=["--runner=DirectRunner", f"--yaml_pipeline_file={path}"])
+    # beamsynth's DirectRunner: no attempt to download Prism (docs/runners.md)
+    yaml_main.run(argv=["--runner=beamsynth.runners.local.LocalDirectRunner",
+                        f"--yaml_pipeline_file={path}"])
 
 
 def _lines(pattern: str) -> list[dict]:
@@ -218,3 +220,29 @@ def test_exponent_with_a_dot_is_a_number_in_beam_yaml() -> None:
     """What the message advises builds (Beam YAML's loader reads 1.0e-6 as a float)."""
     p = _build(_synth_spec({"method": "sbhg", "delta": 1.0e-6, "rows": 10}))
     assert p is not None
+
+
+# -- 6. declared windows: rows outside them are counted in the manifests ----------------------------
+def test_rows_outside_the_windows_are_counted_in_every_window_manifest(tmp_path: Path) -> None:
+    """A row stamped outside the declared windows went to the error output and to the counter
+    ``beamsynth/rows_outside_windows`` only: no manifest of BeamsynthSynthesize counted it (its
+    manifests are per window), while BeamsynthHistogram's one manifest did (rule 8)."""
+    schema = tmp_path / "tiny.json"
+    schema.write_text(json.dumps(TINY), encoding="utf-8")
+    data = tmp_path / "in.csv"
+    data.write_text("ts,color\n100,red\n7300,blue\n99999,red\n", encoding="utf-8")
+    out = tmp_path / "out"
+    _run(tmp_path, {"providers": [{"include": _provider()}], "pipeline": {"transforms": [
+        {"type": "ReadFromCsv", "name": "Read",
+         "config": {"path": str(data), "keep_default_na": False, "dtype": "str"}},
+        {"type": "AssignTimestamps", "name": "Stamp", "input": "Read",
+         "config": {"timestamp": "float(ts)", "language": "python"}},
+        {"type": "BeamsynthSynthesize", "name": "Synth", "input": "Stamp",
+         "config": {"schema": str(schema), "epsilon": 1.0, "rows": 2, "seed": 1,
+                    "windows": {"start": 0, "end": 10800, "size": 3600},
+                    "manifest": f"{out}/synth.json"}},
+        {"type": "WriteToCsv", "input": "Synth", "config": {"path": f"{out}/synth"}}]}})
+    manifests = sorted(out.glob("synth.*.json"))
+    assert len(manifests) == 3
+    ops = [json.loads(m.read_text(encoding="utf-8"))["operational"] for m in manifests]
+    assert [(o["rows_read"], o["rows_outside_windows"]) for o in ops] == [(1, 1), (0, 1), (1, 1)]
