@@ -5,8 +5,14 @@ found there, failing on the code before its fix; pipelines run on tiny data (eac
 
 from __future__ import annotations
 
+import dataclasses
+
 import apache_beam as beam
+import pyarrow as pa
 import pytest
+from apache_beam.metrics.metric import MetricsFilter
+from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.util import assert_that, equal_to
 
 import beamsynth as bs
 
@@ -91,3 +97,106 @@ def test_a_job_still_runs_with_a_composite_returning_the_private_collection(tmp_
     reasons = (tmp_path / "bad").read_text().splitlines()
     assert len(reasons) == 2 and "r" in reasons and any("'X'" in r for r in reasons)
     int((tmp_path / "count").read_text())
+
+
+# --- dead-letter positions (H68 gap 1): the same bad rows as dicts, beam.Rows and Arrow ----------
+
+GOOD = [{"age": 20 + i, "sex": "Female" if i % 2 else "Male", "race": "White",
+         "income": "<=50K"} for i in range(6)]
+BAD = [{"age": "abc", "sex": "Male", "race": "White", "income": "<=50K"},    # malformed
+       {"age": 40, "sex": "X", "race": "White", "income": "<=50K"},          # out of domain
+       {"age": 41, "sex": None, "race": "White", "income": ">50K"}]          # null, required
+
+
+def _numbered() -> list[dict]:
+    return [{**r, "row": i + 2} for i, r in enumerate(GOOD[:3] + BAD + GOOD[3:])]  # line numbers
+
+
+def _as(kind: str, records: list[dict]) -> list:
+    if kind == "dicts":
+        return records
+    if kind == "rows":
+        return [beam.Row(**{k: (None if v is None else str(v)) for k, v in r.items()}) for r in records]
+    table = pa.Table.from_pylist([{k: (None if v is None else str(v)) for k, v in r.items()}
+                                  for r in records])
+    return [table.slice(0, 4), table.slice(4)]  # two batches, the bad rows across both
+
+
+def _dead_letters(kind: str, records: list[dict], **private: object) -> list[tuple]:
+    with TestPipeline() as p:
+        out = (p | beam.Create(_as(kind, records), reshuffle=False)
+               | bs.PrivacyJob(epsilon=1.0, seed=1).private(SMALL, **private))
+        assert_that(out.dead_letters | beam.Map(lambda d: (d.position, d.reason)),
+                    equal_to(EXPECTED[private.get("position_field")]))
+    return []
+
+
+EXPECTED = {
+    "row": [(5, "column 'age': value 'abc' is not a valid integer"),
+            (6, "column 'sex': value 'X' is outside the declared categorical domain"),
+            (7, "column 'sex': null in a non-nullable column")],
+}
+EXPECTED[None] = [(None, why) for _, why in EXPECTED["row"]]
+
+
+@pytest.mark.parametrize("kind", ["dicts", "rows", "arrow"])
+@pytest.mark.parametrize("field", ["row", None])
+def test_dead_letters_of_dicts_rows_and_arrow_batches_carry_the_same_positions(kind, field):
+    """The same three bad rows as dicts, beam.Rows and two Arrow batches: the same (position,
+    reason) dead letters, the position read from position_field='row' (a line number attached
+    upstream), None without one (Beam gives an element no stable position of its own)."""
+    _dead_letters(kind, _numbered(), **({} if field is None else {"position_field": field}))
+
+
+def test_position_field_is_no_undeclared_field_of_a_dict_under_extra_columns_reject():
+    """With extra_columns: reject, a dict's position_field was an undeclared field, so every
+    numbered dict was a dead letter (an Arrow batch's position column was allowed): the release
+    was learned from no record. Now the position field is allowed for every kind of element."""
+    strict = dataclasses.replace(SMALL, extra_columns="reject")
+    records = [{**r, "row": i} for i, r in enumerate(GOOD)] + [{**GOOD[0], "row": 9, "x": 1}]
+    for kind in ("dicts", "arrow"):
+        elements = records if kind == "dicts" else [pa.Table.from_pylist(records[:-1]),
+                                                    pa.Table.from_pylist(records[-1:])]
+        with TestPipeline() as p:
+            private = (p | beam.Create(elements, reshuffle=False)
+                       | bs.PrivacyJob(epsilon=1.0, seed=1).private(strict, position_field="row"))
+            assert_that(private.dead_letters | beam.Map(lambda d: (d.position, d.reason)),
+                        equal_to([(9, "undeclared field(s) ['x'] and the schema says "
+                                      "extra_columns: reject")]))
+
+
+@pytest.mark.parametrize("value", [12.7, 2**70, True, "a.csv:12"])
+def test_a_position_that_is_no_64_bit_integer_is_none_never_made_up_or_a_crash(value):
+    """A position 12.7 became 12 (int()), True became 1, and 2**70 failed the run when Beam
+    encoded the dead letter (its int is 64 bits): rule 8. Now each is None; 12.0 (pandas' float
+    of a line number) and "12" are 12."""
+    records = [{**BAD[0], "row": value}, {**BAD[1], "row": 12.0}, {**BAD[2], "row": " 12 "}]
+    with TestPipeline() as p:
+        private = (p | beam.Create(records, reshuffle=False)
+                   | bs.PrivacyJob(epsilon=1.0, seed=1).private(SMALL, position_field="row"))
+        assert_that(private.dead_letters | beam.Map(lambda d: d.position),
+                    equal_to([None, 12, 12]))
+
+
+def test_a_position_field_the_input_lacks_is_said_when_built_and_counted_in_the_run(caplog):
+    """position_field='line' on rows or Arrow batches without that field gave every dead letter
+    position None without a word. Typed rows lacking it: a warning when built; an Arrow batch
+    (whose columns only the run sees): the counter beamsynth/dead_letters_without_position and
+    one warning per worker, never a failed run (rules 7, 8)."""
+    rows = [beam.Row(age=39, sex="X", race="White", income="<=50K")]
+    with caplog.at_level("WARNING"):
+        p = beam.Pipeline()
+        _ = p | beam.Create(rows) | bs.PrivacyJob(epsilon=1.0, seed=1).private(
+            SMALL, position_field="line")
+    assert "position_field 'line' is not a field of its input rows" in caplog.text
+    p = beam.Pipeline()
+    table = pa.Table.from_pylist([{k: str(v) for k, v in r.items()} for r in GOOD + BAD[:2]])
+    private = (p | beam.Create([table], reshuffle=False)
+               | bs.PrivacyJob(epsilon=1.0, seed=1).private(SMALL, position_field="line"))
+    _ = private.dead_letters | beam.Map(lambda d: d)
+    with caplog.at_level("WARNING"):
+        result = p.run()
+        result.wait_until_finish()
+    counters = result.metrics().query(MetricsFilter().with_name("dead_letters_without_position"))
+    assert sum(c.committed for c in counters["counters"]) == 2
+    assert "lack position_field 'line'" in caplog.text

@@ -29,6 +29,7 @@ between steps.
 from __future__ import annotations
 
 import json
+import logging
 import operator
 from collections.abc import Mapping, Sequence
 from itertools import repeat
@@ -66,6 +67,7 @@ __all__ = [
 ]
 
 METRICS_NAMESPACE = "beamsynth"
+_LOG = logging.getLogger(__name__)
 DEFAULT_BATCH_ROWS = 20_000
 _RAW_LIMIT = 500
 # reasons of a null value, named 'missing' when the element lacks the field: a required column's,
@@ -223,13 +225,20 @@ def _present(record: Mapping[str, Any], name: str) -> bool:
 
 
 def _position(record: Mapping[str, Any], field: str | None) -> int | None:
+    """The integer in ``record[field]`` (an int, a whole float such as pandas' ``12.0``, or its
+    text); ``None`` for anything else (absent, null, ``12.5``, ``True``, ``"a.csv:12"``): never a
+    crash, never a made-up number (``int(12.7)`` gave 12 until the fifteenth session)."""
     if field is None:
         return None
     value = record.get(field)
-    try:
-        return None if value is None else int(value)
-    except (TypeError, ValueError, OverflowError):  # inf: no position, never a crash
+    if value is None or isinstance(value, bool):
         return None
+    try:
+        whole = int(value)  # text: int's own parse ("12", " 12 ", "-2"; "a.csv:12" raises)
+        exact = isinstance(value, (str, bytes)) or whole == value
+    except (TypeError, ValueError, OverflowError):  # inf, nan: no position, never a crash
+        return None
+    return whole if exact and -2**63 <= whole < 2**63 else None  # a Beam int is 64 bits
 
 
 def _dead(source: str, position: int | None, reason: str, element: Any) -> beam.Row:
@@ -314,8 +323,10 @@ def _drop_rows(batch: EncodedBatch, reasons: Mapping[int, str], already: set[int
 
 
 def _encode_records(layout: KeyLayout, records: list[Mapping[str, Any]],
-                    memo: SchemaMemo | None = None) -> tuple[EncodedBatch, dict[int, str]]:
-    """Encode mappings column-wise; returns good rows and ``{index: reason}`` for bad ones."""
+                    memo: SchemaMemo | None = None, position_field: str | None = None
+                    ) -> tuple[EncodedBatch, dict[int, str]]:
+    """Encode mappings column-wise; returns good rows and ``{index: reason}`` for bad ones
+    (``position_field`` is no undeclared field under ``extra_columns: reject``)."""
     n = len(records)
     names = wanted_fields(layout)
     series = _RecordColumns(records)
@@ -332,7 +343,7 @@ def _encode_records(layout: KeyLayout, records: list[Mapping[str, Any]],
                            "has more fields than its header)") for i in unnamed)
         batch = _drop_rows(batch, reasons, already, n)
     if layout.schema.extra_columns == "reject":
-        declared = set(names) | {avro_field_name(x) for x in names}
+        declared = set(names) | {avro_field_name(x) for x in names} | {position_field}
         already = set(reasons)
         for i, r in enumerate(records):
             extra = sorted(k for k in r if k not in declared)
@@ -383,9 +394,9 @@ def encode_elements(layout: KeyLayout, elements: Sequence[Any], *, source: str,
         records.append(record)
     if records:
         try:
-            b, reasons = _encode_records(layout, records, memo)
+            b, reasons = _encode_records(layout, records, memo, position_field)
         except Exception:  # noqa: BLE001 - one odd element must not fail its neighbours
-            b, reasons = _encode_one_by_one(layout, records, memo)
+            b, reasons = _encode_one_by_one(layout, records, memo, position_field)
         batches.append(b)
         dead += [_dead(source, _position(records[i], position_field), why, dict(records[i]))
                  for i, why in sorted(reasons.items())]
@@ -430,8 +441,8 @@ def _encode_tuples(layout: KeyLayout, elements: Sequence[tuple], memo: SchemaMem
     return [batch], dead
 
 
-def _encode_one_by_one(layout: KeyLayout, records: list[Mapping[str, Any]], memo: SchemaMemo
-                       ) -> tuple[EncodedBatch, dict[int, str]]:
+def _encode_one_by_one(layout: KeyLayout, records: list[Mapping[str, Any]], memo: SchemaMemo,
+                       position_field: str | None = None) -> tuple[EncodedBatch, dict[int, str]]:
     """Fallback when a batch fails as a whole: split in halves until the records that fail stand
     alone (each dead-lettered with why it fails alone); every other record encodes as it would
     alone (stability), in input order. Same result as encoding each record alone, at a cost of
@@ -441,7 +452,7 @@ def _encode_one_by_one(layout: KeyLayout, records: list[Mapping[str, Any]], memo
 
     def visit(lo: int, hi: int) -> None:
         try:
-            b, why = _encode_records(layout, records[lo:hi], memo)
+            b, why = _encode_records(layout, records[lo:hi], memo, position_field)
         except Exception as exc:  # noqa: BLE001
             if hi - lo == 1:
                 reasons[lo] = _unencodable(layout, records[lo], exc)
@@ -555,6 +566,8 @@ class _EncodeFn(beam.DoFn):
         self._batch_rows = batch_rows
         self._read = Metrics.counter(METRICS_NAMESPACE, "elements_read")
         self._rejected = Metrics.counter(METRICS_NAMESPACE, "elements_rejected")
+        self._unplaced = Metrics.counter(METRICS_NAMESPACE, "dead_letters_without_position")
+        self._warned = False
 
     def setup(self) -> None:
         self._memo = SchemaMemo(self._layout.schema)  # codes of distinct values, per worker
@@ -587,12 +600,33 @@ class _EncodeFn(beam.DoFn):
                                         position_field=self._position, memo=self._memo)
         self._read.inc(read)
         self._rejected.inc(len(dead))
+        if self._position is not None:
+            self._note_unplaced(sum(d.position is None for d in dead))
         yield beam.pvalue.TaggedOutput("stats", EncodeStats(read, len(dead)))
         for d in dead:
             yield beam.pvalue.TaggedOutput("dead_letters", d)
         for b in batches:
             if len(b):
                 yield b
+
+
+    def _note_unplaced(self, unplaced: int) -> None:
+        """Dead letters whose element lacks ``position_field`` (an Arrow batch without that
+        column, a dict without that key) or holds no integer there: counted
+        (``beamsynth/dead_letters_without_position``) and, once per worker, logged (field names
+        only, no value). Never refused: only the run sees a batch's columns, and one element must
+        not fail the others (rules 7, 8)."""
+        if not unplaced:
+            return
+        self._unplaced.inc(unplaced)
+        if not self._warned:
+            self._warned = True
+            _LOG.warning(
+                "%s", f"{self._source}: dead letters without a position: their elements lack "
+                f"position_field {self._position!r} or hold no integer there; attach it upstream "
+                "to every element (an Arrow batch needs it as a column: batch.append_column("
+                f"{self._position!r}, pyarrow.array(range(offset, offset + batch.num_rows)))); "
+                "counter beamsynth/dead_letters_without_position")
 
 
 class _WindowedEncodeFn(_EncodeFn):

@@ -725,6 +725,12 @@ class MakePrivate(beam.PTransform):
             names = list(hint._fields)  # schema'd rows typed as generated NamedTuples
         else:
             return
+        if self._position is not None and self._position not in names:
+            _LOG.warning(
+                "%s", f"{self.label}: position_field {self._position!r} is not a field of its "
+                f"input rows ({names}), so every dead letter's position would be None; attach "
+                "the position upstream under that name (e.g. beam.Select(..., "
+                f"{self._position}=...)) or name one of the rows' fields")
         wanted = wanted_fields(self._layout)
         if not {n for w in wanted for n in (w, avro_field_name(w))}.intersection(names):
             _LOG.warning(

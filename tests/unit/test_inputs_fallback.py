@@ -35,7 +35,7 @@ def test_failing_batch_splits_to_the_failing_records(monkeypatch):
     calls = []
     encode = inputs._encode_records
     monkeypatch.setattr(inputs, "_encode_records",
-                        lambda lay, recs, memo=None: calls.append(len(recs)) or encode(lay, recs, memo))
+                        lambda lay, recs, memo=None, *pos: calls.append(len(recs)) or encode(lay, recs, memo, *pos))
     encoded, dead = encode_elements(layout, records, source="src", position_field="line",
                                     memo=SchemaMemo(SCHEMA))
     got = np.concatenate([b.codes for b in encoded])
