@@ -60,7 +60,12 @@ from beamsynth.transforms.privbayes_sizing import (
     split_network_budget,
 )
 from beamsynth.transforms.privbayes_star import measure_star, plan_star
-from beamsynth.transforms.privbayes_structure import _family_table, choose_structure, family_specs
+from beamsynth.transforms.privbayes_structure import (
+    _family_table,
+    candidate_families,
+    choose_structure,
+    family_specs,
+)
 from beamsynth.transforms.refine import RefineMeasurement, measure_refinement
 
 __all__ = [
@@ -146,7 +151,8 @@ def measure_privbayes(
         marginal_rho += gaussian_refine_rho(plan.refine) - gaussian_refine_rho(refine)
         scale *= math.sqrt(plan.zcdp.marginal_rho / marginal_rho)
     target = plan.parent_target  # H58: only where its families were counted (older callers)
-    if target is not None and not any(target in f and len(f) > min(degree + 1, d) for f in tables):
+    if target is not None and not _covers(tables, candidate_families(
+            d, plan.degree, shape=shape, max_family_cells=plan.max_family_cells, target=target)):
         target = None
     if target is not None and plan.target_parent == "useful":  # public rows or the DP count
         rows = sizing["rows_hat"] if sizing is not None else plan.sizing.rows
@@ -187,6 +193,13 @@ def measure_privbayes(
         ordered=list(ordered) if ordered is not None else [False] * d, names=names,
         plan=refine, rs=rs.child("refine"), candidates=pairs, base_targets=base_targets)
     return PrivBayesMeasurement(measurement.structure, released, refinement, sizing=sizing)
+
+
+def _covers(tables: dict[tuple[int, ...], np.ndarray], families: Sequence[tuple[int, ...]]) -> bool:
+    """Whether every family is a counted table or inside one (its exact counts exist). Where
+    k + 1 ≥ d the label-free families are the whole table and cover the target's (H67)."""
+    keys = [set(k) for k in tables]
+    return all(tuple(f) in tables or any(set(f) <= k for k in keys) for f in families)
 
 
 def _planned_epsilon(plan: PrivBayesPlan) -> float:

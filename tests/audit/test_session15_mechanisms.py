@@ -470,3 +470,38 @@ def test_plausible_under_declared_windows(monkeypatch, tmp_path):
     assert released.get(starts[2]) == released1.get(starts[2]) and released.get(starts[2])
     assert released.get(starts[1]) is None and released1.get(starts[1]) is None
     assert draws(calls, 0) != draws(calls1, 0)  # hour 1 itself did see the record
+
+
+# == 1b. the target parent where k + 1 ≥ d (a full-table network) ================================
+@pytest.mark.parametrize(("d", "degree", "option", "rows"), [
+    (3, 2, "required", None), (3, 2, "auto", None), (4, 3, "required", 100_000),
+    (4, 3, "auto", 100_000), (4, 3, "auto", None)])
+def test_target_parent_runs_where_the_manifest_says_at_full_degree(d, degree, option, rows):
+    """Where k + 1 ≥ d every counted family is the whole table, so the label-free and the
+    target's candidate families coincide. The measurement dropped the target there (its check
+    looked for families larger than k + 1 columns): the spend details and manifest said
+    'required' (target.target_parent.ran, public rows) while a label-free network rooted
+    elsewhere ran (d = 4, k = 3: root c2, c1 without the target), and with the DP count no
+    window reported a mode. Same spends either way (rule 2: what ran must be what is stated).
+    Measured before the fix (privbayes_measure._covers, H67): 4 of 5 cases ran the label-free
+    network (the fifth passed by chance: its uniformly drawn root was the target)."""
+    from beamsynth.transforms.noise import RandomSource
+    from beamsynth.transforms.privbayes import measure_privbayes
+
+    shape, names, target = (2,) * d, [f"c{i}" for i in range(d)], d - 1
+    plan = plan_privbayes(shape, ApproxDP(epsilon=50.0, delta=0.0), sizing="auto", rows=rows,
+                          degree=degree, refine_pairs=0, target=target, names=names,
+                          target_parent=option)
+    stated = plan.details()["target"]["target_parent"]
+    fams = candidate_families(d, plan.degree, shape=shape, max_family_cells=plan.max_family_cells,
+                              target=plan.parent_target)
+    codes = np.random.default_rng(0).integers(0, 2, (20_000, d))
+    codes[:, target] = codes[:, 0]
+    counts = [c.reshape([shape[i] for i in f])
+              for c, f in zip(count_marginals(codes, fams, shape), fams)]
+    out = measure_privbayes(counts, fams, shape=shape, names=names, plan=plan,
+                            rs=RandomSource(seed=1))
+    ran = out.sizing.get("target_parent", stated["ran"]) if out.sizing else stated["ran"]
+    assert ran == "required", (stated, out.sizing)
+    assert out.structure[0] == (target, ())
+    assert all(target in ps for _, ps in out.structure[1:]), out.structure
