@@ -343,10 +343,12 @@ class PrivBayesPlan:
                 "else 'off'")
         rows = None if self.sizing is None else self.sizing.rows
         if rows is None:
-            return {**out, "ran": "decided per window from the DP count (sizing."
-                    "chosen_target_parent_windows: 'required' or 'off' per k >= 1 window; a "
-                    "window where it picks k = 0 runs the small-input model, sizing."
-                    "chosen_degree_windows)", "why": f"{self.target_parent_option}: {rule}"}
+            return {**out, "ran": "decided per window from the DP count (a CLI synthesize "
+                    "manifest's sizing.chosen_target_parent_windows: 'required' or 'off' per "
+                    "k >= 1 window; a window where it picks k = 0 runs the small-input model, "
+                    "sizing.chosen_degree_windows; any run, the API's included: the Beam "
+                    "counters beamsynth/privbayes_target_parent_required and _off, "
+                    "beamsynth/privbayes_degree_<k>)", "why": f"{self.target_parent_option}: {rule}"}
         on, u = self.target_parent_gate(rows)
         return {**out, "usefulness": u, "ran": "required" if on else "off",
                 "why": f"{self.target_parent_option}: {rule}; u = {u:.3g} at the public "

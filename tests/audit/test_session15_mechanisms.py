@@ -505,3 +505,53 @@ def test_target_parent_runs_where_the_manifest_says_at_full_degree(d, degree, op
     assert ran == "required", (stated, out.sizing)
     assert out.structure[0] == (target, ())
     assert all(target in ps for _, ps in out.structure[1:]), out.structure
+
+
+@pytest.mark.slow  # one API pipeline over three declared windows (~6 s)
+def test_api_windows_choose_modes_from_their_own_dp_count(monkeypatch, tmp_path):
+    """``bs.PrivBayes`` (ε = 3, target y, rows 50, seed 5) over three declared hours of 300 /
+    4,000 / 10 records: each window's measurement reads its own DP count (one size count per
+    window, labelled with it) and runs off / required / k = 0 (Beam counters
+    beamsynth/privbayes_target_parent_{off,required} and privbayes_degree_0 each 1); per window
+    the draws fit the job's one set of spends (Σ ε = ε − ε_c). The API manifest's
+    target.target_parent.ran named only a CLI manifest's sizing.chosen_target_parent_windows,
+    which an API manifest never has; it now names the Beam counters too (H67)."""
+    import apache_beam as beam
+    from apache_beam.metrics.metric import MetricsFilter
+
+    import beamsynth as bs
+
+    schema = bs.load_schema(BIN7)
+    values = [c["domain"]["values"] for c in BIN7["columns"]]
+    rows = []
+    for hour, n in enumerate((300, 4_000, 10)):
+        for r in _codes(n, hour):
+            rows.append(({NAMES[j]: values[j][v] for j, v in enumerate(r)}, hour * HOUR + 5))
+    calls = s12.record_draws(monkeypatch)
+    job = bs.PrivacyJob(epsilon=EPS, seed=5)
+    p = beam.Pipeline()
+    private = (p | beam.Create(rows) | beam.MapTuple(beam.window.TimestampedValue)
+               | job.private(schema, windows=bs.DeclaredWindows(start=0, end=3 * HOUR, size=HOUR)))
+    _ = private | bs.PrivBayes(epsilon=EPS, rows=50, options={"target": "y"})
+    _ = p | bs.WriteManifest(job=job, path=str(tmp_path / "m.json"))
+    result = p.run()
+    result.wait_until_finish()
+    # the API manifest (no counters read into it) names where the per-window modes are
+    details = json.loads((tmp_path / "m.json").read_text())["release"]["details"]
+    ran = details["mechanisms"][0]["details"]["privbayes"]["target"]["target_parent"]["ran"]
+    assert "beamsynth/privbayes_target_parent_required" in ran, ran
+    counters = {c.key.metric.name: c.committed for c in result.metrics().query(
+        MetricsFilter().with_namespace("beamsynth"))["counters"]}
+    assert counters.get("privbayes_target_parent_off") == 1, counters
+    assert counters.get("privbayes_target_parent_required") == 1, counters
+    assert counters.get("privbayes_degree_0") == 1, counters
+    spends = {s["step"].split("/")[-1]: s for s in job.accountant.to_dict()["spends"]}
+    count = spends["privbayes.size_count"]
+    model = sum(s["epsilon"] for k, s in spends.items() if k != "privbayes.size_count")
+    by_window: dict = {}
+    for c in calls:
+        by_window.setdefault(_window_of(c["labels"]), []).append(c)
+    assert None not in by_window and len(by_window) == 3, list(by_window)
+    for w, mine in by_window.items():
+        v = s12.verdict(mine, m=1, count=count, rest={"epsilon": model, "delta": 0.0})
+        assert v["ok"] and v["pure"] == pytest.approx(model, rel=1e-12), (w, v)
