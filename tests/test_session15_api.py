@@ -200,3 +200,19 @@ def test_a_position_field_the_input_lacks_is_said_when_built_and_counted_in_the_
     counters = result.metrics().query(MetricsFilter().with_name("dead_letters_without_position"))
     assert sum(c.committed for c in counters["counters"]) == 2
     assert "lack position_field 'line'" in caplog.text
+
+
+# --- the ETL engineer's fourth round (H68): stumbles, each failing on the code before its fix ---
+
+def test_a_marginal_written_as_its_output_key_names_the_tuple_to_pass():
+    """marginals=["sex,income"] (the key the output dict uses) said "'sex,income' is not a
+    declared column ... (did you mean 'income'?)", pointing to a one-way table; now it names the
+    tuple ('sex', 'income'), field names (native_country) included."""
+    p = beam.Pipeline()
+    private = p | beam.Create([ROW]) | bs.PrivacyJob(epsilon=1.0, seed=1).private(
+        bs.load_schema("adult"))
+    with pytest.raises(ValueError, match=r"did you mean \('sex', 'income'\) \(its output key is "
+                                         r"'sex,income'\)\?"):
+        private | bs.Marginals(marginals=["sex,income"], epsilon=1.0)
+    with pytest.raises(ValueError, match=r"did you mean \('native-country', 'sex'\)"):
+        private | "M2" >> bs.Marginals(marginals=["native_country, sex"], epsilon=1.0)

@@ -984,6 +984,15 @@ def _declared_name_hint(schema: Schema, name: Any) -> str:
     output rows and job.private use), another case or a close spelling; else ``""``."""
     if not isinstance(name, str):
         return ""
+    parts = [_declared_name(schema, x.strip()) for x in name.split(",")] if "," in name else []
+    if parts and all(parts):  # "sex,income": a table's output key, not a column
+        return (f"a table is a tuple of column names: did you mean {tuple(parts)!r} (its output "
+                f"key is {','.join(parts)!r})?; ")
     same = [d for d in schema.names if name.lower() in (d.lower(), avro_field_name(d).lower())]
     close = same or difflib.get_close_matches(name, schema.names, n=1, cutoff=0.75)
     return f"did you mean {close[0]!r}?; " if close else ""
+
+
+def _declared_name(schema: Schema, name: str) -> str | None:
+    """The declared column ``name`` is, under its own or its field name (``native_country``)."""
+    return next((d for d in schema.names if name in (d, avro_field_name(d))), None)
