@@ -773,11 +773,25 @@ def ambiguous_values(schema: Schema) -> dict[str, list[list[str]]]:
     return out
 
 
-def reader_caveats(schema: Schema) -> dict[str, str]:
+def _number_alphabet(alphabet: str) -> bool:
+    """Whether an open string's alphabet spells numbers only (digits, with signs, point or
+    exponent): values of such a column are numbers to a pandas reader in a chunk without a word."""
+    return any(c.isdigit() for c in alphabet) and all(c in "0123456789+-.eE " for c in alphabet)
+
+
+_RESPELLED = (
+    "an open string over digits: a pandas reader gives number-looking text ('02134', '1.0') as a "
+    "number unless another value of the chunk is none, and the number's text ('2134', '1') is "
+    "another string, so one record could respell others; read it as text "
+    "(ReadFromCsv(path, dtype={...: str}))")
+
+
+def reader_caveats(schema: Schema, keys: Mapping[str, Any] | None = None) -> dict[str, str]:
     """``{column: why}`` for declared columns a pandas reader (``beam.io.ReadFromCsv``,
     ``ReadFromJson``, Beam YAML's) may give differently depending on the other values of its
     chunk in a way no encoder can undo (declared structure only: public; H66): columns named
-    like a date (not ``datetime``) and open strings over digits. See ``ambiguous_values`` for
+    like a date (not ``datetime``), and open strings and text keys (``keys``: name -> codec with
+    ``column``/``alphabet``) whose alphabet spells numbers only. See ``ambiguous_values`` for
     categories."""
     out: dict[str, str] = {}
     for col in schema.columns:
@@ -789,13 +803,11 @@ def reader_caveats(schema: Schema) -> dict[str, str]:
                 "text only beside dates ('2020'), so one record could move or drop others; read "
                 "it with ReadFromJson(path, lines=True, convert_dates=False, "
                 "keep_default_dates=False), declare it datetime, or rename it")
-        elif col.type in ("string", "text") and any(
-                c in "0123456789" for c in getattr(col.domain, "alphabet", "")):
-            out[col.name] = (
-                "an open string over digits: a pandas reader gives number-looking text ('02134', "
-                "'1.0') as a number unless another value of the chunk is none, and the number's "
-                "text ('2134', '1') is another string, so one record could respell others; read "
-                "it as text (ReadFromCsv(path, dtype={...: str}))")
+        elif col.type in ("string", "text") and _number_alphabet(getattr(col.domain, "alphabet", "")):
+            out[col.name] = _RESPELLED
+    for codec in (keys or {}).values():
+        if _number_alphabet(getattr(codec, "alphabet", "")) and getattr(codec, "column", None):
+            out.setdefault(codec.column, _RESPELLED.replace("an open string", "a text key"))
     return out
 
 

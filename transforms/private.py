@@ -146,7 +146,7 @@ def claim_pipeline_budget(pipeline: beam.Pipeline, holder: str, *,
     _PIPELINE_HOLDERS.setdefault(pipeline, holder)
 
 
-def warn_ambiguous_values(schema: Schema, step: str) -> None:
+def warn_ambiguous_values(schema: Schema, step: str, keys: Mapping[str, Any] | None = None) -> None:
     """Warn (when built; declared values only) about categories spelling one number or boolean
     (``"1"`` and ``"01"``): a pandas reader (``beam.io.ReadFromCsv``, ``ReadFromJson``) gives
     both as ``1`` unless another value of its chunk is no number, so whether a record is ``"01"``
@@ -160,7 +160,7 @@ def warn_ambiguous_values(schema: Schema, step: str) -> None:
             "ReadFromJson), which gives them alike unless another value of the chunk is no "
             "number, so one record could move others between these categories; read the column "
             "as text (ReadFromCsv(path, dtype={...: str})) or declare one spelling per value")
-    for name, why in reader_caveats(schema).items():  # what no encoder can undo (H66)
+    for name, why in reader_caveats(schema, keys).items():  # what no encoder can undo (H66)
         _LOG.warning("%s", f"{step}: column {name!r} of schema {schema.name!r} is {why}")
 
 
@@ -678,7 +678,8 @@ class MakePrivate(beam.PTransform):
             raise ValueError(f"source ({source!r}) must be None or a non-empty string")
         self._job = job
         self._layout = KeyLayout(_with_unit(_check_schema(schema), job.unit), keys)
-        warn_ambiguous_values(self._layout.schema, f"job.private({self._layout.schema.name})")
+        warn_ambiguous_values(self._layout.schema, f"job.private({self._layout.schema.name})",
+                              self._layout.keys)
         self._position, self._source, self._batch_rows = position_field, source, batch_rows
         self._windows = windows
         EncodeElements(layout=self._layout, source="check", position_field=position_field,

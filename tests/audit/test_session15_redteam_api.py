@@ -173,8 +173,8 @@ def test_schema_draft_refuses_one_data_record(tmp_path: Path) -> None:
 
 # -- 4. what no encoder can undo: warned about when built -----------------------------------------
 def test_reader_caveats_are_warned_about_when_built(caplog) -> None:
-    """An open string over digits (pandas respells ``02134`` as ``2134``, ``1.0`` as ``1`` in a
-    chunk of numbers) and a column named like a date (pandas' JSON reader picks an epoch's unit
+    """An open string or text key over digits only (pandas respells ``02134`` as ``2134``,
+    ``1.0`` as ``1`` in a chunk of numbers) and a column named like a date (pandas' JSON reader picks an epoch's unit
     by the chunk's largest value): ``job.private`` warns when built, naming the read option; a
     schema with neither (Adult) does not."""
     import logging
@@ -183,11 +183,16 @@ def test_reader_caveats_are_warned_about_when_built(caplog) -> None:
         {"name": "zip", "type": "string", "domain": {"kind": "string", "max_length": 5,
                                                      "alphabet": "0123456789"}},
         {"name": "word", "type": "string", "domain": {"kind": "string", "max_length": 5,
-                                                      "alphabet": "abc"}},
+                                                      "alphabet": "abc123"}},
         DATES["columns"][1]]})
+    keys = {"p": bs.TextKey(column="postcode", alphabet="0123456789", max_length=5),
+            "q": bs.TextKey(column="query", max_length=5)}
     with caplog.at_level(logging.WARNING):
-        _ = beam.Pipeline() | beam.Create([{"zip": "02134"}]) | bs.PrivacyJob(epsilon=1.0).private(schema)
+        _ = (beam.Pipeline() | beam.Create([{"zip": "02134"}])
+             | bs.PrivacyJob(epsilon=1.0).private(schema, keys=keys))
     assert "column 'zip' of schema 'caveats' is an open string over digits" in caplog.text
+    assert "column 'postcode' of schema 'caveats' is a text key over digits" in caplog.text
+    assert "'query'" not in caplog.text  # letters too: a chunk of numbers only is unlikely
     assert "column 'created_at' of schema 'caveats' is named like a date" in caplog.text
     assert "convert_dates=False" in caplog.text and "dtype={...: str}" in caplog.text
     assert "'word'" not in caplog.text
