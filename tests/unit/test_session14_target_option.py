@@ -134,7 +134,7 @@ def test_api_and_cli_refuse_bad_values_in_their_words(tmp_path, capsys):
     assert job.accountant.spent_epsilon == 0
     from beamsynth.pipelines.yaml_transforms import Synthesize  # Beam YAML: the same options
 
-    with pytest.raises(ValueError, match=r"options: \{target_parent: 'TAN'\}: must be one of auto, "
+    with pytest.raises(ValueError, match=r"options: \{target_parent: 'TAN'\}:? must be one of auto, "
                        r"off, optional, required"):  # its YAML key (H70), not --target-parent
         Synthesize(schema={"name": "t", "columns": [
             {"name": f"x{i}", "type": "categorical",
