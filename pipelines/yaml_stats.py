@@ -56,10 +56,11 @@ from beamsynth.pipelines.yaml_transforms import (
     check_step_fields,
     check_step_windows,
     config_checked,
+    load_step_schema,
     warn_at_build,
 )
 from beamsynth.schemas.keys import KeyCodec, KeySpecError, key_codec_from_spec
-from beamsynth.schemas.schema import Schema, avro_field_name, load_schema
+from beamsynth.schemas.schema import Schema, avro_field_name
 from beamsynth.transforms.budget import PrivacyAccountant
 from beamsynth.transforms.conventions import display_items
 from beamsynth.transforms.measure import NoisyMarginal, combine_globally
@@ -108,7 +109,7 @@ class _StatsStep(beam.PTransform):
         self._errors = check_step_config(batch_rows=batch_rows, error_handling=error_handling,
                                          manifest=manifest, position_field=position_field,
                                          seed=seed, outputs=self.outputs)
-        self._schema: Schema = load_schema(schema)
+        self._schema: Schema = load_step_schema(self.kind, schema)
         self._budget = pure(epsilon)
         pid = privacy_id if privacy_id is not None else self._schema.privacy_id
         if pid is None and max_contributions != 1:  # the API's words name its id_column (H70)

@@ -47,6 +47,7 @@ import inspect
 import json
 import logging
 import math
+import os
 import weakref
 from typing import Any, Optional
 
@@ -76,6 +77,7 @@ from beamsynth.pipelines.stream import EMPTY_WINDOW_METHODS, empty_batch, window
 from beamsynth.schemas.schema import (
     EncodedBatch,
     Schema,
+    SchemaError,
     _is_timestamp,
     avro_field_name,
     load_schema,
@@ -449,6 +451,23 @@ def _text_number(value: str) -> str:
             "epsilon: {{ epsilon }})")
 
 
+def load_step_schema(step: str, schema: Any) -> Schema:
+    """The step's ``schema:`` (a file, a bundled name or a mapping), refused in YAML words: a
+    relative path is read from the working directory, while Beam YAML reads a provider's
+    ``include:`` from the pipeline file's folder, so the message says which folder was searched."""
+    if not isinstance(schema, (str, dict)) or not schema:
+        raise ValueError(f"{step}: schema ({schema!r}) must be a schema file, a bundled name such "
+                         "as adult, or a mapping")
+    try:
+        return load_schema(schema)
+    except SchemaError as exc:
+        if isinstance(schema, str) and "no such file" in str(exc) and not os.path.isabs(schema):
+            raise SchemaError(f"{step}: {exc}; a relative path is read from the working "
+                              f"directory ({os.getcwd()}), not from the pipeline file's folder: "
+                              "give an absolute path (or a Jinja variable)") from None
+        raise SchemaError(f"{step}: {exc}") from None
+
+
 def check_number(key: str, value: Any) -> None:
     """Refuse text for a YAML key that takes a number, in YAML words (the budget's own check
     spoke Python: ``pass epsilon=0.5 (a number, not text: float(...) ...)``)."""
@@ -745,7 +764,7 @@ class Synthesize(beam.PTransform):
             raise ValueError(f"method {method!r} cannot release an empty window; with windows the "
                              f"step supports {list(EMPTY_WINDOW_METHODS)}")
         check_options(method, options)
-        cfg = SynthesisConfig(input=_SOURCE, schema=load_schema(schema), output=_SOURCE,
+        cfg = SynthesisConfig(input=_SOURCE, schema=load_step_schema(STEP, schema), output=_SOURCE,
                               epsilon=epsilon, delta=delta, method=method, rows=rows,
                               privacy_id=privacy_id, max_contributions=max_contributions,
                               seed=seed, count_fraction=count_fraction,

@@ -246,3 +246,19 @@ def test_rows_outside_the_windows_are_counted_in_every_window_manifest(tmp_path:
     assert len(manifests) == 3
     ops = [json.loads(m.read_text(encoding="utf-8"))["operational"] for m in manifests]
     assert [(o["rows_read"], o["rows_outside_windows"]) for o in ops] == [(1, 1), (0, 1), (1, 1)]
+
+
+# -- 7. a schema path: which folder a relative path is read from ------------------------------------
+def test_relative_schema_path_names_the_folder_searched(tmp_path: Path, monkeypatch) -> None:
+    """Beam YAML reads ``providers: - include:`` from the pipeline file's folder, but a step's
+    ``schema: tiny.json`` from the working directory: the refusal said only 'no such file'."""
+    (tmp_path / "tiny.json").write_text(json.dumps(TINY), encoding="utf-8")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    message = _step_refusal("BeamsynthCount", schema="tiny.json")
+    assert message.startswith("BeamsynthCount: schema 'tiny.json': no such file"), message
+    assert f"read from the working directory ({elsewhere})" in message, message
+    assert "working directory" not in _step_refusal("BeamsynthSynthesize",
+                                                    schema=str(tmp_path / "no.json"))
+    assert "schema (3) must be a schema file" in _step_refusal("BeamsynthSynthesize", schema=3)
