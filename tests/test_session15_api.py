@@ -216,3 +216,14 @@ def test_a_marginal_written_as_its_output_key_names_the_tuple_to_pass():
         private | bs.Marginals(marginals=["sex,income"], epsilon=1.0)
     with pytest.raises(ValueError, match=r"did you mean \('native-country', 'sex'\)"):
         private | "M2" >> bs.Marginals(marginals=["native_country, sex"], epsilon=1.0)
+
+
+def test_job_private_shows_its_source_and_position_field_in_display_data():
+    """A runner's step panel showed job.private's schema and privacy unit but not the source
+    name its dead letters and manifest counts carry, nor the field their positions come from."""
+    from apache_beam.transforms.display import DisplayData
+
+    step = bs.PrivacyJob(epsilon=1.0).private(SMALL, position_field="line", source="events")
+    shown = {item.key: item.value for item in DisplayData.create_from(step).items}
+    assert shown["source"] == "events" and shown["position_field"] == "line"
+    assert shown["schema"] == "adult" and shown["privacy_id"] == "none"

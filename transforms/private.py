@@ -71,7 +71,7 @@ from beamsynth.transforms.budget import (
     PureDP,
     as_budget,
 )
-from beamsynth.transforms.conventions import NotAPCollectionError, typed_boundary
+from beamsynth.transforms.conventions import NotAPCollectionError, display_items, typed_boundary
 from beamsynth.transforms.conventions import keywords_checked as _keywords_checked
 from beamsynth.transforms.inputs import (
     DEAD_LETTER_TYPE,
@@ -753,10 +753,14 @@ class MakePrivate(beam.PTransform):
                 "the job private over the columns the rows have (schema.select([...]))")
 
     def display_data(self) -> dict[str, Any]:
+        """Schema, privacy unit, windows, the source's name and the position field (a runner's
+        step panel: where dead letters come from and how they are numbered); no data value."""
         unit = self._job.unit
-        return {"schema": self._layout.schema.name, "columns": len(self._layout.schema.columns),
-                "keys": ",".join(self._layout.keys), "privacy_id": str(unit.id_column),
-                "max_contributions": unit.max_contributions, "windows": repr(self._windows)}
+        return display_items(
+            schema=self._layout.schema.name, columns=len(self._layout.schema.columns),
+            keys=",".join(self._layout.keys), privacy_id=unit.id_column,
+            max_contributions=unit.max_contributions, windows=self._windows,
+            source=self._source_name(), position_field=self._position)
 
     def _source_name(self) -> str:
         return self._source or self.label
