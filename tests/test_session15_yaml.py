@@ -48,7 +48,7 @@ def _refusal(**config) -> str:
     logging.disable(logging.WARNING)  # the build-time warnings are not what is checked here
     try:
         with pytest.raises(ValueError) as info:
-            Synthesize(schema="adult", epsilon=1.0, manifest="m.json", **config)
+            Synthesize(**{"schema": "adult", "epsilon": 1.0, "manifest": "m.json", **config})
     finally:
         logging.disable(logging.NOTSET)
     return str(info.value)
@@ -62,13 +62,22 @@ def _refusal(**config) -> str:
     ({"method": "sbhg"}, "delta: 1e-06"),
     ({"method": "plausible", "rows": 100, "options": {"plausible_test": "deterministic"}},
      "options: {allow_non_dp: True}"),
+    # transforms/privbayes_plan.py, which knows no caller, names every caller's spelling
+    ({"method": "privbayes", "options": {"pb_noise": "gaussian"}},
+     "API and Beam YAML options pb_noise: gaussian) needs delta > 0"),
+    ({"method": "privbayes", "schema": {"name": "h", "columns": [
+        {"name": "a", "type": "integer", "domain": {"kind": "integer", "low": 0, "high": 10**9}},
+        {"name": "b", "type": "categorical", "domain": {"kind": "categorical", "values": ["x"]}}]}},
+     "Beam YAML method: independent"),
+    ({"method": "sbhg", "delta": 1e-6, "options": {"sbhg_selection_fraction": 1.5}},
+     "options: {sbhg_selection_fraction: 1.5}: the selection fraction must be in (0, 1)"),
 ])
 def test_method_messages_spell_yaml_keys(config: dict, spelled: str) -> None:
     """Was ``--target-parent bogus: must be one of ...``, ``--target incme: ...``, ``pass e.g.
     --delta 1e-06``, ``pass --allow-non-dp``: flags a YAML user cannot write."""
     message = _refusal(**config)
     assert spelled in message, message
-    assert " --" not in f" {message}", message
+    assert "CLI --" in message or " --" not in f" {message}", message  # a flag only as the CLI's
 
 
 def test_yaml_pipeline_refusal_names_the_option_key() -> None:

@@ -521,8 +521,8 @@ def plan_privbayes(
         raise ValueError(
             f"privbayes: column(s) {', '.join(huge)} declare more than {max_family_cells:,} "
             "cells (max_family_cells); declare bins (integer/float `edges`) or a smaller domain, "
-            "or use the independent method (CLI --method independent, API bs.IndependentSynthesis; "
-            "open columns go through CatHist)")
+            "or use the independent method (CLI --method independent, API bs.IndependentSynthesis, "
+            "Beam YAML method: independent; open columns go through CatHist)")
     # refinement size, from declared quantities only: pairs with exact counts (every pair within
     # max_family_cells is in a candidate family), and as many tables as get ≥ REFINE_MIN_TABLE_EPSILON
     countable = sum(1 for a, b in itertools.combinations(range(len(shape)), 2)
@@ -671,7 +671,8 @@ def gaussian_plan(plan: PrivBayesPlan, budget: ApproxDP, *, pairs: int = GAUSSIA
     the chosen ``P``, so the spend is exact for every ``P``).
     """
     if budget.delta <= 0:
-        raise ValueError("noise='gaussian' needs delta > 0 (zCDP converted to (ε, δ)); got δ = 0")
+        raise ValueError("noise='gaussian' (CLI --pb-noise gaussian; API and Beam YAML options "
+                         "pb_noise: gaussian) needs delta > 0 (zCDP converted to (ε, δ)); got δ = 0")
     if (getattr(plan, "forest", None) is not None or getattr(plan, "star", None) is not None
             or getattr(plan, "one_way_budget", None) is not None):
         return plan

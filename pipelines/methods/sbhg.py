@@ -57,7 +57,8 @@ class SBHGMethod(Method):
         o = self.options
         frac = float(_option(o, "sbhg_selection_fraction"))
         if not (0.0 < frac < 1.0):
-            raise ValueError(f"sbhg selection fraction ({frac!r}) must be in (0, 1)")
+            raise ValueError(f"{self.say.option('sbhg_selection_fraction', frac)}: the selection "
+                             "fraction must be in (0, 1)")
         p = len(self.schema.columns)
         top_r = _option(o, "top_r")
         r_eff = min(int(top_r), p - 1) if isinstance(top_r, int) and top_r >= 0 else top_r
