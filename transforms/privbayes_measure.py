@@ -175,8 +175,11 @@ def measure_privbayes(
     one_way = ([] if plan.zcdp is None or GAUSSIAN_ONE_WAY_SHARE <= 0
                else [(c,) for c in range(d) if (c,) not in specs])
     exact = [_family_table(tables, s) for s in [*specs, *one_way]]
-    budgets = (split_network_budget(plan.marginal_budget, [*specs, *one_way], shape)  # H59
-               if plan.zcdp is None else split_marginal_budget(plan.marginal_budget, [t.size for t in exact]))
+    if plan.zcdp is not None or plan.split_table_weight is None:  # ∝ √cells (zCDP: unused)
+        budgets = split_marginal_budget(plan.marginal_budget, [t.size for t in exact])
+    else:  # H59, at the weight the plan carries (H67: not the worker's module switch)
+        budgets = split_network_budget(plan.marginal_budget, [*specs, *one_way], shape,
+                                       table_weight=plan.split_table_weight)
     released = _release_tables(exact, [*specs, *one_way], names, budgets, plan, rs, marginal_rho,
                                one_way=len(one_way))
     measurement = PrivBayesMeasurement(tuple((x, tuple(p)) for x, p in structure), released,

@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from beamsynth.transforms import privbayes_sizing
 from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, PureDP, zcdp_rho
 from beamsynth.transforms.noise import discrete_laplace_scale
 from beamsynth.transforms.privbayes_sizing import (
@@ -298,6 +299,10 @@ class PrivBayesPlan:
     target_parent_option: str = "off"
     target_parent_theta: float = TARGET_PARENT_THETA
     target_parent_note: str = ""
+    # the weight of split_network_budget (H59) for a pure-ε network's tables, read from the A/B
+    # switch privbayes_sizing.NETWORK_SPLIT_TABLE_WEIGHT when the plan is built (None: the √cells
+    # split), so that workers of a multi-process runner split as the launcher planned (H67)
+    split_table_weight: float | None = 1.0
 
     @property
     def parent_target(self) -> int | None:
@@ -634,6 +639,7 @@ def plan_privbayes(
         target_name=None if not keep_target or names is None else names[target],
         target_parent=mode if keep_target else "off", target_parent_option=str(option),
         target_parent_theta=float(parent_theta), target_parent_note=parent_note,
+        split_table_weight=privbayes_sizing.NETWORK_SPLIT_TABLE_WEIGHT,
     )
 
 
@@ -936,9 +942,10 @@ def spend_privbayes(accountant: PrivacyAccountant, plan: PrivBayesPlan, prefix: 
                                        "over max_tables; data-independent)",
                  "split": "ε_i by split_network_budget over the released tables: the √cells "
                           "split moved toward the tables that carry the columns' 1-way margins "
-                          "(H59; ε_i ∝ √cells_i where NETWORK_SPLIT_TABLE_WEIGHT is None), "
+                          "(H59; ε_i ∝ √cells_i where split_table_weight is None), "
                           "adding up to this ε; the tables are chosen privately, so each table's "
                           "ε and scale are released with the model's noisy marginals",
+                 "split_table_weight": plan.split_table_weight,
                  "paper": "PrivBayes §4.2 (noisy conditionals), converted to add/remove counts"},
     )
     if plan.refine is not None:

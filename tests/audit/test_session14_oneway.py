@@ -74,8 +74,8 @@ def test_broken_split_that_overspends_is_caught(monkeypatch) -> None:
     from beamsynth.transforms import privbayes_measure as pbm
 
     real = pbm.split_network_budget
-    monkeypatch.setattr(pbm, "split_network_budget", lambda b, specs, shape: [
-        type(x)(epsilon=1.02 * x.epsilon) for x in real(b, specs, shape)])
+    monkeypatch.setattr(pbm, "split_network_budget", lambda b, specs, shape, **kw: [
+        type(x)(epsilon=1.02 * x.epsilon) for x in real(b, specs, shape, **kw)])
     plan, spends, acc = _plan("laplace", 1)
     out, calls = _run(plan, monkeypatch)
     count = spends["privbayes.size_count"]

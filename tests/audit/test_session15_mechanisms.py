@@ -286,8 +286,8 @@ def test_windows_choosing_different_modes_fit_one_spend(monkeypatch, noise, m):
 @pytest.mark.parametrize("noise", ["laplace", "gaussian"])
 def test_split_reads_the_released_structure_and_declared_shape_only(monkeypatch, noise):
     """The split's inputs in the measuring step (recorded by a spy): the planned table ε
-    (``plan.marginal_budget``), the released structure's tables (``family_specs``) and the
-    declared shape; its signature takes nothing else (no counts, no n). Every share > 0 and the
+    (``plan.marginal_budget``), the released structure's tables (``family_specs``), the
+    declared shape and the plan's weight; its signature takes nothing else (no counts, no n). Every share > 0 and the
     shares add up to the table ε (math.fsum; equal here); the network tables' draws cost them
     (m/b = ε_t). Under zCDP it is never called (ρ split ∝ cells^⅔). Two windows (gate closed /
     open), Laplace, m = 1."""
@@ -324,7 +324,8 @@ def test_split_reads_the_released_structure_and_declared_shape_only(monkeypatch,
         return
     assert len(seen) == 2
     for out, (budget, specs, shape, kw, shares) in zip(outs, seen):
-        assert budget == plan.marginal_budget and shape == SHAPE and kw == {}
+        assert budget == plan.marginal_budget and shape == SHAPE
+        assert kw == {"table_weight": plan.split_table_weight} == {"table_weight": 1.0}
         assert specs == [tuple(s) for s in family_specs(out.structure)]
         eps = [b.epsilon for b in shares]
         assert min(eps) > 0 and math.fsum(eps) == budget.epsilon, (eps, budget)
@@ -612,3 +613,35 @@ pipeline:
     assert d["chosen"] == d1["chosen"] == [(T, True)]  # the gate opened on both sides
     steps = [x for x in d["draws"] if x[0] == "permute_and_flip" and "structure" in x[1]]
     assert len(steps) == len(SHAPE) - 1
+
+
+def test_split_weight_is_the_plans_not_the_workers_switch(monkeypatch):
+    """``privbayes_sizing.NETWORK_SPLIT_TABLE_WEIGHT`` (H59's documented A/B switch: None = the
+    √cells split) was read inside the measuring step, so a launcher that set it (a benchmark,
+    a user reproducing the release before H59) got its spend details and the in-process
+    DirectRunner's split, while direct-multi / Dask workers (fresh processes) split with the
+    module default: CLI Adult 20,000 rows, ε = 1, seed 7, switch None in the launcher: direct
+    a2f2d9bd…, direct-multi 69dd9f4a… (= the default's bytes). The plan now carries the weight
+    read when it is built (rule 4: a recomputed or remote measurement draws with the planned
+    scales) and the spend details name it. Here: the plan built with the switch None, the
+    measuring step run with the module back at 1.0 (a worker), must give the √cells split."""
+    from beamsynth.transforms import privbayes_sizing as sizing
+    from beamsynth.transforms.noise import RandomSource
+    from beamsynth.transforms.privbayes import measure_privbayes
+    from beamsynth.transforms.privbayes_sizing import split_marginal_budget
+
+    shape = s12.SHAPE
+    names = [f"c{i}" for i in range(len(shape))]
+    monkeypatch.setattr(sizing, "NETWORK_SPLIT_TABLE_WEIGHT", None)  # the launcher
+    plan = plan_privbayes(shape, ApproxDP(epsilon=1.0, delta=0.0), sizing="auto", rows=30_000,
+                          degree=1, refine_pairs=0)
+    acc = PrivacyAccountant(total=ApproxDP(epsilon=1.0, delta=0.0))
+    spend_privbayes(acc, plan)
+    marginals = {s["step"]: s for s in acc.to_dict()["spends"]}["privbayes.marginals"]
+    assert marginals["details"]["split_table_weight"] is None
+    monkeypatch.setattr(sizing, "NETWORK_SPLIT_TABLE_WEIGHT", 1.0)  # a worker's fresh module
+    fams, counts = s12._counts(plan, s12._codes(30_000, 0))
+    out = measure_privbayes(counts, fams, shape=shape, names=names, plan=plan,
+                            rs=RandomSource(seed=3))
+    want = split_marginal_budget(plan.marginal_budget, [t.values.size for t in out.marginals])
+    assert [t.budget.epsilon for t in out.marginals] == [b.epsilon for b in want]
