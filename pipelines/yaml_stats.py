@@ -32,6 +32,7 @@ sensitivity ``k``, scale ``k/ε``.
 No ``from __future__ import annotations``: Beam YAML reads the constructors' annotations.
 """
 
+import logging
 import math
 import weakref
 from collections.abc import Sequence
@@ -85,6 +86,18 @@ __all__ = ["HISTOGRAM_TYPE", "Count", "Histogram", "Marginals", "Prefixes", "his
 HISTOGRAM_TYPE = RowTypeConstraint.from_fields(
     [("column", str), ("value", Optional[str]), (COUNT_FIELD, int)])  # noqa: UP045
 _JOB_NAME = "beam-yaml statistics"
+
+
+class _StepSaidIt(logging.Filter):
+    """Drops the statistics job's own seed warning (``PrivacyJob 'beam-yaml statistics': seed=4:
+    ...``): the step has already warned in its YAML words (:func:`warn_at_build`), and a YAML
+    user never made a ``PrivacyJob`` (H70: two seed warnings per seeded step)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.getMessage()).startswith(f"PrivacyJob {_JOB_NAME!r}: seed=")
+
+
+logging.getLogger("beamsynth.transforms.private").addFilter(_StepSaidIt())
 # the statistics steps' PrivacyJob of each pipeline and the step that made it (not in the ledger,
 # which DoFns carry: a job holds weak references and cannot be pickled)
 _JOBS: "weakref.WeakKeyDictionary[beam.Pipeline, tuple[PrivacyJob, str]]" = weakref.WeakKeyDictionary()

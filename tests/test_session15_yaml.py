@@ -271,3 +271,17 @@ def test_relative_schema_path_names_the_folder_searched(tmp_path: Path, monkeypa
     assert "working directory" not in _step_refusal("BeamsynthSynthesize",
                                                     schema=str(tmp_path / "no.json"))
     assert "schema (3) must be a schema file" in _step_refusal("BeamsynthSynthesize", schema=3)
+
+
+# -- 8. one seed warning per seeded statistics step, in YAML words ---------------------------------
+def test_seeded_statistics_step_warns_once(caplog) -> None:
+    """A seeded BeamsynthCount also logged the API's ``PrivacyJob 'beam-yaml statistics': seed=4:
+    ...`` (a job the YAML user never made) after the step's own warning."""
+    spec = _synth_spec({})
+    spec["pipeline"]["transforms"][1] = {
+        "type": "BeamsynthCount", "config": {"schema": "adult", "epsilon": 1.0, "seed": 4,
+                                             "manifest": "m.json"}}
+    with caplog.at_level(logging.WARNING):
+        _build(spec)
+    seeded = [r.getMessage() for r in caplog.records if "seed=4" in r.getMessage()]
+    assert len(seeded) == 1 and seeded[0].startswith("BeamsynthCount: seed=4"), seeded
