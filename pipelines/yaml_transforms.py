@@ -894,7 +894,7 @@ class Synthesize(beam.PTransform):
         )
         # (name, rows) pairs
         info = {
-            "command": f"beam-yaml {STEP}", "method": plan.method.name, "inputs": [_SOURCE],
+            "command": f"beam-yaml {STEP}", "method": plan.method.name, "inputs": [self._step],
             "schema_name": plan.schema.name, "schema_fingerprint": plan.schema.fingerprint(),
             "seed": cfg.seed,
             "privacy_unit": {"privacy_id": plan.schema.privacy_id,

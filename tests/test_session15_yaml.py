@@ -189,6 +189,7 @@ def test_error_rows_name_the_step_with_reason_and_position(tmp_path: Path) -> No
     assert {k: manifest["operational"][k] for k in ("rows_read", "rows_used", "rows_rejected")} \
         == {"rows_read": 4, "rows_used": 2, "rows_rejected": 2}
     assert manifest["release"]["budget"]["spent"]["epsilon"] == pytest.approx(1.0)
+    assert manifest["operational"]["inputs"] == ["Synth"]  # was "beam-yaml"; Count's says "Count"
 
 
 # -- 5. numbers YAML reads as text, API words in the statistics steps ------------------------------
