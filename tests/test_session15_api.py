@@ -227,3 +227,17 @@ def test_job_private_shows_its_source_and_position_field_in_display_data():
     shown = {item.key: item.value for item in DisplayData.create_from(step).items}
     assert shown["source"] == "events" and shown["position_field"] == "line"
     assert shown["schema"] == "adult" and shown["privacy_id"] == "none"
+
+
+def test_job_private_lists_its_two_outputs_in_the_graph_runners_see():
+    """Now that the private collection is no tuple, Beam registers no output of a step returning
+    it; job.private adds its two (batches, dead_letters), so the runner API graph is the one a
+    tuple gave (a composite whose inner outputs are read outside it is what portable runners
+    were given before)."""
+    p = beam.Pipeline()
+    private = _private(p)
+    _ = private | bs.Count(epsilon=1.0)
+    graph = p.to_runner_api()
+    step = next(t for t in graph.components.transforms.values()
+                if t.unique_name == "MakePrivate(adult)")
+    assert sorted(step.outputs) == ["batches", "dead_letters"]

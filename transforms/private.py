@@ -900,10 +900,12 @@ class MakePrivate(beam.PTransform):
         batches.element_type = EncodedBatch
         dead.element_type = DEAD_LETTER_TYPE
         self.with_output_types(typehints.Union[EncodedBatch, DEAD_LETTER_TYPE])  # its two outputs
+        current = elements.pipeline._current_transform()  # this step, being applied
+        for tag, pcoll in (("batches", batches), ("dead_letters", dead)):
+            current.add_output(pcoll, tag)  # the step's outputs in the graph runners see
         return PrivateCollection(job=job, layout=self._layout, batches=batches,
                                  dead_letters=dead, source=source, windows=declared)
-        # not a PValue nor a tuple of them: Beam registers no output of this composite and hands
-        # the object back as is (its PCollections are its inner steps' outputs)
+        # not a PValue nor a tuple of them: Beam hands the object back as is
 
 
 def stamp_now(row: Any, ts: Any = beam.DoFn.TimestampParam) -> Any:
