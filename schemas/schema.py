@@ -4,6 +4,7 @@ A schema file (YAML or JSON) looks like::
 
     name: adult
     privacy_id: null            # or the name of a column identifying a person
+    privacy_ids: rounded        # or exact: ids beyond 2**53 kept digit for digit (see privacy_id_text)
     extra_columns: ignore       # input columns not declared here: ignore | reject
     target: income              # optional: the column models will be trained to predict (public)
     columns:
@@ -25,6 +26,7 @@ and the problem. Nothing here looks at data rows: domains are declared.
 
 from __future__ import annotations
 
+import decimal
 import functools
 import hashlib
 import json
@@ -58,6 +60,9 @@ __all__ = [
     "NULL_CODE_REASON",
     "avro_field_name",
     "privacy_id_text",
+    "encode_privacy_ids",
+    "count_rounded_ids",
+    "ID_MODES",
     "reader_caveats",
 ]
 
@@ -468,9 +473,16 @@ class Schema:
     description: str = ""
     source: str | None = field(default=None, compare=False)
     target: str | None = None  # declared prediction target (public; PrivBayes' small-input star)
+    privacy_ids: str = "rounded"  # ID_MODES: how ids beyond 2**53 are read (H71)
 
     def __post_init__(self) -> None:
         names = [c.name for c in self.columns]
+        if self.privacy_ids not in ID_MODES:
+            raise SchemaError(
+                f"{self._where()}: privacy_ids ({self.privacy_ids!r}) must be one of "
+                f"{list(ID_MODES)}: 'rounded' (default) reads an id beyond 2**53 as its nearest "
+                "float, as a pandas reader may; 'exact' keeps its digits (read the id column as "
+                "text: ReadFromCsv(path, dtype={'pid': str}), csv.DictReader)")
         if not names:
             raise SchemaError(f"{self._where()}: a schema needs at least one column")
         dups = sorted({n for n in names if names.count(n) > 1})
@@ -529,17 +541,19 @@ class Schema:
             description=self.description,
             source=self.source,
             target=self.target if self.target in names and len(names) > 1 else None,
+            privacy_ids=self.privacy_ids,
         )
 
     def to_spec(self) -> dict[str, Any]:
-        """Declarative form (what a schema file holds); ``target`` only when declared (so a
-        schema without one keeps its fingerprint)."""
+        """Declarative form (what a schema file holds); ``target`` and ``privacy_ids: exact``
+        only when declared (so a schema without them keeps its fingerprint)."""
         return {
             "name": self.name,
             "description": self.description,
             "privacy_id": self.privacy_id,
             "extra_columns": self.extra_columns,
             **({} if self.target is None else {"target": self.target}),
+            **({} if self.privacy_ids == "rounded" else {"privacy_ids": self.privacy_ids}),
             "columns": [c.to_spec() for c in self.columns],
         }
 
@@ -584,14 +598,10 @@ class Schema:
                 reasons.setdefault(i, r)
         pids = None
         if self.privacy_id is not None:
-            raw = list(columns[self.privacy_id])
-            pids = np.empty(n_rows, dtype=object)
-            for i, v in enumerate(raw):
-                if v is None or (isinstance(v, str) and v.strip() == ""):
-                    reasons.setdefault(i, f"privacy id column {self.privacy_id!r} is empty")
-                    pids[i] = ""
-                else:
-                    pids[i] = privacy_id_text(v)
+            pids, why = encode_privacy_ids(list(columns[self.privacy_id]), self.privacy_id,
+                                           exact=self.privacy_ids == "exact")
+            for i, r in why.items():
+                reasons.setdefault(i, r)
         bad = sorted(reasons.items())
         if bad:
             keep = np.ones(n_rows, dtype=bool)
@@ -819,7 +829,9 @@ def privacy_id_text(value: Any) -> str:
     were two persons (rule 5; H55). An int beyond 2**53 is its nearest float's ("9007199254740993"
     is "9007199254740992"): in a column with a blank a pandas reader gives every id as a float,
     which merged such persons only then; every spelling pandas reads as infinity is "inf" and
-    as a boolean ("true", "TRUE") is "True" or "False" (rule 5; H66). Other text is kept as it is."""
+    as a boolean ("true", "TRUE") is "True" or "False" (rule 5; H66). Other text is kept as it is.
+    A schema declaring ``privacy_ids: exact`` keeps the digits instead (:func:`encode_privacy_ids`;
+    H71)."""
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
@@ -838,6 +850,74 @@ def privacy_id_text(value: Any) -> str:
     return str(value)
 
 
+ID_MODES = ("rounded", "exact")
+"""How a schema's ``privacy_ids`` reads an id beyond 2**53 (H71): ``rounded`` (the default) as
+its nearest float's value, the same whatever a pandas reader made of it; ``exact`` digit for digit,
+for readers that keep the digits (the CLI's, ``csv.DictReader``, ``ReadFromCsv(path,
+dtype={'pid': str})``)."""
+
+_LONG_NUMBER = re.compile(r"[+-]?[0-9]{16,}")  # a canonical id text that may exceed 2**53
+
+
+def _exact_id_text(value: Any) -> str | None:
+    """A privacy id as text with every digit kept (``privacy_ids: exact``), ``None`` for a float
+    of 2**53 or more (its last digits may be lost: 2**53 + 1 reads 2**53). Below 2**53 it is
+    :func:`privacy_id_text`'s text; beyond, an int is its own digits and number text its exact
+    value ("9007199254740993", "+09007199254740993", "9007199254740993.0" are one person)."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        return str(int(value))
+    if isinstance(value, (float, np.floating)):
+        return None if np.isfinite(value) and abs(float(value)) >= _EXACT_INT else privacy_id_text(value)
+    if isinstance(value, str) and (len(value) > 15 or "e" in value or "E" in value):
+        text = value.strip()
+        if _NUMBER_TEXT.fullmatch(text):
+            exact = decimal.Decimal(text)
+            if abs(exact) > _EXACT_INT and abs(exact.adjusted()) < 1000:
+                whole = exact == exact.to_integral_value()
+                return str(int(exact)) if whole else format(exact.normalize(), "f")
+    return privacy_id_text(value)
+
+
+def _exact_float_reason(column: str, value: Any) -> str:
+    return (f"privacy id column {column!r}: {_short(value)} is a float of 2**53 or more, whose "
+            "last digits may be lost (another person's id may read the same), and the schema says "
+            "privacy_ids: exact; read the column as text (ReadFromCsv(path, dtype={"
+            f"{column!r}: str}}), csv.DictReader) or declare privacy_ids: rounded")
+
+
+def encode_privacy_ids(values: Sequence[Any], column: str, *, exact: bool = False,
+                       nan_is_empty: bool = False) -> tuple[np.ndarray, dict[int, str]]:
+    """``(ids as text, {row: reason})`` of a privacy id column, each value alone: an empty id
+    (``None``, blank text; NaN if ``nan_is_empty``) is a reason, else :func:`privacy_id_text`
+    (``exact=False``) or its digit-keeping form (``exact=True``: ``privacy_ids: exact``, where a
+    float beyond 2**53 is a reason naming the read option). Rejected rows' ids are ``""``."""
+    pids = np.empty(len(values), dtype=object)
+    reasons: dict[int, str] = {}
+    for i, v in enumerate(values):
+        if v is None or (isinstance(v, str) and not v.strip()) or (
+                nan_is_empty and isinstance(v, float) and v != v):
+            reasons[i] = f"privacy id column {column!r} is empty"
+            pids[i] = ""
+        elif not exact:
+            pids[i] = privacy_id_text(v)
+        else:
+            text = _exact_id_text(v)
+            if text is None:
+                reasons[i] = _exact_float_reason(column, v)
+            pids[i] = text or ""
+    return pids, reasons
+
+
+def count_rounded_ids(pids: Any) -> int:
+    """How many ids of an encoded batch (:func:`privacy_id_text`'s texts) are 2**53 or beyond, each
+    read as its nearest float's value under ``privacy_ids: rounded`` (persons whose ids share a
+    float are one person there). Each id alone: the count never depends on another row."""
+    if pids is None:
+        return 0
+    return sum(1 for p in pids if len(p) > 15 and _LONG_NUMBER.fullmatch(p)
+               and abs(int(p)) >= _EXACT_INT)  # 2**53 + 1 is 2**53
+
+
 def avro_field_name(name: str) -> str:
     """The Avro-safe form of a column name (letters, digits, underscore; no leading digit)."""
     out = "".join(ch if (ch.isalnum() or ch == "_") else "_" for ch in name)
@@ -847,7 +927,8 @@ def avro_field_name(name: str) -> str:
 # -- loading ---------------------------------------------------------------------------------------
 _COLUMN_KEYS = {"name", "type", "domain", "nullable", "null_values", "on_out_of_domain", "open",
                 "description", "strip_whitespace", "normalize"}
-_SCHEMA_KEYS = {"name", "description", "privacy_id", "extra_columns", "columns", "target"}
+_SCHEMA_KEYS = {"name", "description", "privacy_id", "privacy_ids", "extra_columns", "columns",
+                "target"}
 
 
 def bundled_schema_path(name: str) -> Path | None:
@@ -910,6 +991,7 @@ def _schema_from_dict(
             description=str(data.get("description") or ""),
             source=source,
             target=data.get("target"),
+            privacy_ids=data.get("privacy_ids", "rounded"),
         )
     except SchemaError:
         raise

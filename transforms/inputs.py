@@ -50,7 +50,8 @@ from beamsynth.schemas.schema import (
     EncodedBatch,
     Schema,
     avro_field_name,
-    privacy_id_text,
+    count_rounded_ids,
+    encode_privacy_ids,
 )
 from beamsynth.transforms.column_memo import SchemaMemo
 from beamsynth.transforms.conventions import display_items, element_types
@@ -81,10 +82,13 @@ DEAD_LETTER_TYPE = RowTypeConstraint.from_fields(
 
 
 class EncodeStats(NamedTuple):
-    """Exact (non-DP) counts of one encoded batch: elements read and rejected."""
+    """Exact (non-DP) counts of one encoded batch: elements read and rejected, and encoded
+    records whose privacy id is 2**53 or more, read as its nearest float (``privacy_ids:
+    rounded``; :func:`~beamsynth.schemas.schema.count_rounded_ids`)."""
 
     read: int
     rejected: int
+    rounded_ids: int = 0
 
 
 class KeyLayout:
@@ -267,14 +271,12 @@ def _encode_schema(schema: Schema, series: Mapping[str, Sequence[Any]], n: int,
             reasons.setdefault(i, r)
     pids = None
     if schema.privacy_id is not None:
-        pids = np.empty(n, dtype=object)
         raw_ids = series[schema.privacy_id]
-        for i, v in enumerate(raw_ids.tolist() if isinstance(raw_ids, pd.Series) else raw_ids):
-            if v is None or (isinstance(v, float) and v != v) or (isinstance(v, str) and not v.strip()):
-                reasons.setdefault(i, f"privacy id column {schema.privacy_id!r} is empty")
-                pids[i] = ""
-            else:
-                pids[i] = privacy_id_text(v)
+        pids, why = encode_privacy_ids(
+            raw_ids.tolist() if isinstance(raw_ids, pd.Series) else list(raw_ids),
+            schema.privacy_id, exact=schema.privacy_ids == "exact", nan_is_empty=True)
+        for i, r in why.items():
+            reasons.setdefault(i, r)
     if reasons:
         keep = np.ones(n, dtype=bool)
         keep[list(reasons)] = False
@@ -471,12 +473,18 @@ def _encode_one_by_one(layout: KeyLayout, records: list[Mapping[str, Any]], memo
 
 def _unencodable(layout: KeyLayout, record: Mapping[str, Any], exc: Exception) -> str:
     """Why one record failed as a whole: a declared field holding a nested value, else the error."""
+    return _nested_reason(layout, record) or f"cannot encode element: {type(exc).__name__}: {exc}"
+
+
+def _nested_reason(layout: KeyLayout, record: Mapping[str, Any]) -> str | None:
+    """``column 'sex': value {...} is a dict, not one value; flatten ...`` for a declared field
+    holding a nested value (a dict's, a row's or an Arrow struct's), else ``None``."""
     for name in wanted_fields(layout):
         value = record.get(name, record.get(avro_field_name(name)))
         if isinstance(value, (Mapping, list, tuple, set)):
             return (f"column {name!r}: value {value!r:.80} is a {type(value).__name__}, not one "
                     "value; flatten nested fields before job.private (e.g. in a beam.Map)")
-    return f"cannot encode element: {type(exc).__name__}: {exc}"
+    return None
 
 
 def _concat(layout: KeyLayout, parts: list[EncodedBatch]) -> EncodedBatch:
@@ -509,7 +517,12 @@ def _encode_arrow(layout: KeyLayout, table: pa.Table | pa.RecordBatch, *, source
         if field in have:
             # integer_object_nulls: an int column with a null stays ints (not floats: 7 -> "7.0"
             # would change other rows' categories and privacy ids)
-            series[name] = table.column(field).to_pandas(integer_object_nulls=True).astype(object)
+            column = table.column(field)
+            # a nested column (list, struct, map) as Python values, as a dict holds them (pandas
+            # gives numpy arrays: 'value array([31])', not the dict's '[31]')
+            series[name] = (pd.Series(column.to_pylist(), dtype=object)
+                            if pa.types.is_nested(column.type) else
+                            column.to_pandas(integer_object_nulls=True).astype(object))
         else:  # a missing field is null in every row (rejected where the column is required)
             series[name] = pd.Series([None] * n, dtype=object)
             missing.append(name)
@@ -535,6 +548,7 @@ def _encode_arrow_split(layout: KeyLayout, table: pa.Table | pa.RecordBatch, err
         reason = f"cannot encode Arrow element: {type(error).__name__}: {error}"
         try:
             rows = table.to_pylist()
+            reason = _nested_reason(layout, rows[0]) or reason if rows else reason  # as a dict's
         except Exception:  # noqa: BLE001 - a value Python cannot hold: the fields, no value
             rows = [{"arrow_fields": table.schema.names}] * n
         return _concat(layout, []), [_dead(source, _position(r, position_field), reason, r)
@@ -602,7 +616,10 @@ class _EncodeFn(beam.DoFn):
         self._rejected.inc(len(dead))
         if self._position is not None:
             self._note_unplaced(sum(d.position is None for d in dead))
-        yield beam.pvalue.TaggedOutput("stats", EncodeStats(read, len(dead)))
+        schema = self._layout.schema
+        rounded = 0 if schema.privacy_id is None or schema.privacy_ids == "exact" else sum(
+            count_rounded_ids(b.pids) for b in batches)
+        yield beam.pvalue.TaggedOutput("stats", EncodeStats(read, len(dead), rounded))
         for d in dead:
             yield beam.pvalue.TaggedOutput("dead_letters", d)
         for b in batches:

@@ -6,6 +6,7 @@ encoded a :class:`~beamsynth.pipelines.io.records.Rejected` with its reason
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -21,6 +22,7 @@ from beamsynth.transforms.conventions import display_items, element_types
 
 __all__ = [
     "EncodeBlocks",
+    "readers_keep_digits",
 ]
 
 
@@ -126,16 +128,31 @@ class _EncodeFn(beam.DoFn):
             yield batch
 
 
+def readers_keep_digits(schema: Schema) -> Schema:
+    """``schema`` reading privacy ids digit for digit (``privacy_ids: exact``; H71): the CLI's
+    readers never give an id as a pandas float (CSV fields are text, JSONL numbers Python ints,
+    Avro longs and Parquet int64 columns ints through ``to_pylist``, nulls ``None``), so an id
+    beyond 2**53 is the same whatever the other rows and needs no rounding; a float id there is
+    the file's own (a JSON ``1.0e18``, an Avro/Parquet double) and, if 2**53 or more, a dead
+    letter. Beam YAML rows (``encode_block`` from ``yaml_transforms``) keep the schema's mode."""
+    if schema.privacy_id is None or schema.privacy_ids == "exact":
+        return schema
+    return dataclasses.replace(schema, privacy_ids="exact")
+
+
 @element_types(input=RawBlock, outputs={"batches": EncodedBatch, "rejected": Rejected})
 class EncodeBlocks(beam.PTransform):
-    """``RawBlock`` → ``EncodedBatch`` (main) and ``Rejected`` (tag ``rejected``) for a schema."""
+    """``RawBlock`` → ``EncodedBatch`` (main) and ``Rejected`` (tag ``rejected``) for a schema.
+
+    The blocks come from the CLI's own readers (``pipelines/io/read*.py``), which keep every
+    digit of a privacy id, so ids are read exactly (:func:`readers_keep_digits`)."""
 
     def __init__(self, schema: Schema, *, single_output: bool = False,
                  label: str | None = None) -> None:
         super().__init__(label)
         if not isinstance(schema, Schema):
             raise TypeError(f"schema must be a Schema, got {type(schema).__name__}")
-        self._schema = schema
+        self._schema = readers_keep_digits(schema)
         self._single_output = _check_flag("single_output", single_output)
 
     def display_data(self) -> dict[str, Any]:

@@ -264,8 +264,7 @@ BROKEN = {  # group → the code before its fix, and the cases that must catch i
                 ["nbsp_int", "nbsp_bad"]),
     "arrow_ints": (lambda: _Patches(  # ids: also before 654be4e (7.0 and 7 two spellings)
         mock.patch.object(inputs, "_encode_arrow", _int_nulls_as_floats(inputs._encode_arrow)),
-        mock.patch.object(inputs, "privacy_id_text", str),
-        mock.patch.object(schema_module, "privacy_id_text", str),  # 1.0 codes, and since H45:
+        mock.patch.object(schema_module, "privacy_id_text", str),  # ids (inputs: since H71), 1.0 codes, and since H45:
         mock.patch.object(schema_module, "_declared_numbers", lambda values: {})), GROUPS["arrow_ints"]),
     "arrow_struct": (lambda: mock.patch.object(
         inputs, "_encode_arrow_split", _whole_table_rejected), GROUPS["arrow_struct"]),
