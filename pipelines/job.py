@@ -285,7 +285,11 @@ class _MergeCountsFn(beam.CombineFn):
         return acc
 
 
-def _operational(counts: Mapping[str, Mapping[str, int]], sources: list[str]) -> dict[str, Any]:
+def _operational(counts: Mapping[str, Mapping[str, int]], sources: list[str],
+                 rounded: Iterable[str] = ()) -> dict[str, Any]:
+    """Exact counts per source and in all; ``rounded``: sources whose ids of 2**53 or more are
+    read as their nearest float (``privacy_ids: rounded`` with an id column), whose encoded
+    records with such an id are ``privacy_ids_rounded`` (in all; H71)."""
     per = {}
     for s in sources:
         c = counts.get(s, {})
@@ -293,10 +297,14 @@ def _operational(counts: Mapping[str, Mapping[str, int]], sources: list[str]) ->
         encoded, used = c.get("encoded", 0), c.get("used", 0)
         per[s] = {"read": read, "rejected": rejected, "dropped_by_bound": encoded - used,
                   "used": used}
-    return {"rows_read": sum(v["read"] for v in per.values()),
-            "rows_rejected": sum(v["rejected"] for v in per.values()),
-            "rows_dropped_by_bound": sum(v["dropped_by_bound"] for v in per.values()),
-            "rows_used": sum(v["used"] for v in per.values()), "sources": per}
+    out = {"rows_read": sum(v["read"] for v in per.values()),
+           "rows_rejected": sum(v["rejected"] for v in per.values()),
+           "rows_dropped_by_bound": sum(v["dropped_by_bound"] for v in per.values()),
+           "rows_used": sum(v["used"] for v in per.values()), "sources": per}
+    if rounded:
+        out["privacy_ids_rounded"] = sum(counts.get(s, {}).get("privacy_ids_rounded", 0)
+                                         for s in sources if s in rounded)
+    return out
 
 
 def windows_section(windows: Any, accountant: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -356,7 +364,8 @@ def assemble_manifest(counts: Mapping[str, Mapping[str, int]], *, public: Mappin
     """The job manifest from the public facts (taken at build time) and the exact counts."""
     sources = [s["source"] for s in public["sources"]]
     mechanisms, private = _run_time_mechanisms(counts, public)
-    operational = _operational(counts, sources)
+    modes = {s["source"]: s.get("privacy_ids") for s in public["sources"]}
+    operational = _operational(counts, sources, [s for s, m in modes.items() if m == "rounded"])
     if private:
         operational["mechanisms"] = private
     first = public["sources"][0] if public["sources"] else {"schema": None, "schema_sha256": None}
@@ -365,10 +374,17 @@ def assemble_manifest(counts: Mapping[str, Mapping[str, int]], *, public: Mappin
         inputs=sources, outputs={"manifest": path}, schema_name=first["schema"],
         schema_fingerprint=first["schema_sha256"], accountant=public["accountant"],
         seed=public["seed"], privacy_unit=public["privacy_unit"],
-        counts=operational,
+        counts=operational, privacy_ids=_id_modes(modes),
         details={"job": public["job"], "mechanisms": mechanisms,
                  "sources": public["sources"],
                  "windows": windows_section(public.get("windows"), public["accountant"])})
+
+
+def _id_modes(modes: Mapping[str, str | None]) -> str | None:
+    """The sources' one ``privacy_ids`` mode, or where to find them when they differ."""
+    found = sorted({m for m in modes.values() if m is not None})
+    return None if not found else found[0] if len(found) == 1 else \
+        "per source: " + ", ".join(f"{s} {m}" for s, m in modes.items() if m is not None)
 
 
 MANIFEST_ROW_TYPE = RowTypeConstraint.from_fields(

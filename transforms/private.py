@@ -873,7 +873,8 @@ class MakePrivate(beam.PTransform):
                 seed=job.step_seed(f"{self.label}/bound"))
             # EncodedBatch, <= max_contributions rows per privacy id
         parts = [enc["stats"] | "ReadCounts" >> beam.FlatMap(
-                     lambda s: [(source, "read", s.read), (source, "rejected", s.rejected)])]
+                     lambda s: [(source, "read", s.read), (source, "rejected", s.rejected),
+                                (source, "privacy_ids_rounded", s.rounded_ids)])]
         if batches is enc["batches"]:  # nothing bounded: every encoded record is used
             parts.append(batches | "UsedCounts" >> beam.FlatMap(
                 lambda b: [(source, "encoded", len(b)), (source, "used", len(b))]))
@@ -895,6 +896,8 @@ class MakePrivate(beam.PTransform):
         job.count_outputs.append(counts)
         job.sources.append({"source": source, "schema": self._layout.schema.name,
                             "schema_sha256": self._layout.schema.fingerprint(),
+                            "privacy_ids": self._layout.schema.privacy_ids
+                            if self._layout.schema.privacy_id is not None else None,
                             "keys": {k: c.to_spec() for k, c in self._layout.keys.items()},
                             "windows": None if declared is None else declared.describe()})
         batches.element_type = EncodedBatch

@@ -60,8 +60,18 @@ def build_manifest(
     privacy_unit: dict[str, Any],
     counts: dict[str, Any],
     details: dict[str, Any] | None = None,
+    privacy_ids: str | None = None,
 ) -> dict[str, Any]:
-    """Assemble a manifest dict (see the module docstring for its two parts)."""
+    """Assemble a manifest dict (see the module docstring for its two parts).
+
+    ``privacy_ids``: how privacy ids were read (``exact`` or ``rounded``, the schema's
+    ``privacy_ids``; H71), stated as ``release.privacy_unit.ids`` when the unit has an id column;
+    ``None`` for the CLI's commands is ``exact`` (their readers keep every digit:
+    ``encode.readers_keep_digits``) and for the API and Beam YAML states nothing."""
+    if privacy_ids is None and not command.startswith(("api", "beam-yaml")):
+        privacy_ids = "exact"
+    if privacy_ids is not None and privacy_unit.get("privacy_id") is not None:
+        privacy_unit = {**privacy_unit, "ids": privacy_ids}
     return {
         "beamsynth_manifest": 1,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

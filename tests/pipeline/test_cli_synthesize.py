@@ -112,7 +112,7 @@ def test_privacy_id_bounds_contributions(tmp_path):
     rel, op = _manifest(out)["release"], _manifest(out)["operational"]
     # "used" counts rows after the bound: 50 persons × 2 of their 12 rows (issue 19, item 4)
     assert (op["rows_read"], op["rows_rejected"], op["rows_dropped_by_bound"], op["rows_used"]) == (600, 0, 500, 100)
-    assert rel["privacy_unit"] == {"privacy_id": "person", "max_contributions": 2,
+    assert rel["privacy_unit"] == {"privacy_id": "person", "max_contributions": 2, "ids": "exact",
                                    "neighbouring": "add/remove one privacy unit",
                                    "empty_input": EMPTY_INPUT_REFUSED}
     assert rel["budget"]["spends"][0]["details"]["sensitivity_per_table"] == 2
