@@ -241,3 +241,25 @@ def test_job_private_lists_its_two_outputs_in_the_graph_runners_see():
     step = next(t for t in graph.components.transforms.values()
                 if t.unique_name == "MakePrivate(adult)")
     assert sorted(step.outputs) == ["batches", "dead_letters"]
+
+
+NESTED = [{"age": 30, "sex": {"code": "Male"}, "race": "White", "income": "<=50K", "line": 1},
+          {"age": [31], "sex": "Female", "race": "White", "income": ">50K", "line": 3},
+          {"age": 32, "sex": "Female", "race": "White", "income": ">50K", "line": 7}]
+
+
+@pytest.mark.parametrize("kind", ["dicts", "rows", "arrow"])
+def test_nested_values_give_the_same_dead_letters_as_dicts_rows_and_arrow(kind):
+    """An Arrow struct column said 'cannot encode Arrow element: TypeError: unhashable type:
+    'dict'' (a dict's: 'column 'sex': value {...} is a dict, not one value; flatten nested fields
+    before job.private'), and a list column 'value array([31]) ...' (a dict's: 'value [31]').
+    Now an Arrow batch's dead letters read as the same rows' as dicts or beam.Rows."""
+    elements = (NESTED if kind == "dicts" else [beam.Row(**r) for r in NESTED] if kind == "rows"
+                else [pa.Table.from_pylist([r]) for r in NESTED])
+    with TestPipeline() as p:
+        private = (p | beam.Create(elements, reshuffle=False)
+                   | bs.PrivacyJob(epsilon=1.0, seed=1).private(SMALL, position_field="line"))
+        assert_that(private.dead_letters | beam.Map(lambda d: (d.position, d.reason)), equal_to([
+            (1, "column 'sex': value {'code': 'Male'} is a dict, not one value; flatten nested "
+                "fields before job.private (e.g. in a beam.Map)"),
+            (3, "column 'age': value [31] is not a valid integer")]))

@@ -473,12 +473,18 @@ def _encode_one_by_one(layout: KeyLayout, records: list[Mapping[str, Any]], memo
 
 def _unencodable(layout: KeyLayout, record: Mapping[str, Any], exc: Exception) -> str:
     """Why one record failed as a whole: a declared field holding a nested value, else the error."""
+    return _nested_reason(layout, record) or f"cannot encode element: {type(exc).__name__}: {exc}"
+
+
+def _nested_reason(layout: KeyLayout, record: Mapping[str, Any]) -> str | None:
+    """``column 'sex': value {...} is a dict, not one value; flatten ...`` for a declared field
+    holding a nested value (a dict's, a row's or an Arrow struct's), else ``None``."""
     for name in wanted_fields(layout):
         value = record.get(name, record.get(avro_field_name(name)))
         if isinstance(value, (Mapping, list, tuple, set)):
             return (f"column {name!r}: value {value!r:.80} is a {type(value).__name__}, not one "
                     "value; flatten nested fields before job.private (e.g. in a beam.Map)")
-    return f"cannot encode element: {type(exc).__name__}: {exc}"
+    return None
 
 
 def _concat(layout: KeyLayout, parts: list[EncodedBatch]) -> EncodedBatch:
@@ -511,7 +517,12 @@ def _encode_arrow(layout: KeyLayout, table: pa.Table | pa.RecordBatch, *, source
         if field in have:
             # integer_object_nulls: an int column with a null stays ints (not floats: 7 -> "7.0"
             # would change other rows' categories and privacy ids)
-            series[name] = table.column(field).to_pandas(integer_object_nulls=True).astype(object)
+            column = table.column(field)
+            # a nested column (list, struct, map) as Python values, as a dict holds them (pandas
+            # gives numpy arrays: 'value array([31])', not the dict's '[31]')
+            series[name] = (pd.Series(column.to_pylist(), dtype=object)
+                            if pa.types.is_nested(column.type) else
+                            column.to_pandas(integer_object_nulls=True).astype(object))
         else:  # a missing field is null in every row (rejected where the column is required)
             series[name] = pd.Series([None] * n, dtype=object)
             missing.append(name)
@@ -537,6 +548,7 @@ def _encode_arrow_split(layout: KeyLayout, table: pa.Table | pa.RecordBatch, err
         reason = f"cannot encode Arrow element: {type(error).__name__}: {error}"
         try:
             rows = table.to_pylist()
+            reason = _nested_reason(layout, rows[0]) or reason if rows else reason  # as a dict's
         except Exception:  # noqa: BLE001 - a value Python cannot hold: the fields, no value
             rows = [{"arrow_fields": table.schema.names}] * n
         return _concat(layout, []), [_dead(source, _position(r, position_field), reason, r)

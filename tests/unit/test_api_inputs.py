@@ -101,7 +101,8 @@ def test_an_arrow_element_that_cannot_be_read_is_one_dead_letter():
     ok = pa.table({"sex": ["F"], "age-band": [1]})
     codes, reasons, _ = _encode([table, ok])
     assert codes.tolist() == [[0, 1]]
-    assert reasons == [(None, "cannot encode Arrow element: TypeError: unhashable type: 'numpy.ndarray'")]
+    assert reasons == [(None, "column 'sex': value [1, 2] is a list, not one value; flatten nested "
+                              "fields before job.private (e.g. in a beam.Map)")]  # as a dict's
 
 
 
