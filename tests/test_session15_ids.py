@@ -7,7 +7,8 @@ floats beside a blank. Measured cost (10,000 rows, consecutive ids from 10**18, 
 ``ReadFromCsv`` alike. Now:
 
 1. the CLI's readers keep every digit (CSV text, JSONL ints, Avro longs, Parquet int64 through
-   ``to_pylist``; nulls ``None``, never a float column), so the CLI reads ids exactly: 10,000 used;
+   ``to_pylist``; nulls ``None``, never a float column), so the CLI reads ids exactly (its
+   ``synthesize``/``histogram``/``release`` encoder and the ``prefixes`` one): 10,000 used;
 2. a schema may declare ``privacy_ids: exact`` (API/YAML users whose reader keeps digits); a
    float id of 2**53 or more is then a dead letter naming the read option;
 3. the default (``rounded``) counts such ids in the manifest's private part
@@ -22,6 +23,8 @@ import json
 from pathlib import Path
 
 import apache_beam as beam
+import numpy as np
+import pandas as pd
 import pytest
 
 import beamsynth as bs
@@ -29,6 +32,8 @@ from beamsynth.pipelines.cli import main as cli
 from beamsynth.pipelines.io.encode import encode_block, readers_keep_digits
 from beamsynth.pipelines.io.read import iter_raw_blocks
 from beamsynth.pipelines.io.records import RawBlock
+from beamsynth.pipelines.methods.prefixes import encode_key_block
+from beamsynth.schemas.keys import key_codec_from_spec
 from beamsynth.schemas.schema import (
     SchemaError,
     count_rounded_ids,
@@ -109,6 +114,15 @@ def test_cli_readers_keep_every_digit(tmp_path: Path) -> None:
         assert sorted(encode_block(schema, blocks[0])[0].pids) == [str(BIG)] * 2  # rounded
     adult = bs.load_schema("adult")
     assert readers_keep_digits(adult) is adult  # no id column: as it is
+    # the prefixes command's encoder alike (a float of 2**53 or more: a dead letter)
+    codec = key_codec_from_spec({"kind": "text", "column": "c", "alphabet": "ab", "max_length": 2})
+    block = RawBlock("x", {"c": pd.Series(["a", "b", "a", "b"], dtype=object),
+                           "pid": pd.Series([BIG, BIG + 1, None, float(BIG + 1)], dtype=object)},
+                     np.arange(1, 5))
+    batch, bad = encode_key_block(codec, "pid", block)
+    assert list(batch.pids) == [str(BIG), str(BIG + 1)]
+    assert [r.row for r in bad] == [3, 4] and "is missing" in bad[0].reason \
+        and "privacy_ids: exact" in bad[1].reason
 
 
 def test_cli_run_uses_every_big_id_and_says_exact(tmp_path: Path) -> None:

@@ -35,7 +35,7 @@ from beamsynth.pipelines.io.single_file import remove_temp_folders_on_failure
 from beamsynth.pipelines.io.write import WriteTables, ensure_parent
 from beamsynth.pipelines.methods.synthesize import counter_value
 from beamsynth.schemas.keys import KeyCodec
-from beamsynth.schemas.schema import EncodedBatch, privacy_id_text
+from beamsynth.schemas.schema import EncodedBatch, encode_privacy_ids
 from beamsynth.transforms.budget import PrivacyAccountant, PureDP
 from beamsynth.transforms.conventions import display_items, element_types
 from beamsynth.transforms.prefix_decode import DecodeLeaves, release_to_table
@@ -99,9 +99,11 @@ def encode_key_block(codec: KeyCodec, privacy_id: str | None, block: RawBlock
     bad: dict[int, str] = {}
     pids = None
     if privacy_id:
-        pids = block.columns[privacy_id].map(privacy_id_text).to_numpy(dtype=object)  # 7.0 = 7
-        nulls = block.columns[privacy_id].isna().to_numpy() | (pids == "")
-        bad.update({int(i): f"privacy id {privacy_id!r} is missing" for i in np.flatnonzero(nulls)})
+        # 7.0 = 7; digits kept beyond 2**53 (the CLI's readers keep them; H71)
+        pids, why = encode_privacy_ids(block.columns[privacy_id].tolist(), privacy_id, exact=True,
+                                       nan_is_empty=True)
+        bad.update({i: f"privacy id {privacy_id!r} is missing" if r.endswith("is empty") else r
+                    for i, r in why.items()})
     codes, key_bad = codec.encode(block.columns)
     ok_rows = np.setdiff1d(np.arange(n), [i for i, _ in key_bad]) if key_bad else np.arange(n)
     for i, reason in key_bad:
