@@ -81,6 +81,22 @@ def test_privacy_ids_key_is_declared_and_validated() -> None:
     assert spec["properties"]["privacy_ids"]["enum"] == ["rounded", "exact"]
 
 
+def test_beam_yaml_rows_follow_the_declared_mode() -> None:
+    """Beam YAML's steps encode rows with the schema's mode (no reader of their own): an int and
+    its text are one person in both modes, a float of 2**53 or more merges (rounded) or is a dead
+    letter (exact)."""
+    from beamsynth.pipelines.yaml_transforms import encode_rows
+
+    rows = [{"pid": BIG, "c": "a"}, {"pid": BIG + 1, "c": "b"}, {"pid": float(BIG + 1), "c": "a"},
+            {"pid": str(BIG + 1), "c": "a"}]
+    got = {}
+    for mode in ("rounded", "exact"):
+        batch, bad = encode_rows(_schema(privacy_ids=mode), rows)
+        got[mode] = (list(batch.pids), [r.row for r in bad])
+    assert got == {"rounded": ([str(BIG)] * 4, []),
+                   "exact": ([str(BIG), str(BIG + 1), str(BIG + 1)], [3])}
+
+
 def _write_inputs(folder: Path) -> dict[str, Path]:
     """The same records (ids 2**53 and 2**53 + 1, and a row without an id) in every CLI format."""
     rows = [{"pid": BIG, "c": "a"}, {"pid": BIG + 1, "c": "b"}, {"pid": None, "c": "a"}]
