@@ -223,7 +223,7 @@ class _StatsStep(beam.PTransform):
         # raises when this step's whole ε does not fit the job budget (before any spend)
         ledger.add(step, self._step_acct, self._job_budget,
                    (self._unit.id_column, self._unit.max_contributions), kind=self.kind,
-                   windows=self._windows)
+                   windows=self._windows, manifest=self._manifest)
         job = self._job(pcoll.pipeline, ledger, name)
         spent_before, counts_before = len(job.accountant.spends), len(job.count_outputs)
         private = pcoll | "Private" >> job.private(

@@ -355,14 +355,24 @@ class _JobLedger:
         self.windows: Optional[DeclaredWindows] = None  # noqa: UP045 (the steps' declared windows)
         self.steps: list[tuple[str, PrivacyAccountant]] = []
         self.kinds: set[str] = set()  # BeamsynthSynthesize, BeamsynthHistogram, ...
+        self.manifests: dict[str, str] = {}  # manifest path -> the step writing it
         self.accountant: Optional[PrivacyAccountant] = None  # noqa: UP045
 
     def add(self, step: str, spent: PrivacyAccountant, declared: Optional[ApproxDP],  # noqa: UP045
             unit: tuple[Any, int] = (None, 1), kind: str = STEP,
-            windows: Optional[DeclaredWindows] = None) -> None:  # noqa: UP045
+            windows: Optional[DeclaredWindows] = None,  # noqa: UP045
+            manifest: Optional[str] = None) -> None:  # noqa: UP045
         """Register step ``step`` (a ``kind`` step) spending ``spent``; raises when its privacy unit
-        or windowing differs, its job budget differs, or its ε does not fit what the earlier
-        steps left."""
+        or windowing differs, its job budget differs, its ε does not fit what the earlier steps
+        left, or its ``manifest`` path is another step's."""
+        if manifest is not None:  # a copied step kept its manifest: one file overwrote the other
+            key = manifest if "://" in manifest else os.path.abspath(manifest)
+            if key in self.manifests:
+                raise ValueError(
+                    f"{kind} {step!r}: manifest {manifest!r} is also step "
+                    f"{self.manifests[key]!r}'s; give each step its own manifest path (the "
+                    "second file would replace the first, and with it that step's exact counts)")
+            self.manifests[key] = step
         if self.steps and windows != self.windows:  # the job's ε holds per window (rule 3, H52)
             raise ValueError(
                 f"{kind} {step!r}: windows {_windows_text(windows)} differ from the other steps' "
@@ -798,7 +808,8 @@ class Synthesize(beam.PTransform):
         unit = (self._plan.schema.privacy_id, self._plan.config.max_contributions)
         # the full label names the spends: two steps "S" in two composites were both "S/..." (H55)
         self._step = pipeline._current_transform().full_label or self.label
-        ledger.add(self._step, self._plan.accountant, self._job_budget, unit, windows=self._windows)
+        ledger.add(self._step, self._plan.accountant, self._job_budget, unit, windows=self._windows,
+                   manifest=self._manifest)
         return ledger
 
     def display_data(self) -> dict[str, Any]:

@@ -286,3 +286,18 @@ def test_seeded_statistics_step_warns_once(caplog) -> None:
         _build(spec)
     seeded = [r.getMessage() for r in caplog.records if "seed=4" in r.getMessage()]
     assert len(seeded) == 1 and seeded[0].startswith("BeamsynthCount: seed=4"), seeded
+
+
+# -- 9. one manifest file per step ------------------------------------------------------------------
+@pytest.mark.parametrize("second", ["BeamsynthCount", "BeamsynthSynthesize"])
+def test_two_steps_with_one_manifest_path_are_refused(second: str) -> None:
+    """A copied step that kept ``manifest: m.json`` built, and the second file replaced the first
+    (with the first step's exact counts) when the run ended."""
+    steps = [{"type": kind, "name": name, "input": "Rows",
+              "config": {"schema": "adult", "epsilon": 0.5, "job_budget": {"epsilon": 1.0},
+                         "manifest": "same/m.json"}}
+             for kind, name in [("BeamsynthCount", "First"), (second, "Second")]]
+    spec = {"providers": [{"include": _provider()}], "pipeline": {"transforms": [
+        {"type": "Create", "name": "Rows", "config": {"elements": [{"age": "30"}]}}, *steps]}}
+    with pytest.raises(ValueError, match=r"Second': manifest 'same/m.json' is also step 'First''s"):
+        _build(spec)
