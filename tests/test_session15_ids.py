@@ -157,15 +157,17 @@ def test_cli_run_uses_every_big_id_and_says_exact(tmp_path: Path) -> None:
 
 def _run_jobs(tmp_path: Path, runs: dict[str, tuple[str, str]]) -> dict[str, tuple]:
     """``job.private`` → ``bs.Count`` per run (tag: (input, mode)) in one pipeline: input ``d``
-    read by ``csv.DictReader`` (ids as text), ``b`` by ``ReadFromCsv``; (rows used, rejected,
+    read by ``csv.DictReader`` (ids as text), ``b`` by ``ReadFromCsv`` (``b_text``: with
+    ``dtype={"pid": str}``); (rows used, rejected,
     privacy_ids_rounded, manifest's ids) and the dead letters' reasons."""
     with beam.Pipeline() as p:
         for tag, (data, mode) in runs.items():
             job = bs.PrivacyJob(epsilon=1.0, seed=1, disjoint=True, name=tag,
                                 privacy_unit=bs.PrivacyUnit(id_column="pid"))
-            path = str(tmp_path / f"{data}.csv")
+            path = str(tmp_path / f"{data[0]}.csv")
             rows = (p | f"Rows[{tag}]" >> beam.Create(list(csv.DictReader(open(path, encoding="utf-8"))))
-                    if data == "d" else p | f"Read[{tag}]" >> beam.io.ReadFromCsv(path))
+                    if data == "d" else p | f"Read[{tag}]" >> beam.io.ReadFromCsv(
+                        path, **({"dtype": {"pid": str}} if data == "b_text" else {})))
             private = rows | f"Private[{tag}]" >> job.private(_schema(privacy_ids=mode))
             _ = private | f"Count[{tag}]" >> bs.Count(epsilon=1.0)
             _ = (private.dead_letters | f"Reasons[{tag}]" >> beam.Map(lambda d: d.reason)
@@ -194,8 +196,12 @@ def test_api_exact_mode_and_rounded_count(tmp_path: Path) -> None:
 def test_api_exact_mode_dead_letters_lost_floats(tmp_path: Path) -> None:
     """``ReadFromCsv`` beside a blank id gives floats (2**53 + 1 reads 2**53): under
     ``privacy_ids: exact`` both are dead letters naming the read option (the reader is not as
-    declared; rounded mode merges them, as H66's audit pair checks)."""
+    declared; rounded mode merges them, as H66's audit pair checks); read with
+    ``dtype={"pid": str}``, as the reason says, both are used."""
     (tmp_path / "b.csv").write_text(f"pid,c\n{BIG},a\n{BIG + 1},b\n,a\n", encoding="utf-8")
-    (used, rejected, rounded, ids, reasons), = _run_jobs(tmp_path, {"x": ("b", "exact")}).values()
+    got = _run_jobs(tmp_path, {"x": ("b", "exact"), "text": ("b_text", "exact")})
+    (used, rejected, rounded, ids, reasons) = got["x"]
     assert (used, rejected, rounded, ids) == (0, 3, None, "exact")
     assert reasons.count("dtype={'pid': str}") == 2 and "is empty" in reasons
+    # read as the reason says: both persons used (2 persons, 1 row per person), the blank rejected
+    assert got["text"][:4] == (2, 1, None, "exact") and "dtype" not in got["text"][4]
