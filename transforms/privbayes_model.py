@@ -35,7 +35,7 @@ from beamsynth.transforms.consistency import norm_sub
 from beamsynth.transforms.measure import NoisyMarginal
 from beamsynth.transforms.noise import RandomSource
 from beamsynth.transforms.privbayes_structure import marginalize
-from beamsynth.transforms.refine import RakeTarget, RefinedModel, smoothed_proportions
+from beamsynth.transforms.refine import RakeTarget, RefinedModel, _ipf_margins, smoothed_proportions
 from beamsynth.transforms.synthesis import SynthesisModel
 
 if TYPE_CHECKING:  # annotations only
@@ -230,15 +230,30 @@ NETWORK_TARGET_MAX_CELLS = 100_000  # network tables above this size are not rak
 def _fit_network(measurement: PrivBayesMeasurement, shape: Sequence[int],
                  names: Sequence[str] | None, shrink: float,
                  sampling: str) -> tuple[PrivBayesModel, list[RakeTarget]]:
+    """:func:`_fit_network_margins` without the 1-way estimates (the measuring step's pool)."""
+    return _fit_network_margins(measurement, shape, names, shrink, sampling)[:2]
+
+
+def _fit_network_margins(measurement: PrivBayesMeasurement, shape: Sequence[int],
+                         names: Sequence[str] | None, shrink: float, sampling: str,
+                         coarse: Sequence[NoisyMarginal] = (), whole_only: bool = False,
+                         alive: bool = False,
+                         ) -> tuple[PrivBayesModel, list[RakeTarget], dict[int, np.ndarray]]:
     """The network from released tables only, those tables (consistent, non-negative) as
     raking targets for the refinement (multi-column tables of at most
     :data:`NETWORK_TARGET_MAX_CELLS` cells), and every column's 1-way estimate (the mean of
-    its sums over the non-negative tables that hold it)."""
+    its sums over the non-negative tables that hold it; with ``coarse``, the refinement's
+    released coarse pairs, its group totals combined with theirs: :func:`combine_coarse_margins`)."""
     ms = list(measurement.marginals)
     tables = make_consistent(ms)
     total = max(float(np.mean([t.sum() for t in tables])), 0.0)
     tables = [norm_sub(t, total) for t in tables]
     one_way = _one_way_estimates(ms, tables)
+    if coarse and alive:
+        one_way, precision = _one_way_alive(ms, tables)
+        one_way = combine_coarse_margins(one_way, ms, coarse, precision=precision)
+    elif coarse:
+        one_way = combine_coarse_margins(one_way, ms, coarse, whole_only=whole_only)
     if ONE_WAY_ESTIMATE == "mean":
         tables = [_with_margins(t, m.columns, one_way) if len(m.columns) > 1 else one_way[m.columns[0]]
                   for m, t in zip(ms, tables)]
@@ -257,7 +272,7 @@ def _fit_network(measurement: PrivBayesMeasurement, shape: Sequence[int],
                           smoothed_proportions(t))
                for m, t in zip(ms, tables)
                if len(m.columns) > 1 and t.size <= NETWORK_TARGET_MAX_CELLS and t.sum() > 0]
-    return network, targets
+    return network, targets, one_way
 
 
 ONE_WAY_ESTIMATE = "mean"  # A/B switch for benchmarks: "first" = the first holder's sums, no IPF (before)
@@ -312,9 +327,92 @@ def _one_way_estimates(ms: Sequence[NoisyMarginal],
     return {c: sum(w * s for w, s in v) / sum(w for w, _ in v) for c, v in sums.items()}
 
 
+def _one_way_alive(ms: Sequence[NoisyMarginal], tables: Sequence[np.ndarray],
+                   ) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
+    """:func:`_one_way_estimates` with per-cell weights that count only the cells Norm-Sub kept:
+    a cell ``x`` of a column summed from a non-negative table over ``k_x`` positive cells has
+    noise variance about ``v·max(k_x, 1)`` (the zeroed cells carry no noise). Returns the
+    estimates and their per-cell precisions. Released values only (post-processing)."""
+    acc: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+    for m, t in zip(ms, tables):
+        alive = (np.asarray(t) > 0).astype(np.float64)
+        for c in m.columns:
+            s = marginalize(t, m.columns, [c])
+            k = np.maximum(marginalize(alive, m.columns, [c]), 1.0)
+            acc.setdefault(c, []).append((1.0 / (max(m.variance, 1e-12) * k), s))
+    est = {c: sum(w * s for w, s in v) / sum(w for w, _ in v) for c, v in acc.items()}
+    return est, {c: sum(w for w, _ in v) for c, v in acc.items()}
+
+
+def _fine_precision(ms: Sequence[NoisyMarginal]) -> dict[int, float]:
+    """Each column's summed inverse per-cell variance over the tables that hold it (public:
+    scales and declared sizes): the precision of :func:`_one_way_estimates`' mean per cell."""
+    out: dict[int, float] = {}
+    for m in ms:
+        cells = math.prod(int(s) for s in m.shape)
+        for axis, c in enumerate(m.columns):
+            out[c] = out.get(c, 0.0) + int(m.shape[axis]) / (max(m.variance, 1e-12) * cells)
+    return out
+
+
+def combine_coarse_margins(one_way: dict[int, np.ndarray], ms: Sequence[NoisyMarginal],
+                           coarse: Sequence[NoisyMarginal], *,
+                           whole_only: bool = False,
+                           precision: dict[int, Any] | None = None) -> dict[int, np.ndarray]:
+    """Every column's 1-way estimate given the information of the refinement's released coarse
+    pairs too (issue 18, H69; post-processing).
+
+    A coarse pair over ``(a, b)`` with groupings ``g_a``, ``g_b`` (cell → group, in its
+    ``meta["groups"]``) summed over ``b`` estimates ``a``'s group totals with per-group variance
+    ``v·cells/groups_a`` (``v`` its per-cell noise variance). For each column and grouping, the
+    group totals ``M_g`` of the network estimate (per-cell precision ``W`` from
+    :func:`_fine_precision`, so variance ``n_g/W`` for a group of ``n_g`` cells) and the
+    inverse-variance mean ``z̄_g`` of the coarse sums (precision ``U``) are combined by inverse
+    variance, ``T_g = (W·M_g/n_g + U·z̄_g)/(W/n_g + U)``, clipped at 0, and the group's cells are
+    rescaled to it (the fine profile within a group is the network's; a group the estimate left
+    empty gets ``T_g`` spread evenly). A column of at most ``groups`` cells is its own grouping,
+    so there every cell is combined; ``whole_only`` keeps only those. Groupings are handled one
+    after the other. ``precision``: per-column per-cell precisions of ``one_way`` (arrays, e.g.
+    :func:`_one_way_alive`'s) in place of :func:`_fine_precision`'s. Reads only
+    released tables, their public scales and the declared shape: post-processing (Dwork & Roth
+    2014, Prop. 2.1), no spend, no draw."""
+    prec = _fine_precision(ms) if precision is None else precision
+    by_column: dict[int, dict[tuple[int, ...], list[tuple[np.ndarray, float]]]] = {}
+    for r in coarse:
+        groups = r.meta.get("groups") if r.meta else None
+        if groups is None or len(r.columns) != 2:
+            continue
+        t = np.asarray(r.values, dtype=np.float64)
+        for axis, c in enumerate(r.columns):
+            z = t.sum(axis=1 - axis)
+            var = max(r.variance, 1e-12) * t.size / z.size
+            by_column.setdefault(c, {}).setdefault(tuple(int(g) for g in groups[axis]), []).append((z, var))
+    out = {c: np.asarray(v, dtype=np.float64).copy() for c, v in one_way.items()}
+    for c, groupings in by_column.items():
+        if c not in out or c not in prec:
+            continue
+        est = out[c]
+        for key, sums in groupings.items():
+            g = np.asarray(key, dtype=np.int64)
+            if g.size != est.size or (whole_only and int(g.max()) + 1 < g.size):
+                continue
+            n_g = np.bincount(g, minlength=int(g.max()) + 1).astype(np.float64)
+            big_m = np.bincount(g, weights=est, minlength=n_g.size)
+            u = sum(1.0 / v for _, v in sums)
+            z_bar = sum(z / v for z, v in sums) / u
+            cell_var = 1.0 / np.broadcast_to(np.asarray(prec[c], dtype=np.float64), est.shape)
+            w = 1.0 / np.bincount(g, weights=cell_var, minlength=n_g.size)  # 1 / Var(M_g)
+            target = np.clip((w * big_m + u * z_bar) / (w + u), 0.0, None)
+            ratio = np.where(big_m > 0, target / np.maximum(big_m, 1e-300), 0.0)
+            est = np.where(big_m[g] > 0, est * ratio[g], (target / n_g)[g])
+        out[c] = est
+    return out
+
+
 def fit_privbayes(
     measurement: PrivBayesMeasurement, shape: Sequence[int], names: Sequence[str] | None = None,
     *, shrink: float = DEFAULT_SHRINK, sampling: str = DEFAULT_SAMPLING,
+    refine_margins: str | None = None,
 ) -> PrivBayesModel | RefinedModel:
     """Fit the network from released tables only: consistency → Norm-Sub → shrunk conditionals;
     with a refinement, the network wrapped in a :class:`~beamsynth.transforms.refine.RefinedModel`
@@ -328,13 +426,53 @@ def fit_privbayes(
     :class:`~beamsynth.transforms.refine.RefinedModel` (``"balanced"``: pair-balanced rows from
     the raked pool; ``"iid"``: independent draws from it), whose pool the network draws i.i.d.
     (Adult ε = 1, 14 seeds: same TVD2/TVD3 as a balanced pool, without its per-column sort).
+
+    ``refine_margins`` (one of :data:`REFINE_MARGINS_MODES`; ``None``: the module's
+    :data:`DEFAULT_REFINE_MARGINS`, the plan's ``refine_margins`` in the pipeline): which of the
+    refinement's released pure-ε coarse pairs also feed each column's 1-way estimate
+    (:func:`combine_coarse_margins`), after which the refinement's targets are re-fitted to the
+    new margins; ``"off"`` is the release before H69. Post-processing either way.
     """
     if sampling not in SAMPLING_MODES:
         raise ValueError(f"sampling ({sampling!r}) must be one of {SAMPLING_MODES}")
+    if refine_margins is not None and refine_margins not in REFINE_MARGINS_MODES:
+        raise ValueError(f"refine_margins ({refine_margins!r}) must be one of {REFINE_MARGINS_MODES}")
     if measurement.refinement is None or not measurement.refinement.targets:
         return _fit_network(measurement, shape, names, shrink, sampling)[0]
     # refined: the network only feeds the raked pool, which the refined model samples itself
     # (``sampling`` applies there); i.i.d. pool draws are as good and cost no per-column sort
-    network, targets = _fit_network(measurement, shape, names, shrink, "iid")
-    return RefinedModel(network, [*targets, *measurement.refinement.targets], names=names,
+    mode = DEFAULT_REFINE_MARGINS if refine_margins is None else refine_margins
+    # pure-ε refinement tables only: the zCDP plans (explicit 1-way tables) were not measured
+    coarse = [] if mode == "off" else [t for t in measurement.refinement.tables
+                                       if t.noise == "discrete Laplace"]
+    network, targets, one_way = _fit_network_margins(measurement, shape, names, shrink, "iid",
+                                                     coarse, whole_only=mode == "whole",
+                                                     alive=mode == "alive")
+    refined = list(measurement.refinement.targets)
+    if coarse:  # the coarse targets given the combined margins' group totals (post-processing)
+        refined = [_target_on_margins(t, one_way) for t in refined]
+    return RefinedModel(network, [*targets, *refined], names=names,
                         base_targets=len(targets), sampling=sampling)
+
+
+# Which of the refinement's released coarse pairs feed the network's 1-way estimates (issue 18,
+# H69; :func:`combine_coarse_margins`): "off" none (the release before H69), "whole" the columns
+# a coarse pair keeps whole (at most ``groups`` declared cells), "all" every column's group totals,
+# "alive" as "all" with the network's sums weighted by the cells Norm-Sub kept (_one_way_alive).
+REFINE_MARGINS_MODES = ("off", "whole", "all", "alive")
+DEFAULT_REFINE_MARGINS = "off"
+
+
+def _target_on_margins(target: RakeTarget, one_way: dict[int, np.ndarray]) -> RakeTarget:
+    """A 2-column coarse target re-fitted (IPF) to the grouped 1-way estimates, which
+    :func:`combine_coarse_margins` moved after the target was made (post-processing)."""
+    if len(target.columns) != 2:
+        return target
+    margins = []
+    for c, g, size in zip(target.columns, target.groups, target.proportions.shape):
+        p = np.clip(np.asarray(one_way[c], dtype=np.float64), 0.0, None)
+        p = p / p.sum() if p.sum() > 0 else np.full(p.size, 1.0 / p.size)
+        margins.append(np.bincount(np.asarray(g, dtype=np.int64), weights=p, minlength=int(size)))
+    prop = _ipf_margins(target.proportions, margins[0], margins[1])
+    s = prop.sum()
+    return RakeTarget(target.columns, target.groups, prop / s if s > 0 else target.proportions)

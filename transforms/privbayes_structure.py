@@ -164,6 +164,7 @@ def choose_structure(
     max_family_cells: int | None = None,
     target: int | None = None,
     target_required: bool = False,
+    one_way_penalty: float = 0.0,
 ) -> list[tuple[int, tuple[int, ...]]]:
     """Greedy private network construction (PrivBayes Alg. 4, DataSynthesizer GreedyBayes).
 
@@ -234,6 +235,10 @@ def choose_structure(
                         cells = family_cells(shape, (x, *parents))
                         gain = indif_score(sub((x, *parents)).reshape(shape[x], -1)) if parents else 0.0
                         scored[key] = gain - cells * noise_scale
+                        if one_way_penalty and parents:  # X's margin noisier than its own table's
+                            scored[key] -= one_way_penalty * (
+                                one_way_noise(shape, x, parents, noise_scale)
+                                - one_way_noise(shape, x, (), noise_scale))
                     cands.append(key)
                     scores.append(scored[key])
                 if exact_degree and fits:
@@ -243,6 +248,14 @@ def choose_structure(
         order.append(cands[pick])
         placed.append(cands[pick][0])
     return order
+
+
+def one_way_noise(shape: Sequence[int], x: int, parents: Sequence[int], noise_scale: float) -> float:
+    """The family's expected 1-way cost, ``c_X·√c_Π·b``: about the expected L1 noise of ``X``'s
+    margin summed from an ``X × Π`` table with noise of scale ``b`` per cell (the sum of ``c_Π``
+    cells has standard deviation ``√(2c_Π)·b``; ``c_Π = 1`` without parents). Declared sizes and
+    a public scale only (H69)."""
+    return float(shape[x]) * math.sqrt(family_cells(shape, parents) if parents else 1) * noise_scale
 
 
 def family_specs(structure: Sequence[tuple[int, tuple[int, ...]]]) -> list[tuple[int, ...]]:
