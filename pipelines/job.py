@@ -17,6 +17,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -26,6 +27,7 @@ from apache_beam.transforms.window import GlobalWindow, GlobalWindows
 from apache_beam.typehints.row_type import RowTypeConstraint
 
 from beamsynth.pipelines.io.manifest import build_manifest
+from beamsynth.pipelines.methods.options import check_options
 from beamsynth.pipelines.methods.registry import get_method, method_option_names
 from beamsynth.pipelines.methods.synthesize import (
     SynthesisConfig,
@@ -134,11 +136,8 @@ class Synthesize(PrivateTransform):
         if isinstance(count_fraction, bool) or not isinstance(count_fraction, (int, float)) or not (
                 0 < count_fraction < 1):
             raise ValueError(f"count_fraction ({count_fraction!r}) must be in (0, 1)")
-        options = dict(options or {})
-        unknown = sorted(set(options) - method_option_names(method))
-        if unknown:
-            raise ValueError(f"unknown option(s) {unknown} for method {method!r}; allowed: "
-                             f"{sorted(method_option_names(method))}")
+        # unknown names, kinds and ranges, refused now in the API's words (methods/options.py)
+        options = check_options(get_method(method), options, Vocabulary("api"))
         if not isinstance(typed, bool):
             raise TypeError(f"typed ({typed!r}) must be True or False")
         self._method, self._rows, self._fraction = method, rows, float(count_fraction)
@@ -189,6 +188,9 @@ class Synthesize(PrivateTransform):
             self.with_output_types(row_type if private.windows is None else window_row_type(row_type))
         self.record({"method": self._method, "rows": self._rows, "epsilon": self._budget.epsilon,
                      "delta": self._budget.delta, "details": method.details()})
+        hook = getattr(method, "run_time_details", None)  # a picklable function of the plan only
+        if hook is not None:  # the manifest's run-time figures of this step (WriteManifest)
+            _RUN_TIME_HOOKS.setdefault(job, {})[step] = hook
 
     def expand(self, batches):
         p = self.private
@@ -244,6 +246,10 @@ class PlausibleDeniability(Synthesize):
 # -- the manifest --------------------------------------------------------------------------------
 _MECHANISM = "mechanism"
 """First part of the count key of a mechanism's run-time figures (a tuple: never a source name)."""
+
+_RUN_TIME_HOOKS: weakref.WeakKeyDictionary[PrivacyJob, dict[str, Any]] = weakref.WeakKeyDictionary()
+"""Per job, per ``Synthesize`` step: its method's ``run_time_details(details, totals, per_window,
+every_window=)`` (plausible's released rows, privbayes' run-time choices), taken when bound."""
 
 
 class _KeyRunCountFn(beam.DoFn):
@@ -337,10 +343,11 @@ def _run_time_mechanisms(counts: Mapping[Any, Mapping[Any, int]], public: Mappin
     windows = public.get("windows")
     starts = None if windows is None else windows.start_labels()
     mechanisms, private = [], {}
+    hooks = public.get("run_time", {})
     for entry in public["mechanisms"]:
         method = entry.get("method")  # a Synthesize step records mechanism "synthesis (<method>)"
-        hook = (getattr(get_method(method), "run_time_details", None)
-                if entry.get("mechanism") == f"synthesis ({method})" else None)
+        hook = (hooks.get(entry["step"]) if entry.get("mechanism") == f"synthesis ({method})"
+                else None)
         if hook is None:
             mechanisms.append(entry)
             continue
@@ -353,8 +360,10 @@ def _run_time_mechanisms(counts: Mapping[Any, Mapping[Any, int]], public: Mappin
             totals[field] = totals.get(field, 0) + n
             if per_window is not None:
                 per_window.setdefault(start, {})[field] = n
-        details, private[entry["step"]] = hook(entry["details"], totals, per_window,
-                                               every_window=starts is not None)
+        details, mine_private = hook(entry["details"], totals, per_window,
+                                     every_window=starts is not None)
+        if mine_private:  # exact figures only (privbayes' choices are all public: none)
+            private[entry["step"]] = mine_private
         mechanisms.append({**entry, "details": details})
     return mechanisms, private
 
@@ -474,7 +483,8 @@ class WriteManifest(beam.PTransform):
         job.freeze(self.label)
         public = {"job": job.name, "accountant": job.accountant.to_dict(), "seed": job.seed,
                   "privacy_unit": job.unit.to_dict(), "mechanisms": list(job.mechanisms),
-                  "sources": list(job.sources), "windows": job.windows}
+                  "sources": list(job.sources), "windows": job.windows,
+                  "run_time": dict(_RUN_TIME_HOOKS.get(job, {}))}
         if job.disjoint:  # declared by the user, not checked: parallel composition with other jobs
             public["disjoint_from_other_jobs"] = True
         p = pbegin.pipeline

@@ -179,6 +179,7 @@ class DPPrivBayes(beam.PTransform):
             families=self._families, shape=shape, names=names, plan=self.plan, seed=self._seed,
             ordered=ordered_columns(self._schema), shrink=shrink, sampling=sampling))
         # PrivBayesMeasurement (structure + NoisyMarginal tables + refinement tables): the DP boundary
+        self.measured = measured  # its run-time choices (sizing_choices) feed API/YAML manifests
         return measured | "Fit" >> beam.Map(fit_privbayes, shape, names, shrink=shrink,
                                                 sampling=sampling)
         # PrivBayesModel, or RefinedModel when refining

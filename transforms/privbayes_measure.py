@@ -72,6 +72,7 @@ __all__ = [
     "PrivBayesMeasureFn",
     "PrivBayesMeasurement",
     "measure_privbayes",
+    "sizing_choices",
 ]
 
 SIZING_METRICS_NAMESPACE = "beamsynth"
@@ -286,6 +287,28 @@ def _release_tables(exact: Sequence[np.ndarray], specs: Sequence[tuple[int, ...]
                               budgets=table_budgets, sensitivity=m, rs=rs.child("marginals"))
 
 
+def sizing_choices(sizing: dict[str, Any] | None) -> tuple[str, ...]:
+    """The run-time choices of one window's measurement as the names of the Beam counters the CLI
+    reads (``privbayes_degree_<k>``; at k = 0 which small-input model ran: ``privbayes_k0_independent``,
+    ``privbayes_k0_forest_edges_<e>`` or ``privbayes_k0_star_<c>``; ``privbayes_target_parent_<mode>``,
+    ``privbayes_refine_pairs_<p>``). Functions of the DP count n̂, the forest's DP picks and the
+    declared plan only (post-processing): no exact count, no data value. ``()``: no run-time sizing."""
+    if sizing is None:
+        return ()
+    out = [f"privbayes_degree_{sizing['degree']}"]
+    if sizing["degree"] == 0:  # √cells 1-way tables, or the forest with its chosen edges
+        small = ("privbayes_k0_independent" if "forest_edges" not in sizing
+                 else f"privbayes_k0_forest_edges_{sizing['forest_edges']}")
+        if "star_columns" in sizing:  # the declared target's star (H41)
+            small = f"privbayes_k0_star_{sizing['star_columns']}"
+        out.append(small)
+    if "target_parent" in sizing:  # "useful"/auto's run-time gate (same DP count)
+        out.append(f"privbayes_target_parent_{sizing['target_parent']}")
+    if "refine_pairs" in sizing:  # the refinement's run-time size (same DP count)
+        out.append(f"privbayes_refine_pairs_{sizing['refine_pairs']}")
+    return tuple(out)
+
+
 class PrivBayesMeasureFn(beam.DoFn):
     """Exact candidate counts (one element per window) → :class:`PrivBayesMeasurement`.
 
@@ -307,22 +330,6 @@ class PrivBayesMeasureFn(beam.DoFn):
         out = measure_privbayes(counts, self._families, shape=self._shape, names=self._names,
                                 plan=self._plan, rs=rs, ordered=self._ordered,
                                 shrink=self._shrink, sampling=self._sampling)
-        if out.sizing is not None:  # the run-time size decision (DP n̂): public, for the manifest
-            beam.metrics.Metrics.counter(
-                SIZING_METRICS_NAMESPACE, f"privbayes_degree_{out.sizing['degree']}").inc()
-            if out.sizing["degree"] == 0:  # which small-input model ran: √cells 1-way tables,
-                # or the forest with its number of chosen edges (0 = its "no edge" picks only)
-                small = ("privbayes_k0_independent" if "forest_edges" not in out.sizing
-                         else f"privbayes_k0_forest_edges_{out.sizing['forest_edges']}")
-                if "star_columns" in out.sizing:  # the declared target's star (H41)
-                    small = f"privbayes_k0_star_{out.sizing['star_columns']}"
-                beam.metrics.Metrics.counter(SIZING_METRICS_NAMESPACE, small).inc()
-            if "target_parent" in out.sizing:  # "useful"/auto's run-time gate (same DP count)
-                beam.metrics.Metrics.counter(
-                    SIZING_METRICS_NAMESPACE,
-                    f"privbayes_target_parent_{out.sizing['target_parent']}").inc()
-            if "refine_pairs" in out.sizing:  # the refinement's run-time size (same DP count)
-                beam.metrics.Metrics.counter(
-                    SIZING_METRICS_NAMESPACE,
-                    f"privbayes_refine_pairs_{out.sizing['refine_pairs']}").inc()
+        for name in sizing_choices(out.sizing):  # the run-time size decision (DP n̂): public
+            beam.metrics.Metrics.counter(SIZING_METRICS_NAMESPACE, name).inc()
         yield out

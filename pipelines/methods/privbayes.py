@@ -11,8 +11,14 @@ imports ``pipelines/``.
 from __future__ import annotations
 
 import argparse
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
+import apache_beam as beam
+
+from beamsynth.pipelines.methods.options import Limit
 from beamsynth.pipelines.methods.registry import Method, register
 from beamsynth.transforms.private import names_of
 from beamsynth.transforms.privbayes import (
@@ -30,9 +36,11 @@ from beamsynth.transforms.privbayes import (
     SIZING_MODES,
     DPPrivBayes,
 )
+from beamsynth.transforms.privbayes_measure import sizing_choices
 from beamsynth.transforms.privbayes_plan import (
     TARGET_PARENT_OPTIONS,
     TARGET_PARENT_THETA,
+    PrivBayesPlan,
     resolve_noise,
 )
 from beamsynth.transforms.refine import (
@@ -42,7 +50,8 @@ from beamsynth.transforms.refine import (
     DEFAULT_REFINE_ROUNDS,
 )
 
-__all__ = ["PrivBayesMethod", "add_input_rows_argument"]
+__all__ = ["PrivBayesMethod", "PrivBayesRunTime", "add_input_rows_argument", "choice_counter_names",
+           "run_time_choices", "with_run_time_choices"]
 
 
 def add_input_rows_argument(parser: argparse.ArgumentParser) -> None:
@@ -62,33 +71,38 @@ class PrivBayesMethod(Method):
 
     name = "privbayes"
     description = "PrivBayes: private k-parent Bayesian network from noisy (k+1)-way marginals"
+    # the ranges plan_privbayes / plan_refinement / DPPrivBayes check, in the caller's words
+    option_limits = {
+        "degree": Limit(0, 8), "structure_fraction": Limit(0, 1, True, True),
+        "shrink": Limit(0, 100), "refine_pairs": Limit(0), "refine_rounds": Limit(1),
+        "refine_groups": Limit(2, 64), "refine_fraction": Limit(0, 1, True, True),
+        "input_rows": Limit(0)}
 
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
-        opts = self.options
+        opts = self.options  # checked and normalised (Method.__init__, option_limits)
+
+        def given(name: str, default: Any) -> Any:  # None only is the default: never `or` (H73)
+            return default if opts.get(name) is None else opts[name]
+
         # auto (default since H53: gaussian when the method's δ > 0 and the schema is wide enough,
         # else laplace, byte for byte at δ = 0), laplace (pure ε), gaussian (zCDP)
-        self._noise = str(opts.get("pb_noise") or "auto")
+        self._noise = given("pb_noise", "auto")
         gaussian = resolve_noise(self._noise, self.budget.delta, n_columns=len(self.schema.shape),
                                  epsilon=self.budget.epsilon)[0] == "gaussian"
         # zCDP: its own refinement defaults
         self._transform = DPPrivBayes(
-            schema=self.schema, budget=self.budget,
-            degree=None if opts.get("degree") is None else int(opts["degree"]),
-            structure_fraction=float(opts.get("structure_fraction") or DEFAULT_STRUCTURE_FRACTION),
-            shrink=float(DEFAULT_SHRINK if opts.get("shrink") is None else opts["shrink"]),
-            sampling=str(opts.get("sampling") or DEFAULT_SAMPLING),
-            parents=str(opts.get("parents") or "auto"),
-            refine_pairs=int((GAUSSIAN_REFINE_PAIRS if gaussian else DEFAULT_REFINE_PAIRS)
-                             if opts.get("refine_pairs") is None else opts["refine_pairs"]),
-            refine_rounds=int(DEFAULT_REFINE_ROUNDS if opts.get("refine_rounds") is None
-                              else opts["refine_rounds"]),
-            refine_groups=int((GAUSSIAN_REFINE_GROUPS if gaussian else DEFAULT_REFINE_GROUPS)
-                              if opts.get("refine_groups") is None else opts["refine_groups"]),
-            refine_fraction=float(DEFAULT_REFINE_FRACTION if opts.get("refine_fraction") is None
-                                  else opts["refine_fraction"]),
-            sizing=str(opts.get("pb_sizing") or "auto"),
-            rows=None if opts.get("input_rows") is None else int(opts["input_rows"]),
+            schema=self.schema, budget=self.budget, degree=given("degree", None),
+            structure_fraction=given("structure_fraction", DEFAULT_STRUCTURE_FRACTION),
+            shrink=float(given("shrink", DEFAULT_SHRINK)), sampling=given("sampling", DEFAULT_SAMPLING),
+            parents=given("parents", "auto"),
+            refine_pairs=given("refine_pairs", GAUSSIAN_REFINE_PAIRS if gaussian
+                               else DEFAULT_REFINE_PAIRS),
+            refine_rounds=given("refine_rounds", DEFAULT_REFINE_ROUNDS),
+            refine_groups=given("refine_groups", GAUSSIAN_REFINE_GROUPS if gaussian
+                                else DEFAULT_REFINE_GROUPS),
+            refine_fraction=given("refine_fraction", DEFAULT_REFINE_FRACTION),
+            sizing=given("pb_sizing", "auto"), rows=given("input_rows", None),
             noise=self._noise, target=self._target(), target_parent=self._target_parent(),
             max_contributions=self.max_contributions, seed=self.seed, accountant=self.accountant)
         self._chosen: dict[str, int] = {}
@@ -195,7 +209,16 @@ class PrivBayesMethod(Method):
                                      f"{DEFAULT_SAMPLING})")
 
     def expand_model(self, batches):
-        return batches | "PrivBayes" >> self._transform
+        models = batches | "PrivBayes" >> self._transform
+        self.run_counts = self._transform.measured | "RunChoices" >> beam.FlatMap(_choice_items)
+        # (counter name, 1) per window: the run-time choices for the API/YAML manifests
+        # (pipelines/job.py, yaml_transforms.py); the CLI reads the same names as Beam counters
+        return models
+
+    @property
+    def run_time_details(self) -> PrivBayesRunTime:
+        """The API/YAML manifests' hook over :attr:`run_counts` (picklable: the plan only)."""
+        return PrivBayesRunTime(self._transform.plan)
 
     def collect_metrics(self, result: Any) -> None:
         """The run-time size decision (from the DP count; public) for :meth:`details`."""
@@ -206,31 +229,8 @@ class PrivBayesMethod(Method):
             counter_value,  # synthesize imports this module
         )
 
-        for k in range(plan.degree + 1):
-            value = counter_value(result, f"privbayes_degree_{k}")
-            if value:
-                self._chosen[str(k)] = value
-        if self._chosen.get("0"):  # which small-input model those windows fitted
-            value = counter_value(result, "privbayes_k0_independent")
-            if value:
-                self._small["independent 1-way tables (∝ √cells, whole ε)"] = value
-            for e in range(plan.n_columns):
-                value = counter_value(result, f"privbayes_k0_forest_edges_{e}")
-                if value:
-                    self._small[f"forest of {e} chosen edge(s) + 1-way tables"] = value
-                value = counter_value(result, f"privbayes_k0_star_{e}")
-                if value:  # the declared target's star (privbayes_star, H41)
-                    self._small[f"star of {e} column(s) around the target "
-                                f"{plan.target_name!r} + 1-way tables"] = value
-        for mode in ("required", "off"):  # auto's gate on the same DP count (H65)
-            value = counter_value(result, f"privbayes_target_parent_{mode}")
-            if value:
-                self._parented[mode] = value
-        for p in range(1, plan.sizing.refine_countable + 1 if plan.sizing.refine_requested else 1):
-            value = counter_value(result, f"privbayes_refine_pairs_{p}")
-            if value:  # the refinement's size chosen from the same DP count (refine_size)
-                self._refined[str(p)] = {"windows": value, **plan.sizing.refine_plan_for(
-                    plan.refine, p).details()}
+        counts = {name: counter_value(result, name) or 0 for name in choice_counter_names(plan)}
+        self._chosen, self._small, self._refined, self._parented = run_time_choices(plan, counts)
 
     def run_notes(self) -> list[str]:
         """Console lines after a run whose DP size count chose the small-input model (read by
@@ -256,22 +256,120 @@ class PrivBayesMethod(Method):
                     "privbayes.size_count), the model chosen from it (ε − ε_c = "
                     f"{plan.zcdp.budget.epsilon:g}, δ) (spend privbayes.zcdp): (ε, δ) by basic "
                     "composition")
-        if plan.zcdp is not None and self._chosen.get("0"):  # run-time fallback from the DP count
-            why += (f"; in {self._chosen['0']} window(s) the DP count chose the small-input model: "
-                    f"its {'star or ' if plan.target is not None else ''}forest tables are "
-                    "pure-ε discrete Laplace with ε − ε_c = "
-                    f"{plan.zcdp.budget.epsilon:g} in all, the Laplace plan's forest budget (or "
-                    "discrete Gaussian 1-way tables with the whole ρ), within the privbayes.zcdp "
-                    "spend")
         out["noise_mode"] = {"option": self._noise,
                              "chosen": "gaussian" if plan.zcdp is not None else "laplace",
                              "why": why}
-        if self._chosen:  # windows per chosen degree ("0" = the small-input model, below)
-            out["sizing"] = {**out["sizing"], "chosen_degree_windows": dict(self._chosen)}
-        if self._small:  # degree 0: √cells 1-way tables or the forest (plan_forest, forest_resolves)
-            out["sizing"] = {**out["sizing"], "chosen_small_model_windows": dict(self._small)}
-        if self._refined:  # refinement per chosen pair count: windows, rounds, ε per pick/table
-            out["sizing"] = {**out["sizing"], "chosen_refine": dict(self._refined)}
-        if self._parented:  # auto: where the DP count passed the target-parent gate
-            out["sizing"] = {**out["sizing"], "chosen_target_parent_windows": dict(self._parented)}
+        with_run_time_choices(out, plan, self._chosen, self._small, self._refined, self._parented)
         return {"privbayes": out}
+
+
+# -- run-time choices (from the DP count): the CLI's Beam counters and the API/YAML's records --------
+def choice_counter_names(plan: PrivBayesPlan) -> list[str]:
+    """Every counter name :func:`~beamsynth.transforms.privbayes_measure.sizing_choices` can give
+    for ``plan``, in the manifest's order."""
+    d = plan.n_columns
+    names = [f"privbayes_degree_{k}" for k in range(plan.degree + 1)]
+    names += ["privbayes_k0_independent"] + [
+        n for e in range(d) for n in (f"privbayes_k0_forest_edges_{e}", f"privbayes_k0_star_{e}")]
+    names += [f"privbayes_target_parent_{mode}" for mode in ("required", "off")]
+    if plan.sizing is not None and plan.sizing.refine_requested:
+        names += [f"privbayes_refine_pairs_{p}" for p in range(1, plan.sizing.refine_countable + 1)]
+    return names
+
+
+def run_time_choices(plan: PrivBayesPlan, counts: Mapping[str, int]) -> tuple[
+        dict[str, int], dict[str, int], dict[str, dict[str, Any]], dict[str, int]]:
+    """``counter name → windows`` (Beam counters after a CLI run, or the API/YAML records) →
+    the manifest's ``chosen_degree_windows``, ``chosen_small_model_windows``, ``chosen_refine``
+    and ``chosen_target_parent_windows`` (windows per choice; only choices that ran)."""
+    chosen: dict[str, int] = {}
+    small: dict[str, int] = {}
+    refined: dict[str, dict[str, Any]] = {}
+    parented: dict[str, int] = {}
+    for k in range(plan.degree + 1):
+        if counts.get(f"privbayes_degree_{k}"):
+            chosen[str(k)] = counts[f"privbayes_degree_{k}"]
+    if chosen.get("0"):  # which small-input model those windows fitted
+        if counts.get("privbayes_k0_independent"):
+            small["independent 1-way tables (∝ √cells, whole ε)"] = counts["privbayes_k0_independent"]
+        for e in range(plan.n_columns):
+            if counts.get(f"privbayes_k0_forest_edges_{e}"):
+                small[f"forest of {e} chosen edge(s) + 1-way tables"] = \
+                    counts[f"privbayes_k0_forest_edges_{e}"]
+            if counts.get(f"privbayes_k0_star_{e}"):  # the declared target's star (H41)
+                small[f"star of {e} column(s) around the target {plan.target_name!r} + 1-way "
+                      "tables"] = counts[f"privbayes_k0_star_{e}"]
+    for mode in ("required", "off"):  # auto's gate on the same DP count (H65)
+        if counts.get(f"privbayes_target_parent_{mode}"):
+            parented[mode] = counts[f"privbayes_target_parent_{mode}"]
+    if plan.sizing is not None and plan.sizing.refine_requested:
+        for p in range(1, plan.sizing.refine_countable + 1):
+            if counts.get(f"privbayes_refine_pairs_{p}"):  # the refinement's size (refine_size)
+                refined[str(p)] = {"windows": counts[f"privbayes_refine_pairs_{p}"],
+                                   **plan.sizing.refine_plan_for(plan.refine, p).details()}
+    return chosen, small, refined, parented
+
+
+def with_run_time_choices(out: dict[str, Any], plan: PrivBayesPlan, chosen: Mapping[str, int],
+                          small: Mapping[str, int], refined: Mapping[str, Any],
+                          parented: Mapping[str, int]) -> dict[str, Any]:
+    """``plan.details()`` (+ ``noise_mode``) with the run-time choices, in place: the CLI's
+    :meth:`PrivBayesMethod.details` and the API/YAML manifests (:class:`PrivBayesRunTime`)."""
+    if plan.zcdp is not None and chosen.get("0"):  # run-time fallback from the DP count
+        out["noise_mode"]["why"] += (
+            f"; in {chosen['0']} window(s) the DP count chose the small-input model: its "
+            f"{'star or ' if plan.target is not None else ''}forest tables are pure-ε discrete "
+            f"Laplace with ε − ε_c = {plan.zcdp.budget.epsilon:g} in all, the Laplace plan's "
+            "forest budget (or discrete Gaussian 1-way tables with the whole ρ), within the "
+            "privbayes.zcdp spend")
+    if chosen:  # windows per chosen degree ("0" = the small-input model, below)
+        out["sizing"] = {**out["sizing"], "chosen_degree_windows": dict(chosen)}
+    if small:  # degree 0: √cells 1-way tables or the forest (plan_forest, forest_resolves)
+        out["sizing"] = {**out["sizing"], "chosen_small_model_windows": dict(small)}
+    if refined:  # refinement per chosen pair count: windows, rounds, ε per pick/table
+        out["sizing"] = {**out["sizing"], "chosen_refine": dict(refined)}
+    if parented:  # auto: where the DP count passed the target-parent gate
+        out["sizing"] = {**out["sizing"], "chosen_target_parent_windows": dict(parented)}
+    return out
+
+
+@dataclass(frozen=True)
+class PrivBayesRunTime:
+    """The run-time choices in a manifest built inside the pipeline (API ``bs.WriteManifest``,
+    Beam YAML ``manifest:``) from the ``(counter name, 1)`` records of each window's measurement:
+    the CLI's fields (:func:`with_run_time_choices`) and, per declared window,
+    ``sizing.chosen_per_window``. Public: functions of the DP count and the declared plan."""
+
+    plan: PrivBayesPlan
+
+    def __call__(self, details: Mapping[str, Any], totals: Mapping[str, int],
+                 per_window: Mapping[str, Mapping[str, int]] | None = None, *,
+                 every_window: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:
+        out = copy.deepcopy(dict(details["privbayes"]))
+        with_run_time_choices(out, self.plan, *run_time_choices(self.plan, totals))
+        if per_window is not None and self.plan.sizing is not None and \
+                self.plan.sizing.rows is None:  # the DP count sized every window
+            out["sizing"] = {**out["sizing"], "chosen_per_window": [
+                {"window_start": start, **self.window_choice(counts)}
+                for start, counts in per_window.items() if every_window or counts]}
+        return {**details, "privbayes": out}, {}
+
+    def window_choice(self, counts: Mapping[str, int]) -> dict[str, Any]:
+        """One window's choices in the CLI's words: degree, model, target parent, refinement."""
+        chosen, small, refined, parented = run_time_choices(self.plan, counts)
+        if not chosen:  # no record of this window (a runner that lost it): say so
+            return {"degree": None, "model": "not recorded"}
+        k = int(next(iter(chosen)))
+        out: dict[str, Any] = {"degree": k, "model": next(iter(small)) if small else
+                               f"network with {k} parent(s) per column"}
+        if parented:
+            out["target_parent"] = next(iter(parented))
+        if refined:
+            out["refine_pairs"] = int(next(iter(refined)))
+        return out
+
+
+def _choice_items(measurement: Any) -> list[tuple[str, int]]:
+    """One window's :class:`~beamsynth.transforms.privbayes_measure.PrivBayesMeasurement` →
+    ``(counter name, 1)`` per run-time choice (public: from the DP count)."""
+    return [(name, 1) for name in sizing_choices(measurement.sizing)]
