@@ -40,7 +40,6 @@ This module deliberately has no ``from __future__ import annotations``: Beam YAM
 constructor's annotations to build the step's config schema.
 """
 
-import argparse
 import difflib
 import functools
 import inspect
@@ -66,6 +65,7 @@ from beamsynth.pipelines.io.manifest import (
     write_json_atomic,
 )
 from beamsynth.pipelines.io.records import METRICS_NAMESPACE, RawBlock, Rejected
+from beamsynth.pipelines.methods.options import check_options as check_method_options
 from beamsynth.pipelines.methods.registry import get_method
 from beamsynth.pipelines.methods.synthesize import (
     SynthesisConfig,
@@ -606,67 +606,14 @@ def check_step_config(*, batch_rows: Any, error_handling: Any, manifest: Any,
     return None if error_handling is None else error_handling["output"]
 
 
-def _option_rule(action: Any) -> tuple[Any, str]:
-    """(check, wording) of one method option, from its CLI declaration: ``check(value)`` is the
-    value the method reads, or raises."""
-    if isinstance(action, argparse._StoreTrueAction):
-        def check(v: Any) -> Any:
-            if not isinstance(v, (bool, np.bool_)):
-                raise ValueError
-            return v
-        return check, "true or false"
-    if action.choices is not None:
-        def check(v: Any) -> Any:
-            if not isinstance(v, str) or v not in action.choices:
-                raise ValueError
-            return v
-        return check, "one of " + ", ".join(action.choices)
-    kind = action.type if action.type in (int, float) else str
-
-    def check(v: Any) -> Any:
-        if kind is str:
-            if not isinstance(v, str):
-                raise ValueError
-            return v
-        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.number)):
-            raise ValueError  # a quoted "3" too: methods read text numbers differently
-        got = kind(v)
-        if kind is int and got != v or not math.isfinite(got):
-            raise ValueError
-        return v
-    return check, {int: "a whole number", float: "a finite number", str: "text"}[kind]
-
-
-def check_options(method: str, options: Any) -> None:
+def check_options(method: str, options: Any) -> dict:
     """Refuse (when built) a step's ``options`` the method would misread: not a mapping, an
-    unknown key (with the nearest), or a value of the wrong kind for the option's declaration
-    (``degree: 1.5`` ran as degree 1, ``pb_noise: 0`` as the default, ``allow_non_dp: 'no'`` as
-    true); every message spells the YAML key. Ranges stay the method's own checks."""
-    if options is None:
-        return
-    if not isinstance(options, dict):
-        raise ValueError(f"{STEP}: options ({options!r}) must be a mapping of method options, "
-                         "e.g. options: {target: income} (docs/options.md)")
-    parser = argparse.ArgumentParser(add_help=False)
-    get_method(method).add_arguments(parser)
-    actions = {a.dest: a for a in parser._actions if a.dest != "help"}
-    known = sorted(actions)
-    for name, value in options.items():
-        if name not in actions:  # a typo (targt: credit) would run without that option, silently
-            close = difflib.get_close_matches(str(name), known, n=1, cutoff=0.6)
-            raise ValueError(f"{STEP}: unknown option {name!r} for method {method!r}"
-                             + (f" (did you mean {close[0]!r}?)" if close else "")
-                             + f"; its options: {', '.join(known)} (docs/options.md)")
-        if value is None:  # null: the method's default
-            continue
-        check, wording = _option_rule(actions[name])
-        try:
-            check(value)
-        except (TypeError, ValueError, OverflowError):
-            why = f"; {_text_number(value)}" if isinstance(value, str) and wording.endswith(
-                "number") else ""
-            raise ValueError(f"{STEP}: {Vocabulary('yaml').option(name, value)} must be {wording}"
-                             f"{why} (method {method!r}; docs/options.md)") from None
+    unknown key (with the nearest), a value of the wrong kind or out of range (``degree: 1.5``
+    ran as degree 1, ``pb_noise: 0`` as the default, ``allow_non_dp: 'no'`` as true); every
+    message spells the YAML key. The check is the methods layer's, shared with the API (H73:
+    ``pipelines/methods/options.py``); this adds the step's name and YAML's text numbers."""
+    return check_method_options(get_method(method), options, Vocabulary("yaml"),
+                                where=f"{STEP}: ", text_note=_text_number)
 
 
 def warn_at_build(step: str, seed: Optional[int], errors: Optional[str], what: str,  # noqa: UP045
@@ -773,12 +720,12 @@ class Synthesize(beam.PTransform):
         if self._windows is not None and method not in EMPTY_WINDOW_METHODS:
             raise ValueError(f"method {method!r} cannot release an empty window; with windows the "
                              f"step supports {list(EMPTY_WINDOW_METHODS)}")
-        check_options(method, options)
+        options = check_options(method, options)
         cfg = SynthesisConfig(input=_SOURCE, schema=load_step_schema(STEP, schema), output=_SOURCE,
                               epsilon=epsilon, delta=delta, method=method, rows=rows,
                               privacy_id=privacy_id, max_contributions=max_contributions,
                               seed=seed, count_fraction=count_fraction,
-                              options=dict(options or {}))
+                              options=options)
         # spends the step's budget now, before any data is read; messages spell YAML keys
         self._plan = plan_synthesis(cfg, vocabulary=Vocabulary("yaml"))
         warn_ambiguous_values(self._plan.schema, STEP)

@@ -4,6 +4,8 @@
   ``register``, ``get_method``, ``IndependentMethod``; optional methods listed in
   ``_METHOD_MODULES``); :mod:`~beamsynth.pipelines.methods.wording`: ``Vocabulary``, how a
   method's build-time messages spell options for its caller (CLI flags or API keywords);
+  :mod:`~beamsynth.pipelines.methods.options`: ``check_options`` / ``check_option_values``, a
+  method's options (names, kinds, ``option_limits`` ranges) checked once for every caller;
 * :mod:`~beamsynth.pipelines.methods.privbayes`, :mod:`~beamsynth.pipelines.methods.sbhg`,
   :mod:`~beamsynth.pipelines.methods.plausible`: ``--method privbayes|sbhg|plausible``, wiring the
   mechanisms of ``transforms/`` into the registry;

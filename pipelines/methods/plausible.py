@@ -15,6 +15,7 @@ from typing import Any
 import apache_beam as beam
 import pyarrow as pa
 
+from beamsynth.pipelines.methods.options import Limit
 from beamsynth.pipelines.methods.registry import Method, register
 from beamsynth.schemas.schema import EncodedBatch, Schema
 from beamsynth.transforms.budget import ApproxDP, BudgetExceededError, PureDP
@@ -190,6 +191,14 @@ class PlausibleMethod(Method):
 
     name = "plausible"
     non_dp_warning: str | None = None
+    # ranges in the caller's words (Method.__init__); those depending on the schema or on other
+    # options (omega <= columns, plausible_t < k, max_plausible >= k) are checked below
+    option_limits = {
+        "k": Limit(1), "gamma": Limit(1, None, True), "epsilon0": Limit(0, None, True),
+        "omega": Limit(1), "plausible_t": Limit(1), "max_plausible": Limit(1),
+        "max_check_plausible": Limit(1), "pd_max_parents": Limit(0), "pd_max_cost": Limit(1),
+        "pd_alpha": Limit(0, None, True), "pd_max_records": Limit(2),
+        "pd_model_fraction": Limit(0, 1, True, True), "input_rows": Limit(0)}
     description = "seed-based synthesis released through the plausible-deniability privacy test"
 
     def __init__(self, **kw: Any) -> None:
@@ -197,7 +206,11 @@ class PlausibleMethod(Method):
         o = {key: (self.options.get(key) if self.options.get(key) is not None else d)
              for key, d in _DEFAULTS.items()}
         m = len(self.schema.columns)
-        self.k = _int(o["k"], "k", 1)
+
+        def whole(name: str, low: int) -> int:  # o[name], an int >= low, refused in the caller's words
+            return _int(o[name], self.say.option(name, o[name]), low)
+
+        self.k = whole("k", 1)
         self.gamma = float(o["gamma"])
         if not (self.gamma > 1 and math.isfinite(self.gamma)):
             raise ValueError(f"gamma ({o['gamma']!r}) must be a finite number > 1")
@@ -207,14 +220,16 @@ class PlausibleMethod(Method):
         self.epsilon0 = float(o["epsilon0"])
         if not (self.epsilon0 > 0 and math.isfinite(self.epsilon0)):
             raise ValueError(f"epsilon0 ({o['epsilon0']!r}) must be a finite number > 0")
-        self.omega = m if o["omega"] is None else _int(o["omega"], "omega", 1)
+        self.omega = m if o["omega"] is None else whole("omega", 1)
         if self.omega > m:
-            raise ValueError(f"omega ({self.omega}) must be in [1, {m}] (the schema has {m} columns)")
-        self.t = max(1, self.k // 2) if o["plausible_t"] is None else _int(o["plausible_t"], "plausible_t", 1)
+            raise ValueError(f"{self.say.option('omega', self.omega)} must be in [1, {m}] (the "
+                             f"schema has {m} columns)")
+        self.t = max(1, self.k // 2) if o["plausible_t"] is None else whole("plausible_t", 1)
         if self.test == "randomized" and not (self.k >= 2 and self.t < self.k):
-            raise ValueError(f"plausible_t ({self.t}) must be in [1, k-1] with k ({self.k}) >= 2")
-        self.max_plausible = None if o["max_plausible"] is None else _int(o["max_plausible"], "max_plausible", self.k)
-        self.max_check = None if o["max_check_plausible"] is None else _int(o["max_check_plausible"], "max_check_plausible", 1)
+            raise ValueError(f"{self.say.option('plausible_t', self.t)} must be in [1, k-1] with "
+                             f"{self.say.option('k', self.k)} >= 2")
+        self.max_plausible = None if o["max_plausible"] is None else whole("max_plausible", self.k)
+        self.max_check = None if o["max_check_plausible"] is None else whole("max_check_plausible", 1)
         self.generator = str(o["generator"])
         if self.generator not in GENERATORS:
             raise ValueError(f"generator ({self.generator!r}) must be one of {GENERATORS}")
@@ -222,13 +237,14 @@ class PlausibleMethod(Method):
         try:
             self.fractions = tuple(float(x) for x in str(split).split(","))
         except ValueError:
-            raise ValueError(f"plausible_split ({o['plausible_split']!r}) must be three numbers 'seeds,structure,params'") from None
+            raise ValueError(f"{self.say.option('plausible_split', split)} must be three numbers "
+                             "'seeds,structure,params'") from None
         if len(self.fractions) != 3 or min(self.fractions) <= 0:
-            raise ValueError(f"plausible_split ({o['plausible_split']!r}) must be three numbers > 0")
-        self.max_parents = _int(o["pd_max_parents"], "pd_max_parents", 0)
-        self.max_cost = _int(o["pd_max_cost"], "pd_max_cost", 1)
+            raise ValueError(f"{self.say.option('plausible_split', split)} must be three numbers > 0")
+        self.max_parents = whole("pd_max_parents", 0)
+        self.max_cost = whole("pd_max_cost", 1)
         self.alpha = float(o["pd_alpha"])
-        self.max_records = _int(o["pd_max_records"], "pd_max_records", 2)
+        self.max_records = whole("pd_max_records", 2)
         self.fast_path = not bool(o["pd_generic"])
         if not self.fast_path and self.max_check is None:
             self.max_check = 10_000
@@ -633,8 +649,10 @@ def _rejected_items(rej: RejectedCandidates):
         yield f"rejected_{reason}", n
 
 
-def _int(value: Any, name: str, low: int) -> int:
+def _int(value: Any, shown: str, low: int) -> int:
+    """``value`` if an int >= ``low``; ``shown``: the option set to it, in the caller's words
+    (``--max-plausible 5``, ``options={'max_plausible': 5}``)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name} ({value!r}) must be an int >= {low}")
+        raise ValueError(f"{shown} must be an int >= {low}")
     return value
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import apache_beam as beam
 
+from beamsynth.pipelines.methods.options import Limit, check_option_values
 from beamsynth.pipelines.methods.wording import Vocabulary
 from beamsynth.schemas.schema import Schema
 from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, PureDP, as_budget
@@ -30,6 +31,9 @@ class Method(ABC):
 
     name: str = ""
     description: str = ""
+    #: ranges of numeric options (destination → :class:`Limit`), checked with their kinds in
+    #: :meth:`__init__` and by the API's and Beam YAML's ``check_options``, in the caller's words
+    option_limits: dict[str, Limit] = {}
 
     def __init__(self, *, schema: Schema, accountant: PrivacyAccountant, budget: ApproxDP,
                  max_contributions: int, seed: int | None, options: dict[str, Any],
@@ -40,7 +44,8 @@ class Method(ABC):
         self.budget = budget
         self.max_contributions = max_contributions
         self.seed = seed
-        self.options = options
+        # the method's own options checked once, for every caller (kinds, ranges; options.py)
+        self.options = check_option_values(type(self), options, self.say)
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from beamsynth.pipelines.methods.options import Limit
 from beamsynth.pipelines.methods.privbayes import add_input_rows_argument
 from beamsynth.pipelines.methods.registry import Method, register
 from beamsynth.transforms.budget import ApproxDP, PureDP
@@ -42,6 +43,10 @@ class SBHGMethod(Method):
 
     name = "sbhg"
     description = "stability-based hashed Gibbs sampler (needs delta > 0)"
+    # DPHashedConditionals' ranges, in the caller's words (input_rows: was taken at -1, H73);
+    # sbhg_selection_fraction is checked below, in the caller's words too
+    option_limits = {"top_r": Limit(0), "burn_in": Limit(0), "thin": Limit(1),
+                     "sbhg_chain_length": Limit(1), "input_rows": Limit(0)}
 
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)

@@ -126,7 +126,7 @@ def test_windowed_input_manifest_freeze_and_validation_messages():
         (lambda: bs.PrivacyUnit(max_contributions=2), ValueError,
          "max_contributions (2) needs an id_column; without one every record is its own privacy unit"),
         (lambda: bs.Synthesize(epsilon=1, method="privbayes", options={"rowz": 1}), ValueError,
-         "unknown option(s) ['rowz'] for method 'privbayes'; allowed: "),
+         "unknown option 'rowz' for method 'privbayes' (did you mean rows=..., not in options?)"),
         (lambda: bs.Marginals(marginals=[], epsilon=1), ValueError,
          "marginals ([]) must be a non-empty list of column-name tuples, e.g. [('age', 'sex')]"),
         (lambda: bs.Histogram(column="sex", epsilon=1, tolerance=2), ValueError,

@@ -157,7 +157,7 @@ def test_schema_driven_choices():
                                        "'marginals']"),          # argparse used to hide this
     (["--epsilon", "0"], "epsilon (0.0) must be a finite number > 0"),   # was a traceback
     (["--histogram-column", "nope"], "--histogram-column 'nope' is not declared; columns: ['age'"),
-    (["--degree", "9"], "degree (9) must be an int in [0, 8]"),
+    (["--degree", "9"], "options={'degree': 9} must be a whole number in [0, 8]"),  # API words
 ])
 def test_bad_option_values_exit_2_with_the_message(events, tmp_path, capsys, extra, message):
     with pytest.raises(SystemExit) as exc:

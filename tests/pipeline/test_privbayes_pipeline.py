@@ -198,5 +198,5 @@ def test_cli_zero_refine_option_is_refused_when_the_pipeline_is_built(option):
 
     cfg = SynthesisConfig(input="in.csv", schema=SCHEMA, output="out.csv", epsilon=1.0,
                           method="privbayes", rows=10, options={option: 0})
-    with pytest.raises(ValueError, match=r"\(0"):
+    with pytest.raises(ValueError, match=rf"--pb-{option.replace('_', '-')} 0 must be"):  # its flag
         plan_synthesis(cfg)

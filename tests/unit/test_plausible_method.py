@@ -145,17 +145,17 @@ def test_privbayes_generator_sizes_from_the_public_input_rows():
 
 
 @pytest.mark.parametrize("opts,msg", [
-    ({"k": 0}, r"k \(0\) must be an int >= 1"),
-    ({"gamma": 1.0}, r"gamma \(1.0\) must be a finite number > 1"),
-    ({"epsilon0": 0.0}, r"epsilon0 \(0.0\) must be a finite number > 0"),
-    ({"omega": 16}, r"omega \(16\) must be in \[1, 15\]"),
-    ({"k": 10, "plausible_t": 10}, r"plausible_t \(10\) must be in \[1, k-1\] with k \(10\) >= 2"),
-    ({"k": 10, "max_plausible": 5}, r"max_plausible \(5\) must be an int >= 10"),
-    ({"plausible_split": "0.5,0.5"}, r"plausible_split \('0.5,0.5'\) must be three numbers > 0"),
-    ({"plausible_test": "fuzzy"}, r"plausible_test \('fuzzy'\) must be 'randomized' or 'deterministic'"),
-    ({"pd_model_fraction": 1.0}, r"pd_model_fraction \(1.0\) must be in \(0, 1\)"),
-    ({"generator": "gan"}, r"generator \('gan'\) must be one of \('privbayes', 'cfs'\)"),
-    ({"input_rows": -1}, r"input_rows \(-1\) must be an int >= 0"),
+    ({"k": 0}, r"--k 0 must be a whole number >= 1"),  # in the CLI's words (H73)
+    ({"gamma": 1.0}, r"--gamma 1 must be a number > 1"),
+    ({"epsilon0": 0.0}, r"--epsilon0 0 must be a number > 0"),
+    ({"omega": 16}, r"--omega 16 must be in \[1, 15\]"),
+    ({"k": 10, "plausible_t": 10}, r"--plausible-t 10 must be in \[1, k-1\] with --k 10 >= 2"),
+    ({"k": 10, "max_plausible": 5}, r"--max-plausible 5 must be an int >= 10"),
+    ({"plausible_split": "0.5,0.5"}, r"--plausible-split 0.5,0.5 must be three numbers > 0"),
+    ({"plausible_test": "fuzzy"}, r"--plausible-test fuzzy must be one of randomized, deterministic"),
+    ({"pd_model_fraction": 1.0}, r"--pd-model-fraction 1 must be a number in \(0, 1\)"),
+    ({"generator": "gan"}, r"--generator gan must be one of privbayes, cfs"),
+    ({"input_rows": -1}, r"--input-rows -1 must be a whole number >= 0"),
 ])
 def test_option_validation_messages(opts, msg):
     with pytest.raises(ValueError, match=msg):
