@@ -513,8 +513,14 @@ class _SumCountsFn(beam.CombineFn):
         return out
 
     def extract_output(self, acc: dict) -> dict:
-        return {k: int(acc.get(k, 0)) for k in ("rows_read", "rows_used", "rows_rejected",
-                                                 "rows_dropped_by_bound", "rows_out")}
+        out = {k: int(acc.get(k, 0)) for k in ("rows_read", "rows_used", "rows_rejected",
+                                                "rows_dropped_by_bound", "rows_out")}
+        run = {k[len(_RUN):]: int(v) for k, v in sorted(acc.items()) if k.startswith(_RUN)}
+        return {**out, _RUN: run} if run else out  # the method's run-time records (H72)
+
+
+_RUN = "run:"
+"""Prefix of a method's run-time records (``run_counts``: privbayes' choices, plausible's released)."""
 
 
 class _WriteManifestFn(beam.DoFn):
@@ -522,14 +528,21 @@ class _WriteManifestFn(beam.DoFn):
     submitted with the pipeline (every step of it), else the step's own accountant."""
 
     def __init__(self, *, path: str, info: dict, ledger: "_JobLedger",
-                 step: PrivacyAccountant) -> None:
+                 step: PrivacyAccountant, run_time: Any = None) -> None:
         self._path, self._info, self._ledger, self._step = path, info, ledger, step
+        self._run_time = run_time  # the method's run_time_details (the API's hook), or None
 
     def process(self, counts: dict, window=beam.DoFn.WindowParam,
                 outside: Optional[int] = None):  # noqa: UP045 (side input, keyword)
         info = dict(self._info, accountant=(self._ledger.accountant or self._step).to_dict())
         path = self._path
         details = dict(info.pop("details"))
+        counts = dict(counts)
+        run = counts.pop(_RUN, {})
+        if self._run_time is not None:  # this window's run-time figures, as the API's manifest
+            details["method"], private = self._run_time(details["method"], run)
+            if private:  # exact figures (plausible's tested): operational only
+                counts["method"] = private
         if outside is not None:  # the run's rows outside every declared window (rule 8)
             counts = dict(counts, rows_outside_windows=int(outside))
         if isinstance(window, IntervalWindow):  # a declared window
@@ -837,6 +850,14 @@ class Synthesize(beam.PTransform):
         ).with_output_types(ERROR_ROW_TYPE)
         return {"output": out, self._errors: rejected}
 
+    @staticmethod
+    def _run_counts(method: Any) -> tuple:
+        """The method's run-time records (``(field, n)`` per window), prefixed for the sum."""
+        runs = getattr(method, "run_counts", None)
+        if runs is None:
+            return ()
+        return (runs | "RunCounts" >> beam.Map(lambda kv: (_RUN + kv[0], kv[1])),)
+
     def _write_manifest(self, enc, batches, tables, ledger: "_JobLedger", *,
                         late_rows: bool = False, outside=None) -> None:
         plan, cfg = self._plan, self._plan.config
@@ -847,7 +868,8 @@ class Synthesize(beam.PTransform):
              enc["rejected"] | "RejectedCounts" >> beam.Map(lambda _r: ("rows_rejected", 1)),
              enc["rejected"] | "RejectedRead" >> beam.Map(lambda _r: ("rows_read", 1)),
              batches | "UsedCounts" >> beam.Map(lambda b: ("rows_used", len(b))),
-             tables | "OutCounts" >> beam.Map(lambda t: ("rows_out", t.num_rows)))
+             tables | "OutCounts" >> beam.Map(lambda t: ("rows_out", t.num_rows)),
+             *self._run_counts(plan.method))
             | "AllCounts" >> beam.Flatten()
         )
         # (name, rows) pairs
@@ -881,6 +903,6 @@ class Synthesize(beam.PTransform):
             # int (global window): rows outside the declared windows
         _ = (combine_globally(counts, _SumCountsFn(), "SumCounts")
              # dict of exact counts, once per release window (operational, not DP)
-             | "WriteManifest" >> beam.ParDo(_WriteManifestFn(path=self._manifest, info=info,
-                                                              ledger=ledger, step=plan.accountant),
-                                             **side))
+             | "WriteManifest" >> beam.ParDo(_WriteManifestFn(
+                 path=self._manifest, info=info, ledger=ledger, step=plan.accountant,
+                 run_time=getattr(plan.method, "run_time_details", None)), **side))
