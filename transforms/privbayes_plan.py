@@ -348,11 +348,13 @@ class PrivBayesPlan:
                 "else 'off'")
         rows = None if self.sizing is None else self.sizing.rows
         if rows is None:
-            return {**out, "ran": "decided per window from the DP count (a CLI synthesize "
-                    "manifest's sizing.chosen_target_parent_windows: 'required' or 'off' per "
-                    "k >= 1 window; a window where it picks k = 0 runs the small-input model, "
-                    "sizing.chosen_degree_windows; any run, the API's included: the Beam "
-                    "counters beamsynth/privbayes_target_parent_required and _off, "
+            return {**out, "ran": "decided per window from the DP count (the manifest's "
+                    "sizing.chosen_target_parent_windows: 'required' or 'off' per k >= 1 window; "
+                    "a window where it picks k = 0 runs the small-input model, "
+                    "sizing.chosen_degree_windows; per declared window in an API manifest: "
+                    "sizing.chosen_per_window; CLI, API bs.WriteManifest and Beam YAML "
+                    "manifest: alike (H72); also the Beam counters "
+                    "beamsynth/privbayes_target_parent_required and _off, "
                     "beamsynth/privbayes_degree_<k>)", "why": f"{self.target_parent_option}: {rule}"}
         on, u = self.target_parent_gate(rows)
         return {**out, "usefulness": u, "ran": "required" if on else "off",
@@ -865,18 +867,18 @@ REFINE_RUN_TIME_NOTE = (
     "the number of pairs P (picks = tables) is chosen in the measurement step from the DP count "
     "n̂ (refine_size; post-processing, public) between the two values listed; picks/tables, "
     "rounds, ε per pick/table and scale are [min, max] over that range; every P splits this same "
-    "ε evenly (ε/P per pick or table), so the spend is exact. The run's P per window: a CLI "
-    "synthesize manifest's release.details.method.privbayes.sizing.chosen_refine; any run: the "
-    "Beam counter beamsynth/privbayes_refine_pairs_<P> (windows that chose P)")
+    "ε evenly (ε/P per pick or table), so the spend is exact. The run's P per window: the "
+    "manifest's privbayes sizing.chosen_refine (CLI, API bs.WriteManifest, Beam YAML manifest:); "
+    "also the Beam counter beamsynth/privbayes_refine_pairs_<P> (windows that chose P)")
 
 
 REFINE_RUN_TIME_NOTE_ZCDP = (
     "the number of pairs P (picks = tables) is chosen in the measurement step from the DP count "
     "n̂ (gaussian_refine_size; post-processing, public) between the planned P and this one; "
     "every P splits the same ρ_sel and ρ_meas evenly (ε_pick = √(2ρ_sel/P), σ = m/√(2ρ_meas/P)), "
-    "so the spend is exact. The run's P per window: a CLI synthesize manifest's "
-    "release.details.method.privbayes.sizing.chosen_refine; any run: the Beam counter "
-    "beamsynth/privbayes_refine_pairs_<P>")
+    "so the spend is exact. The run's P per window: the manifest's privbayes "
+    "sizing.chosen_refine (CLI, API bs.WriteManifest, Beam YAML manifest:); also the Beam "
+    "counter beamsynth/privbayes_refine_pairs_<P>")
 
 
 def spend_privbayes(accountant: PrivacyAccountant, plan: PrivBayesPlan, prefix: str = "privbayes") -> None:
