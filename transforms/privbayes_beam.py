@@ -181,7 +181,8 @@ class DPPrivBayes(beam.PTransform):
         # PrivBayesMeasurement (structure + NoisyMarginal tables + refinement tables): the DP boundary
         self.measured = measured  # its run-time choices (sizing_choices) feed API/YAML manifests
         return measured | "Fit" >> beam.Map(fit_privbayes, shape, names, shrink=shrink,
-                                                sampling=sampling)
+                                                sampling=sampling,
+                                                refine_margins=self.plan.refine_margins)
         # PrivBayesModel, or RefinedModel when refining
 
 

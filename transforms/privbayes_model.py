@@ -459,8 +459,10 @@ def fit_privbayes(
 # H69; :func:`combine_coarse_margins`): "off" none (the release before H69), "whole" the columns
 # a coarse pair keeps whole (at most ``groups`` declared cells), "all" every column's group totals,
 # "alive" as "all" with the network's sums weighted by the cells Norm-Sub kept (_one_way_alive).
+# Default "alive" since the fifteenth session (lead, from H69's paired runs: TVD1/2/3 lower or
+# level on every input measured); the plan carries it to the workers (refine_margins).
 REFINE_MARGINS_MODES = ("off", "whole", "all", "alive")
-DEFAULT_REFINE_MARGINS = "off"
+DEFAULT_REFINE_MARGINS = "alive"
 
 
 def _target_on_margins(target: RakeTarget, one_way: dict[int, np.ndarray]) -> RakeTarget:

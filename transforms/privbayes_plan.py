@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from beamsynth.transforms import privbayes_sizing
+from beamsynth.transforms import privbayes_model, privbayes_sizing
 from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, PureDP, zcdp_rho
 from beamsynth.transforms.noise import discrete_laplace_scale
 from beamsynth.transforms.privbayes_sizing import (
@@ -303,6 +303,10 @@ class PrivBayesPlan:
     # switch privbayes_sizing.NETWORK_SPLIT_TABLE_WEIGHT when the plan is built (None: the √cells
     # split), so that workers of a multi-process runner split as the launcher planned (H67)
     split_table_weight: float | None = 1.0
+    # which released pure-ε refinement pairs also feed each column's 1-way estimate in the fit
+    # (post-processing, H69; privbayes_model.REFINE_MARGINS_MODES), read from
+    # privbayes_model.DEFAULT_REFINE_MARGINS when the plan is built, carried to the workers
+    refine_margins: str = "alive"
 
     @property
     def parent_target(self) -> int | None:
@@ -642,6 +646,7 @@ def plan_privbayes(
         target_parent=mode if keep_target else "off", target_parent_option=str(option),
         target_parent_theta=float(parent_theta), target_parent_note=parent_note,
         split_table_weight=privbayes_sizing.NETWORK_SPLIT_TABLE_WEIGHT,
+        refine_margins=privbayes_model.DEFAULT_REFINE_MARGINS,
     )
 
 
@@ -948,6 +953,7 @@ def spend_privbayes(accountant: PrivacyAccountant, plan: PrivBayesPlan, prefix: 
                           "adding up to this ε; the tables are chosen privately, so each table's "
                           "ε and scale are released with the model's noisy marginals",
                  "split_table_weight": plan.split_table_weight,
+                 "fit_refine_margins": plan.refine_margins,
                  "paper": "PrivBayes §4.2 (noisy conditionals), converted to add/remove counts"},
     )
     if plan.refine is not None:

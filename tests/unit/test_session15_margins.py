@@ -182,3 +182,33 @@ def test_alive_weights_count_only_the_cells_norm_sub_kept() -> None:
     sharp = combine_coarse_margins(est, [a, b], [_table((0, 2), [[3], [9]], 1e-3, groups)],
                                    precision=prec)
     np.testing.assert_allclose(sharp[0], [3.0, 9.0], rtol=1e-4)
+
+
+
+def test_the_fit_mode_is_the_plans_not_the_workers_default(monkeypatch) -> None:
+    """``refine_margins`` (default ``"alive"`` since the lead adopted H69's mode) is read from
+    ``privbayes_model.DEFAULT_REFINE_MARGINS`` when the plan is built and travels in the plan to
+    the Fit step: a launcher that sets ``"off"`` (the release before H69) gets ``"off"`` on a
+    worker whose fresh module says ``"alive"`` (as ``split_table_weight``, H67). The spend
+    details name it. Fails when DPPrivBayes' Fit step reads the module default."""
+    import apache_beam as beam
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from beamsynth.schemas.schema import EncodedBatch, load_schema
+    from beamsynth.transforms import privbayes_beam as pbb
+    from beamsynth.transforms.budget import PrivacyAccountant, PureDP
+
+    assert pmod.DEFAULT_REFINE_MARGINS == "alive"
+    schema = load_schema("adult")
+    monkeypatch.setattr(pmod, "DEFAULT_REFINE_MARGINS", "off")  # the launcher
+    acc = PrivacyAccountant(total=ApproxDP(epsilon=1.0, delta=0.0))
+    step = pbb.DPPrivBayes(schema=schema, budget=PureDP(epsilon=1.0), seed=5, accountant=acc)
+    assert step.plan.refine_margins == "off"
+    spends = {s["step"]: s for s in acc.to_dict()["spends"]}
+    assert spends["privbayes.marginals"]["details"]["fit_refine_margins"] == "off"
+    monkeypatch.setattr(pmod, "DEFAULT_REFINE_MARGINS", "alive")  # a worker's fresh module
+    monkeypatch.setattr(pbb, "fit_privbayes", lambda m, *a, **kw: kw.get("refine_margins"))
+    codes = np.random.default_rng(0).integers(0, 2, (300, len(schema.shape)))
+    with beam.Pipeline() as p:  # the Fit step's output is the mode it was given
+        out = p | beam.Create([EncodedBatch(codes)]) | step
+        assert_that(out, equal_to(["off"]))
