@@ -586,7 +586,9 @@ def plan_privbayes(
                              max_family_cells=max_family_cells,
                              count_budget=count_budget, refine_pairs_for_rows=wide,
                              refine_requested=refine_pairs if pairs and degree > 0 else 0,
-                             refine_rounds=refine_rounds, refine_countable=countable)
+                             refine_rounds=refine_rounds, refine_countable=countable,
+                             band_for_zcdp=privbayes_sizing.BAND_FOR_ZCDP,
+                             refine_down=privbayes_sizing.GAUSSIAN_REFINE_DOWN)
         if rows is not None:  # public row count: the size is a build-time decision
             degree = spec.degree(rows)
     if sized and rows is not None and degree == 0 and target is not None:

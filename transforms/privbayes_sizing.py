@@ -222,6 +222,11 @@ class NetworkSizing:
     refine_countable: int = 0
     refine_noise: str = "laplace"  # "gaussian": the zCDP plan's rule (gaussian_refine_size)
     forest_theta: float | None = NETWORK_FOREST_THETA  # the band where a resolving forest wins
+    # the A/B switches BAND_FOR_ZCDP and GAUSSIAN_REFINE_DOWN as read when the plan is built
+    # (plan_privbayes), so that a worker sizing from the DP count in a fresh process uses the
+    # launcher's values, not its module's (H67's lesson for split_table_weight)
+    band_for_zcdp: bool = True
+    refine_down: bool = True
     max_family_cells: int = MAX_FAMILY_CELLS  # the forest's pair cap (plan_forest), as planned
 
     def degree(self, rows_hat: float) -> int:
@@ -241,7 +246,7 @@ class NetworkSizing:
         return k
 
     def _band_forest(self, rows_hat: float) -> ForestPlan | None:
-        if self.forest_theta is None or (self.refine_noise != "laplace" and not BAND_FOR_ZCDP):
+        if self.forest_theta is None or (self.refine_noise != "laplace" and not self.band_for_zcdp):
             return None
         return band_forest(rows_hat, self.epsilon, self.shape,
                            count_epsilon=0.0 if self.count_budget is None else self.count_budget.epsilon,
@@ -282,7 +287,8 @@ class NetworkSizing:
                 # small n̂·√ρ: fewer pairs at the planned σ, the rest of ρ on the tables (H47)
                 small = gaussian_refine_pairs_down(
                     rows_hat, refine.pairs * refine.table_rho, self.shape, planned=refine.pairs,
-                    groups=refine.groups, max_contributions=self.max_contributions)
+                    groups=refine.groups, max_contributions=self.max_contributions,
+                    enabled=self.refine_down)
                 if small < refine.pairs:
                     return shrink_gaussian_refinement(refine, small, min(refine.rounds, small))
                 return refine
@@ -336,7 +342,7 @@ class NetworkSizing:
                     "1-way marginals with the whole ε, ∝ √cells (AIM-style sizing, PrivBayes "
                     "θ-usefulness)",
             "theta": self.theta, "forest_theta": self.forest_theta
-            if self.refine_noise == "laplace" or BAND_FOR_ZCDP else None,
+            if self.refine_noise == "laplace" or self.band_for_zcdp else None,
             "max_degree": self.max_degree, "epsilon": self.epsilon,
             "rows_source": "public input row count (CLI --input-rows)" if self.rows is not None
             else "DP count in the measurement step (discrete Laplace, Δ = m)"}

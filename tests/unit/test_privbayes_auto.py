@@ -118,10 +118,31 @@ def test_refinement_sized_down_keeps_its_sigma(shape, rows, eps, pairs):
 
 
 def test_switch_off_restores_the_planned_pairs(monkeypatch):
+    """The switch is read when the plan is built and carried in its sizing (``refine_down``):
+    a worker's fresh module does not change a plan built in the launcher (fifteenth session)."""
+    on = _dp_count_plan(NLTCS, 0.5)
+    monkeypatch.setattr(sizing_mod, "GAUSSIAN_REFINE_DOWN", False)  # the launcher
     plan = _dp_count_plan(NLTCS, 0.5)
-    monkeypatch.setattr(sizing_mod, "GAUSSIAN_REFINE_DOWN", False)
+    assert not plan.sizing.refine_down
+    monkeypatch.setattr(sizing_mod, "GAUSSIAN_REFINE_DOWN", True)  # a worker's fresh module
     assert plan.sizing.refine_plan(1_000, plan.refine) is plan.refine
+    assert on.sizing.refine_plan(1_000, on.refine).pairs == 15
+    monkeypatch.setattr(sizing_mod, "GAUSSIAN_REFINE_DOWN", False)
     assert gaussian_refine_pairs_down(1_000, 0.0016, NLTCS, planned=40, groups=8) == 40
+
+
+def test_band_switch_is_the_plans_not_the_workers(monkeypatch):
+    """``BAND_FOR_ZCDP`` is read when the plan is built (``NetworkSizing.band_for_zcdp``): a zCDP
+    plan built with it off never takes the band's forest, even in a worker whose module says on;
+    built with it on, it does where the band resolves (Adult shape, n̂ in the band)."""
+    rows = [n for n in range(2_000, 40_000, 500)
+            if _dp_count_plan(ADULT, 1.0).sizing._band_forest(n) is not None]
+    assert rows  # the band exists for this plan
+    monkeypatch.setattr(sizing_mod, "BAND_FOR_ZCDP", False)  # the launcher
+    plan = _dp_count_plan(ADULT, 1.0)
+    assert not plan.sizing.band_for_zcdp
+    monkeypatch.setattr(sizing_mod, "BAND_FOR_ZCDP", True)  # a worker's fresh module
+    assert plan.sizing._band_forest(rows[0]) is None
 
 
 @pytest.mark.parametrize("m", [1, 2])
