@@ -12,6 +12,7 @@ runners (slow)."""
 from __future__ import annotations
 
 import json
+import pickle
 import random
 from pathlib import Path
 
@@ -206,6 +207,55 @@ def test_yaml_declared_windows_each_manifest_names_its_windows_choice(tmp_path):
     assert sizings[2]["chosen_small_model_windows"] == {
         "independent 1-way tables (∝ √cells, whole ε)": 1}
     assert "chosen_per_window" not in sizings[0]  # one window per manifest
+
+
+def test_plausible_hook_puts_the_generators_choices_in_model_sizing():
+    """The API/YAML hook of plausible deniability (picklable, the generator's plan only): its
+    model records (model:<counter>) become details.model.privbayes.sizing's CLI fields, the
+    released rows stay public and the tested count private; the recorded details are not
+    changed. The end-to-end run is the slow test below."""
+    from beamsynth.pipelines.methods.synthesize import plan_synthesis
+
+    cfg = SynthesisConfig(input="x", schema=SCHEMA, output="", epsilon=400.0, delta=1e-6,
+                          method="plausible", rows=100, seed=1, options={"generator": "privbayes"})
+    method = plan_synthesis(cfg).method
+    details, hook = method.details(), pickle.loads(pickle.dumps(method.run_time_details))
+    public, private = hook(details, {"released": 5, "rejected": 3,
+                                     "model:privbayes_degree_1": 1,
+                                     "model:privbayes_refine_pairs_6": 1})
+    assert public["released"] == 5 and private["tested"] == 8
+    sizing = public["model"]["privbayes"]["sizing"]
+    assert sizing["chosen_degree_windows"] == {"1": 1}
+    assert sizing["chosen_refine"]["6"]["windows"] == 1
+    assert "chosen_degree_windows" not in details["model"]["privbayes"]["sizing"]
+    assert "model:privbayes_degree_1" not in json.dumps([public, private])
+
+
+@pytest.mark.slow  # 5-8 s at load 4: test_plausible_hook_puts_the_generators_choices_in_model_sizing
+def test_plausible_privbayes_generator_names_its_model_choices_as_the_cli(tmp_path):
+    """Plausible deniability's PrivBayes generator without input_rows sizes its model from its own
+    DP count: API (and now CLI) manifests name what ran in details.model.privbayes.sizing; before
+    H72 neither did (counters only). Equal at the same seed, with the released rows."""
+    records = _records(1500)
+    folder = tmp_path / "api"
+    folder.mkdir()
+    job = bs.PrivacyJob(epsilon=400.0, delta=1e-5, seed=3)
+    with test_pipeline.TestPipeline(options=bs.pipeline_options([]), blocking=True) as p:
+        private = p | beam.Create(records) | job.private(SCHEMA)
+        _ = private | bs.PlausibleDeniability(epsilon=400.0, delta=1e-6, rows=100,
+                                              options={"generator": "privbayes"})
+        _ = p | bs.WriteManifest(job=job, path=str(folder / "m.json"))
+    (entry,) = json.loads((folder / "m.json").read_text())["release"]["details"]["mechanisms"]
+    (tmp_path / "cli").mkdir()
+    cfg = SynthesisConfig(input=str(_csv(tmp_path / "cli", records)), schema=SCHEMA,
+                          output=str(tmp_path / "cli" / "out.csv"), epsilon=400.0, delta=1e-6,
+                          method="plausible", rows=100, seed=job.step_seed("Synthesize[plausible]"),
+                          options={"generator": "privbayes"})
+    cli = run_synthesis(cfg)["release"]["details"]["method"]
+    assert entry["details"]["model"] == cli["model"]
+    assert entry["details"]["released"] == cli["released"] > 0
+    sizing = cli["model"]["privbayes"]["sizing"]
+    assert sizing["chosen_degree_windows"] == {"1": 1} and list(sizing["chosen_refine"]) == ["6"]
 
 
 def _diff(a, b, path=()) -> list[tuple]:

@@ -372,6 +372,7 @@ class DPPrivBayesGenerator(beam.PTransform):
         # EncodedBatch: D_T ∪ D_P (disjoint from the seeds)
         model = records | "PrivBayes" >> self._privbayes
         # PrivBayesModel | RefinedModel (the DP release)
+        self.measured = self._privbayes.measured  # its run-time choices, for the manifest (H72)
         return model | "ToGenerator" >> beam.ParDo(_NetworkGeneratorFn(
             omega=self._omega, pool_rows=self._pool_rows, max_parents=self._max_parents,
             max_configs=self._max_configs, seed=self._seed))

@@ -9,13 +9,21 @@ See ``docs/plausible.md``.
 from __future__ import annotations
 
 import argparse
+import copy
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import apache_beam as beam
 import pyarrow as pa
 
 from beamsynth.pipelines.methods.options import Limit
+from beamsynth.pipelines.methods.privbayes import (
+    PrivBayesRunTime,
+    choice_counter_names,
+    run_time_choices,
+    with_run_time_choices,
+)
 from beamsynth.pipelines.methods.registry import Method, register
 from beamsynth.schemas.schema import EncodedBatch, Schema
 from beamsynth.transforms.budget import ApproxDP, BudgetExceededError, PureDP
@@ -41,6 +49,7 @@ from beamsynth.transforms.plausible_privacy import (
     theorem1_guarantee,
 )
 from beamsynth.transforms.plausible_split import OrderReleased, SplitForPlausible
+from beamsynth.transforms.privbayes_measure import sizing_choices
 from beamsynth.transforms.synthesis import _CountRowsFn, codes_to_table
 
 __all__ = ["GENERATORS", "PlausibleMethod", "PlausibleSynthesis"]
@@ -142,6 +151,12 @@ class PlausibleSynthesis(beam.PTransform):
             k=test["k"], gamma=test["gamma"], epsilon0=test["epsilon0"],
             order_shards=self._order_shards))
         return items
+
+    @property
+    def measured(self) -> Any:
+        """The PrivBayes generator's measurements (after :meth:`expand`; None for cfs): its
+        run-time choices for the manifest (H72)."""
+        return getattr(self._model, "measured", None)
 
     def expand(self, batches):
         parts = batches | "Split" >> self._split
@@ -292,6 +307,7 @@ class PlausibleMethod(Method):
             max_contributions=self.max_contributions, seed=self.seed, accountant=self.accountant,
             spend_prefix="plausible.model")
         self.model_plan = probe.plan.details()
+        self._model_plan = probe.plan  # its run-time choices (H72): run_time_details, details
 
     def _spend_cfs_model(self) -> None:
         """The paper's CFS network (``plausible.model``: entropies on D_T, tables on D_P)."""
@@ -300,7 +316,7 @@ class PlausibleMethod(Method):
             max_parents=self.max_parents, max_cost=self.max_cost, alpha=self.alpha,
             max_records=self.max_records, max_contributions=self.max_contributions, seed=self.seed,
             params_ratio=self.fractions[2] / self.fractions[1])
-        self.model_plan = None
+        self.model_plan = self._model_plan = None
         mechanism = ("Laplace on n·H (structure) + discrete Laplace on conditional counts (parameters), "
                      "disjoint random splits")
         if self.candidate_cost is None:
@@ -483,7 +499,7 @@ class PlausibleMethod(Method):
             raise ValueError("method 'plausible' needs multi-output ParDos (released/rejected), which "
                              "Beam's own DaskRunner gets wrong; use --runner dask (beamsynth's "
                              "DaskRunner), direct, Flink, Spark or Dataflow")
-        out = batches | "Plausible" >> PlausibleSynthesis(
+        synth = PlausibleSynthesis(
             schema=self.schema, rows=rows, budget=self.model_budget, k=self.k, gamma=self.gamma,
             epsilon0=self.epsilon0 if self.test == "randomized" else None, omega=self.omega,
             fractions=self.fractions, max_plausible=self.max_plausible,
@@ -491,15 +507,24 @@ class PlausibleMethod(Method):
             alpha=self.alpha, max_records=self.max_records, max_contributions=self.max_contributions,
             fast_path=self.fast_path, seed=self.seed, generator=self.generator,
             model_rows=self.model_rows)
+        out = batches | "Plausible" >> synth
+        choices = () if synth.measured is None else (
+            synth.measured | "ModelChoices" >> beam.FlatMap(_model_choice_items),)
         self.run_counts = ((out["released"] | "CountReleased" >> beam.Map(_released_items),
-                            out["rejected"] | "CountRejected" >> beam.FlatMap(_rejected_items))
+                            out["rejected"] | "CountRejected" >> beam.FlatMap(_rejected_items),
+                            *choices)
                            | "RunCounts" >> beam.Flatten())
         # (field, n) per window: released / tested totals, per-reason rejections (for the API
         # manifest, pipelines/job.py; the CLI reads the same totals from Beam metrics)
         return out["tables"]
 
+    @property
+    def run_time_details(self) -> PlausibleRunTime:
+        """The API/YAML manifests' hook over :attr:`run_counts` (picklable: the model's plan)."""
+        return PlausibleRunTime(self._model_plan)
+
     @staticmethod
-    def run_time_details(details: dict[str, Any], totals: dict[str, int],
+    def released_details(details: dict[str, Any], totals: dict[str, int],
                          per_window: dict[str, dict[str, int]] | None = None, *,
                          every_window: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:
         """The API manifest's run-time figures from :attr:`run_counts` (``field → n``, summed
@@ -546,6 +571,10 @@ class PlausibleMethod(Method):
             value = counter_value(result, n)
             if value is not None:  # runners without metrics leave the entry out
                 self._metrics[n] = value
+        plan = self._model_plan  # the PrivBayes generator sized from its own DP count (H72)
+        if plan is not None and plan.sizing is not None and plan.sizing.rows is None:
+            self._model_choices = run_time_choices(plan, {
+                name: counter_value(result, name) or 0 for name in choice_counter_names(plan)})
 
     def release_guarantee(self, candidates: int | None = None) -> dict[str, Any]:
         """The release's guarantee: Theorem 1 per invocation of Mechanism 1 (one candidate, released
@@ -612,13 +641,20 @@ class PlausibleMethod(Method):
             "rows": self.rows, "model_fraction": self.model_fraction,
             "generator": self.generator,
             "model": ({"epsilon": self.model_budget.epsilon, "delta": 0.0, "generator": "privbayes",
-                       "privbayes": self.model_plan} if self.generator == "privbayes" else
+                       "privbayes": self._model_details()} if self.generator == "privbayes" else
                       {"epsilon": self.model_budget.epsilon, "delta": 0.0, "generator": "cfs",
                        "max_parents": self.max_parents, "max_cost": self.max_cost, "alpha": self.alpha}),
             "release_guarantee": self.release_guarantee(),
             "released": self._metrics.get("plausible_released"),
             "counts_note": COUNTS_NOTE,
         }
+
+    def _model_details(self) -> dict[str, Any] | None:
+        """The PrivBayes generator's plan details, with its run-time choices after a CLI run."""
+        choices = getattr(self, "_model_choices", None)
+        if choices is None or self.model_plan is None:
+            return self.model_plan
+        return with_run_time_choices(copy.deepcopy(self.model_plan), self._model_plan, *choices)
 
     def operational(self) -> dict[str, Any]:
         """Exact diagnostics on private data (not DP): the candidates tested (0 exactly when the
@@ -637,6 +673,41 @@ class PlausibleMethod(Method):
             },
             "note": "computed on private data without noise; not covered by the DP guarantee",
         }
+
+
+_MODEL = "model:"
+"""Prefix of the PrivBayes generator's run-time choice records among :attr:`run_counts`."""
+
+
+@dataclass(frozen=True)
+class PlausibleRunTime:
+    """The API/YAML manifests' run-time figures: :meth:`PlausibleMethod.released_details` (the
+    released rows, public; tested and rejections, private) and, for the PrivBayes generator sized
+    from its own DP count, its choices in ``model.privbayes.sizing`` (the CLI's fields, public)."""
+
+    model_plan: Any = None  # PrivBayesPlan of the generator, None for cfs
+
+    def __call__(self, details: dict[str, Any], totals: dict[str, int],
+                 per_window: dict[str, dict[str, int]] | None = None, *,
+                 every_window: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:
+        def split(c: dict[str, int]) -> tuple[dict[str, int], dict[str, int]]:
+            return ({k: v for k, v in c.items() if not k.startswith(_MODEL)},
+                    {k[len(_MODEL):]: v for k, v in c.items() if k.startswith(_MODEL)})
+        mine, model = split(totals)
+        windows = None if per_window is None else {s: split(c) for s, c in per_window.items()}
+        public, private = PlausibleMethod.released_details(
+            details, mine, None if windows is None else {s: w[0] for s, w in windows.items()},
+            every_window=every_window)
+        if self.model_plan is not None and isinstance(public.get("model"), dict):
+            public["model"] = PrivBayesRunTime(self.model_plan)(
+                public["model"], model, None if windows is None else
+                {s: w[1] for s, w in windows.items()}, every_window=every_window)[0]
+        return public, private
+
+
+def _model_choice_items(measurement: Any) -> list[tuple[str, int]]:
+    """One window's PrivBayes generator measurement → ``(model:<counter name>, 1)`` per choice."""
+    return [(_MODEL + name, 1) for name in sizing_choices(measurement.sizing)]
 
 
 def _released_items(batch: EncodedBatch) -> tuple[str, int]:
