@@ -535,10 +535,14 @@ def test_api_windows_choose_modes_from_their_own_dp_count(monkeypatch, tmp_path)
     _ = p | bs.WriteManifest(job=job, path=str(tmp_path / "m.json"))
     result = p.run()
     result.wait_until_finish()
-    # the API manifest (no counters read into it) names where the per-window modes are
+    # the API manifest names where the per-window modes are, and since H72 (bs.WriteManifest
+    # reads the step's run-time choices) carries them itself: one off, one required window
     details = json.loads((tmp_path / "m.json").read_text())["release"]["details"]
-    ran = details["mechanisms"][0]["details"]["privbayes"]["target"]["target_parent"]["ran"]
+    privbayes = details["mechanisms"][0]["details"]["privbayes"]
+    ran = privbayes["target"]["target_parent"]["ran"]
     assert "beamsynth/privbayes_target_parent_required" in ran, ran
+    assert privbayes["sizing"]["chosen_target_parent_windows"] == {"off": 1, "required": 1}, (
+        privbayes["sizing"])
     counters = {c.key.metric.name: c.committed for c in result.metrics().query(
         MetricsFilter().with_namespace("beamsynth"))["counters"]}
     assert counters.get("privbayes_target_parent_off") == 1, counters
