@@ -732,6 +732,9 @@ def _is_timestamp(value: Any) -> bool:
 
 
 _JSON_MIN_STAMP = 31_536_000  # pandas' JSON reader converts numbers above it only
+_CLOCK_TIME = re.compile(r"(?:[0-9]|[01][0-9]|2[0-3]):[0-5][0-9]")
+"""Text pandas takes for a time of day (its ``does_string_look_like_time``: ``H:MM`` or ``HH:MM``
+at the very start, hour <= 23): parsed with today's date as the default for every missing part."""
 
 
 @functools.lru_cache(maxsize=4096)
@@ -745,6 +748,8 @@ def _json_reader_stamp(text: str) -> Any:
 
     if text.strip().lower() in ("now", "today"):  # the wall clock: no value of the record's own
         return None
+    if _CLOCK_TIME.match(text):  # "12:30", "9:30 2019", "12:30 Jan 2020": pandas fills the missing
+        return None  # date parts from today's date (H74): another day, or a cached day, reads it apart
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
