@@ -765,6 +765,8 @@ def _declared_instants(values: tuple[str, ...]) -> dict[int, str]:
     instant spelled by one category only; declared values only: public)."""
     found: dict[int, list[str]] = {}
     for text in values:
+        if text.strip().lower() in ("now", "today") or _CLOCK_TIME.match(text):
+            continue  # an instant of the wall clock (today's date): no category's own (H74)
         try:
             ns = pd.Timestamp(pd.to_datetime(text)).value
         except (ValueError, TypeError, OverflowError):

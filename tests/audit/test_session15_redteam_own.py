@@ -48,3 +48,18 @@ def test_time_of_day_text_is_not_read_as_today_in_date_named_columns():
                                         dtype=object))
     assert (np.asarray(codes[:3]) < 0).all(), codes  # today's 12:30 epoch second before
     assert codes[3] == 1_600_000_000
+
+
+def test_declared_time_of_day_category_is_no_instant():
+    """A declared category '12:30' in a date-named column stood for today's 12:30 (pandas'
+    parse of the declared text): a record's '<today> 12:30' was that category today only."""
+    today = _today()
+    if (datetime.datetime.now() + datetime.timedelta(seconds=5)).date() != today:
+        pytest.skip("too close to midnight")
+    schema = bs.load_schema({"name": "clock", "columns": [
+        {"name": "date", "type": "categorical",
+         "domain": {"kind": "categorical", "values": ["12:30", "2020-01-01"]}}]})
+    (date,) = schema.columns
+    codes, _ = date.encode(pd.Series([f"{today.isoformat()} 12:30", "12:30",
+                                      pd.Timestamp("2020-01-01")], dtype=object))
+    assert codes.tolist() == [codes[0], 0, 1] and codes[0] < 0, codes  # was [0, 0, 1]
