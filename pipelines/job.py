@@ -199,6 +199,12 @@ class Synthesize(PrivateTransform):
             # EncodedBatch of the schema's columns only
         tables, models, _rows = synthesize_batches(batches, self._plan)
         # pyarrow.Table shards of synthetic records
+        p.job.count_outputs.append(  # the released rows (the CLI's rows_out; H76)
+            tables
+            | "CountOut" >> beam.Map(lambda t, step=self.label: ((_OUTPUT, step), "rows_out",
+                                                                 t.num_rows))
+            | "GlobalCountOut" >> beam.WindowInto(GlobalWindows()))
+        # ((OUTPUT, step), "rows_out", rows of one shard): WriteManifest's release.rows_out
         run_counts = getattr(self._plan.method, "run_counts", None)
         if run_counts is not None:  # run-time figures for the manifest (e.g. plausible's released)
             p.job.count_outputs.append(
@@ -246,6 +252,9 @@ class PlausibleDeniability(Synthesize):
 # -- the manifest --------------------------------------------------------------------------------
 _MECHANISM = "mechanism"
 """First part of the count key of a mechanism's run-time figures (a tuple: never a source name)."""
+
+_OUTPUT = "output"
+"""First part of the count key of a ``Synthesize`` step's released rows (``rows_out``)."""
 
 _RUN_TIME_HOOKS: weakref.WeakKeyDictionary[PrivacyJob, dict[str, Any]] = weakref.WeakKeyDictionary()
 """Per job, per ``Synthesize`` step: its method's ``run_time_details(details, totals, per_window,
@@ -373,6 +382,7 @@ def assemble_manifest(counts: Mapping[str, Mapping[str, int]], *, public: Mappin
     """The job manifest from the public facts (taken at build time) and the exact counts."""
     sources = [s["source"] for s in public["sources"]]
     mechanisms, private = _run_time_mechanisms(counts, public)
+    mechanisms, rows_out = _rows_out(counts, mechanisms)
     modes = {s["source"]: s.get("privacy_ids") for s in public["sources"]}
     operational = _operational(counts, sources, [s for s, m in modes.items() if m == "rounded"])
     if private:
@@ -383,10 +393,25 @@ def assemble_manifest(counts: Mapping[str, Mapping[str, int]], *, public: Mappin
         inputs=sources, outputs={"manifest": path}, schema_name=first["schema"],
         schema_fingerprint=first["schema_sha256"], accountant=public["accountant"],
         seed=public["seed"], privacy_unit=public["privacy_unit"],
-        counts=operational, privacy_ids=_id_modes(modes),
+        counts={**operational, "rows_out": rows_out}, privacy_ids=_id_modes(modes),
         details={"job": public["job"], "mechanisms": mechanisms,
                  "sources": public["sources"],
                  "windows": windows_section(public.get("windows"), public["accountant"])})
+
+
+def _rows_out(counts: Mapping[Any, Mapping[str, int]], mechanisms: list[dict[str, Any]]
+              ) -> tuple[list[dict[str, Any]], int | None]:
+    """Each ``Synthesize`` step's released rows (``rows_out`` in its entry) and their sum, the
+    manifest's ``release.rows_out`` as the CLI's: the rows the step output (its DP count, or the
+    declared ``rows``, or plausible's released candidates), never an input count. ``None``: the
+    job synthesizes nothing (its counts and tables have no row total)."""
+    total, out = None, []
+    for entry in mechanisms:
+        if entry.get("mechanism") == f"synthesis ({entry.get('method')})":
+            n = int(counts.get((_OUTPUT, entry["step"]), {}).get("rows_out", 0))
+            entry, total = {**entry, "rows_out": n}, (total or 0) + n
+        out.append(entry)
+    return out, total
 
 
 def _id_modes(modes: Mapping[str, str | None]) -> str | None:
