@@ -14,6 +14,7 @@ session's own changes (H74)" lists what was found clean, with numbers.
 from __future__ import annotations
 
 import datetime
+import json
 
 import numpy as np
 import pandas as pd
@@ -63,3 +64,33 @@ def test_declared_time_of_day_category_is_no_instant():
     codes, _ = date.encode(pd.Series([f"{today.isoformat()} 12:30", "12:30",
                                       pd.Timestamp("2020-01-01")], dtype=object))
     assert codes.tolist() == [codes[0], 0, 1] and codes[0] < 0, codes  # was [0, 0, 1]
+
+
+# -- H72: run-time choices in the public part of API manifests (neighbours, declared windows) ------
+def _public(manifest: dict) -> dict:
+    release = dict(manifest["release"])
+    for key in ("outputs", "versions"):
+        release.pop(key, None)
+    return release
+
+
+@pytest.mark.slow  # 10 s at load 5 (6 s CPU); tests/test_session15_manifest.py::test_neighbours_manifests_differ_only_where_dp_outputs_differ covers the global window
+def test_windowed_api_neighbours_differ_only_in_the_changed_windows_choices(tmp_path):
+    """D (1,000 + 1,000 records in days 1 and 2, day 3 empty) and D − 1 (one day-1 record
+    removed), same seed: the public part (chosen_per_window in window order, the chosen_* totals,
+    the windows section, the spends) may differ only in day 1's DP choices; the exact counts
+    (999 + 1,000 used) only in operational."""
+    from tests.test_session15_manifest import _api, _api_details, _diff, _records
+
+    records = _records()
+    large, _ = _api(tmp_path / "d", records, windowed=True)
+    small, _ = _api(tmp_path / "d1", records[1:], windowed=True)
+    assert large["operational"]["rows_used"] == small["operational"]["rows_used"] + 1 == 2000
+    diffs = _diff(_public(small), _public(large))
+    sizing = ("details", "mechanisms", 0, "details", "privbayes", "sizing")
+    assert all(p[:6] == sizing and (p[6] != "chosen_per_window" or p[7] == 0) for p in diffs), diffs
+    per = _api_details(large)["sizing"]["chosen_per_window"]
+    assert [w["window_start"] for w in per] == [w["window_start"] for w in
+                                               _api_details(small)["sizing"]["chosen_per_window"]]
+    text = json.dumps(_public(large))
+    assert "rows_hat" not in text and "rows_used" not in text and "999" not in text
