@@ -19,9 +19,11 @@ import random
 from pathlib import Path
 
 import apache_beam as beam
+import pytest
 from apache_beam.testing import test_pipeline
 
 import beamsynth as bs
+from beamsynth.transforms.conventions import NotAPCollectionError
 
 SPEC = {"name": "toy", "columns": [
     {"name": "sex", "type": "categorical", "domain": {"kind": "categorical", "values": ["F", "M"]}},
@@ -76,3 +78,26 @@ def test_api_manifest_without_synthesis_has_no_rows_out(tmp_path):
         _ = private | bs.Count(epsilon=1.0)
         _ = p | bs.WriteManifest(job=job, path=str(tmp_path / "m.json"))
     assert json.loads((tmp_path / "m.json").read_text())["release"]["rows_out"] is None
+
+
+# -- 2. p.apply(step, private) -------------------------------------------------------------------
+@pytest.mark.parametrize("apply", [
+    lambda p, private: p.apply(beam.Map(str), private),
+    lambda p, private: p.apply(beam.Map(str), private, label="MyMap"),
+    lambda p, private: p.apply(bs.Count(epsilon=0.1), private),
+], ids=["beam", "beam-labelled", "beamsynth"])
+def test_pipeline_apply_to_private_is_refused_in_our_words(apply):
+    """Beam's own ``p.apply`` said ``NotImplementedError: <ParDo(PTransform) label=[Map(str)]>
+    does not properly override _extract_input_pvalues, returned {'None': PrivateCollection(...)}``;
+    now our NotAPCollectionError (a TypeError) says what to apply, as ``private | beam.Map(f)``
+    does. Nothing is spent."""
+    job = bs.PrivacyJob(epsilon=1.0, seed=3)
+    p = beam.Pipeline()
+    private = p | beam.Create(_records(5)) | job.private(SCHEMA)
+    with pytest.raises(NotAPCollectionError) as info:
+        apply(p, private)
+    text = str(info.value)
+    assert "_extract_input_pvalues" not in text, text
+    assert "private | bs." in text and "p.apply(step, private)" in text, text
+    assert not job.accountant.spends, job.accountant.spends
+    assert repr(private) == "PrivateCollection(source='MakePrivate(toy)', schema='toy')"

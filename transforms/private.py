@@ -42,6 +42,8 @@ import dataclasses
 import difflib
 import hashlib
 import logging
+import os
+import sys
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -468,6 +470,15 @@ class PrivateCollection:
         return self.element_type
 
     def __repr__(self) -> str:
+        caller = sys._getframe(1)
+        if (caller.f_code.co_name in _BEAM_APPLY and caller.f_code.co_filename.endswith(
+                os.path.join("apache_beam", "pipeline.py"))):
+            # p.apply(beam.Map(f), private): Beam found no PCollection in it and is formatting
+            # its own NotImplementedError ("... does not properly override
+            # _extract_input_pvalues, returned {'None': PrivateCollection(...)}"); ours instead
+            step = caller.f_locals.get("transform")
+            raise NotAPCollectionError(_beam_step_refused(
+                getattr(step, "label", "p.apply"), step, how="p.apply(step, private)"))
         return f"PrivateCollection(source={self.source!r}, schema={self.schema.name!r})"
 
     def __or__(self, step: Any) -> Any:
@@ -477,14 +488,29 @@ class PrivateCollection:
         target = getattr(step, "transform", step)  # "Label" >> step wraps it
         if not isinstance(target, beam.PTransform) or isinstance(target, PrivateTransform):
             return NotImplemented
-        again = " (it is private already)" if isinstance(target, MakePrivate) else (
-            "; bs.WriteManifest applies to the pipeline: p | bs.WriteManifest(job=job, path=...)"
-            if type(target).__name__ == "WriteManifest" else "")
-        raise TypeError(
-            f"{step.label}: job.private's output is a private collection, not a PCollection: "
-            "Beam's own steps do not apply to it; apply a beamsynth mechanism (private | "
-            "bs.Count(epsilon=...), bs.Marginals, ...) and give its output to Beam, or route "
-            f"private.dead_letters (the rejected elements) to Beam's sinks{again}")
+        raise TypeError(_beam_step_refused(step.label, target))
+
+
+_BEAM_APPLY = ("_apply_internal", "apply")
+"""Beam's ``Pipeline`` methods that format a refused input into their error (2.77; earlier)."""
+
+
+def _beam_step_refused(label: str, target: Any, *, how: str = "") -> str:
+    """Why Beam's own step ``target`` does not apply to a private collection, and what to do
+    (``private | beam.Map(f)`` and ``p.apply(beam.Map(f), private)`` alike)."""
+    if isinstance(target, PrivateTransform):  # p.apply(bs.Count(...), private)
+        name = type(target).__name__
+        return (f"{label}: a beamsynth mechanism applies to a private collection as private | "
+                f"bs.{name}(...) (or private | \"Label\" >> bs.{name}(...)), which spends its "
+                f"budget on the job when the pipeline is built; {how or 'p.apply'} is refused")
+    again = " (it is private already)" if isinstance(target, MakePrivate) else (
+        "; bs.WriteManifest applies to the pipeline: p | bs.WriteManifest(job=job, path=...)"
+        if type(target).__name__ == "WriteManifest" else "")
+    return (f"{label}: job.private's output is a private collection, not a PCollection: "
+            f"Beam's own steps do not apply to it{' (' + how + ')' if how else ''}; apply a "
+            "beamsynth mechanism (private | bs.Count(epsilon=...), bs.Marginals, ...) and give "
+            "its output to Beam, or route private.dead_letters (the rejected elements) to "
+            f"Beam's sinks{again}")
 
 
 # bs.PrivacyJob(1.0), bs.PrivacyUnit("user", 2), privacy_unt=...: the keywords, the nearest one
