@@ -208,6 +208,7 @@ def _finish_table(plan: SynthesisPlan, t: TableSpec, tmp: str, result: Any, star
                   progress: Progress) -> dict[str, Any]:
     cfg = plan.config
     result.wait_until_finish()
+    plan.method.collect_metrics(result)  # run-time choices from DP counts, as synthesize's (H74)
     rej_parse = counter_value(result, "rows_rejected_unparseable")
     rej_dom = counter_value(result, "rows_rejected_domain")
     used = counter_value(result, "rows_encoded")

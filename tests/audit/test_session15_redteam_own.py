@@ -94,3 +94,28 @@ def test_windowed_api_neighbours_differ_only_in_the_changed_windows_choices(tmp_
                                                _api_details(small)["sizing"]["chosen_per_window"]]
     text = json.dumps(_public(large))
     assert "rows_hat" not in text and "rows_used" not in text and "999" not in text
+
+
+def test_release_manifest_names_the_privbayes_model_that_ran(tmp_path):
+    """``beamsynth release`` (a CLI front end) never read the run's counters, so its table
+    manifests and release.json lacked the chosen_* fields that privbayes' target/refinement notes
+    point at "for every front end" (H72, 8d00950); synthesize's manifest had them. Now the
+    release reads them as synthesize does (public: functions of the DP count)."""
+    from beamsynth.pipelines.cli.main import main
+    from tests.pipeline.test_session11_release_ops import ADULT, _adult, _config
+
+    if not ADULT.exists():
+        pytest.skip("examples/data/adult/adult.csv absent")
+    data = tmp_path / "adult.csv"
+    data.write_text(_adult(800), encoding="utf-8")
+    cfg = _config(tmp_path, data)
+    cfg.write_text(cfg.read_text(encoding="utf-8").replace(
+        "    epsilon: 1.0\n", "    epsilon: 1.0\n    method: privbayes\n"
+        "    options: {pb_noise: laplace}\n"), encoding="utf-8")
+    assert main(["--quiet", "release", str(cfg), "--date", "2026-03-01"]) == 0
+    night = tmp_path / "rel" / "nightly-2026-03-01"
+    manifest = json.loads((night / "private" / "adult.manifest.json").read_text())
+    sizing = manifest["release"]["details"]["method"]["privbayes"]["sizing"]
+    assert sum(sizing["chosen_degree_windows"].values()) == 1, sizing  # KeyError before
+    assert "chosen_degree_windows" in (night / "release.json").read_text()
+    assert "rows_hat" not in json.dumps(manifest["release"])
