@@ -101,3 +101,51 @@ def test_pipeline_apply_to_private_is_refused_in_our_words(apply):
     assert "private | bs." in text and "p.apply(step, private)" in text, text
     assert not job.accountant.spends, job.accountant.spends
     assert repr(private) == "PrivateCollection(source='MakePrivate(toy)', schema='toy')"
+
+
+# -- 3. release tables in the release file's words ----------------------------------------------
+ADULT_CSV = Path(__file__).resolve().parents[1] / "examples" / "data" / "adult" / "adult.csv"
+
+
+def _release(tmp_path: Path, **table: object) -> dict:
+    return {"name": "adult", "folder": str(tmp_path / "out"), "budget": {"epsilon": 2.0, "delta": 1e-5},
+            "privacy_unit": {"privacy_id": None, "max_contributions": 1},
+            "ledger": {"path": str(tmp_path / "l.sqlite"),
+                       "policies": {"adult": {"epsilon": 10.0, "delta": 1e-4}}},
+            "tables": [{"name": "adult", "source": "adult", "input": str(ADULT_CSV),
+                        "schema": "adult", "epsilon": 2.0, "formats": ["csv"], **table}]}
+
+
+@pytest.mark.parametrize("table, words", [
+    ({"method": "privbayes", "options": {"refine_groups": 0}},
+     "tables[0]: options: {refine_groups: 0} must be a whole number in [2, 64]"),
+    ({"method": "plausible", "rows": 10, "delta": 1e-6, "options": {"plausible_t": 50}},
+     "tables[0]: options: {plausible_t: 50} must be in [1, k-1] with options: {k: 50}"),
+], ids=["range", "schema-dependent"])
+def test_release_table_options_in_the_release_files_words(tmp_path, table, words):
+    """A release table's options were named by the CLI's flags (``tables[0]: --pb-refine-groups 0
+    must be ...``), which the release file does not have; now by its own keys. No data read."""
+    from beamsynth.pipelines.releases.config import ReleaseConfigError, load_release_config
+    from beamsynth.pipelines.releases.release import plan_release
+
+    cfg = load_release_config(_release(tmp_path, **table))
+    with pytest.raises(ReleaseConfigError) as info:
+        plan_release(cfg)
+    assert str(info.value).startswith(words), str(info.value)
+    assert "--" not in str(info.value).split("docs/")[0], str(info.value)
+
+
+def test_release_never_suggests_running_not_dp(tmp_path):
+    """Plausible's Privacy Test 1 without allow_non_dp said, in the CLI's words, to pass
+    ``--allow-non-dp``; in the release file's words that would be ``options: {allow_non_dp:
+    true}``, which a release refuses too (DP outputs only). The release says so at once."""
+    from beamsynth.pipelines.releases.config import ReleaseConfigError, load_release_config
+    from beamsynth.pipelines.releases.release import plan_release
+
+    cfg = load_release_config(_release(tmp_path, method="plausible", rows=10,
+                                       options={"plausible_test": "deterministic"}))
+    with pytest.raises(ReleaseConfigError) as info:
+        plan_release(cfg)
+    text = str(info.value)
+    assert text.startswith("tables[0].options: NOT DIFFERENTIALLY PRIVATE"), text
+    assert "A release publishes DP outputs only" in text and "allow_non_dp" not in text, text

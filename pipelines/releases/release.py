@@ -49,6 +49,7 @@ from beamsynth.pipelines.io.preflight import check_table_inputs
 from beamsynth.pipelines.io.records import METRICS_NAMESPACE, empty_input_note, rejected_path
 from beamsynth.pipelines.io.write import WriteTables
 from beamsynth.pipelines.methods.progress import Progress
+from beamsynth.pipelines.methods.registry import method_option_names
 from beamsynth.pipelines.methods.synthesize import (
     SynthesisConfig,
     SynthesisPlan,
@@ -56,6 +57,7 @@ from beamsynth.pipelines.methods.synthesize import (
     counter_value,
     plan_synthesis,
 )
+from beamsynth.pipelines.methods.wording import Vocabulary
 from beamsynth.pipelines.releases.config import ReleaseConfig, ReleaseConfigError, TableSpec
 from beamsynth.pipelines.releases.ledger import (
     RELEASE_MARKER,
@@ -105,11 +107,17 @@ def plan_release(cfg: ReleaseConfig, *, output_root: str | None = None) -> Relea
             spends.append(_plan_histogram(cfg, t))
             continue
         try:
-            plan = plan_synthesis(_synthesis_config(cfg, t, out))
+            # messages in the release file's words: a table's keys (rows, delta, method) and its
+            # options: {...} are a Beam YAML step's, never the CLI's flags (H76)
+            plan = plan_synthesis(_synthesis_config(cfg, t, out), vocabulary=Vocabulary("yaml"))
         except BudgetExceededError as exc:
             raise ReleaseConfigError(f"{t.where}.epsilon", str(exc)) from None
         except (ValueError, TypeError) as exc:
-            raise ReleaseConfigError(t.where, str(exc)) from None
+            # refused unless allowed to run NOT DP (plausible's Privacy Test 1 says "pass
+            # options: {allow_non_dp: true}"): a release never may, so say that instead
+            plan = _plan_if_non_dp_allowed(cfg, t, out)
+            if plan is None:
+                raise ReleaseConfigError(t.where, str(exc)) from None
         if getattr(plan.method, "non_dp_warning", None):  # e.g. plausible's Privacy Test 1
             raise ReleaseConfigError(
                 f"{t.where}.options", f"{plan.method.non_dp_warning} A release publishes DP outputs only: "
@@ -122,6 +130,21 @@ def plan_release(cfg: ReleaseConfig, *, output_root: str | None = None) -> Relea
                                       privacy_id=t.privacy_id,
                                       max_contributions=t.max_contributions))
     return ReleasePlan(cfg, plans, spends)
+
+
+def _plan_if_non_dp_allowed(cfg: ReleaseConfig, t: TableSpec, out: str) -> SynthesisPlan | None:
+    """The table's plan with ``allow_non_dp`` where its method has that option and the table does
+    not set it, if that plan releases records that are NOT DP (then the caller refuses it in the
+    release's words); else ``None``. Build time, no data."""
+    if t.options.get("allow_non_dp") or "allow_non_dp" not in method_option_names(t.method):
+        return None
+    sc = _synthesis_config(cfg, t, out)
+    try:
+        plan = plan_synthesis(dataclasses.replace(sc, options={**sc.options, "allow_non_dp": True}),
+                              vocabulary=Vocabulary("yaml"))
+    except (ValueError, TypeError, BudgetExceededError):
+        return None
+    return plan if getattr(plan.method, "non_dp_warning", None) else None
 
 
 def _histogram_config(cfg: ReleaseConfig, t: TableSpec, output: str) -> Any:
