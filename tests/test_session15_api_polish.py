@@ -149,3 +149,35 @@ def test_release_never_suggests_running_not_dp(tmp_path):
     text = str(info.value)
     assert text.startswith("tables[0].options: NOT DIFFERENTIALLY PRIVATE"), text
     assert "A release publishes DP outputs only" in text and "allow_non_dp" not in text, text
+
+
+# -- 4. refine_rounds above refine_pairs --------------------------------------------------------
+@pytest.mark.parametrize("caller, words", [
+    ("cli", "--pb-refine-rounds 6 is more than --pb-refine-pairs 4"),
+    ("api", "options={'refine_rounds': 6} is more than options={'refine_pairs': 4}"),
+    ("yaml", "options: {refine_rounds: 6} is more than options: {refine_pairs: 4}"),
+], ids=["cli", "api", "yaml"])
+def test_refine_rounds_above_pairs_says_what_runs(caplog, caller, words):
+    """Built silently before: 4 pairs in 6 rounds ran 4 rounds (a round picks at least one pair);
+    the 6 count where the size rule raises the pairs (public input_rows 40,000 on Adult: 15
+    pairs in 6 rounds), so it is not refused but said, in each caller's words."""
+    from beamsynth.pipelines.methods.synthesize import SynthesisConfig, plan_synthesis
+    from beamsynth.pipelines.methods.wording import Vocabulary
+
+    def plan(**options):
+        cfg = SynthesisConfig(input="in.csv", schema=bs.load_schema("adult"), output="o.csv",
+                              epsilon=1.0, method="privbayes", options=options)
+        vocabulary = None if caller == "cli" else Vocabulary(caller)
+        return plan_synthesis(cfg, vocabulary=vocabulary).method.details()["privbayes"]["refine"]
+
+    with caplog.at_level("WARNING", logger="beamsynth.pipelines.methods.privbayes"):
+        refine = plan(refine_pairs=4, refine_rounds=6)
+    assert (refine["pairs"], refine["rounds"]) == (4, 4), refine
+    assert any(r.getMessage().startswith(words) and "at most 4 rounds" in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
+    wide = plan(refine_pairs=4, refine_rounds=6, input_rows=40_000)
+    assert (wide["pairs"], wide["rounds"]) == (15, 6), wide
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="beamsynth.pipelines.methods.privbayes"):
+        assert plan(refine_pairs=2, refine_rounds=5) is None  # below REFINE_MIN_PAIRS: dropped
+    assert any("the refinement is dropped" in r.getMessage() for r in caplog.records)

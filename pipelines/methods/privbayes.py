@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -48,7 +49,10 @@ from beamsynth.transforms.refine import (
     DEFAULT_REFINE_GROUPS,
     DEFAULT_REFINE_PAIRS,
     DEFAULT_REFINE_ROUNDS,
+    REFINE_MIN_PAIRS,
 )
+
+_LOG = logging.getLogger(__name__)
 
 __all__ = ["PrivBayesMethod", "PrivBayesRunTime", "add_input_rows_argument", "choice_counter_names",
            "run_time_choices", "with_run_time_choices"]
@@ -105,10 +109,34 @@ class PrivBayesMethod(Method):
             sizing=given("pb_sizing", "auto"), rows=given("input_rows", None),
             noise=self._noise, target=self._target(), target_parent=self._target_parent(),
             max_contributions=self.max_contributions, seed=self.seed, accountant=self.accountant)
+        self._note_rounds(given("refine_pairs", None), opts.get("refine_rounds"))
         self._chosen: dict[str, int] = {}
         self._small: dict[str, int] = {}  # degree-0 windows per small-input model that ran
         self._refined: dict[str, dict[str, Any]] = {}
         self._parented: dict[str, int] = {}  # windows per run-time target-parent mode (auto)
+
+    def _note_rounds(self, pairs: int | None, rounds: int | None) -> None:
+        """Say, in the caller's words, what a refinement setting that builds as it always did
+        runs (H76): 1 or 2 ``refine_pairs`` drop the refinement (fewer than
+        ``REFINE_MIN_PAIRS``: no coarse pairs, no refinement spend), and ``refine_rounds`` above
+        ``refine_pairs`` runs ``min(rounds, pairs)`` rounds (a round picks at least one pair),
+        up to ``rounds`` only where the size rule raises the pairs (``refine_rounds_for_pairs``;
+        wide refinements use that, so it is not refused)."""
+        if pairs is None or pairs <= 0:
+            return
+        if pairs < REFINE_MIN_PAIRS:
+            _LOG.warning("%s", f"{self.say.option('refine_pairs', pairs)} is below "
+                         f"{REFINE_MIN_PAIRS}: the refinement is dropped (no coarse pairs, no "
+                         "refinement spend)" + (f", so {self.say.option('refine_rounds', rounds)} "
+                                                "changes nothing" if rounds is not None else "")
+                         + f"; give {self.say.option('refine_pairs', 0)} to say so, or "
+                         f"{REFINE_MIN_PAIRS} or more (method 'privbayes'; docs/options.md)")
+        elif rounds is not None and rounds > pairs:
+            _LOG.warning("%s", f"{self.say.option('refine_rounds', rounds)} is more than "
+                         f"{self.say.option('refine_pairs', pairs)}: a round picks at least one "
+                         f"pair, so the {pairs} requested pairs run in at most {pairs} rounds; up "
+                         f"to {rounds} rounds only where the size rule raises the pairs from the "
+                         "row count (method 'privbayes'; docs/options.md)")
 
     def _target_parent(self) -> str:
         """``--target-parent`` / ``options={'target_parent': ...}`` (default ``auto``), checked
