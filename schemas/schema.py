@@ -744,19 +744,32 @@ def _json_reader_stamp(text: str) -> Any:
     ``to_datetime(..., unit=u)`` for u in s, ms, us, ns: text that is no number fails the first
     three and is parsed in the last, as here (equal to ``pd.read_json`` on one record for 20
     spellings: ISO, tz offsets, 'Jan 2020', '01/02/2020', words; 0.15 ms instead of 3.6 ms)."""
+    value = _machine_free_instant(text)
+    return value if _is_timestamp(value) else None
+
+
+def _machine_free_instant(text: str, *, reader: bool = True) -> Any:
+    """``pd.to_datetime`` of one text as pandas' JSON reader parses it (``unit='ns'``; a declared
+    category, ``reader=False``: as ``pd.to_datetime(text)``), or
+    ``None`` where that depends on the machine: the wall clock (``now``, ``today``, a time of day,
+    whose missing date parts are today's: "12:30", "12:30 Jan 2020") or its time zone (a zone
+    name: "2020-01-01 12:30 CET" was 12:30 naive on a UTC machine, 12:30+09:00 for JST on a
+    Tokyo one, and raised AttributeError, failing the run, where the name is the local zone's;
+    H74), and any failure."""
     import warnings
 
-    if text.strip().lower() in ("now", "today"):  # the wall clock: no value of the record's own
+    if text.strip().lower() in ("now", "today") or _CLOCK_TIME.match(text):
         return None
-    if _CLOCK_TIME.match(text):  # "12:30", "9:30 2019", "12:30 Jan 2020": pandas fills the missing
-        return None  # date parts from today's date (H74): another day, or a cached day, reads it apart
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            value = pd.to_datetime([text], errors="raise", unit="ns")[0]
-    except (ValueError, TypeError, OverflowError):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            value = (pd.to_datetime([text], errors="raise", unit="ns")[0] if reader
+                     else pd.to_datetime(text))
+    except Exception:  # noqa: BLE001 - no instant (a local zone name raised AttributeError)
         return None
-    return value if _is_timestamp(value) else None
+    if any("timezone" in str(w.message).lower() for w in seen):  # a zone name: the machine's
+        return None
+    return value
 
 
 @functools.lru_cache(maxsize=64)
@@ -765,13 +778,10 @@ def _declared_instants(values: tuple[str, ...]) -> dict[int, str]:
     instant spelled by one category only; declared values only: public)."""
     found: dict[int, list[str]] = {}
     for text in values:
-        if text.strip().lower() in ("now", "today") or _CLOCK_TIME.match(text):
-            continue  # an instant of the wall clock (today's date): no category's own (H74)
-        try:
-            ns = pd.Timestamp(pd.to_datetime(text)).value
-        except (ValueError, TypeError, OverflowError):
+        value = _machine_free_instant(text, reader=False)  # none: wall clock or zone name (H74)
+        if value is None or not _is_timestamp(value):
             continue
-        found.setdefault(ns, []).append(text)
+        found.setdefault(pd.Timestamp(value).value, []).append(text)
     return {ns: texts[0] for ns, texts in found.items() if len(texts) == 1}
 
 

@@ -119,3 +119,50 @@ def test_release_manifest_names_the_privbayes_model_that_ran(tmp_path):
     assert sum(sizing["chosen_degree_windows"].values()) == 1, sizing  # KeyError before
     assert "chosen_degree_windows" in (night / "release.json").read_text()
     assert "rows_hat" not in json.dumps(manifest["release"])
+
+
+def _zone_probe() -> list:
+    from beamsynth.schemas import schema as schema_module
+
+    schema_module._json_reader_stamp.cache_clear()  # per process: read again in this zone
+    schema_module._declared_instants.cache_clear()
+    schema = bs.load_schema({"name": "tz", "columns": [
+        {"name": "created_at", "type": "integer",
+         "domain": {"kind": "integer", "low": 1_500_000_000, "high": 1_700_000_000, "bins": 10}},
+        {"name": "date", "type": "categorical",
+         "domain": {"kind": "categorical", "values": ["2020-01-01 12:30 CET", "2020-01-01 12:30"]}}]})
+    at, date = schema.columns
+    texts = ["2020-01-01 12:30 CET", "2020-01-01 12:30 JST", "2020-01-01 12:30 +0100",
+             "2020-01-01T12:30Z"]
+    out = []
+    for column, values in ((at, texts), (date, texts[:1] + ["2020-01-01T12:30"])):
+        try:
+            out.append(column.encode(pd.Series(values, dtype=object))[0].tolist())
+        except Exception as exc:  # noqa: BLE001 - what the old code did in Europe/Berlin
+            out.append(type(exc).__name__)
+    return out
+
+
+def test_zone_named_text_reads_alike_on_every_machine(monkeypatch):
+    """'2020-01-01 12:30 CET' in a date-named column: pandas drops an unknown zone name (12:30
+    naive on a UTC machine), takes the local zone where it is the machine's (12:30+09:00 for JST
+    in Tokyo) and raised AttributeError in Europe/Berlin, which failed the CLI run ('while running
+    Read/EncodeRows/Encode/ParDo(_EncodeFn)'; rule 8) where a UTC machine used the row. Now such
+    text is no instant anywhere (rejected as declared); offsets and Z still are. The declared
+    category spelled with a zone name stands for no instant either."""
+    import time
+
+    outs = {}
+    try:
+        for tz in ("UTC", "Europe/Berlin", "Asia/Tokyo"):
+            monkeypatch.setenv("TZ", tz)
+            time.tzset()
+            outs[tz] = _zone_probe()
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+        _zone_probe()  # the caches hold this machine's readings again
+    assert outs["UTC"] == outs["Europe/Berlin"] == outs["Asia/Tokyo"], outs
+    codes, dates = outs["UTC"]
+    assert codes[0] < 0 and codes[1] < 0 and codes[2] >= 0 and codes[3] >= 0, codes
+    assert dates == [0, 1], dates  # the declared spelling as text; the ISO text its instant
