@@ -272,9 +272,11 @@ class DatetimeDomain(Domain):
     def encode_many(self, values: Sequence[Any]) -> np.ndarray:
         # utc=True: values with an offset are converted to UTC, naive values are read as UTC wall
         # time (as before); without it a block mixing offsets became an object Series and raised
-        ts = pd.to_datetime(pd.Series(list(values), dtype=object), errors="coerce", format="ISO8601",
-                            utc=True).dt.tz_convert(None)
-        malformed = ts.isna().to_numpy()
+        raw = pd.Series(list(values), dtype=object)
+        ts = pd.to_datetime(raw, errors="coerce", format="ISO8601", utc=True).dt.tz_convert(None)
+        # pandas reads "now" and "today" as the wall clock: no value of the record's own, and a
+        # recomputed step would bin it elsewhere (H74)
+        malformed = ts.isna().to_numpy() | raw.isin(("now", "today")).to_numpy()
         out = np.full(len(values), OUT_OF_DOMAIN, dtype=np.int64)
         ok = ~malformed
         if ok.any():

@@ -166,3 +166,22 @@ def test_zone_named_text_reads_alike_on_every_machine(monkeypatch):
     codes, dates = outs["UTC"]
     assert codes[0] < 0 and codes[1] < 0 and codes[2] >= 0 and codes[3] >= 0, codes
     assert dates == [0, 1], dates  # the declared spelling as text; the ISO text its instant
+
+
+def test_datetime_columns_read_no_wall_clock():
+    """A declared datetime column read 'now' and 'today' (pandas' ISO 8601 parser) as the wall
+    clock: used in today's cell while the declared range covers it, another cell (or rejected)
+    when the step is recomputed later. fdf20d3 stopped that for date-named columns only."""
+    today = _today()
+    if (datetime.datetime.now() + datetime.timedelta(seconds=5)).date() != today:
+        pytest.skip("too close to midnight")
+    start, end = today - datetime.timedelta(days=1), today + datetime.timedelta(days=1)
+    schema = bs.load_schema({"name": "clock", "columns": [
+        {"name": "seen", "type": "datetime", "domain": {
+            "kind": "datetime", "start": start.isoformat(), "end": end.isoformat(),
+            "granularity": "day"}}]})
+    (seen,) = schema.columns
+    codes, reasons = seen.encode(pd.Series(["now", "today", start.isoformat(), "NOW"],
+                                           dtype=object))
+    assert codes[0] < 0 and codes[1] < 0 and sorted(reasons) == [0, 1, 3], (codes, reasons)
+    assert codes[2] == 0  # was [1, 1, 0, -2]: 'now'/'today' in today's cell
