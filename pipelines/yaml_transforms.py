@@ -856,7 +856,7 @@ class Synthesize(beam.PTransform):
         runs = getattr(method, "run_counts", None)
         if runs is None:
             return ()
-        return (runs | "RunCounts" >> beam.Map(lambda kv: (_RUN + kv[0], kv[1])),)
+        return (runs | "PrefixRunCounts" >> beam.Map(lambda kv: (_RUN + kv[0], kv[1])),)
 
     def _write_manifest(self, enc, batches, tables, ledger: "_JobLedger", *,
                         late_rows: bool = False, outside=None) -> None:
