@@ -548,6 +548,13 @@ class PlausibleMethod(Method):
                                           for r in (REJECT_BELOW_K, REJECT_NOISY_THRESHOLD)}}
 
         private = figures(totals)
+        # the CLI's composition over the tested count (a diagnostic on private data: H76)
+        unit = (details.get("release_guarantee") or {})
+        unit = unit.get("per_unit") or unit.get("per_record")
+        if unit is not None:
+            private["composed_over_tested"] = {
+                "epsilon": private["tested"] * unit["epsilon"],
+                "delta": min(1.0, private["tested"] * unit["delta"])}
         public = dict(details)  # details() states no tested count (COUNTS_NOTE)
         public["released"] = private["released"]
         public["counts_note"] = COUNTS_NOTE
