@@ -96,6 +96,26 @@ def test_windowed_api_neighbours_differ_only_in_the_changed_windows_choices(tmp_
     assert "rows_hat" not in text and "rows_used" not in text and "999" not in text
 
 
+
+@pytest.mark.slow  # 12 s at load 5 (two YAML runs); the API pair above, the global-window pair in
+# tests/test_session15_manifest.py (default) covers the choices' fields
+def test_windowed_yaml_neighbours_differ_only_in_operational(tmp_path):
+    """The Beam YAML step's manifests (one per declared day), D vs D − 1 (a day-1 record removed),
+    seed 11: every window's public part identical (day 1's choices are the same DP outputs
+    here), operational differs in day 1 only (1,000 vs 999 used)."""
+    from tests.test_session15_manifest import DAY, T0, _diff, _records, _yaml
+
+    windows = f", windows: {{start: {T0}, end: {T0 + 3 * DAY}, size: {DAY}}}"
+    records = _records()
+    large = _yaml(tmp_path / "d", records, 11, windows=windows)
+    small = _yaml(tmp_path / "d1", records[1:], 11, windows=windows)
+    assert len(large) == len(small) == 3
+    for i, (a, b) in enumerate(zip(large, small)):
+        assert _diff(_public(b), _public(a)) == [], i
+        assert bool(_diff(b["operational"], a["operational"])) == (i == 0), i
+        assert "chosen_degree_windows" in a["release"]["details"]["method"]["privbayes"]["sizing"]
+    assert large[0]["operational"]["rows_used"] == small[0]["operational"]["rows_used"] + 1
+
 def test_release_manifest_names_the_privbayes_model_that_ran(tmp_path):
     """``beamsynth release`` (a CLI front end) never read the run's counters, so its table
     manifests and release.json lacked the chosen_* fields that privbayes' target/refinement notes
