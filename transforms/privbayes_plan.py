@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from beamsynth.transforms import privbayes_model, privbayes_sizing
+from beamsynth.transforms import refine as refine_module
 from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, PureDP, zcdp_rho
 from beamsynth.transforms.noise import discrete_laplace_scale
 from beamsynth.transforms.privbayes_sizing import (
@@ -749,7 +750,7 @@ def gaussian_plan(plan: PrivBayesPlan, budget: ApproxDP, *, pairs: int = GAUSSIA
     marginal_budget = PureDP(epsilon=plan.max_tables * math.sqrt(2) * m / sigma_eq)
     if n_pairs:
         refine = RefinePlan(pairs=n_pairs, rounds=n_rounds, groups=groups, max_contributions=m,
-                            delta=budget.delta,
+                            delta=budget.delta, pair_cells=refine_module.PAIR_CELLS,
                             **gaussian_refine_split(selection_rho, measure_rho, n_pairs, m))
     zcdp = ZCDPPlan(budget=budget, rho=rho, structure_rho=structure_rho,
                     marginal_rho=marginal_rho, selection_rho=selection_rho, measure_rho=measure_rho,

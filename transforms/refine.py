@@ -154,6 +154,9 @@ class RefinePlan:
     # only for the data-independent selection penalty
     sigma: float | None = None
     delta: float = 0.0  # the method's δ (reports each Gaussian table's own (ε, δ))
+    # the A/B switch PAIR_CELLS as read when the plan was made (plan_refinement / the zCDP plan),
+    # so a worker in a fresh process measures the cells the launcher planned (fifteenth session)
+    pair_cells: bool = False
 
     @property
     def pick_epsilon(self) -> float:
@@ -224,7 +227,7 @@ def plan_refinement(budget: PureDP, *, pairs: int = DEFAULT_REFINE_PAIRS,
                       selection_budget=PureDP(epsilon=sel),
                       measure_budget=PureDP(epsilon=budget.epsilon - sel),
                       max_contributions=max_contributions, pool_rows=pool_rows,
-                      rake_iterations=rake_iterations)
+                      rake_iterations=rake_iterations, pair_cells=PAIR_CELLS)
 
 
 def spend_refinement(accountant: PrivacyAccountant, plan: RefinePlan, prefix: str,
@@ -501,8 +504,8 @@ def measure_refinement(
         return cached[(j, g)]
 
     def pair_groups(a: int, b: int) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
-        ga, gb = (pair_group_counts(shape[a], shape[b], plan.groups, max_cells) if PAIR_CELLS
-                  else (plan.groups, plan.groups))
+        ga, gb = (pair_group_counts(shape[a], shape[b], plan.groups, max_cells)
+                  if plan.pair_cells else (plan.groups, plan.groups))
         return column_groups(a, ga), column_groups(b, gb)
 
     weights = np.ones(pool.shape[0])

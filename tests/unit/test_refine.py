@@ -606,3 +606,18 @@ def test_refined_model_sampling_modes():
     assert e_bal < 0.8 * e_iid, (e_bal, e_iid)
     with pytest.raises(ValueError, match=r"sampling \('stratified'\)"):
         RefinedModel(network, m.targets, sampling="stratified")
+
+
+def test_pair_cells_switch_is_the_plans_not_the_workers(monkeypatch):
+    """``PAIR_CELLS`` is read when the plan is made (``RefinePlan.pair_cells``): a plan made with
+    it on measures the finer pair cells in a worker whose fresh module says off (fifteenth
+    session; fails when the measuring step reads the module)."""
+    codes = _dependent_data()
+    monkeypatch.setattr(refine, "PAIR_CELLS", True)  # the launcher
+    plan = plan_refinement(PureDP(epsilon=50.0), pairs=2, rounds=2, groups=4, pool_rows=5000)
+    assert plan.pair_cells
+    monkeypatch.setattr(refine, "PAIR_CELLS", False)  # a worker's fresh module
+    m = measure_refinement(_pair_counts(codes), _independent_network(codes), total=float(len(codes)),
+                           ordered=ORDERED, names=NAMES, plan=plan, rs=RandomSource(seed=0),
+                           candidates=[(0, 3), (0, 1)])
+    assert {t.columns: t.values.shape for t in m.tables}[(0, 3)] == (5, 3)
