@@ -85,6 +85,7 @@ from beamsynth.schemas.schema import (
 from beamsynth.schemas.tables import arrow_schema_for
 from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, as_budget
 from beamsynth.transforms.conventions import display_items
+from beamsynth.transforms.inputs import record_position
 from beamsynth.transforms.measure import combine_globally
 from beamsynth.transforms.private import (
     WindowRowsFn,
@@ -183,14 +184,11 @@ def _judge_row(schema: Schema, d: dict,
 
 
 def _position(d: dict, position_field: Optional[str], default: int) -> int:  # noqa: UP045
-    """The row's own position from ``position_field`` (an integer), else ``default``."""
-    value = d.get(position_field) if position_field else None
-    if isinstance(value, bool) or value is None:
-        return default
-    try:
-        return int(value)
-    except (TypeError, ValueError, OverflowError):
-        return default
+    """The row's own position from ``position_field`` as ``job.private`` reads it
+    (:func:`~beamsynth.transforms.inputs.record_position`: an integer, never ``int(12.7)`` nor a
+    value past 64 bits), else ``default``."""
+    position = record_position(d, position_field)
+    return default if position is None else position
 
 
 def rows_to_block(rows: list[Any], *, schema: Schema, source: str, first_row: int,

@@ -301,3 +301,14 @@ def test_two_steps_with_one_manifest_path_are_refused(second: str) -> None:
         {"type": "Create", "name": "Rows", "config": {"elements": [{"age": "30"}]}}, *steps]}}
     with pytest.raises(ValueError, match=r"Second': manifest 'same/m.json' is also step 'First''s"):
         _build(spec)
+
+
+def test_yaml_error_row_positions_are_read_as_job_private_reads_them() -> None:
+    """The YAML step's position reader was a copy of job.private's from before H68's fix: it gave
+    12 for 12.7 and passed 2**70 (past a Beam int) through; it now calls the one reader
+    (``inputs.record_position``), so those fall back to the row's own index (review, lead)."""
+    from beamsynth.pipelines.yaml_transforms import _position
+
+    assert [_position({"p": v}, "p", 5) for v in (12.7, 2**70, True, None, "12", 12.0, 7)] == [
+        5, 5, 5, 5, 12, 12, 7]
+    assert _position({"p": 3}, None, 5) == 5

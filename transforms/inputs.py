@@ -63,6 +63,7 @@ __all__ = [
     "EncodeStats",
     "KeyLayout",
     "encode_elements",
+    "record_position",
     "reject_elements",
     "wanted_fields",
 ]
@@ -228,7 +229,7 @@ def _present(record: Mapping[str, Any], name: str) -> bool:
     return name in record or avro_field_name(name) in record
 
 
-def _position(record: Mapping[str, Any], field: str | None) -> int | None:
+def record_position(record: Mapping[str, Any], field: str | None) -> int | None:
     """The integer in ``record[field]`` (an int, a whole float such as pandas' ``12.0``, or its
     text); ``None`` for anything else (absent, null, ``12.5``, ``True``, ``"a.csv:12"``): never a
     crash, never a made-up number (``int(12.7)`` gave 12 until the fifteenth session)."""
@@ -400,7 +401,7 @@ def encode_elements(layout: KeyLayout, elements: Sequence[Any], *, source: str,
         except Exception:  # noqa: BLE001 - one odd element must not fail its neighbours
             b, reasons = _encode_one_by_one(layout, records, memo, position_field)
         batches.append(b)
-        dead += [_dead(source, _position(records[i], position_field), why, dict(records[i]))
+        dead += [_dead(source, record_position(records[i], position_field), why, dict(records[i]))
                  for i, why in sorted(reasons.items())]
     return batches, dead
 
@@ -439,7 +440,7 @@ def _encode_tuples(layout: KeyLayout, elements: Sequence[tuple], memo: SchemaMem
         if why.endswith(_NULL_REASONS) and "'" in why and why.split("'")[1] in missing:
             why = f"required field {why.split(chr(39))[1]!r} is missing"
         record = elements[i]._asdict()
-        dead.append(_dead(source, _position(record, position_field), why, dict(record)))
+        dead.append(_dead(source, record_position(record, position_field), why, dict(record)))
     return [batch], dead
 
 
@@ -507,7 +508,7 @@ def _encode_arrow(layout: KeyLayout, table: pa.Table | pa.RecordBatch, *, source
         extra = sorted(h for h in have if h not in declared and h != position_field)
         if extra:
             return _concat(layout, []), [
-                _dead(source, _position(r, position_field),
+                _dead(source, record_position(r, position_field),
                       f"undeclared field(s) {extra} and the schema says extra_columns: reject", r)
                 for r in table.to_pylist()]
     series: dict[str, pd.Series] = {}
@@ -533,7 +534,7 @@ def _encode_arrow(layout: KeyLayout, table: pa.Table | pa.RecordBatch, *, source
         if why.endswith(_NULL_REASONS) and "'" in why and why.split("'")[1] in missing:
             reasons[i] = f"required field {why.split(chr(39))[1]!r} is missing"
     rows = table.to_pylist()
-    return batch, [_dead(source, _position(rows[i], position_field), why, rows[i])
+    return batch, [_dead(source, record_position(rows[i], position_field), why, rows[i])
                    for i, why in sorted(reasons.items())]
 
 
@@ -551,7 +552,7 @@ def _encode_arrow_split(layout: KeyLayout, table: pa.Table | pa.RecordBatch, err
             reason = _nested_reason(layout, rows[0]) or reason if rows else reason  # as a dict's
         except Exception:  # noqa: BLE001 - a value Python cannot hold: the fields, no value
             rows = [{"arrow_fields": table.schema.names}] * n
-        return _concat(layout, []), [_dead(source, _position(r, position_field), reason, r)
+        return _concat(layout, []), [_dead(source, record_position(r, position_field), reason, r)
                                      for r in rows]
     parts, dead = [], []
     for half in (table.slice(0, n // 2), table.slice(n // 2)):
@@ -679,11 +680,11 @@ def reject_elements(element: Any, *, source: str, position_field: str | None,
                     reason: str) -> list[beam.Row]:
     """Dead letters for a whole element with one ``reason`` (one per row of an Arrow element)."""
     if isinstance(element, (pa.Table, pa.RecordBatch)):
-        return [_dead(source, _position(r, position_field), reason, r) for r in element.to_pylist()]
+        return [_dead(source, record_position(r, position_field), reason, r) for r in element.to_pylist()]
     record = _as_mapping(element)
     if record is None:
         return [_dead(source, None, reason, element)]
-    return [_dead(source, _position(record, position_field), reason, dict(record))]
+    return [_dead(source, record_position(record, position_field), reason, dict(record))]
 
 
 def _element_rows(element: Any) -> int:
