@@ -679,7 +679,9 @@ def merge_drafts(main: DraftTable, others: Sequence[DraftTable]) -> DraftTable:
                 cols[i] = DraftColumn(mc.name, spec, [*[n for n in mc.notes if not n.startswith(
                     ("string column:", "int column", "float column"))], note, *onotes],
                     mc.description or oc.description)
-            elif _domain_text(mc.spec) != _domain_text(oc.spec) or mc.spec["type"] != oc.spec["type"]:
+            elif mc.spec.get("domain") != oc.spec.get("domain") or mc.spec["type"] != oc.spec["type"]:
+                # the declared domains themselves: _domain_text shows the first categories and
+                # rounds numbers, so two dictionaries differing past them were no conflict
                 mine, theirs = _domain_text(mc.spec), _domain_text(oc.spec)
                 if mc.spec["type"] != oc.spec["type"]:
                     mine, theirs = f"{mc.spec['type']}: {mine}", f"{oc.spec['type']}: {theirs}"

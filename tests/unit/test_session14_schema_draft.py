@@ -195,3 +195,28 @@ def test_shared_pums_metadata_with_domain_sizes_reads_every_row(tmp_path):
             batch, rejected = encode_block(schema, item)
             used, bad = used + len(batch), bad + len(rejected)
         assert bad == 0 and used == (1948 if meta == "PUMS_dup" else 1000)
+
+
+def test_a_conflict_past_the_shown_categories_or_digits_is_named() -> None:
+    """merge_drafts compared the domains' display text (first 8 categories, numbers as :g), so
+    dictionaries differing in the 10th category or in 1234567 vs 1234568 were no conflict
+    (review, lead); it now compares the declared domains."""
+    from beamsynth.pipelines.schema_draft import DraftColumn, DraftTable, merge_drafts
+
+    def table(source, *specs):
+        return DraftTable("schema", [DraftColumn(s["name"], s) for s in specs], source=source)
+
+    cats = [f"c{i}" for i in range(10)]
+    a = table("a.json", {"name": "x", "type": "categorical",
+                         "domain": {"kind": "categorical", "values": cats}},
+              {"name": "n", "type": "integer",
+               "domain": {"kind": "integer", "low": 0, "high": 1234567}})
+    b = table("b.json", {"name": "x", "type": "categorical",
+                         "domain": {"kind": "categorical", "values": [*cats[:9], "other"]}},
+              {"name": "n", "type": "integer",
+               "domain": {"kind": "integer", "low": 0, "high": 1234568}})
+    merged = merge_drafts(a, [b])
+    assert [sum(n.startswith("conflict: b.json") for n in c.notes) for c in merged.columns] == [1, 1]
+    specs = [dict(c.spec) for c in a.columns]
+    same = merge_drafts(table("a.json", *specs), [table("c.json", *specs)])
+    assert not any(n.startswith("conflict") for c in same.columns for n in c.notes)
