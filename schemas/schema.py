@@ -26,6 +26,7 @@ and the problem. Nothing here looks at data rows: domains are declared.
 
 from __future__ import annotations
 
+import datetime
 import decimal
 import functools
 import hashlib
@@ -338,15 +339,17 @@ class Column:
         number is undone only to a value pandas converts (> 31,536,000, its ``min_stamp``), else
         one millisecond value in the chunk made every second value 1,000 times smaller (H66)."""
         out = []
+        instants = (_declared_instants(tuple(self.domain.values))  # once per call, not per value
+                    if isinstance(self.domain, CategoricalDomain) else None)
+        low, high = getattr(self.domain, "low", None), getattr(self.domain, "high", None)
         for v in series.tolist():
             if not _is_timestamp(v):
                 out.append(v)
                 continue
             ns = pd.Timestamp(v).value
-            if isinstance(self.domain, CategoricalDomain):
-                out.append(_declared_instants(tuple(self.domain.values)).get(ns, v))
+            if instants is not None:
+                out.append(instants.get(ns, v))
                 continue
-            low, high = getattr(self.domain, "low", None), getattr(self.domain, "high", None)
             found = v
             if low is not None and high is not None:
                 for unit in (10**9, 10**6, 10**3, 1):
@@ -726,8 +729,6 @@ def _pandas_date_name(name: str) -> bool:
 
 def _is_timestamp(value: Any) -> bool:
     """A pandas/NumPy/Python datetime (not NaT), as pandas' JSON reader gives a date column."""
-    import datetime
-
     return isinstance(value, (pd.Timestamp, np.datetime64, datetime.datetime)) and not pd.isna(value)
 
 
