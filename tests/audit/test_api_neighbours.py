@@ -268,7 +268,7 @@ BROKEN = {  # group → the code before its fix, and the cases that must catch i
         mock.patch.object(schema_module, "_declared_numbers", lambda values: {})), GROUPS["arrow_ints"]),
     "arrow_struct": (lambda: mock.patch.object(
         inputs, "_encode_arrow_split", _whole_table_rejected), GROUPS["arrow_struct"]),
-    "position": (lambda: mock.patch.object(inputs, "_position", _old_position), GROUPS["position"]),
+    "position": (lambda: mock.patch.object(inputs, "record_position", _old_position), GROUPS["position"]),
 }
 
 
