@@ -453,11 +453,13 @@ def read_draft(path: str | Path, fmt: str = "auto", *, table: str | None = None)
     table of a SmartNoise collection."""
     if fmt not in DRAFT_FORMATS:
         raise ValueError(f"format ({fmt!r}) must be one of {list(DRAFT_FORMATS)}")
-    p = Path(path)
+    from beamsynth.pipelines.io.filesystem import read_bytes
+
+    p = Path(path)  # for its name and extension; read through Beam FileSystems (gs://, ...)
     try:
-        text = p.read_text(encoding="utf-8-sig")
+        text = read_bytes(str(path)).decode("utf-8-sig")
     except OSError as exc:
-        raise ValueError(f"dictionary {str(p)!r}: cannot read: {exc}") from exc
+        raise ValueError(f"dictionary {str(path)!r}: cannot read: {exc}") from exc
     if fmt == "smartnoise" or (fmt == "auto" and p.suffix.lower() in (".yaml", ".yml")):
         return _yaml_dictionary(text, p.name, table)
     if table is not None:
@@ -699,33 +701,21 @@ def merge_drafts(main: DraftTable, others: Sequence[DraftTable]) -> DraftTable:
 
 
 def data_header(path: str | Path) -> list[str]:
-    """The column names of a data file's header, reading nothing else: a CSV's first line (as
-    the reader takes it), an Avro file's writer schema, a Parquet file's schema. Column names
-    are public structure (``docs/schema-guide.md``); no record is read."""
-    from beamsynth.pipelines.io.records import detect_format
+    """The column names of a data file's header, reading nothing else: a CSV's first line, an
+    Avro file's writer schema, a Parquet file's schema, read by the pre-flight of ``synthesize``
+    (:func:`~beamsynth.pipelines.io.preflight.header_columns`, Beam ``FileSystems``: local
+    paths, ``gs://`` and any file system Beam has). Column names are public structure
+    (``docs/schema-guide.md``); no record is read."""
+    from beamsynth.pipelines.io.preflight import header_columns
 
     path = str(path)
-    fmt = detect_format(path)
-    if fmt == "csv":
-        from beamsynth.pipelines.io.read_csv import _csv_header
-
-        header, _ = _csv_header(path)
-        if not header:
-            raise ValueError(f"--header-from {path!r}: no header line")
-        return header
-    if fmt == "avro":
-        from apache_beam.io.filesystems import FileSystems
-
-        from beamsynth.pipelines.io.read_avro import read_avro_header
-
-        with FileSystems.open(path, compression_type="uncompressed") as fh:
-            return list(read_avro_header(fh).fields)
-    if fmt == "parquet":
-        import pyarrow.parquet as pq
-
-        return list(pq.read_schema(path).names)
-    raise ValueError(f"--header-from {path!r}: a {fmt} file has no header line; order the "
-                     "columns in the drafted file by hand")
+    header = header_columns(path)
+    if header is None:
+        raise ValueError(f"--header-from {path!r}: a JSON-lines file has no header line; order "
+                         "the columns in the drafted file by hand")
+    if not header:
+        raise ValueError(f"--header-from {path!r}: no header line")
+    return header
 
 
 def order_by_header(table: DraftTable, header: Sequence[str], source: str) -> DraftTable:

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from beamsynth.pipelines.io.filesystem import write_text_atomic
 from beamsynth.pipelines.schema_draft import DRAFT_FORMATS, draft_schema
 from beamsynth.schemas.schema import load_schema
 
@@ -69,8 +70,7 @@ def _draft(args: argparse.Namespace) -> int:
     load_schema(_parsed(text))  # the draft must validate before anyone reviews it
     reviews = text.count("# REVIEW:")
     if args.output:
-        with open(args.output, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        write_text_atomic(args.output, text)  # Beam FileSystems: a local path, gs://, ...
         print(f"drafted {args.output} from {args.schema}: {reviews} line(s) marked '# REVIEW:' "
               "to check before use", file=sys.stderr)
     else:

@@ -56,6 +56,7 @@ __all__ = [
     "check_inputs",
     "check_noise_scales",
     "check_table_inputs",
+    "header_columns",
     "schema_requirements",
 ]
 
@@ -226,15 +227,20 @@ def _jsonl_facts(path: str) -> FileFacts:
     return FileFacts(path, "jsonl", None, True if text.strip() else (False if whole else None))
 
 
-def _avro_facts(path: str) -> FileFacts:
+def _avro_header(path: str, fh: Any) -> tuple[Any, list[str]]:
+    """(fastavro reader, field names) of an open Avro file: its writer schema only."""
     import fastavro
 
+    try:
+        reader = fastavro.reader(fh)
+        return reader, [f["name"] for f in reader.writer_schema.get("fields", [])]
+    except Exception as exc:  # fastavro raises several types for a bad header
+        raise PreflightError(f"{path}: not a readable Avro file ({exc})") from None
+
+
+def _avro_facts(path: str) -> FileFacts:
     with _open(path) as fh:
-        try:
-            reader = fastavro.reader(fh)
-            names = [f["name"] for f in reader.writer_schema.get("fields", [])]
-        except Exception as exc:  # fastavro raises several types for a bad header
-            raise PreflightError(f"{path}: not a readable Avro file ({exc})") from None
+        reader, names = _avro_header(path, fh)
         try:
             has = next(iter(reader), None) is not None
         except Exception:  # a corrupt first block is a per-block problem: the reader dead-letters it
@@ -255,6 +261,18 @@ def _parquet_facts(path: str) -> FileFacts:
 
 
 _FACTS = {"csv": _csv_facts, "jsonl": _jsonl_facts, "avro": _avro_facts, "parquet": _parquet_facts}
+
+
+def header_columns(path: str) -> list[str] | None:
+    """The column names of one input file (any Beam file system: local, ``gs://``, ...) as the
+    pre-flight reads them: a CSV's header line, an Avro writer schema, a Parquet schema (no
+    record is parsed); ``None`` for JSONL, which has no header. Raises :class:`PreflightError`
+    on a whole-file problem (unopenable, empty, not UTF-8, unreadable header)."""
+    fmt = detect_format(path)
+    if fmt == "avro":
+        with _open(path) as fh:
+            return _avro_header(path, fh)[1]
+    return _FACTS[fmt](path).columns
 
 
 def _delimiter_hint(path: str, header: list[str], wanted: Sequence[str]) -> str:
