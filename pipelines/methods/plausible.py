@@ -221,33 +221,27 @@ class PlausibleMethod(Method):
         o = {key: (self.options.get(key) if self.options.get(key) is not None else d)
              for key, d in _DEFAULTS.items()}
         m = len(self.schema.columns)
-
-        def whole(name: str, low: int) -> int:  # o[name], an int >= low, refused in the caller's words
-            return _int(o[name], self.say.option(name, o[name]), low)
-
-        self.k = whole("k", 1)
+        # kinds, ranges (option_limits) and choices were checked once, for every caller, in the
+        # caller's words by Method.__init__ (options.check_option_values, H73); only what needs
+        # the schema or another option is checked here (H78: no second check of the same range)
+        self.k = int(o["k"])
         self.gamma = float(o["gamma"])
-        if not (self.gamma > 1 and math.isfinite(self.gamma)):
-            raise ValueError(f"gamma ({o['gamma']!r}) must be a finite number > 1")
         self.test = str(o["plausible_test"])
-        if self.test not in ("randomized", "deterministic"):
-            raise ValueError(f"plausible_test ({self.test!r}) must be 'randomized' or 'deterministic'")
         self.epsilon0 = float(o["epsilon0"])
-        if not (self.epsilon0 > 0 and math.isfinite(self.epsilon0)):
-            raise ValueError(f"epsilon0 ({o['epsilon0']!r}) must be a finite number > 0")
-        self.omega = m if o["omega"] is None else whole("omega", 1)
+        self.omega = m if o["omega"] is None else int(o["omega"])
         if self.omega > m:
             raise ValueError(f"{self.say.option('omega', self.omega)} must be in [1, {m}] (the "
                              f"schema has {m} columns)")
-        self.t = max(1, self.k // 2) if o["plausible_t"] is None else whole("plausible_t", 1)
+        self.t = max(1, self.k // 2) if o["plausible_t"] is None else int(o["plausible_t"])
         if self.test == "randomized" and not (self.k >= 2 and self.t < self.k):
             raise ValueError(f"{self.say.option('plausible_t', self.t)} must be in [1, k-1] with "
                              f"{self.say.option('k', self.k)} >= 2")
-        self.max_plausible = None if o["max_plausible"] is None else whole("max_plausible", self.k)
-        self.max_check = None if o["max_check_plausible"] is None else whole("max_check_plausible", 1)
+        self.max_plausible = None if o["max_plausible"] is None else int(o["max_plausible"])
+        if self.max_plausible is not None and self.max_plausible < self.k:
+            raise ValueError(f"{self.say.option('max_plausible', self.max_plausible)} must be an "
+                             f"int >= {self.k} ({self.say.option('k', self.k)})")
+        self.max_check = None if o["max_check_plausible"] is None else int(o["max_check_plausible"])
         self.generator = str(o["generator"])
-        if self.generator not in GENERATORS:
-            raise ValueError(f"generator ({self.generator!r}) must be one of {GENERATORS}")
         split = o["plausible_split"] if o["plausible_split"] is not None else DEFAULT_SPLITS[self.generator]
         try:
             self.fractions = tuple(float(x) for x in str(split).split(","))
@@ -256,21 +250,16 @@ class PlausibleMethod(Method):
                              "'seeds,structure,params'") from None
         if len(self.fractions) != 3 or min(self.fractions) <= 0:
             raise ValueError(f"{self.say.option('plausible_split', split)} must be three numbers > 0")
-        self.max_parents = whole("pd_max_parents", 0)
-        self.max_cost = whole("pd_max_cost", 1)
+        self.max_parents = int(o["pd_max_parents"])
+        self.max_cost = int(o["pd_max_cost"])
         self.alpha = float(o["pd_alpha"])
-        self.max_records = whole("pd_max_records", 2)
+        self.max_records = int(o["pd_max_records"])
         self.fast_path = not bool(o["pd_generic"])
         if not self.fast_path and self.max_check is None:
             self.max_check = 10_000
         self.model_fraction = float(o["pd_model_fraction"])
-        if not (0 < self.model_fraction < 1):
-            raise ValueError(f"pd_model_fraction ({o['pd_model_fraction']!r}) must be in (0, 1)")
         self.allow_non_dp = bool(o["allow_non_dp"])
         input_rows = self.options.get("input_rows")
-        if input_rows is not None and (isinstance(input_rows, bool) or not isinstance(input_rows, int)
-                                       or input_rows < 0):
-            raise ValueError(f"input_rows ({input_rows!r}) must be an int >= 0")
         # public input size → the model split's expected size, only to size the PrivBayes network
         self.model_rows = None if input_rows is None else int(
             round(input_rows * sum(self.fractions[1:]) / sum(self.fractions)))
@@ -725,12 +714,3 @@ def _rejected_items(rej: RejectedCandidates):
     yield "rejected", len(rej)
     for reason, n in rej.reason_counts().items():
         yield f"rejected_{reason}", n
-
-
-def _int(value: Any, shown: str, low: int) -> int:
-    """``value`` if an int >= ``low``; ``shown``: the option set to it, in the caller's words
-    (``--max-plausible 5``, ``options={'max_plausible': 5}``)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{shown} must be an int >= {low}")
-    return value
-

@@ -139,15 +139,12 @@ class PrivBayesMethod(Method):
                          "row count (method 'privbayes'; docs/options.md)")
 
     def _target_parent(self) -> str:
-        """``--target-parent`` / ``options={'target_parent': ...}`` (default ``auto``), checked
-        here, in the caller's words, before anything is planned or spent."""
+        """``--target-parent`` / ``options={'target_parent': ...}`` (default ``auto``): its
+        choices (``TARGET_PARENT_OPTIONS``) were checked once, in the caller's words, by
+        ``Method.__init__`` (options.check_option_values, H73), before anything is planned or
+        spent; not checked again here (H78)."""
         given = self.options.get("target_parent")
-        if given is None:
-            return "auto"
-        if given not in TARGET_PARENT_OPTIONS:
-            raise ValueError(f"{self.say.option('target_parent', given)}: must be one of "
-                             f"{', '.join(TARGET_PARENT_OPTIONS)} (docs/options.md)")
-        return str(given)
+        return "auto" if given is None else str(given)
 
     def _target(self) -> str | None:
         """The declared target: the option (``--target`` / ``options={"target": ...}``, public
