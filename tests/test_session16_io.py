@@ -5,6 +5,10 @@
    dictionary and ``--output`` too. Before, a Parquet header went to ``pyarrow`` with the URL
    (``Unrecognized filesystem type``), a dictionary to ``Path.read_text`` and the output to
    ``open``: only local paths worked.
+2. The CLI's id mode is decided in one place (``encode.READER_PRIVACY_IDS``): the encoders of
+   every command read ids that way and every manifest states it (``reader_privacy_ids``). Before,
+   ``readers_keep_digits``, ``manifest.CLI_READ_COMMANDS`` and ``prefixes``' ``exact=True`` each
+   decided it: flipping one left the manifest saying ``exact`` over merged ids.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import pytest
 from apache_beam.io.filesystem import BeamIOError, FileMetadata, FileSystem
 
 from beamsynth.pipelines.cli.main import main
+from beamsynth.pipelines.io import encode
 from beamsynth.pipelines.schema_draft import data_header, draft_schema
 
 MEM = "h79mem"
@@ -153,3 +158,75 @@ def test_schema_draft_cli_dictionary_header_and_output_on_a_beam_filesystem(memf
                  "--output", f"{MEM}://b/s.yaml", "--quiet"]) == 0
     assert memfs[f"{MEM}://b/s.yaml"].decode() == text
     assert list(Path(tmp_path).iterdir()) == []  # no local folder named after the scheme
+
+
+# -- 2. one source of truth for how the CLI reads privacy ids -------------------------------------------
+BIG = 2**53
+_ID_SCHEMA = {"name": "ids", "privacy_id": "pid", "columns": [
+    {"name": "c", "type": "categorical", "domain": {"kind": "categorical", "values": ["a", "b"]}}]}
+_RELEASE = """
+name: ids
+folder: {root}/rel-{{date}}
+budget: {{epsilon: 1.0}}
+privacy_unit: {{privacy_id: pid, max_contributions: 1}}
+ledger: {{path: {root}/ledger.sqlite, policies: {{s: {{epsilon: 5.0}}}}}}
+seed: 3
+demo: true
+tables:
+  - {{name: t, source: s, input: {data}, schema: {schema}, method: independent, epsilon: 1.0, rows: 5,
+     formats: [csv]}}
+reports: {{private: false, public: false}}
+"""
+
+
+def _id_run(tmp_path: Path, command: str) -> dict:
+    """One CLI command that reads records, over ids 2**53 and 2**53 + 1 (one row each,
+    ``max_contributions`` 1): its manifest."""
+    data = tmp_path / "d.csv"
+    data.write_text(f"pid,c\n{BIG},a\n{BIG + 1},b\n", encoding="utf-8")
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps(_ID_SCHEMA), encoding="utf-8")
+    if command == "release":
+        config = tmp_path / "r.yaml"
+        config.write_text(_RELEASE.format(root=tmp_path, data=data, schema=schema), encoding="utf-8")
+        assert main(["release", str(config), "--date", "2026-01-01", "--quiet"]) == 0
+        return json.loads((tmp_path / "rel-2026-01-01" / "private" / "t.manifest.json")
+                          .read_text(encoding="utf-8"))
+    args = {
+        "synthesize": ["synthesize", str(data), "--schema", str(schema), "--rows", "5",
+                       "--method", "independent"],
+        "histogram": ["histogram", str(data), "--column", "c", "--domain", "list:a,b",
+                      "--tolerance", "0.5", "--privacy-id", "pid"],
+        "prefixes": ["prefixes", str(data), "--kind", "text", "--column", "c", "--alphabet", "ab",
+                     "--max-length", "1", "--privacy-id", "pid", "--allow-empty"],
+    }[command]
+    out = tmp_path / f"{command}.csv"
+    assert main([*args, "--epsilon", "1", "--seed", "3", "--quiet", "--output", str(out)]) == 0
+    return json.loads(Path(f"{out}.manifest.json").read_text(encoding="utf-8"))
+
+
+_COMMANDS = ["synthesize", "histogram", "prefixes", "release"]
+
+
+@pytest.mark.parametrize("mode", [
+    "exact", pytest.param("rounded", marks=pytest.mark.slow)])  # slow: the default run has exact
+@pytest.mark.parametrize("command", _COMMANDS)
+def test_every_cli_manifest_states_how_its_encoder_read_ids(tmp_path, monkeypatch, command,
+                                                            mode) -> None:
+    """2**53 and 2**53 + 1 are one person (one row dropped by the bound of 1) iff the manifest
+    says ``rounded``, for every command (1-2 s each); flipping the one switch flips encoders and
+    manifests alike. On the old code the switch did not exist (three places decided; flipping
+    ``readers_keep_digits`` alone gave synthesize ``ids: exact`` over 1 dropped row)."""
+    monkeypatch.setattr(encode, "READER_PRIVACY_IDS", mode)
+    m = _id_run(tmp_path, command)
+    ids = m["release"]["privacy_unit"]["ids"]
+    dropped = m["operational"]["rows_dropped_by_bound"]
+    assert ids == mode and dropped == (1 if mode == "rounded" else 0), (ids, dropped)
+
+
+def test_cli_commands_reading_records_are_all_covered() -> None:
+    """Every CLI command is in the test above or reads no records: a new one must be added."""
+    from beamsynth.pipelines.cli.main import build_parser
+
+    subs = next(a for a in build_parser()._actions if a.choices and "synthesize" in a.choices)
+    assert set(subs.choices) - set(_COMMANDS) == {"schema", "ledger", "report"}

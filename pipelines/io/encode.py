@@ -22,6 +22,8 @@ from beamsynth.transforms.conventions import display_items, element_types
 
 __all__ = [
     "EncodeBlocks",
+    "READER_PRIVACY_IDS",
+    "reader_privacy_ids",
     "readers_keep_digits",
 ]
 
@@ -128,16 +130,30 @@ class _EncodeFn(beam.DoFn):
             yield batch
 
 
+#: How the records of the CLI's readers (``pipelines/io/read*.py``) read privacy ids: the one
+#: place the CLI decides it (H71, H79). The encoders of its commands (:class:`EncodeBlocks`,
+#: ``prefixes``' ``encode_key_block``) read ids this way and every CLI manifest states it
+#: (:func:`reader_privacy_ids`), so a command cannot read ids one way and state the other.
+READER_PRIVACY_IDS = "exact"
+
+
+def reader_privacy_ids(privacy_id: str | None) -> str | None:
+    """What a CLI manifest states as ``release.privacy_unit.ids``: how its encoder read the ids
+    (:data:`READER_PRIVACY_IDS`); ``None`` without an id column."""
+    return None if privacy_id is None else READER_PRIVACY_IDS
+
+
 def readers_keep_digits(schema: Schema) -> Schema:
-    """``schema`` reading privacy ids digit for digit (``privacy_ids: exact``; H71): the CLI's
-    readers never give an id as a pandas float (CSV fields are text, JSONL numbers Python ints,
-    Avro longs and Parquet int64 columns ints through ``to_pylist``, nulls ``None``), so an id
-    beyond 2**53 is the same whatever the other rows and needs no rounding; a float id there is
-    the file's own (a JSON ``1.0e18``, an Avro/Parquet double) and, if 2**53 or more, a dead
-    letter. Beam YAML rows (``encode_block`` from ``yaml_transforms``) keep the schema's mode."""
-    if schema.privacy_id is None or schema.privacy_ids == "exact":
+    """``schema`` reading privacy ids as the CLI's readers need (:data:`READER_PRIVACY_IDS`,
+    ``exact``; H71): the CLI's readers never give an id as a pandas float (CSV fields are text,
+    JSONL numbers Python ints, Avro longs and Parquet int64 columns ints through ``to_pylist``,
+    nulls ``None``), so an id beyond 2**53 is the same whatever the other rows and needs no
+    rounding; a float id there is the file's own (a JSON ``1.0e18``, an Avro/Parquet double) and,
+    if 2**53 or more, a dead letter. Beam YAML rows (``encode_block`` from ``yaml_transforms``)
+    keep the schema's mode."""
+    if schema.privacy_id is None or schema.privacy_ids == READER_PRIVACY_IDS:
         return schema
-    return dataclasses.replace(schema, privacy_ids="exact")
+    return dataclasses.replace(schema, privacy_ids=READER_PRIVACY_IDS)
 
 
 @element_types(input=RawBlock, outputs={"batches": EncodedBatch, "rejected": Rejected})

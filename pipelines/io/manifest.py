@@ -26,11 +26,6 @@ SEEDED_NOTE = "seeded: not for release"
 SECURE_NOTE = "secure (per-run secret from OS entropy, never written out)"
 
 
-#: Commands whose records come from the CLI's own readers (``pipelines/io/read*.py``), which read
-#: privacy ids exactly (H71).
-CLI_READ_COMMANDS = frozenset({"synthesize", "histogram", "prefixes", "release"})
-
-
 def manifest_path(output: str) -> str:
     """``OUT.manifest.json`` for an output path."""
     return f"{output}.manifest.json"
@@ -69,13 +64,10 @@ def build_manifest(
 ) -> dict[str, Any]:
     """Assemble a manifest dict (see the module docstring for its two parts).
 
-    ``privacy_ids``: how privacy ids were read (``exact`` or ``rounded``, the schema's
-    ``privacy_ids``; H71), stated as ``release.privacy_unit.ids`` when the unit has an id column;
-    ``None`` for the commands that read files with the CLI's readers (:data:`CLI_READ_COMMANDS`)
-    is ``exact`` (those readers keep every digit: ``encode.readers_keep_digits``) and for any
-    other caller (the API, Beam YAML, ``WindowedSynthesis``' batches) states nothing."""
-    if privacy_ids is None and command in CLI_READ_COMMANDS:
-        privacy_ids = "exact"
+    ``privacy_ids``: how the encoder read privacy ids (``exact`` or ``rounded``; H71), stated as
+    ``release.privacy_unit.ids`` when the unit has an id column: the CLI's commands pass
+    ``encode.reader_privacy_ids`` (what their encoders did), the API the schemas' modes;
+    ``None`` states nothing (``WindowedSynthesis``' batches)."""
     if privacy_ids is not None and privacy_unit.get("privacy_id") is not None:
         privacy_unit = {**privacy_unit, "ids": privacy_ids}
     return {

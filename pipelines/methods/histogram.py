@@ -16,6 +16,7 @@ import pyarrow as pa
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beamsynth.pipelines.io.dead_letters import write_rejected
+from beamsynth.pipelines.io.encode import reader_privacy_ids
 from beamsynth.pipelines.io.manifest import build_manifest, manifest_path, write_json_atomic
 from beamsynth.pipelines.io.preflight import check_noise_scales
 from beamsynth.pipelines.io.read import ReadRecords
@@ -135,7 +136,7 @@ def run_histogram(cfg: HistogramConfig, options: PipelineOptions | None = None) 
         privacy_unit={"privacy_id": cfg.privacy_id, "max_contributions": k,
                       "neighbouring": "add/remove one privacy unit", **empty_input_note(cfg.empty_input_refused),
                       **rejected_gate_note(cfg.fail_on_rejected)},
-        counts=counts,
+        counts=counts, privacy_ids=reader_privacy_ids(cfg.privacy_id),  # as ReadRecords read them
         details={"column": column.name, "domain": cfg.domain_spec or column.domain.to_spec(),
                  **hist.plan.details(),
                  "empty_input": ("refused by the command (privacy_unit.empty_input); " if cfg.empty_input_refused

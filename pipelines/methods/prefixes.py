@@ -20,7 +20,7 @@ from apache_beam.metrics import Metrics
 
 from beamsynth.pipelines.io import preflight
 from beamsynth.pipelines.io.dead_letters import write_rejected
-from beamsynth.pipelines.io.encode import _row_text
+from beamsynth.pipelines.io.encode import _row_text, reader_privacy_ids
 from beamsynth.pipelines.io.manifest import build_manifest, manifest_path, write_json_atomic
 from beamsynth.pipelines.io.read import ReadRawBlocks
 from beamsynth.pipelines.io.records import (
@@ -100,7 +100,8 @@ def encode_key_block(codec: KeyCodec, privacy_id: str | None, block: RawBlock
     pids = None
     if privacy_id:
         # 7.0 = 7; digits kept beyond 2**53 (the CLI's readers keep them; H71)
-        pids, why = encode_privacy_ids(block.columns[privacy_id].tolist(), privacy_id, exact=True,
+        pids, why = encode_privacy_ids(block.columns[privacy_id].tolist(), privacy_id,
+                                       exact=reader_privacy_ids(privacy_id) == "exact",
                                        nan_is_empty=True)
         bad.update({i: f"privacy id {privacy_id!r} is missing" if r.endswith("is empty") else r
                     for i, r in why.items()})
@@ -251,9 +252,10 @@ def run_prefixes(*, input: str, codec: KeyCodec, method: str, epsilon: float, ou
         accountant=accountant.to_dict(), seed=seed,
         privacy_unit={"privacy_id": privacy_id, "max_contributions": max_contributions,
                       **empty_input_note(empty_input_refused), **rejected_gate_note(fail_on_rejected)},
-        counts=counts, details={"key": spec, "accounting": transform.accounting.to_dict(),
-                                "restore_discount": bool(restore), "reduce_to_ancestor": bool(reduce),
-                                "tree_note": "improved: internal nodes carry no count (only split "
-                                             "decisions are released); leaves with count <= 0 omitted"})
+        counts=counts, privacy_ids=reader_privacy_ids(privacy_id),  # as encode_key_block read them
+        details={"key": spec, "accounting": transform.accounting.to_dict(),
+                 "restore_discount": bool(restore), "reduce_to_ancestor": bool(reduce),
+                 "tree_note": "improved: internal nodes carry no count (only split "
+                              "decisions are released); leaves with count <= 0 omitted"})
     write_json_atomic(manifest_path(output), manifest)
     return manifest

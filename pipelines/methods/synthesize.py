@@ -20,6 +20,7 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beamsynth.pipelines.io.dead_letters import write_rejected
+from beamsynth.pipelines.io.encode import reader_privacy_ids
 from beamsynth.pipelines.io.manifest import build_manifest, manifest_path, write_json_atomic
 from beamsynth.pipelines.io.preflight import check_noise_scales
 from beamsynth.pipelines.io.read import ReadRecords
@@ -303,7 +304,7 @@ def run_synthesis(cfg: SynthesisConfig, pipeline_options: PipelineOptions | None
                       "neighbouring": "add/remove one privacy unit",
                       **record_lines_note(cfg.max_record_lines), **empty_input_note(cfg.empty_input_refused),
                       **rejected_gate_note(cfg.fail_on_rejected)},
-        counts=counts,
+        counts=counts, privacy_ids=reader_privacy_ids(plan.schema.privacy_id),  # as ReadRecords read
         details={"method": plan.method.details(), "rows_requested": cfg.rows},
     )
     if getattr(plan.method, "non_dp_warning", None):  # e.g. plausible's Privacy Test 1 (--allow-non-dp)

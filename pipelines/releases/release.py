@@ -44,6 +44,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beamsynth.pipelines.io import filesystem as fs
+from beamsynth.pipelines.io.encode import reader_privacy_ids
 from beamsynth.pipelines.io.manifest import SEEDED_NOTE, build_manifest, write_json_atomic
 from beamsynth.pipelines.io.preflight import check_table_inputs
 from beamsynth.pipelines.io.records import METRICS_NAMESPACE, empty_input_note, rejected_path
@@ -255,7 +256,7 @@ def _finish_table(plan: SynthesisPlan, t: TableSpec, tmp: str, result: Any, star
                       "max_contributions": cfg.max_contributions,
                       "neighbouring": "add/remove one privacy unit",
                       **empty_input_note(plan.config.empty_input_refused)},
-        counts=counts,
+        counts=counts, privacy_ids=reader_privacy_ids(plan.schema.privacy_id),  # as ReadRecords read
         details={"method": plan.method.details(), "rows_requested": cfg.rows, "table": t.name,
                  "source": t.source, "columns": plan.schema.names},
     )
