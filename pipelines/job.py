@@ -199,12 +199,13 @@ class Synthesize(PrivateTransform):
             # EncodedBatch of the schema's columns only
         tables, models, _rows = synthesize_batches(batches, self._plan)
         # pyarrow.Table shards of synthetic records
-        p.job.count_outputs.append(  # the released rows (the CLI's rows_out; H76)
+        p.job.count_outputs.append(  # the released rows (the CLI's rows_out; H76), per window (H79)
             tables
-            | "CountOut" >> beam.Map(lambda t, step=self.label: ((_OUTPUT, step), "rows_out",
-                                                                 t.num_rows))
+            | "CountOut" >> beam.Map(lambda t: ("rows_out", t.num_rows))
+            | "KeyCountOut" >> beam.ParDo(_KeyRunCountFn(self.label, _OUTPUT))
             | "GlobalCountOut" >> beam.WindowInto(GlobalWindows()))
-        # ((OUTPUT, step), "rows_out", rows of one shard): WriteManifest's release.rows_out
+        # ((OUTPUT, step), (window_start or None, "rows_out"), rows of one shard): WriteManifest's
+        # release.rows_out and rows_out_per_window
         run_counts = getattr(self._plan.method, "run_counts", None)
         if run_counts is not None:  # run-time figures for the manifest (e.g. plausible's released)
             p.job.count_outputs.append(
@@ -262,16 +263,17 @@ every_window=)`` (plausible's released rows, privbayes' run-time choices), taken
 
 
 class _KeyRunCountFn(beam.DoFn):
-    """``(field, n)`` of one step, in its window → ``((MECHANISM, step), (window_start, field), n)``
-    (``window_start`` ISO 8601 for a declared window, ``None`` on the global window)."""
+    """``(field, n)`` of one step, in its window → ``((kind, step), (window_start, field), n)``
+    (``window_start`` ISO 8601 for a declared window, ``None`` on the global window; ``kind``
+    :data:`_MECHANISM` for a method's run-time figures, :data:`_OUTPUT` for released rows)."""
 
-    def __init__(self, step: str) -> None:
-        self._step = step
+    def __init__(self, step: str, kind: str = _MECHANISM) -> None:
+        self._step, self._kind = step, kind
 
     def process(self, item: tuple[str, int], window=beam.DoFn.WindowParam):
         start = None if isinstance(window, GlobalWindow) else iso_seconds(window.start)
         field, n = item
-        yield (_MECHANISM, self._step), (start, field), int(n)
+        yield (self._kind, self._step), (start, field), int(n)
 
 
 class _MergeCountsFn(beam.CombineFn):
@@ -382,7 +384,7 @@ def assemble_manifest(counts: Mapping[str, Mapping[str, int]], *, public: Mappin
     """The job manifest from the public facts (taken at build time) and the exact counts."""
     sources = [s["source"] for s in public["sources"]]
     mechanisms, private = _run_time_mechanisms(counts, public)
-    mechanisms, rows_out = _rows_out(counts, mechanisms)
+    mechanisms, rows_out, per_window = _rows_out(counts, mechanisms, public.get("windows"))
     modes = {s["source"]: s.get("privacy_ids") for s in public["sources"]}
     operational = _operational(counts, sources, [s for s, m in modes.items() if m == "rounded"])
     if private:
@@ -393,25 +395,36 @@ def assemble_manifest(counts: Mapping[str, Mapping[str, int]], *, public: Mappin
         inputs=sources, outputs={"manifest": path}, schema_name=first["schema"],
         schema_fingerprint=first["schema_sha256"], accountant=public["accountant"],
         seed=public["seed"], privacy_unit=public["privacy_unit"],
-        counts={**operational, "rows_out": rows_out}, privacy_ids=_id_modes(modes),
+        counts={**operational, "rows_out": rows_out, "rows_out_per_window": per_window},
+        privacy_ids=_id_modes(modes),
         details={"job": public["job"], "mechanisms": mechanisms,
                  "sources": public["sources"],
                  "windows": windows_section(public.get("windows"), public["accountant"])})
 
 
-def _rows_out(counts: Mapping[Any, Mapping[str, int]], mechanisms: list[dict[str, Any]]
-              ) -> tuple[list[dict[str, Any]], int | None]:
+def _rows_out(counts: Mapping[Any, Mapping[Any, int]], mechanisms: list[dict[str, Any]],
+              windows: Any = None
+              ) -> tuple[list[dict[str, Any]], int | None, dict[str, int] | None]:
     """Each ``Synthesize`` step's released rows (``rows_out`` in its entry) and their sum, the
     manifest's ``release.rows_out`` as the CLI's: the rows the step output (its DP count, or the
     declared ``rows``, or plausible's released candidates), never an input count. ``None``: the
-    job synthesizes nothing (its counts and tables have no row total)."""
-    total, out = None, []
+    job synthesizes nothing (its counts and tables have no row total). Under declared windows,
+    also per window (``rows_out_per_window``: every declared window's start, in order, 0 where
+    nothing was released; the step's and the sum over steps): the rows of each window's
+    released tables, as ``synthesize --stream`` states them in each window's manifest (H79)."""
+    starts = None if windows is None else windows.start_labels()
+    total, out, every = None, [], None
     for entry in mechanisms:
         if entry.get("mechanism") == f"synthesis ({entry.get('method')})":
-            n = int(counts.get((_OUTPUT, entry["step"]), {}).get("rows_out", 0))
+            mine = counts.get((_OUTPUT, entry["step"]), {})  # {(window_start, "rows_out"): n}
+            n = sum(int(v) for v in mine.values())
             entry, total = {**entry, "rows_out": n}, (total or 0) + n
+            if starts is not None:
+                per = {s: int(mine.get((s, "rows_out"), 0)) for s in starts}
+                entry["rows_out_per_window"] = per
+                every = {s: (every or {}).get(s, 0) + per[s] for s in starts}
         out.append(entry)
-    return out, total
+    return out, total, every
 
 
 def _id_modes(modes: Mapping[str, str | None]) -> str | None:

@@ -26,6 +26,10 @@ SEEDED_NOTE = "seeded: not for release"
 SECURE_NOTE = "secure (per-run secret from OS entropy, never written out)"
 
 
+#: Counts that are the release's own size (public: in ``release``, never in ``operational``).
+_PUBLIC_COUNTS = ("rows_out", "rows_out_per_window")
+
+
 def manifest_path(output: str) -> str:
     """``OUT.manifest.json`` for an output path."""
     return f"{output}.manifest.json"
@@ -82,6 +86,8 @@ def build_manifest(
             "randomness": SEEDED_NOTE if seed is not None else SECURE_NOTE,
             "seed": seed,
             "rows_out": counts.get("rows_out"),
+            **({} if counts.get("rows_out_per_window") is None
+               else {"rows_out_per_window": counts["rows_out_per_window"]}),
             "outputs": outputs,
             "details": details or {},
             "versions": versions(),
@@ -89,6 +95,6 @@ def build_manifest(
         "operational": {
             "note": "exact counts, NOT differentially private: do not publish",
             "inputs": inputs,
-            **{k: v for k, v in counts.items() if k != "rows_out"},
+            **{k: v for k, v in counts.items() if k not in _PUBLIC_COUNTS},
         },
     }
