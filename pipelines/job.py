@@ -38,7 +38,7 @@ from beamsynth.pipelines.methods.wording import Vocabulary
 from beamsynth.schemas.schema import EncodedBatch
 from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, PureDP, as_budget
 from beamsynth.transforms.conventions import typed_boundary
-from beamsynth.transforms.outputs import record_type, table_rows
+from beamsynth.transforms.outputs import record_type, table_order, table_rows
 from beamsynth.transforms.private import (
     PrivacyJob,
     PrivateCollection,
@@ -216,8 +216,9 @@ class Synthesize(PrivateTransform):
         if self._typed:
             return {"tables": tables, "models": models}
         return tables | "ToRows" >> release_rows(p, table_rows, p.schema,
-                                                 row_type=record_type(p.schema))
-        # beam.Row per synthetic record ([window_start,] declared columns)
+                                                 row_type=record_type(p.schema), order=table_order)
+        # beam.Row per synthetic record ([window_start,] declared columns), shards in label order
+        # on every runner (H81)
 
 
 class IndependentSynthesis(Synthesize):

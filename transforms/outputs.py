@@ -35,6 +35,8 @@ __all__ = [
     "COUNT_FIELD",
     "COUNT_TYPE",
     "TREE_TYPE",
+    "level_order",
+    "table_order",
     "arrow_schema",
     "column_field",
     "count_row",
@@ -120,6 +122,31 @@ def table_rows(table: pa.Table, schema: Schema) -> Iterable[beam.Row]:
     cols = [table.column(n).to_pylist() for n in schema.names]
     for values in zip(*cols):
         yield beam.Row(**dict(zip(fields, values)))
+
+
+def table_order(table: pa.Table) -> tuple[str, int, str]:
+    """Order key of a released table among its release's tables (``release_rows(order=)``): the
+    part label it carries (sampling shard, plausible shard; window and shard zero-padded), then its
+    size, then its content (unlabelled tables, e.g. decoded prefix keys). Released values only."""
+    from beamsynth.schemas.tables import part_label
+
+    label = part_label(table)
+    content = "" if label else _content_key(table)
+    return label, table.num_rows, content
+
+
+def level_order(release: Any) -> tuple[int, bytes]:
+    """Order key of a released prefix-tree level (``LevelRelease``): depth, then its first node's
+    prefix codes (levels split into parts hold disjoint prefixes)."""
+    prefixes = np.asarray(release.prefixes)
+    first = prefixes[:1].astype(np.int64).tobytes() if prefixes.size else b""
+    return int(release.depth), first
+
+
+def _content_key(table: pa.Table) -> str:
+    import json
+
+    return json.dumps(table.to_pydict(), sort_keys=True, default=str)
 
 
 def count_row(noisy_count: Any) -> beam.Row:

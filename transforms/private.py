@@ -985,12 +985,50 @@ class WindowRowsFn(beam.DoFn):
 
 
 def release_rows(private: PrivateCollection, fn: Any, *args: Any,
-                 row_type: RowTypeConstraint) -> beam.PTransform:
+                 row_type: RowTypeConstraint, order: Any = None) -> beam.PTransform:
     """Released values → rows (``FlatMap(fn, *args)`` typed ``row_type``); under declared windows
-    every row gets ``window_start`` (its window's start, ISO 8601 UTC) as first field."""
+    every row gets ``window_start`` (its window's start, ISO 8601 UTC) as first field.
+
+    ``order``: for a release made of several elements per window (sampling shards, prefix-tree
+    levels, decoded key tables), a key of one element: the elements are gathered per window and
+    their rows emitted in that key's order, so a sink gets the same rows in the same order on
+    every runner (the order the runner finished the elements in is no part of the release;
+    rule 7, H81). Post-processing of released values only."""
+    if order is not None:
+        return _RowsInOrder(private, fn, args, row_type, order)
     if private.windows is None:
         return beam.FlatMap(fn, *args).with_output_types(row_type)
     return beam.ParDo(WindowRowsFn(fn, args)).with_output_types(window_row_type(row_type))
+
+
+class _RowsInOrder(beam.PTransform):
+    """:func:`release_rows` with ``order``: one ``GroupByKey`` per window, then rows element by
+    element in key order (elements with equal keys keep their arrival order, so keys must tell
+    a release's elements apart)."""
+
+    def __init__(self, private: PrivateCollection, fn: Any, args: tuple[Any, ...],
+                 row_type: RowTypeConstraint, order: Any) -> None:
+        super().__init__()
+        self._private, self._fn, self._args = private, fn, args
+        self._row_type, self._order = row_type, order
+
+    def expand(self, released):
+        gathered = (released
+                    | "KeyAll" >> beam.Map(_keyed_zero)
+                    | "GatherAll" >> beam.GroupByKey())
+        # (0, Iterable[released element]) per window
+        return gathered | "InOrder" >> release_rows(self._private, _rows_in_order, self._fn,
+                                                    self._order, *self._args,
+                                                    row_type=self._row_type)
+
+
+def _keyed_zero(element: Any) -> tuple[int, Any]:
+    return 0, element
+
+
+def _rows_in_order(keyed: tuple[int, Any], fn: Any, order: Any, *args: Any):
+    for element in sorted(keyed[1], key=order):
+        yield from fn(element, *args)
 
 
 def window_row_type(row_type: RowTypeConstraint) -> RowTypeConstraint:

@@ -32,8 +32,10 @@ from beamsynth.transforms.outputs import (
     histogram_type,
     key_rows,
     key_type,
+    level_order,
     marginal_rows,
     marginal_type,
+    table_order,
     tree_rows,
 )
 from beamsynth.transforms.prefix_decode import DecodeLeaves
@@ -458,6 +460,9 @@ class PrefixTree(PrivateTransform):
         # pyarrow.Table of synthetic keys
         return _TreeOutputs({
             "keys": synthetic | "KeyRows" >> release_rows(p, key_rows, codec,
-                                                          row_type=key_type(codec)),
-            "tree": released | "TreeRows" >> release_rows(p, tree_rows, codec, row_type=TREE_TYPE),
+                                                          row_type=key_type(codec),
+                                                          order=table_order),
+            "tree": released | "TreeRows" >> release_rows(p, tree_rows, codec, row_type=TREE_TYPE,
+                                                          order=level_order),
+            # several elements per window: rows in a fixed order on every runner (H81)
         })
