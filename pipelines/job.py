@@ -55,6 +55,29 @@ __all__ = ["IndependentSynthesis", "PlausibleDeniability", "PrivBayes", "SBHG", 
            "WriteManifest", "method_option_names"]
 
 
+def _noise_text(details: Mapping[str, Any]) -> str:
+    """A spend's noise for display data, from its planned details (public, known when built):
+    its scale, a scale per table, or, where the scale is chosen later (per privately chosen
+    table) or the mechanism has none (permute-and-flip, exponential mechanism), its sensitivity
+    and ε per use; plausible's test, its invocations. Before H81 only a plain ``scale`` showed,
+    so 1-way marginals, PrivBayes tables and every selection showed an ε alone."""
+    if "scale" in details:
+        return f" scale {_scale_text(details['scale'])}"
+    if "scale_per_table" in details:
+        return f" scale {_scale_text(details['scale_per_table'])} per table"
+    if "sensitivity_per_table" in details:
+        return (f" sensitivity {_scale_text(details['sensitivity_per_table'])} per table, "
+                "scales set with the privately chosen tables")
+    if "sensitivity" in details:
+        per = next((f", ε {_scale_text(details[k])} per {k.removeprefix('epsilon_per_')}"
+                    for k in ("epsilon_per_step", "epsilon_per_pick", "epsilon_per_draw")
+                    if k in details), "")
+        return f" sensitivity {_scale_text(details['sensitivity'])}{per}"
+    if "C" in details:
+        return f" {_scale_text(details['C'])} test invocations"
+    return ""
+
+
 def _scale_text(scale: Any) -> str:
     """A spend's noise scale for display data: one number, or a few numbers (e.g. one per
     refinement round or table), never a data value."""
@@ -179,9 +202,8 @@ class Synthesize(PrivateTransform):
         self._plan = SynthesisPlan(cfg, schema, acct, method, count_budget)  # type: ignore[arg-type]
         for s in staged.spends:
             job.spend(s.step, s.budget, mechanism=s.mechanism, details=s.details)
-        self._spends = "; ".join(  # display_data: each part's ε and scale (public, no data)
-            s.step.removeprefix(f"{step}/") + f" {s.budget}"
-            + (f" scale {_scale_text(s.details['scale'])}" if "scale" in (s.details or {}) else "")
+        self._spends = "; ".join(  # display_data: each part's ε and noise (public, no data)
+            s.step.removeprefix(f"{step}/") + f" {s.budget}" + _noise_text(s.details or {})
             for s in staged.spends)
         if not self._typed:
             row_type = record_type(schema)

@@ -153,3 +153,34 @@ def test_rows_in_order_ignores_the_order_elements_arrive_in():
     want = [(1, "[0]"), (2, "[0, 2]"), (2, "[1, 0]")]
     assert rows(levels, level_rows, _outputs.level_order) == want
     assert rows(levels[::-1], level_rows, _outputs.level_order) == want
+
+
+# -- 2. display data: every spend's noise, never data --------------------------------------------
+def test_display_data_states_every_spends_noise_and_no_data():
+    """A runner's step panel (display_data) of each synthesizer once applied: before H81 only a
+    spend with a plain ``scale`` showed one (independent's 1-way marginals, PrivBayes' tables and
+    structure, SBHG's hash selection showed an ε alone: 'independent.marginals ε=0.475')."""
+    from apache_beam.transforms.display import DisplayData
+
+    job = bs.PrivacyJob(epsilon=10.0, delta=1e-5, seed=3)
+    p = beam.Pipeline()
+    private = p | beam.Create(_records(20)) | job.private(SCHEMA, source="secret_source")
+    steps = {"Indep": bs.IndependentSynthesis(epsilon=0.5),
+             "PB": bs.PrivBayes(epsilon=1.0, rows=10),
+             "SBHG": bs.SBHG(epsilon=1.0, delta=1e-6, rows=10)}
+    shown = {}
+    for label, step in steps.items():
+        _ = private | label >> step
+        shown[label] = {i.key: i.value for i in DisplayData.create_from(step).items}
+    indep = shown["Indep"]["spends"]
+    assert "row_count ε=0.025 scale 40" in indep                       # k = 1
+    assert "independent.marginals ε=0.475 scale 6.31579 per table" in indep  # 3 tables
+    pb = shown["PB"]["spends"]
+    assert "privbayes.structure ε=" in pb and "privbayes.structure ε=0.0735 sensitivity" in pb
+    assert "privbayes.marginals ε=0.6615 sensitivity 1 per table" in pb
+    sbhg = shown["SBHG"]["spends"]
+    assert "sbhg.hash_selection ε=0.2 sensitivity" in sbhg and "per draw" in sbhg
+    for values in shown.values():  # public parameters only: no record, no source name, no seed
+        text = json.dumps(values, default=str)
+        assert "secret_source" not in text and "Oslo" not in text and "seed" not in text
+        assert {"epsilon", "delta"} <= set(values)
