@@ -290,7 +290,21 @@ class PrivacyJob:
         self._recorded = {"by": None}  # set by freeze(); read by the finalizer (never holds self)
 
     def private(self, schema: Schema | str, **kwargs: Any) -> MakePrivate:
-        """``records | job.private(schema)``: a :class:`MakePrivate` step of this job."""
+        """``records | job.private(schema, ...)``: a :class:`MakePrivate` step of this job.
+
+        Keywords (each optional; ``help(bs.MakePrivate)`` has the details):
+          keys: declared prefix keys ``{name: bs.TextKey(...) | bs.SpatialKey(...) |
+            bs.HierarchyKey(...)}`` for ``bs.PrefixTree``.
+          position_field: the field (dict key, row field, Arrow column) holding each element's
+            position in its source, for dead letters (else their position is ``None``).
+          source: the input's name in dead letters and the manifest (default: the step label).
+          windows: ``bs.DeclaredWindows(start=, end=, size=)``: one release per declared window.
+          batch_rows: rows per encoded batch (default 20,000).
+          label: the step's label (or ``records | "Label" >> job.private(schema)``).
+
+        Input: dicts, schema'd ``beam.Row``s / named tuples or pyarrow Tables/RecordBatches; bad
+        elements go to ``.dead_letters`` with a reason. Output: a private collection for
+        beamsynth's mechanisms (``bs.Count``, ``bs.Marginals``, ``bs.PrivBayes``, ...)."""
         return MakePrivate(job=self, schema=schema, **kwargs)
 
     def count_rejected(self, dead_letters: beam.PCollection, *, source: str) -> None:

@@ -134,9 +134,12 @@ def event_time_text(ts: Any) -> str:
 class DeclaredWindows(beam_window.FixedWindows):
     """Fixed event-time windows of ``size`` seconds over the public range ``[start, end)``.
 
-    Use it like ``FixedWindows``: ``pcoll | beam.WindowInto(DeclaredWindows(start=..., end=...,
-    size=...))``. Every beamsynth release step downstream then releases exactly once per declared
-    window (data or not) and drops records stamped outside ``[start, end)``. ``start``/``end`` are
+    Give it to ``job.private(schema, windows=bs.DeclaredWindows(start=..., end=..., size=...))``
+    (or window the timestamped input with ``beam.WindowInto(...)`` before ``job.private``, like
+    ``FixedWindows``). Every beamsynth release step downstream then releases exactly once per
+    declared window (data or not); a record stamped outside ``[start, end)`` is a dead letter
+    (``timestamp ... is outside the declared windows ...``), counted as read and rejected in the
+    manifest. ``start``/``end`` are
     epoch seconds or timezone-aware datetimes, multiples of ``size``; ``end=None`` declares every
     window from ``start`` on (an unbounded stream: heartbeats from ``PeriodicImpulse``). Declare
     the range, never read it off the data.
