@@ -273,7 +273,8 @@ def model_sample(model: SynthesisModel, rows: int, rs: RandomSource) -> tuple[np
     order = [x for x, _ in base.structure] if isinstance(base, PrivBayesModel) else list(range(len(shape)))
     if isinstance(model, RefinedModel) and model.targets:
         pool = base.sample_codes(rows, rs.child("pool"))
-        return pool, rake_weights(pool, shape, model.targets, SAMPLE_RAKE_ITERATIONS), order
+        return pool, rake_weights(pool, shape, model.targets, SAMPLE_RAKE_ITERATIONS,
+                                  end_on_margins=model.end_on_margins), order
     return model.sample_codes(rows, rs.child("pool")), None, order
 
 

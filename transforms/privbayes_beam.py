@@ -43,7 +43,6 @@ from beamsynth.transforms.privbayes_plan import (
     spend_privbayes,
 )
 from beamsynth.transforms.privbayes_star import resolve_target
-from beamsynth.transforms.privbayes_structure import candidate_families
 from beamsynth.transforms.refine import (
     DEFAULT_REFINE_FRACTION,
     DEFAULT_REFINE_GROUPS,
@@ -142,14 +141,9 @@ class DPPrivBayes(beam.PTransform):
         self._delta = budget.delta if self.plan.zcdp is not None else 0.0
         if accountant is not None:
             spend_privbayes(accountant, self.plan)
-        family_target = self.plan.parent_target
-        public_rows = None if self.plan.sizing is None else self.plan.sizing.rows
-        if family_target is not None and public_rows is not None and not (
-                self.plan.target_parent_gate(public_rows)[0]):
-            family_target = None  # public rows close "useful"'s gate now: no (X, T, P) counts
-        self._families = candidate_families(len(schema.shape), self.plan.degree, shape=schema.shape,
-                                            max_family_cells=self.plan.max_family_cells,
-                                            target=family_target)
+        # the target's (X, T, Π) counted where the plan's one gate keeps it (public rows that
+        # close "useful"'s gate: the label-free families; H78, PrivBayesPlan.target_parent_at)
+        self._families = self.plan.counted_families(schema.shape)
         self._seed, self._shrink = run_seed(seed), float(shrink)
 
     def display_data(self) -> dict[str, Any]:
@@ -180,9 +174,9 @@ class DPPrivBayes(beam.PTransform):
             ordered=ordered_columns(self._schema), shrink=shrink, sampling=sampling))
         # PrivBayesMeasurement (structure + NoisyMarginal tables + refinement tables): the DP boundary
         self.measured = measured  # its run-time choices (sizing_choices) feed API/YAML manifests
+        # every choice of the fit from the plan, never a worker's module (H69, H78)
         return measured | "Fit" >> beam.Map(fit_privbayes, shape, names, shrink=shrink,
-                                                sampling=sampling,
-                                                refine_margins=self.plan.refine_margins)
+                                                sampling=sampling, **self.plan.fit_choices())
         # PrivBayesModel, or RefinedModel when refining
 
 

@@ -62,7 +62,6 @@ from beamsynth.transforms.privbayes_sizing import (
 from beamsynth.transforms.privbayes_star import measure_star, plan_star
 from beamsynth.transforms.privbayes_structure import (
     _family_table,
-    candidate_families,
     choose_structure,
     family_specs,
 )
@@ -151,18 +150,15 @@ def measure_privbayes(
     if marginal_rho is not None and refine is not None and refine.pairs < plan.refine.pairs:
         marginal_rho += gaussian_refine_rho(plan.refine) - gaussian_refine_rho(refine)
         scale *= math.sqrt(plan.zcdp.marginal_rho / marginal_rho)
-    target = plan.parent_target  # H58: only where its families were counted (older callers)
-    if target is not None and not _covers(tables, candidate_families(
-            d, plan.degree, shape=shape, max_family_cells=plan.max_family_cells, target=target)):
-        target = None
-    if target is not None and plan.target_parent == "useful":  # public rows or the DP count
-        rows = sizing["rows_hat"] if sizing is not None else plan.sizing.rows
-        on, useful = plan.target_parent_gate(rows)  # the plan's mode and θ_T (H65), not globals
-        if sizing is not None:
-            sizing = {**sizing, "target_parent_usefulness": useful,
-                      "target_parent": "required" if on else "off"}
-        if not on:
-            target = None
+    # the target as a parent (H58): the plan's one gate (H78, PrivBayesPlan.target_parent_at:
+    # public rows, else this window's DP count; mode and θ_T the plan's, H65), where the counted
+    # families are the plan's (a direct caller that counted the label-free ones: no target)
+    target, useful = None, math.nan
+    if plan.parent_target is not None and _covers(tables, plan.counted_families(shape)):
+        target, useful = plan.target_parent_at(None if sizing is None else sizing["rows_hat"])
+    if sizing is not None and not math.isnan(useful):
+        sizing = {**sizing, "target_parent_usefulness": useful,
+                  "target_parent": "required" if target is not None else "off"}
     if d > 1 and degree > 0:
         structure = choose_structure(
             tables, shape, degree=degree, epsilon=plan.step_epsilon,
@@ -188,7 +184,8 @@ def measure_privbayes(
     if refine is None:
         return measurement
     # post-processing: the network (and its tables as targets) from the released tables only
-    network, base_targets = _fit_network(measurement, shape, names, shrink, sampling)
+    network, base_targets = _fit_network(measurement, shape, names, shrink, sampling,
+                                         one_way_estimate=plan.one_way_estimate)
     total = max(float(np.mean([m.values.sum() for m in released])), 1.0)
     pairs = [(a, b) for a in range(d) for b in range(a + 1, d)
              if any(a in f and b in f for f in tables)]

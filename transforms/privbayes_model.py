@@ -6,7 +6,8 @@
   (:func:`~beamsynth.transforms.consistency.norm_sub`, PrivSyn's Norm-Sub);
 * :func:`_one_way_estimates`, :func:`_with_margins` — each column's inverse-variance weighted
   1-way estimate and every table given those margins by IPF (issue 18; :data:`ONE_WAY_ESTIMATE`
-  is the benchmarks' A/B switch, set it on this module);
+  is the benchmarks' A/B switch, set it on this module before the plan is built: the plan carries
+  it to the workers, ``PrivBayesPlan.one_way_estimate``, H78);
 * :func:`conditional_from_table` — ``P(X | Π)`` shrunk toward ``P(X)`` in parent cells of little
   mass; :func:`_fit_network` and :func:`fit_privbayes` — the network, wrapped with a refinement
   in :class:`~beamsynth.transforms.refine.RefinedModel`;
@@ -228,33 +229,36 @@ NETWORK_TARGET_MAX_CELLS = 100_000  # network tables above this size are not rak
 
 
 def _fit_network(measurement: PrivBayesMeasurement, shape: Sequence[int],
-                 names: Sequence[str] | None, shrink: float,
-                 sampling: str) -> tuple[PrivBayesModel, list[RakeTarget]]:
+                 names: Sequence[str] | None, shrink: float, sampling: str, *,
+                 one_way_estimate: str = "mean") -> tuple[PrivBayesModel, list[RakeTarget]]:
     """:func:`_fit_network_margins` without the 1-way estimates (the measuring step's pool)."""
-    return _fit_network_margins(measurement, shape, names, shrink, sampling)[:2]
+    return _fit_network_margins(measurement, shape, names, shrink, sampling,
+                                one_way_estimate=one_way_estimate)[:2]
 
 
 def _fit_network_margins(measurement: PrivBayesMeasurement, shape: Sequence[int],
                          names: Sequence[str] | None, shrink: float, sampling: str,
                          coarse: Sequence[NoisyMarginal] = (), whole_only: bool = False,
-                         alive: bool = False,
+                         alive: bool = False, one_way_estimate: str = "mean",
                          ) -> tuple[PrivBayesModel, list[RakeTarget], dict[int, np.ndarray]]:
     """The network from released tables only, those tables (consistent, non-negative) as
     raking targets for the refinement (multi-column tables of at most
     :data:`NETWORK_TARGET_MAX_CELLS` cells), and every column's 1-way estimate (the mean of
     its sums over the non-negative tables that hold it; with ``coarse``, the refinement's
-    released coarse pairs, its group totals combined with theirs: :func:`combine_coarse_margins`)."""
+    released coarse pairs, its group totals combined with theirs: :func:`combine_coarse_margins`).
+    ``one_way_estimate`` (one of :data:`ONE_WAY_ESTIMATES`, the plan's): ``"mean"`` or
+    ``"first"`` (the first holder's sums, no IPF: the release before issue 18)."""
     ms = list(measurement.marginals)
     tables = make_consistent(ms)
     total = max(float(np.mean([t.sum() for t in tables])), 0.0)
     tables = [norm_sub(t, total) for t in tables]
-    one_way = _one_way_estimates(ms, tables)
+    one_way = _one_way_estimates(ms, tables, estimate=one_way_estimate)
     if coarse and alive:
         one_way, precision = _one_way_alive(ms, tables)
         one_way = combine_coarse_margins(one_way, ms, coarse, precision=precision)
     elif coarse:
         one_way = combine_coarse_margins(one_way, ms, coarse, whole_only=whole_only)
-    if ONE_WAY_ESTIMATE == "mean":
+    if one_way_estimate == "mean":
         tables = [_with_margins(t, m.columns, one_way) if len(m.columns) > 1 else one_way[m.columns[0]]
                   for m, t in zip(ms, tables)]
     conditionals = []
@@ -275,7 +279,11 @@ def _fit_network_margins(measurement: PrivBayesMeasurement, shape: Sequence[int]
     return network, targets, one_way
 
 
-ONE_WAY_ESTIMATE = "mean"  # A/B switch for benchmarks: "first" = the first holder's sums, no IPF (before)
+# A/B switch for benchmarks: "first" = the first holder's sums, no IPF (before issue 18). Read when
+# the plan is built (plan_privbayes: PrivBayesPlan.one_way_estimate) and carried to the measuring
+# and Fit steps; never read on a worker (sixteenth session, H78)
+ONE_WAY_ESTIMATES = ("mean", "first")
+ONE_WAY_ESTIMATE = "mean"
 MARGIN_SWEEPS = 50
 
 
@@ -309,20 +317,21 @@ def _with_margins(table: np.ndarray, columns: Sequence[int], one_way: dict[int, 
     return t
 
 
-def _one_way_estimates(ms: Sequence[NoisyMarginal],
-                       tables: Sequence[np.ndarray]) -> dict[int, np.ndarray]:
+def _one_way_estimates(ms: Sequence[NoisyMarginal], tables: Sequence[np.ndarray], *,
+                       estimate: str = "mean") -> dict[int, np.ndarray]:
     """Each column's 1-way estimate from the consistent, non-negative tables (post-processing):
     the mean of its sums over every table that holds it, weighted by the inverse noise variance
     of the sum (a table of ``C`` cells with per-cell variance ``v`` summed to ``c`` cells:
     ``v·C/c`` per cell; public: scales and declared sizes). The tables agree on it before
     Norm-Sub (:func:`make_consistent`); Norm-Sub then moves each table's sums differently, and
-    their mean is closer to the truth than any one of them (docs/privbayes.md, issue 18)."""
+    their mean is closer to the truth than any one of them (docs/privbayes.md, issue 18).
+    ``estimate="first"``: the first holder's sums (the A/B switch's other arm)."""
     sums: dict[int, list[tuple[float, np.ndarray]]] = {}
     for m, t in zip(ms, tables):
         for c in m.columns:
             s = marginalize(t, m.columns, [c])
             sums.setdefault(c, []).append((s.size / (max(m.variance, 1e-12) * t.size), s))
-    if ONE_WAY_ESTIMATE == "first":
+    if estimate == "first":
         return {c: v[0][1] for c, v in sums.items()}
     return {c: sum(w * s for w, s in v) / sum(w for w, _ in v) for c, v in sums.items()}
 
@@ -412,7 +421,7 @@ def combine_coarse_margins(one_way: dict[int, np.ndarray], ms: Sequence[NoisyMar
 def fit_privbayes(
     measurement: PrivBayesMeasurement, shape: Sequence[int], names: Sequence[str] | None = None,
     *, shrink: float = DEFAULT_SHRINK, sampling: str = DEFAULT_SAMPLING,
-    refine_margins: str | None = None,
+    refine_margins: str = "alive", one_way_estimate: str = "mean", rake_end_on_margins: bool = True,
 ) -> PrivBayesModel | RefinedModel:
     """Fit the network from released tables only: consistency → Norm-Sub → shrunk conditionals;
     with a refinement, the network wrapped in a :class:`~beamsynth.transforms.refine.RefinedModel`
@@ -427,32 +436,41 @@ def fit_privbayes(
     the raked pool; ``"iid"``: independent draws from it), whose pool the network draws i.i.d.
     (Adult ε = 1, 14 seeds: same TVD2/TVD3 as a balanced pool, without its per-column sort).
 
-    ``refine_margins`` (one of :data:`REFINE_MARGINS_MODES`; ``None``: the module's
-    :data:`DEFAULT_REFINE_MARGINS`, the plan's ``refine_margins`` in the pipeline): which of the
-    refinement's released pure-ε coarse pairs also feed each column's 1-way estimate
-    (:func:`combine_coarse_margins`), after which the refinement's targets are re-fitted to the
-    new margins; ``"off"`` is the release before H69. Post-processing either way.
+    ``refine_margins`` (one of :data:`REFINE_MARGINS_MODES`, default ``"alive"``; in the
+    pipeline the plan's ``refine_margins``): which of the refinement's released pure-ε coarse
+    pairs also feed each column's 1-way estimate (:func:`combine_coarse_margins`), after which
+    the refinement's targets are re-fitted to the new margins; ``"off"`` is the release before
+    H69. ``one_way_estimate`` (:data:`ONE_WAY_ESTIMATES`) and ``rake_end_on_margins`` (the
+    refined model's raking, :func:`~beamsynth.transforms.refine.rake_weights`): the plan's
+    ``one_way_estimate`` and ``refine.rake_end_on_margins`` in the pipeline. Every choice is an
+    argument with a fixed default, never a module global read here: the Fit step runs on
+    workers, which see their own fresh modules (H78). Post-processing either way.
     """
     if sampling not in SAMPLING_MODES:
         raise ValueError(f"sampling ({sampling!r}) must be one of {SAMPLING_MODES}")
-    if refine_margins is not None and refine_margins not in REFINE_MARGINS_MODES:
+    if refine_margins not in REFINE_MARGINS_MODES:
         raise ValueError(f"refine_margins ({refine_margins!r}) must be one of {REFINE_MARGINS_MODES}")
+    if one_way_estimate not in ONE_WAY_ESTIMATES:
+        raise ValueError(f"one_way_estimate ({one_way_estimate!r}) must be one of {ONE_WAY_ESTIMATES}")
     if measurement.refinement is None or not measurement.refinement.targets:
-        return _fit_network(measurement, shape, names, shrink, sampling)[0]
+        return _fit_network(measurement, shape, names, shrink, sampling,
+                            one_way_estimate=one_way_estimate)[0]
     # refined: the network only feeds the raked pool, which the refined model samples itself
     # (``sampling`` applies there); i.i.d. pool draws are as good and cost no per-column sort
-    mode = DEFAULT_REFINE_MARGINS if refine_margins is None else refine_margins
+    mode = refine_margins
     # pure-ε refinement tables only: the zCDP plans (explicit 1-way tables) were not measured
     coarse = [] if mode == "off" else [t for t in measurement.refinement.tables
                                        if t.noise == "discrete Laplace"]
     network, targets, one_way = _fit_network_margins(measurement, shape, names, shrink, "iid",
                                                      coarse, whole_only=mode == "whole",
-                                                     alive=mode == "alive")
+                                                     alive=mode == "alive",
+                                                     one_way_estimate=one_way_estimate)
     refined = list(measurement.refinement.targets)
     if coarse:  # the coarse targets given the combined margins' group totals (post-processing)
         refined = [_target_on_margins(t, one_way) for t in refined]
     return RefinedModel(network, [*targets, *refined], names=names,
-                        base_targets=len(targets), sampling=sampling)
+                        base_targets=len(targets), sampling=sampling,
+                        end_on_margins=rake_end_on_margins)
 
 
 # Which of the refinement's released coarse pairs feed the network's 1-way estimates (issue 18,
@@ -460,7 +478,8 @@ def fit_privbayes(
 # a coarse pair keeps whole (at most ``groups`` declared cells), "all" every column's group totals,
 # "alive" as "all" with the network's sums weighted by the cells Norm-Sub kept (_one_way_alive).
 # Default "alive" since the fifteenth session (lead, from H69's paired runs: TVD1/2/3 lower or
-# level on every input measured); the plan carries it to the workers (refine_margins).
+# level on every input measured); the plan carries it to the workers (refine_margins), read
+# from DEFAULT_REFINE_MARGINS when the plan is built (fit_privbayes' own default is "alive").
 REFINE_MARGINS_MODES = ("off", "whole", "all", "alive")
 DEFAULT_REFINE_MARGINS = "alive"
 

@@ -308,6 +308,10 @@ class PrivBayesPlan:
     # (post-processing, H69; privbayes_model.REFINE_MARGINS_MODES), read from
     # privbayes_model.DEFAULT_REFINE_MARGINS when the plan is built, carried to the workers
     refine_margins: str = "alive"
+    # how the fit estimates each column's 1-way margin (privbayes_model.ONE_WAY_ESTIMATES), read
+    # from the A/B switch privbayes_model.ONE_WAY_ESTIMATE when the plan is built and used by the
+    # measuring step's network and the Fit step on the workers (sixteenth session, H78)
+    one_way_estimate: str = "mean"
 
     @property
     def parent_target(self) -> int | None:
@@ -335,6 +339,43 @@ class PrivBayesPlan:
         u = target_parent_usefulness(rows, self)
         return u >= self.target_parent_theta, u
 
+    def target_parent_at(self, rows_hat: float | None = None) -> tuple[int | None, float]:
+        """The one decision whether the declared target is a parent of every column (H78:
+        :class:`~beamsynth.transforms.privbayes_beam.DPPrivBayes`' counts, through
+        :meth:`counted_families`, and the measuring step both call it; the gate lives nowhere
+        else). Returns ``(the target or None, the usefulness u it was judged by or nan)``.
+        ``"useful"`` is judged by :meth:`target_parent_gate` at the public rows where the plan has
+        them (so already when the pipeline is built), else at ``rows_hat``, the measuring step's
+        DP count (post-processing); with neither (building a DP-count plan) the target is kept:
+        its families are counted and the gate is decided per window. Other modes:
+        ``(parent_target, nan)``. A function of the plan and public or released values only."""
+        target = self.parent_target
+        if target is None or self.target_parent != "useful":
+            return target, float("nan")
+        public = None if self.sizing is None else self.sizing.rows
+        rows = public if public is not None else rows_hat
+        if rows is None:
+            return target, float("nan")
+        on, u = self.target_parent_gate(rows)
+        return (target if on else None), u
+
+    def fit_choices(self) -> dict[str, Any]:
+        """The Fit step's choices as :func:`~beamsynth.transforms.privbayes_model.fit_privbayes`
+        keywords, all read when the plan was built (H69, H78): ``refine_margins``,
+        ``one_way_estimate`` and the refinement's ``rake_end_on_margins`` (the fitted
+        ``RefinedModel`` carries it to the sampling workers)."""
+        return {"refine_margins": self.refine_margins, "one_way_estimate": self.one_way_estimate,
+                "rake_end_on_margins": self.refine is None or self.refine.rake_end_on_margins}
+
+    def counted_families(self, shape: Sequence[int]) -> list[tuple[int, ...]]:
+        """The candidate families whose exact counts the measuring step gets: with the
+        target's ``(X, T, Π)`` where :meth:`target_parent_at` keeps the target when the pipeline
+        is built (public rows that close ``"useful"``'s gate: the label-free ones). Declared
+        values only."""
+        return candidate_families(self.n_columns, self.degree, shape=shape,
+                                  max_family_cells=self.max_family_cells,
+                                  target=self.target_parent_at()[0])
+
     def target_parent_details(self) -> dict[str, Any]:
         """The manifest's word on the target at k ≥ 1: the option, the mode that runs and why."""
         out: dict[str, Any] = {"option": self.target_parent_option, "mode": self.target_parent}
@@ -361,8 +402,8 @@ class PrivBayesPlan:
                     "manifest: alike (H72); also the Beam counters "
                     "beamsynth/privbayes_target_parent_required and _off, "
                     "beamsynth/privbayes_degree_<k>)", "why": f"{self.target_parent_option}: {rule}"}
-        on, u = self.target_parent_gate(rows)
-        return {**out, "usefulness": u, "ran": "required" if on else "off",
+        target, u = self.target_parent_at()
+        return {**out, "usefulness": u, "ran": "required" if target is not None else "off",
                 "why": f"{self.target_parent_option}: {rule}; u = {u:.3g} at the public "
                        f"{rows:,} rows"}
 
@@ -424,6 +465,26 @@ class PrivBayesPlan:
                 "target_parent": self.target_parent_details()}}),
             **({} if self.star is None else {"star": self.star.details()}),
         }
+
+
+def plan_switches() -> dict[str, Any]:
+    """The PrivBayes plan's A/B switches, read from their modules once, when a plan is built
+    (H67, H69, H78): ``split_table_weight`` (``privbayes_sizing.NETWORK_SPLIT_TABLE_WEIGHT``),
+    ``refine_margins`` (``privbayes_model.DEFAULT_REFINE_MARGINS``) and ``one_way_estimate``
+    (``privbayes_model.ONE_WAY_ESTIMATE``). The plan carries them to every worker, so a launcher
+    that flips one gets the same bytes on every runner (a worker's fresh module is never read).
+    A value outside its modes is refused here, before anything is spent."""
+    out = {"split_table_weight": privbayes_sizing.NETWORK_SPLIT_TABLE_WEIGHT,
+           "refine_margins": privbayes_model.DEFAULT_REFINE_MARGINS,
+           "one_way_estimate": privbayes_model.ONE_WAY_ESTIMATE}
+    for name, value, modes in (
+            ("privbayes_model.DEFAULT_REFINE_MARGINS", out["refine_margins"],
+             privbayes_model.REFINE_MARGINS_MODES),
+            ("privbayes_model.ONE_WAY_ESTIMATE", out["one_way_estimate"],
+             privbayes_model.ONE_WAY_ESTIMATES)):
+        if value not in modes:
+            raise ValueError(f"{name} ({value!r}) must be one of {modes}")
+    return out
 
 
 def plan_privbayes(
@@ -519,6 +580,7 @@ def plan_privbayes(
         raise ValueError(f"sizing ({sizing!r}) must be one of {SIZING_MODES}")
     if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 0):
         raise ValueError(f"rows ({rows!r}) must be None or an int >= 0")
+    switches = plan_switches()  # every A/B switch read once, here (H78)
     shape = [int(s) for s in shape]
     model_epsilon, count_budget = budget.epsilon, None
     sized = sizing == "auto" and len(shape) > 1
@@ -602,7 +664,7 @@ def plan_privbayes(
                 degree=1, structure_budget=None, marginal_budget=star.budget,
                 n_columns=len(shape), max_contributions=max_contributions,
                 max_family_cells=max_family_cells, sizing=spec, target=target, star=star,
-                target_name=None if names is None else names[target])
+                target_name=None if names is None else names[target], **switches)
     if sized and rows is not None and degree == 0:
         # not θ-useful as a network: 1-way tables + a forest of affordable pairs (plan_forest),
         # or, if no pair is affordable, the independent model with the whole ε
@@ -614,7 +676,7 @@ def plan_privbayes(
                 degree=1, structure_budget=forest.structure_budget,
                 marginal_budget=forest.pair_budget, n_columns=len(shape),
                 max_contributions=max_contributions, max_family_cells=max_family_cells,
-                sizing=spec, forest=forest)
+                sizing=spec, forest=forest, **switches)
     refine = None
     network = budget.epsilon
     if pairs and degree > 0:
@@ -647,9 +709,7 @@ def plan_privbayes(
         target=target if keep_target else None,
         target_name=None if not keep_target or names is None else names[target],
         target_parent=mode if keep_target else "off", target_parent_option=str(option),
-        target_parent_theta=float(parent_theta), target_parent_note=parent_note,
-        split_table_weight=privbayes_sizing.NETWORK_SPLIT_TABLE_WEIGHT,
-        refine_margins=privbayes_model.DEFAULT_REFINE_MARGINS,
+        target_parent_theta=float(parent_theta), target_parent_note=parent_note, **switches,
     )
 
 
@@ -751,6 +811,7 @@ def gaussian_plan(plan: PrivBayesPlan, budget: ApproxDP, *, pairs: int = GAUSSIA
     if n_pairs:
         refine = RefinePlan(pairs=n_pairs, rounds=n_rounds, groups=groups, max_contributions=m,
                             delta=budget.delta, pair_cells=refine_module.PAIR_CELLS,
+                            rake_end_on_margins=refine_module.RAKE_END_ON_MARGINS,
                             **gaussian_refine_split(selection_rho, measure_rho, n_pairs, m))
     zcdp = ZCDPPlan(budget=budget, rho=rho, structure_rho=structure_rho,
                     marginal_rho=marginal_rho, selection_rho=selection_rho, measure_rho=measure_rho,
@@ -957,6 +1018,9 @@ def spend_privbayes(accountant: PrivacyAccountant, plan: PrivBayesPlan, prefix: 
                           "ε and scale are released with the model's noisy marginals",
                  "split_table_weight": plan.split_table_weight,
                  "fit_refine_margins": plan.refine_margins,
+                 # named where a launcher flipped the switch (the default's manifest unchanged)
+                 **({} if plan.one_way_estimate == "mean"
+                    else {"fit_one_way_estimate": plan.one_way_estimate}),
                  "paper": "PrivBayes §4.2 (noisy conditionals), converted to add/remove counts"},
     )
     if plan.refine is not None:

@@ -759,12 +759,13 @@ GAUSSIAN_ONE_WAY_SHARE = 0.2
 
 
 # pure-ε network: weight of the tables' summed L1 noise against the 1-way margins' in
-# split_network_budget (H59, issue 18); None: the √cells split (the release before H59)
+# split_network_budget (H59, issue 18); None: the √cells split (the release before H59). An A/B
+# switch read when the plan is built (PrivBayesPlan.split_table_weight, H67), never on a worker
 NETWORK_SPLIT_TABLE_WEIGHT: float | None = 1.0
 
 
 def split_network_budget(budget: PureDP, specs: Sequence[Sequence[int]], shape: Sequence[int], *,
-                         table_weight: float | None = None) -> list[PureDP]:
+                         table_weight: float | None = 1.0) -> list[PureDP]:
     """ε over a pure-ε network's released tables (``specs``, each a tuple of columns): the
     √cells split of :func:`split_marginal_budget` moved toward the tables that carry the
     columns' 1-way margins (issue 18, H59).
@@ -776,8 +777,9 @@ def split_network_budget(budget: PureDP, specs: Sequence[Sequence[int]], shape: 
     ``J₁(ε)/J₁(ε⁰) + w·T₂(ε)/T₂(ε⁰)`` over ``Σ ε_t = ε`` (``ε⁰``: the √cells split), where
     ``J₁ = Σ_c c·(Σ_{t∋c} ε_t²·c/C_t)^{-1/2}`` is the columns' summed 1-way L1 noise (up to a
     constant) and ``T₂ = Σ_t C_t/ε_t`` the tables' (√cells minimizes ``T₂`` alone, Lagrange);
-    ``w`` = ``table_weight`` (default :data:`NETWORK_SPLIT_TABLE_WEIGHT` = 1; ``None``: the
-    √cells split). Cells are capped at :data:`SPLIT_CELLS_CAP` as in the √cells split. Why: the
+    ``w`` = ``table_weight`` (default 1, the default of :data:`NETWORK_SPLIT_TABLE_WEIGHT`,
+    which only the plan reads; ``None``: the √cells split; the argument is never replaced by the
+    module's switch here, so a measuring step on a worker splits as planned, H78). Cells are capped at :data:`SPLIT_CELLS_CAP` as in the √cells split. Why: the
     √cells split leaves a small table that is its column's only source (ACS's DVET × HOUSING_TYPE,
     21 cells) a small ε, so that column's margin is several times noisier than independent
     marginals' (docs/privbayes.md "Fourteenth session: TVD1 against independent"). Solved by
@@ -785,7 +787,7 @@ def split_network_budget(budget: PureDP, specs: Sequence[Sequence[int]], shape: 
     the ε_t add up to ``budget.epsilon`` (sequential composition). A function of the chosen
     structure (a released, private choice) and the declared shape only: post-processing,
     spends nothing beyond ``budget``."""
-    weight = NETWORK_SPLIT_TABLE_WEIGHT if table_weight is None else table_weight
+    weight = table_weight
     specs = [tuple(int(c) for c in s) for s in specs]
     cells = np.minimum([float(math.prod(int(shape[c]) for c in s)) for s in specs], SPLIT_CELLS_CAP)
     base = split_marginal_budget(budget, cells)

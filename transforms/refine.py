@@ -43,7 +43,8 @@ Security 2021, §4–5: 2-way marginals chosen by dependence, records adjusted t
       weights are then raked (IPF, ``rake_iterations`` sweeps) to every target so far and to the
       network's 1-way margins: the minimum-KL adjustment of the network's distribution that
       matches them (Deming–Stephan). Each raking ends with one more sweep of the 1-way margins
-      (:data:`RAKE_END_ON_MARGINS`), so the last word is the network's 1-way estimate, not a
+      (:data:`RAKE_END_ON_MARGINS`, read into the plan when it is made:
+      ``RefinePlan.rake_end_on_margins``), so the last word is the network's 1-way estimate, not a
       noisy coarse pair (issue 18, H44).
 
 Privacy: ``ε_sel + ε_meas`` by sequential (adaptive) composition, pure DP (δ = 0), add/remove
@@ -129,7 +130,10 @@ POOL_FACTOR = 8  # a sampling shard of n rows rakes a pool of max(8n, POOL_MIN_R
 POOL_MIN_ROWS = 20_000
 RAKE_ITERATIONS = 10
 SAMPLE_RAKE_ITERATIONS = 5  # sweeps when a sampling shard rakes its pool (as good as 10 on Adult)
-RAKE_END_ON_MARGINS = True  # A/B switch: rake_weights ends with a sweep of the 1-way margins (H44)
+# A/B switch: the raking ends with a sweep of the 1-way margins (H44). Read when a plan is made
+# (plan_refinement, the zCDP plan: RefinePlan.rake_end_on_margins) and carried to the workers and
+# into the fitted RefinedModel (sixteenth session, H78), never read in a measuring or sampling step
+RAKE_END_ON_MARGINS = True
 # A/B switch (off: the default layout, groups per column): a small column leaves its share of the
 # groups² cells to the other (pair_group_counts) while n̂ ≥ θ·cells·b. Eleventh session: TVD2/3
 # better on Adult/ACS, GBM AUC lower on Adult (docs/privbayes.md), so not the default
@@ -157,6 +161,9 @@ class RefinePlan:
     # the A/B switch PAIR_CELLS as read when the plan was made (plan_refinement / the zCDP plan),
     # so a worker in a fresh process measures the cells the launcher planned (fifteenth session)
     pair_cells: bool = False
+    # the A/B switch RAKE_END_ON_MARGINS as read when the plan was made: every raking of the
+    # measuring step and of the fitted model's sampling (sixteenth session, H78)
+    rake_end_on_margins: bool = True
 
     @property
     def pick_epsilon(self) -> float:
@@ -227,7 +234,8 @@ def plan_refinement(budget: PureDP, *, pairs: int = DEFAULT_REFINE_PAIRS,
                       selection_budget=PureDP(epsilon=sel),
                       measure_budget=PureDP(epsilon=budget.epsilon - sel),
                       max_contributions=max_contributions, pool_rows=pool_rows,
-                      rake_iterations=rake_iterations, pair_cells=PAIR_CELLS)
+                      rake_iterations=rake_iterations, pair_cells=PAIR_CELLS,
+                      rake_end_on_margins=RAKE_END_ON_MARGINS)
 
 
 def spend_refinement(accountant: PrivacyAccountant, plan: RefinePlan, prefix: str,
@@ -370,12 +378,14 @@ class RakeTarget:
 
 
 def rake_weights(codes: np.ndarray, shape: Sequence[int], targets: Sequence[RakeTarget],
-                 iterations: int = RAKE_ITERATIONS, weights: np.ndarray | None = None) -> np.ndarray:
+                 iterations: int = RAKE_ITERATIONS, weights: np.ndarray | None = None, *,
+                 end_on_margins: bool = True) -> np.ndarray:
     """IPF weights for the rows of ``codes`` matching every target's proportions while keeping
     the rows' own 1-way margins (post-processing). Cells no row reaches are left alone.
 
     Each of the ``iterations`` sweeps rakes the 1-way margins, then every target in order; with
-    :data:`RAKE_END_ON_MARGINS` (default) a last sweep of the 1-way margins follows, so the
+    ``end_on_margins`` (default; the plan's ``rake_end_on_margins``, read from
+    :data:`RAKE_END_ON_MARGINS` when it was made) a last sweep of the 1-way margins follows, so the
     weights end on the rows' own 1-way margins (the network's, for a pool drawn from it) rather
     than on the last target. Privacy: unchanged — the rows and the targets are released values
     (a pool sampled from the released network, post-processed noisy tables), and the order of
@@ -400,7 +410,7 @@ def rake_weights(codes: np.ndarray, shape: Sequence[int], targets: Sequence[Rake
     for _ in range(iterations):
         for idx, prop in ones + keyed:
             w = update(w, idx, prop)
-    if RAKE_END_ON_MARGINS:  # a last sweep: the weights end on the rows' own 1-way margins
+    if end_on_margins:  # a last sweep: the weights end on the rows' own 1-way margins
         for idx, prop in ones:
             w = update(w, idx, prop)
     return w
@@ -553,7 +563,8 @@ def measure_refinement(
             prop = target_from_noisy(noisy, estimates[(a, b)], released[-1].variance, total)
             targets.append(RakeTarget((a, b), (ga, gb), prop))
             pick += 1
-        weights = rake_weights(pool, shape, [*base_targets, *targets], plan.rake_iterations)
+        weights = rake_weights(pool, shape, [*base_targets, *targets], plan.rake_iterations,
+                               end_on_margins=plan.rake_end_on_margins)
     return RefineMeasurement(tuple(released), tuple(targets),
                              {"pairs": len(released), "rounds": plan.rounds, "groups": plan.groups,
                               "selected": [[names[a], names[b]] for a, b in
@@ -571,11 +582,14 @@ class RefinedModel(SynthesisModel):
     swaps rows so that the sample's 2-way tables match the weighted pool's
     (:func:`~beamsynth.transforms.balance.balance_pairs`): the rows carry little sampling error on
     top of the model's. ``sampling="iid"`` draws the ``n`` rows independently ∝ weight.
+    ``end_on_margins``: whether each raking ends on the pool's 1-way margins (the plan's
+    ``rake_end_on_margins``, carried in the model to the sampling workers, H78).
     """
 
     def __init__(self, base: SynthesisModel, targets: Sequence[RakeTarget], *,
                  names: Sequence[str] | None = None, iterations: int = SAMPLE_RAKE_ITERATIONS,
-                 base_targets: int = 0, sampling: str = "balanced") -> None:
+                 base_targets: int = 0, sampling: str = "balanced",
+                 end_on_margins: bool = True) -> None:
         if sampling not in ("balanced", "iid"):
             raise ValueError(f"sampling ({sampling!r}) must be one of ('balanced', 'iid')")
         if isinstance(base_targets, bool) or not isinstance(base_targets, int) \
@@ -587,6 +601,7 @@ class RefinedModel(SynthesisModel):
         self._iterations = int(iterations)
         self._base_targets = base_targets
         self._sampling = sampling
+        self._end_on_margins = bool(end_on_margins)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -601,6 +616,11 @@ class RefinedModel(SynthesisModel):
     def targets(self) -> tuple[RakeTarget, ...]:
         return self._targets
 
+    @property
+    def end_on_margins(self) -> bool:
+        """Whether each raking ends on the pool's 1-way margins (fixed when the model was made)."""
+        return self._end_on_margins
+
     def sample_codes(self, n: int, rs: RandomSource) -> np.ndarray:
         if not self._targets:
             return self._base.sample_codes(n, rs)
@@ -609,7 +629,8 @@ class RefinedModel(SynthesisModel):
         pool = self._base.sample_codes(max(POOL_FACTOR * n, POOL_MIN_ROWS), rs.child("pool"))
         if max(self.shape) < 2**31:  # the pool lives through raking and balancing: 4 bytes a code
             pool = pool.astype(np.int32)
-        w = rake_weights(pool, self.shape, self._targets, self._iterations)
+        w = rake_weights(pool, self.shape, self._targets, self._iterations,
+                         end_on_margins=self._end_on_margins)
         if self._sampling == "iid":
             return pool[sample_categorical(rs.child("iid"), w, n)].astype(np.int64)
         picked = systematic_indices(pool, w, n, rs.child("resample"), self.shape)

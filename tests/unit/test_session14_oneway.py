@@ -54,13 +54,13 @@ def test_split_adds_up_and_favours_a_columns_only_table() -> None:
 
 
 def test_no_weight_is_the_sqrt_cells_split(monkeypatch) -> None:
-    """``NETWORK_SPLIT_TABLE_WEIGHT = None`` restores the √cells split exactly (the A/B switch),
-    and so does a network of 1-way tables only."""
+    """``table_weight=None`` (the plan's weight where ``NETWORK_SPLIT_TABLE_WEIGHT = None``, the
+    A/B switch: read into the plan, never by the split itself, H78) restores the √cells split
+    exactly, and so does a network of 1-way tables only."""
     budget = PureDP(epsilon=0.7)
-    monkeypatch.setattr(sizing, "NETWORK_SPLIT_TABLE_WEIGHT", None)
-    got = [b.epsilon for b in split_network_budget(budget, SPECS, SHAPE)]
+    got = [b.epsilon for b in split_network_budget(budget, SPECS, SHAPE, table_weight=None)]
     assert got == [b.epsilon for b in split_marginal_budget(budget, [21, 300, 200])]
-    monkeypatch.setattr(sizing, "NETWORK_SPLIT_TABLE_WEIGHT", 1.0)
+    monkeypatch.setattr(sizing, "NETWORK_SPLIT_TABLE_WEIGHT", None)  # not read by the split
     ones = [b.epsilon for b in split_network_budget(budget, [(0,), (1,), (2,)], SHAPE)]
     assert ones == [b.epsilon for b in split_marginal_budget(budget, [7, 3, 100])]
 
