@@ -9,6 +9,9 @@
    every command read ids that way and every manifest states it (``reader_privacy_ids``). Before,
    ``readers_keep_digits``, ``manifest.CLI_READ_COMMANDS`` and ``prefixes``' ``exact=True`` each
    decided it: flipping one left the manifest saying ``exact`` over merged ids.
+4. ``job.py``'s ``_RUN_TIME_HOOKS`` (a module dict) is keyed by the job (weakly) and a job
+   belongs to one pipeline, so two pipelines built in one session share no hook: tested, no
+   change needed.
 5. Beam YAML rows: what ``_judge_row`` looks up per column is derived once per block
    (``_row_plan``), not per row: 7,169 -> 14,243 rows/s on 100k Adult rows (1.99x, same blocks).
 6. The API manifest's ``rows_out`` per declared window, beside the total.
@@ -233,6 +236,37 @@ def test_cli_commands_reading_records_are_all_covered() -> None:
 
     subs = next(a for a in build_parser()._actions if a.choices and "synthesize" in a.choices)
     assert set(subs.choices) - set(_COMMANDS) == {"schema", "ledger", "report"}
+
+
+# -- 4. run-time hooks stay with their job ----------------------------------------------------------
+def test_run_time_hooks_do_not_leak_between_pipelines() -> None:
+    """Two pipelines built in one Python session, each with a step labelled ``Synth``: the first
+    (PrivBayes) registers a run-time hook, the second (independent) none; neither sees the
+    other's, and a job's hooks go with it (weak keys)."""
+    import gc
+
+    import apache_beam as beam
+
+    import beamsynth as bs
+    from beamsynth.pipelines import job as job_module
+
+    schema = bs.load_schema({"name": "h", "columns": [
+        {"name": c, "type": "categorical", "domain": {"kind": "categorical", "values": ["a", "b"]}}
+        for c in ("x", "y")]})
+    jobs = []
+    for method in ("privbayes", "independent"):
+        job = bs.PrivacyJob(epsilon=1.0, seed=1)
+        p = beam.Pipeline()
+        private = p | beam.Create([{"x": "a", "y": "b"}]) | job.private(schema)
+        _ = private | "Synth" >> bs.Synthesize(epsilon=1.0, method=method, rows=5)
+        jobs.append(job)
+    first, second = jobs
+    assert set(job_module._RUN_TIME_HOOKS.get(first, {})) == {"Synth"}
+    assert job_module._RUN_TIME_HOOKS.get(second, {}) == {}
+    before = len(job_module._RUN_TIME_HOOKS)
+    del first, jobs, job, private, p, _
+    gc.collect()
+    assert len(job_module._RUN_TIME_HOOKS) == before - 1
 
 
 # -- 5. Beam YAML rows: the schema's lookups once per block -------------------------------------------

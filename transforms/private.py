@@ -112,9 +112,16 @@ _SEEDED = "seeded: not for release"  # the manifest's randomness note of a seede
 _LOG = logging.getLogger(__name__)
 # The PrivacyJobs of each pipeline: a second job would hand out a second full budget over the same
 # records (two jobs of ε each release 2ε), so MakePrivate refuses it when the pipeline is built,
-# unless every job of the pipeline declares disjoint=True.
-_PIPELINE_JOBS: weakref.WeakKeyDictionary[beam.Pipeline, list[PrivacyJob]] = (
+# unless every job of the pipeline declares disjoint=True. Weak references to the jobs: a job
+# holds PCollections of its pipeline (count_outputs), so a strong one kept every pipeline built
+# with job.private (graph, jobs, Create's records) alive for the life of the process (H79).
+_PIPELINE_JOBS: weakref.WeakKeyDictionary[beam.Pipeline, list[weakref.ref[PrivacyJob]]] = (
     weakref.WeakKeyDictionary())
+
+
+def _jobs_of(pipeline: beam.Pipeline) -> list[PrivacyJob]:
+    """The PrivacyJobs of ``pipeline`` (alive while its graph is: MakePrivate holds each)."""
+    return [j for j in (r() for r in _PIPELINE_JOBS.get(pipeline, [])) if j is not None]
 # Steps that spend from their own accountant on a pipeline's records (Beam YAML's
 # BeamsynthSynthesize ledger; pipelines/yaml_transforms.py): a PrivacyJob beside them would hand
 # out a second full budget too, unless the ledger made it (the YAML statistics steps' job).
@@ -139,7 +146,7 @@ def claim_pipeline_budget(pipeline: beam.Pipeline, holder: str, *,
     budgets over the same records would each be spent in full)."""
     if job is not None:
         _LEDGER_JOBS.add(job)
-    others = [j for j in _PIPELINE_JOBS.get(pipeline, []) if j not in _LEDGER_JOBS]
+    others = [j for j in _jobs_of(pipeline) if j not in _LEDGER_JOBS]
     if others:
         raise ValueError(
             f"{holder}: this pipeline already has a bs.PrivacyJob ({others[0].name!r}, "
@@ -848,7 +855,7 @@ class MakePrivate(beam.PTransform):
     def _check_one_job(self, pipeline: beam.Pipeline) -> None:
         """One :class:`PrivacyJob` per pipeline (its ε is the pipeline's total), or only jobs that
         all declare ``disjoint=True``; else ``ValueError`` (build time)."""
-        jobs = _PIPELINE_JOBS.setdefault(pipeline, [])
+        jobs = _jobs_of(pipeline)
         if any(j is self._job for j in jobs):
             return
         holder = _PIPELINE_HOLDERS.get(pipeline)
@@ -874,7 +881,7 @@ class MakePrivate(beam.PTransform):
                 "make a new bs.PrivacyJob for each pipeline, e.g. inside the loop that builds "
                 "them (runs over the same people add up: give each its share of the total ε)")
         job._pipeline = weakref.ref(pipeline)
-        jobs.append(job)
+        _PIPELINE_JOBS.setdefault(pipeline, []).append(weakref.ref(job))
 
     @typed_boundary  # typed at the public step, not at each inner one
     def expand(self, elements):
