@@ -40,6 +40,7 @@ This module deliberately has no ``from __future__ import annotations``: Beam YAM
 constructor's annotations to build the step's config schema.
 """
 
+import dataclasses
 import difflib
 import functools
 import inspect
@@ -211,8 +212,11 @@ def rows_to_block(rows: list[Any], *, schema: Schema, source: str, first_row: in
     missing nullable column is null, a missing required column (or privacy id) rejects the row,
     undeclared fields are ignored or reject the row per ``schema.extra_columns``. A row's
     number is its integer ``position_field`` (a field the caller added, e.g. the source line; never
-    an undeclared field), else its place in ``rows`` counted from ``first_row``.
+    an undeclared field), else its place in ``rows`` counted from ``first_row``; with
+    ``position_field`` set, a row whose field holds no integer has none (:data:`_NO_POSITION` in
+    the block, ``None`` in its dead letter), never its place in a batch sized by timing (H77).
     """
+    by_place = not position_field  # with position_field, a place in a batch is no position
     names = list(schema.names) + ([schema.privacy_id] if schema.privacy_id else [])
     plan = _row_plan(schema)  # once per block, not per row
     kept: list[dict] = []
@@ -222,7 +226,7 @@ def rows_to_block(rows: list[Any], *, schema: Schema, source: str, first_row: in
     for i, row in enumerate(rows):
         d = _as_dict(row)
         if d is None:
-            rejected.append(Rejected(source, first_row + i,
+            rejected.append(Rejected(source, first_row + i if by_place else None,
                                      f"element is a {type(row).__name__}, not a row", raw=""))
             continue
         try:
@@ -230,11 +234,12 @@ def rows_to_block(rows: list[Any], *, schema: Schema, source: str, first_row: in
         except Exception as exc:  # noqa: BLE001 (a value whose str() fails: that row only)
             values, reason = None, f"a field could not be read ({type(exc).__name__})"
         if values is None:
-            rejected.append(Rejected(source, _position(d, position_field, first_row + i), reason,
-                                     raw=_raw_text(d)))
+            rejected.append(Rejected(source, _position(
+                d, position_field, first_row + i if by_place else None), reason, raw=_raw_text(d)))
             continue
         kept.append(values)
-        positions.append(_position(d, position_field, first_row + i))
+        positions.append(_position(d, position_field,
+                                   first_row + i if by_place else _NO_POSITION))
         raw_rows.append(_raw_text(d))
     cols = {n: pd.Series([v[n] for v in kept], dtype=object) for n in names}
     block = RawBlock(source=source, columns=cols, rows=np.asarray(positions, dtype=np.int64),
@@ -253,7 +258,7 @@ def encode_rows(schema: Schema, rows: list[Any], *, source: str = _SOURCE, first
                                     position_field=position_field)
     try:
         batch, bad = encode_block(schema, block)
-        return batch, rejected + bad
+        return batch, rejected + _placed(bad)
     except Exception:  # noqa: BLE001 (never let one row fail the run)
         pass
     batches = []
@@ -271,7 +276,17 @@ def encode_rows(schema: Schema, rows: list[Any], *, source: str = _SOURCE, first
         rejected.extend(bad)
         if len(b):
             batches.append(b)
-    return _concat(schema, batches), rejected
+    return _concat(schema, batches), _placed(rejected)
+
+
+_NO_POSITION = int(np.iinfo(np.int64).min)
+"""A kept row's number in its block when ``position_field`` holds no integer (``None`` in its
+dead letter: :func:`_placed`)."""
+
+
+def _placed(rejected: list[Rejected]) -> list[Rejected]:
+    """Dead letters with :data:`_NO_POSITION` given no position (``None``)."""
+    return [dataclasses.replace(r, row=None) if r.row == _NO_POSITION else r for r in rejected]
 
 
 def _concat(schema: Schema, batches: list[Any]) -> Any:

@@ -475,3 +475,26 @@ def test_no_beam_step_reaches_the_exact_records(leak):
         _LEAKS[leak](p, private)
     assert not job.accountant.spends
     assert _readers(p, private.exact_batches()) == before
+
+
+# -- 6. Beam YAML error rows: a position or null, never a batch index (3f41e31) -----------------------
+def test_yaml_error_row_position_is_null_when_the_position_field_holds_no_integer():
+    """With position_field set, a row whose field holds no integer (12.7, text, missing) had its
+    place in its BatchElements batch as the error row's position: the same record was row 1, 2
+    or 6 in batches of 1, 2 or 6 (batches are sized by timing), where job.private states None
+    (rule 8: a source position, never a made-up one). Now None in every batch, for rows the
+    judge rejects and rows the encoder rejects; a valid position is kept."""
+    from beamsynth.pipelines.yaml_transforms import encode_rows
+
+    schema = bs.load_schema({"name": "t", "columns": [
+        {"name": "sex", "type": "categorical", "domain": {"kind": "categorical", "values": ["F", "M"]}},
+        {"name": "band", "type": "integer", "domain": {"kind": "integer", "low": 0, "high": 5}}]})
+    bad = [{"sex": "X", "band": 1, "line": 12.7}, {"sex": "F", "band": 9, "line": "a.csv:3"},
+           {"band": 1}, {"sex": "F", "band": 9, "line": 7}]
+    for before in (0, 1, 5):
+        rows = [{"sex": "F", "band": 1, "line": 3}] * before + bad
+        _, rejected = encode_rows(schema, rows, position_field="line")
+        rows_of = sorted((r.row for r in rejected), key=lambda r: (r is not None, r or 0))
+        assert rows_of == [None, None, None, 7], (before, rejected)
+    _, rejected = encode_rows(schema, bad)  # no position_field: the batch index (error rows: null)
+    assert sorted(r.row for r in rejected) == [1, 2, 3, 4]
