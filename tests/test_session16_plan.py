@@ -32,7 +32,7 @@ from beamsynth.transforms.measure import count_marginals
 from beamsynth.transforms.noise import RandomSource
 from beamsynth.transforms.privbayes import fit_privbayes, measure_privbayes, plan_privbayes
 from beamsynth.transforms.privbayes_plan import PrivBayesPlan
-from beamsynth.transforms.privbayes_structure import candidate_families
+from beamsynth.transforms.privbayes_structure import candidate_families, family_specs
 
 SHAPE = (6, 4, 3, 5, 2, 4)
 NAMES = [f"c{i}" for i in range(len(SHAPE))]
@@ -164,6 +164,36 @@ def test_no_function_falls_back_to_a_module_switch(monkeypatch):
     monkeypatch.setattr(pmod, "ONE_WAY_ESTIMATE", "median")
     with pytest.raises(ValueError, match=r"ONE_WAY_ESTIMATE \('median'\) must be one of"):
         _plan()
+
+
+@pytest.mark.parametrize("share", [0.0, 0.35])
+def test_the_zcdp_one_way_share_is_the_plans(monkeypatch, share):
+    """``privbayes_sizing.GAUSSIAN_ONE_WAY_SHARE`` (documented: 0 restores the release before the
+    explicit 1-way tables) was read by the measuring step from its own module (an imported copy
+    no launcher could reach, so a flip applied to the spend details only): now read into
+    ``ZCDPPlan.one_way_share`` by ``gaussian_plan``. A worker whose module says 0.2 releases
+    the launcher's split: no 1-way tables at 0, 0.35 of the tables' ρ on them at 0.35."""
+    from beamsynth.transforms import privbayes_sizing as sizing
+    from beamsynth.transforms.budget import ApproxDP
+    from beamsynth.transforms.privbayes import gaussian_plan
+
+    budget = ApproxDP(epsilon=3.0, delta=1e-6)
+    monkeypatch.setattr(sizing, "GAUSSIAN_ONE_WAY_SHARE", share)  # the launcher
+    plan = gaussian_plan(plan_privbayes(SHAPE, budget, degree=1, names=NAMES, refine_pairs=0),
+                         budget)
+    assert plan.zcdp.one_way_share == share
+    monkeypatch.undo()  # a worker's fresh module (0.2)
+    fams = plan.counted_families(SHAPE)
+    counts = [c.reshape([SHAPE[i] for i in f])
+              for c, f in zip(count_marginals(_codes(), fams, SHAPE), fams)]
+    out = measure_privbayes(counts, fams, shape=SHAPE, names=NAMES, plan=pickle.loads(
+        pickle.dumps(plan)), rs=RandomSource(seed=1))
+    families = {tuple(f) for f in family_specs(out.structure)}
+    ones = [t for t in out.marginals if tuple(t.columns) not in families]
+    rho = sum(t.meta["rho"] for t in out.marginals)
+    assert rho == pytest.approx(plan.zcdp.marginal_rho, rel=1e-12)
+    assert sum(t.meta["rho"] for t in ones) == pytest.approx(share * rho, rel=1e-12)
+    assert (len(ones) == 0) == (share == 0)
 
 
 # == 2. the target-parent gate: one function =======================================================

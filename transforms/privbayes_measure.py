@@ -51,7 +51,6 @@ from beamsynth.transforms.noise import RandomSource, discrete_laplace, discrete_
 from beamsynth.transforms.privbayes_model import DEFAULT_SAMPLING, DEFAULT_SHRINK, _fit_network
 from beamsynth.transforms.privbayes_plan import PrivBayesPlan
 from beamsynth.transforms.privbayes_sizing import (
-    GAUSSIAN_ONE_WAY_SHARE,
     SPLIT_CELLS_CAP,
     ForestPlan,
     choose_forest,
@@ -141,10 +140,10 @@ def measure_privbayes(
     if plan.forest is not None:
         return _measure_forest(tables, shape, names, plan.forest, rs, None)
     # the penalty uses the scale the tables would get if every column had a family (data-independent;
-    # a zCDP network's families get 1 − GAUSSIAN_ONE_WAY_SHARE of the tables' ρ: σ × 1/√(1 − share))
+    # a zCDP network's families get 1 − the plan's one_way_share of the tables' ρ: σ × 1/√(1 − share))
     scale = plan.penalty * plan.table_scale(plan.max_tables)
     if plan.zcdp is not None and d > 1 and degree > 0:
-        scale /= math.sqrt(1.0 - GAUSSIAN_ONE_WAY_SHARE)
+        scale /= math.sqrt(1.0 - plan.zcdp.one_way_share)
     # a zCDP refinement cut at run time (H47) gives the dropped pairs' ρ to the tables (sum kept)
     marginal_rho = None if plan.zcdp is None else plan.zcdp.marginal_rho
     if marginal_rho is not None and refine is not None and refine.pairs < plan.refine.pairs:
@@ -169,7 +168,7 @@ def measure_privbayes(
         structure = [(c, ()) for c in range(d)]
     specs = family_specs(structure)
     # zCDP: every column not released as a 1-way table already gets one (after the families)
-    one_way = ([] if plan.zcdp is None or GAUSSIAN_ONE_WAY_SHARE <= 0
+    one_way = ([] if plan.zcdp is None or plan.zcdp.one_way_share <= 0
                else [(c,) for c in range(d) if (c,) not in specs])
     exact = [_family_table(tables, s) for s in [*specs, *one_way]]
     if plan.zcdp is not None or plan.split_table_weight is None:  # ∝ √cells (zCDP: unused)
@@ -264,7 +263,8 @@ def _release_tables(exact: Sequence[np.ndarray], specs: Sequence[tuple[int, ...]
     discrete Gaussian with ρ split ∝ min(cells, 10⁴)^⅔ (minimizes the expected total L1 noise
     Σ cells_i·σ_i for Σ m²/(2σ_i²) = ρ; cap as :data:`SPLIT_CELLS_CAP`). With ``one_way`` > 0
     (zCDP network) the last ``one_way`` tables are the explicit 1-way tables: they get
-    :data:`GAUSSIAN_ONE_WAY_SHARE` of ``rho`` and the families the rest, each part split ∝
+    the plan's ``zcdp.one_way_share`` (``privbayes_sizing.GAUSSIAN_ONE_WAY_SHARE`` when built) of
+    ``rho`` and the families the rest, each part split ∝
     cells^⅔; zCDP composition: the ρ_i still add up to ``rho``."""
     m = float(plan.max_contributions)
     if rho is None:
@@ -273,7 +273,8 @@ def _release_tables(exact: Sequence[np.ndarray], specs: Sequence[tuple[int, ...]
     w = np.minimum(np.asarray([t.size for t in exact], dtype=np.float64), SPLIT_CELLS_CAP) ** (2 / 3)
     parts = [slice(0, len(exact))] if not one_way else [slice(0, len(exact) - one_way),
                                                         slice(len(exact) - one_way, len(exact))]
-    shares = [1.0] if not one_way else [1.0 - GAUSSIAN_ONE_WAY_SHARE, GAUSSIAN_ONE_WAY_SHARE]
+    share = 0.0 if plan.zcdp is None else plan.zcdp.one_way_share
+    shares = [1.0] if not one_way else [1.0 - share, share]
     rhos = np.zeros(len(exact))
     for part, share in zip(parts, shares):
         rhos[part] = rho * share * w[part] / w[part].sum()

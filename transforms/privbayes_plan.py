@@ -251,6 +251,10 @@ class ZCDPPlan:
     selection_rho: float
     measure_rho: float
     count_epsilon: float = 0.0  # the DP size count's pure ε (its own spend), 0 with public rows
+    # the network tables' ρ share on every column's own 1-way table, read from the A/B switch
+    # privbayes_sizing.GAUSSIAN_ONE_WAY_SHARE when the plan is built (0: no 1-way tables, the
+    # release before the twelfth session) and used by the measuring step's split (H78)
+    one_way_share: float = 0.2
 
     @property
     def spent_rho(self) -> float:
@@ -749,6 +753,10 @@ def gaussian_plan(plan: PrivBayesPlan, budget: ApproxDP, *, pairs: int = GAUSSIA
     if budget.delta <= 0:
         raise ValueError("noise='gaussian' (CLI --pb-noise gaussian; API and Beam YAML options "
                          "pb_noise: gaussian) needs delta > 0 (zCDP converted to (ε, δ)); got δ = 0")
+    one_way_share = privbayes_sizing.GAUSSIAN_ONE_WAY_SHARE  # the A/B switch, read here (H78)
+    if not 0 <= one_way_share < 1:
+        raise ValueError(f"privbayes_sizing.GAUSSIAN_ONE_WAY_SHARE ({one_way_share!r}) must be "
+                         "in [0, 1)")
     if (getattr(plan, "forest", None) is not None or getattr(plan, "star", None) is not None
             or getattr(plan, "one_way_budget", None) is not None):
         return plan
@@ -794,7 +802,8 @@ def gaussian_plan(plan: PrivBayesPlan, budget: ApproxDP, *, pairs: int = GAUSSIA
                 rounds=rounds, countable=sizing.refine_countable, groups=groups,
                 max_contributions=m)
             small = gaussian_refine_pairs_down(sizing.rows, measure_rho, plan_shape(plan),
-                                               planned=n_pairs, groups=groups, max_contributions=m)
+                                               planned=n_pairs, groups=groups, max_contributions=m,
+                                               enabled=sizing.refine_down)
             if n_pairs == planned and small < n_pairs:
                 # small n̂·√ρ (H47): fewer pairs at the planned ε per pick and σ per table; the
                 # dropped pairs' ρ goes to the network's tables (the parts still add up to ρ)
@@ -815,7 +824,7 @@ def gaussian_plan(plan: PrivBayesPlan, budget: ApproxDP, *, pairs: int = GAUSSIA
                             **gaussian_refine_split(selection_rho, measure_rho, n_pairs, m))
     zcdp = ZCDPPlan(budget=budget, rho=rho, structure_rho=structure_rho,
                     marginal_rho=marginal_rho, selection_rho=selection_rho, measure_rho=measure_rho,
-                    count_epsilon=count_epsilon)
+                    count_epsilon=count_epsilon, one_way_share=float(one_way_share))
     return dataclasses.replace(plan, structure_budget=structure_budget,
                                marginal_budget=marginal_budget, refine=refine, zcdp=zcdp,
                                sizing=sizing)
@@ -874,7 +883,7 @@ def spend_zcdp(accountant: PrivacyAccountant, plan: PrivBayesPlan, prefix: str =
         parts["marginals"].update(
             mechanism="discrete Gaussian on the chosen (k+1)-way marginals and on every column's "
                       "1-way marginal (each declared cell)",
-            split=f"{GAUSSIAN_ONE_WAY_SHARE:g} of ρ on the 1-way tables of the columns not "
+            split=f"{z.one_way_share:g} of ρ on the 1-way tables of the columns not "
                   "released as parentless families, the rest on the families; within each part "
                   "ρ_i ∝ min(cells_i, 10⁴)^⅔ (zCDP: the ρ_i add up)")
     if plan.refine is not None:

@@ -519,7 +519,7 @@ def gaussian_refine_coarse_cells(shape: Sequence[int], groups: int,
 def gaussian_refine_pairs_down(rows: float, measure_rho: float, shape: Sequence[int], *,
                                planned: int, groups: int, max_contributions: int = 1,
                                noise_mass: float = GAUSSIAN_REFINE_NOISE_MASS,
-                               enabled: bool | None = None) -> int:
+                               enabled: bool = True) -> int:
     """The pairs a zCDP refinement planned with ``planned`` pairs and ``measure_rho`` keeps at
     ``n̂ = rows`` (H47, issue 18): ``planned`` unless
     ``P_small = ⌊(κ_G·n̂·√(π·ρ_meas)/(m·c̄))^{2/3}⌋`` is smaller, then ``max(3, P_small)``.
@@ -533,8 +533,10 @@ def gaussian_refine_pairs_down(rows: float, measure_rho: float, shape: Sequence[
     tables: on the Beam-free harness (DP count, 6 paired seeds) that removed the Gaussian TVD1
     loss on NLTCS 1,000 at ε = 0.5 (+0.0108 ± 0.0030 → −0.0002 ± 0.0022 against Laplace) and
     kept its TVD2/TVD3 wins (docs/privbayes.md "Thirteenth session: `--pb-noise auto`"). A
-    pure function of public values (``rows`` public or the DP count, declared shape, ρ)."""
-    if not (GAUSSIAN_REFINE_DOWN if enabled is None else enabled):
+    pure function of public values (``rows`` public or the DP count, declared shape, ρ).
+    ``enabled``: the plan's ``NetworkSizing.refine_down`` (the A/B switch
+    :data:`GAUSSIAN_REFINE_DOWN` read when the plan was built; never read here, H78)."""
+    if not enabled:
         return int(planned)
     if planned <= 0 or len(shape) < 2 or measure_rho <= 0:
         return int(planned)
@@ -779,12 +781,13 @@ def split_network_budget(budget: PureDP, specs: Sequence[Sequence[int]], shape: 
     constant) and ``T₂ = Σ_t C_t/ε_t`` the tables' (√cells minimizes ``T₂`` alone, Lagrange);
     ``w`` = ``table_weight`` (default 1, the default of :data:`NETWORK_SPLIT_TABLE_WEIGHT`,
     which only the plan reads; ``None``: the √cells split; the argument is never replaced by the
-    module's switch here, so a measuring step on a worker splits as planned, H78). Cells are capped at :data:`SPLIT_CELLS_CAP` as in the √cells split. Why: the
-    √cells split leaves a small table that is its column's only source (ACS's DVET × HOUSING_TYPE,
-    21 cells) a small ε, so that column's margin is several times noisier than independent
-    marginals' (docs/privbayes.md "Fourteenth session: TVD1 against independent"). Solved by
-    L-BFGS-B over softmax weights from ``ε⁰`` (deterministic); the result is normalized so that
-    the ε_t add up to ``budget.epsilon`` (sequential composition). A function of the chosen
+    module's switch here, so a measuring step on a worker splits as planned, H78). Cells are
+    capped at :data:`SPLIT_CELLS_CAP` as in the √cells split. Why: the √cells split leaves a
+    small table that is its column's only source (ACS's DVET × HOUSING_TYPE, 21 cells) a small
+    ε, so that column's margin is several times noisier than independent marginals'
+    (docs/privbayes.md "Fourteenth session: TVD1 against independent"). Solved by L-BFGS-B over
+    softmax weights from ``ε⁰`` (deterministic); the result is normalized so that the ε_t add
+    up to ``budget.epsilon`` (sequential composition). A function of the chosen
     structure (a released, private choice) and the declared shape only: post-processing,
     spends nothing beyond ``budget``."""
     weight = table_weight

@@ -127,8 +127,8 @@ def test_switch_off_restores_the_planned_pairs(monkeypatch):
     monkeypatch.setattr(sizing_mod, "GAUSSIAN_REFINE_DOWN", True)  # a worker's fresh module
     assert plan.sizing.refine_plan(1_000, plan.refine) is plan.refine
     assert on.sizing.refine_plan(1_000, on.refine).pairs == 15
-    monkeypatch.setattr(sizing_mod, "GAUSSIAN_REFINE_DOWN", False)
-    assert gaussian_refine_pairs_down(1_000, 0.0016, NLTCS, planned=40, groups=8) == 40
+    assert gaussian_refine_pairs_down(1_000, 0.0016, NLTCS, planned=40, groups=8,
+                                      enabled=False) == 40  # the plan's value, not the module's
 
 
 def test_band_switch_is_the_plans_not_the_workers(monkeypatch):
