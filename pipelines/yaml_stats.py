@@ -99,8 +99,10 @@ class _StepSaidIt(logging.Filter):
 
 logging.getLogger("beamsynth.transforms.private").addFilter(_StepSaidIt())
 # the statistics steps' PrivacyJob of each pipeline and the step that made it (not in the ledger,
-# which DoFns carry: a job holds weak references and cannot be pickled)
-_JOBS: "weakref.WeakKeyDictionary[beam.Pipeline, tuple[PrivacyJob, str]]" = weakref.WeakKeyDictionary()
+# which DoFns carry: a job holds weak references and cannot be pickled). A weak reference to the
+# job: it holds PCollections of its pipeline, so a strong one kept the pipeline alive (H79)
+_JOBS: "weakref.WeakKeyDictionary[beam.Pipeline, tuple[weakref.ref[PrivacyJob], str]]" = (
+    weakref.WeakKeyDictionary())
 
 
 class _StatsStep(beam.PTransform):
@@ -186,12 +188,13 @@ class _StatsStep(beam.PTransform):
 
     def _job(self, pipeline: beam.Pipeline, ledger: _JobLedger, name: str) -> PrivacyJob:
         """The pipeline's statistics job (made by its first statistics step)."""
-        job, first = _JOBS.get(pipeline, (None, ""))
+        ref, first = _JOBS.get(pipeline, (None, ""))
+        job = None if ref is None else ref()  # alive while the graph is (job.private holds it)
         if job is None:
             total = ledger.total if ledger.total is not None else self._budget
             job = PrivacyJob(epsilon=total.epsilon, delta=total.delta, privacy_unit=self._unit,
                              seed=self._seed, name=_JOB_NAME)
-            _JOBS[pipeline] = (job, self.label)
+            _JOBS[pipeline] = (weakref.ref(job), self.label)
             claim_pipeline_budget(pipeline, f"{self.kind} {self.label!r}", job=job)
             return job
         if job.seed != self._seed:

@@ -269,6 +269,40 @@ def test_run_time_hooks_do_not_leak_between_pipelines() -> None:
     assert len(job_module._RUN_TIME_HOOKS) == before - 1
 
 
+def test_pipelines_with_jobs_are_freed_and_steps_still_share_their_job() -> None:
+    """A pipeline built with ``job.private`` or a Beam YAML statistics step is freed once
+    dropped (the one-job registries held their jobs, which hold the pipeline's PCollections:
+    both stayed alive for the process), and a second statistics step, built after a
+    ``gc.collect()``, still finds the first's job (a second job would spend a second budget)."""
+    import gc
+    import weakref
+
+    import apache_beam as beam
+
+    import beamsynth as bs
+    from beamsynth.pipelines import yaml_stats
+
+    def build(kind: str) -> weakref.ref:
+        p = beam.Pipeline()
+        rows = p | beam.Create([beam.Row(c="a")])
+        if kind == "api":
+            _ = rows | bs.PrivacyJob(epsilon=1.0).private("adult")
+        else:
+            _ = rows | yaml_stats.Count(schema="adult", epsilon=0.3)
+        return weakref.ref(p)
+
+    for kind in ("api", "yaml"):
+        ref = build(kind)
+        gc.collect()
+        assert ref() is None, kind
+    p = beam.Pipeline()
+    rows = p | beam.Create([beam.Row(c="a")])
+    _ = rows | "A" >> yaml_stats.Count(schema="adult", epsilon=0.3, seed=1, job_budget={"epsilon": 1})
+    gc.collect()
+    with pytest.raises(ValueError, match="seed 2 differs from step 'A'"):
+        _ = rows | "B" >> yaml_stats.Count(schema="adult", epsilon=0.3, seed=2, job_budget={"epsilon": 1})
+
+
 # -- 5. Beam YAML rows: the schema's lookups once per block -------------------------------------------
 def test_yaml_rows_derive_column_lookups_once_per_block(monkeypatch) -> None:
     """``avro_field_name`` runs once per looked-up column of a block, not per row (old code:
