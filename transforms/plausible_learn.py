@@ -55,7 +55,7 @@ from beamsynth.transforms.plausible_structure import (
     structure_specs,
 )
 from beamsynth.transforms.privbayes import DPPrivBayes, PrivBayesModel, spend_privbayes
-from beamsynth.transforms.refine import SAMPLE_RAKE_ITERATIONS, RefinedModel, rake_weights
+from beamsynth.transforms.refine import RefinedModel, rake_weights
 from beamsynth.transforms.synthesis import SynthesisModel, _CountRowsFn
 
 __all__ = [
@@ -273,7 +273,7 @@ def model_sample(model: SynthesisModel, rows: int, rs: RandomSource) -> tuple[np
     order = [x for x, _ in base.structure] if isinstance(base, PrivBayesModel) else list(range(len(shape)))
     if isinstance(model, RefinedModel) and model.targets:
         pool = base.sample_codes(rows, rs.child("pool"))
-        return pool, rake_weights(pool, shape, model.targets, SAMPLE_RAKE_ITERATIONS,
+        return pool, rake_weights(pool, shape, model.targets, model.iterations,
                                   end_on_margins=model.end_on_margins), order
     return model.sample_codes(rows, rs.child("pool")), None, order
 

@@ -617,6 +617,11 @@ class RefinedModel(SynthesisModel):
         return self._targets
 
     @property
+    def iterations(self) -> int:
+        """IPF sweeps of each raking (fixed when the model was made)."""
+        return self._iterations
+
+    @property
     def end_on_margins(self) -> bool:
         """Whether each raking ends on the pool's 1-way margins (fixed when the model was made)."""
         return self._end_on_margins
