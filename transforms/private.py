@@ -579,6 +579,7 @@ class PrivateTransform(beam.PTransform):
         if label is not None:
             self.label = label
         self._unique_label(left.pipeline)  # before bind: a refused step spends nothing
+        self._unique_step(left.job, left.pipeline)
         self._private = left
         self.bind(left)
         return left.pipeline.apply(self, left.exact_batches())
@@ -594,6 +595,29 @@ class PrivateTransform(beam.PTransform):
             return
         name = type(self).__name__
         raise RuntimeError(f"a step labelled {full!r} is already in the pipeline (nothing was "
+                           f"spent); give this one its own label: private | \"My{name}\" >> "
+                           f"bs.{name}(...)")
+
+    def _unique_step(self, job: PrivacyJob, pipeline: beam.Pipeline) -> None:
+        """Refuse (or, under ``--auto_unique_labels``, rename) a label another mechanism of the
+        job already spent under, before anything is spent: the label names the step's spends,
+        its manifest entry and its run-time figures (rows_out, run-time choices), so two
+        composites' inner steps labelled alike were one step there (rows_out 40 + 40 for steps
+        that released 10 and 30; H77). Beam allows them (their full labels differ)."""
+        def taken(label: str) -> bool:
+            return any(m.get("step") == label for m in job.mechanisms) or any(
+                s.step == label or s.step.startswith(f"{label}/") for s in job.accountant.spends)
+        if not taken(self.label):
+            return
+        if pipeline._options.view_as(StandardOptions).auto_unique_labels:
+            base, k = self.label, 2
+            while taken(f"{base}_{k}"):
+                k += 1
+            self.label = f"{base}_{k}"
+            return
+        name = type(self).__name__
+        raise RuntimeError(f"a step labelled {self.label!r} has already spent on this job (in "
+                           "another composite: the manifest names steps by label; nothing was "
                            f"spent); give this one its own label: private | \"My{name}\" >> "
                            f"bs.{name}(...)")
 

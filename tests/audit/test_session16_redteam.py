@@ -498,3 +498,33 @@ def test_yaml_error_row_position_is_null_when_the_position_field_holds_no_intege
         assert rows_of == [None, None, None, 7], (before, rejected)
     _, rejected = encode_rows(schema, bad)  # no position_field: the batch index (error rows: null)
     assert sorted(r.row for r in rejected) == [1, 2, 3, 4]
+
+
+# -- 7. one step name per mechanism of a job (54ca5fc's rows_out, spends, run-time figures) ----------
+class _Branch(beam.PTransform):
+    """A composite applying ``"Synth" >> bs.Synthesize(...)`` to a private collection it holds."""
+
+    def __init__(self, private, rows: int, label: str = "Synth") -> None:
+        super().__init__()
+        self._private, self._rows, self._inner = private, rows, label
+
+    def expand(self, pbegin):
+        return self._private | self._inner >> bs.Synthesize(epsilon=1.0, method="independent",
+                                                             rows=self._rows)
+
+
+def test_two_composites_inner_steps_with_one_label_are_refused():
+    """Two composites (A, B) each applying a step labelled 'Synth' were one step to the job: both
+    spent as 'Synth/independent.marginals', and WriteManifest (keyed by the step's label) stated
+    rows_out 40 for each and 80 in all where the steps released 10 and 30 (and a PrivBayes or
+    plausible step's run-time figures would be the two steps' merged). The second is now refused
+    when built, before it spends; distinct inner labels build and are counted apart."""
+    job = bs.PrivacyJob(epsilon=5.0, seed=3)
+    p = beam.Pipeline()
+    private = p | beam.Create(_records(20)) | job.private(SCHEMA)
+    _ = p | "A" >> _Branch(private, 10)
+    with pytest.raises(RuntimeError, match="'Synth'.*already"):
+        _ = p | "B" >> _Branch(private, 30)
+    assert [s.step for s in job.accountant.spends] == ["Synth/independent.marginals"]
+    _ = p | "C" >> _Branch(private, 30, label="Synth2")  # its own label: builds
+    assert [m["step"] for m in job.mechanisms] == ["Synth", "Synth2"]
