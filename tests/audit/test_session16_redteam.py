@@ -163,6 +163,8 @@ def test_api_plausible_tested_count_stays_private_released_is_public(tmp_path):
     assert sorted(map(json.dumps, rows_a)) == sorted(map(json.dumps, rows_b))
     (entry,) = [e for e in a["release"]["details"]["mechanisms"] if "rows_out" in e]
     assert entry["rows_out"] == entry["details"]["released"] == a["release"]["rows_out"] == len(rows_a)
+    per_window = {w["window_start"]: w["released"] for w in entry["details"]["released_per_window"]}
+    assert a["release"]["rows_out_per_window"] == entry["rows_out_per_window"] == per_window
     charged = entry["details"]["release_guarantee"]["charged"]
     assert (charged["C"], charged["rows"]) == (104, 60)
     step = entry["step"]
