@@ -519,8 +519,10 @@ def test_two_composites_inner_steps_with_one_label_are_refused():
     """Two composites (A, B) each applying a step labelled 'Synth' were one step to the job: both
     spent as 'Synth/independent.marginals', and WriteManifest (keyed by the step's label) stated
     rows_out 40 for each and 80 in all where the steps released 10 and 30 (and a PrivBayes or
-    plausible step's run-time figures would be the two steps' merged). The second is now refused
-    when built, before it spends; distinct inner labels build and are counted apart."""
+    plausible step's run-time figures would be the two steps' merged). Seeded, the two steps
+    drew the same noise too (job.step_seed(label)): two 'Count' steps over 300 and 250 records
+    released 291 and 241, an exact difference, in three runs (secure mode drew apart). The
+    second is now refused when built, before it spends; distinct inner labels build."""
     job = bs.PrivacyJob(epsilon=5.0, seed=3)
     p = beam.Pipeline()
     private = p | beam.Create(_records(20)) | job.private(SCHEMA)
@@ -530,3 +532,15 @@ def test_two_composites_inner_steps_with_one_label_are_refused():
     assert [s.step for s in job.accountant.spends] == ["Synth/independent.marginals"]
     _ = p | "C" >> _Branch(private, 30, label="Synth2")  # its own label: builds
     assert [m["step"] for m in job.mechanisms] == ["Synth", "Synth2"]
+
+    class Counted(beam.PTransform):
+        def __init__(self, source) -> None:
+            super().__init__()
+            self._source = source
+
+        def expand(self, pbegin):
+            return self._source | "Count" >> bs.Count(epsilon=0.1)
+    other = p | "Other" >> beam.Create(_records(10)) | "Private2" >> job.private(SCHEMA)
+    _ = p | "D" >> Counted(private)
+    with pytest.raises(RuntimeError, match="'Count'.*already"):
+        _ = p | "E" >> Counted(other)  # seeded, it would share the first one's noise
