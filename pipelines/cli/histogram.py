@@ -125,6 +125,9 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     schema = Schema(name="histogram", columns=(column,), privacy_id=args.privacy_id)
     cli_checks("histogram", args, options, required=required,
                read=lambda p: p | "Read" >> ReadRecords(args.input, schema))
+    if not getattr(args, "quiet", False):  # before the run, as synthesize and prefixes say theirs
+        print(f"beamsynth histogram: cathist on {args.input} (column {args.column!r}, "
+              f"ε={args.epsilon:g})", file=sys.stderr, flush=True)
     manifest = run_histogram(cfg, options)
     op = manifest["operational"]
     cli_report("histogram", args, op, rejected_path(args.output))
