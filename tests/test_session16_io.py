@@ -380,3 +380,12 @@ def test_histogram_says_what_it_runs_before_the_run(tmp_path, monkeypatch, capsy
     err = capsys.readouterr().err
     assert err.index(f"beamsynth histogram: cathist on {data} (column 'c', ε=1)") < err.index(
         "stopped before the run"), err
+
+
+def test_schema_refuses_pipeline_options_saying_why(capsys) -> None:
+    """``beamsynth schema draft D --runner dask`` (a script passing its runner to every command):
+    'unexpected arguments: --runner dask' before; now why and what to do (exit 2 as before)."""
+    assert main(["schema", "validate", "adult", "--runner", "dask"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "beamsynth schema: error: `schema validate` runs no pipeline, so it takes no pipeline "
+        "options (got --runner dask): drop them")

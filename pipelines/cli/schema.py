@@ -42,8 +42,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
-    if beam_args:
-        raise ValueError(f"unexpected arguments: {' '.join(beam_args)}")
+    if beam_args:  # e.g. the --runner a script passes to every command
+        raise ValueError(f"`schema {args.action}` runs no pipeline, so it takes no pipeline "
+                         f"options (got {' '.join(beam_args)}): drop them")
     if args.action != "draft" and (args.output or args.name or args.format != "auto" or args.also
                                    or args.table or args.header_from):
         raise ValueError("--format, --output, --name, --with, --table and --header-from apply to "
