@@ -765,6 +765,7 @@ class MakePrivate(beam.PTransform):
         (``ReadFromParquet(as_rows=True)``, ``to_pcollection``), which are no ``beam.Row``
         subclass to Beam but are read by field name like one."""
         hint = getattr(pvalueish, "element_type", None)
+        self._check_declared_hint(hint)
         if _may_hold_records(hint):  # incl. named tuples and a type beam.Create inferred
             self._check_fields(hint)
             return
@@ -783,6 +784,24 @@ class MakePrivate(beam.PTransform):
                 "named tuples) and pyarrow Tables/RecordBatches: parse each element first, e.g. "
                 "beam.Map(json.loads) for JSON lines or a csv parse to dicts (docs/beam-api.md, "
                 "'Inputs')")
+
+    def _check_declared_hint(self, hint: Any) -> None:
+        """``job.private(schema).with_input_types(T)``: Beam refuses an input inconsistent with a
+        composite's declared ``T``; ``job.private`` judges every element whatever the hints, so a
+        mismatch is a warning (a refusal would let a type that ``beam.Create`` or
+        ``ReadFromJson`` infers from the records decide whether a release happens; H55). Before
+        H81 the user's hint was ignored without a word."""
+        declared = self.get_type_hints().input_types
+        if not declared or not declared[0] or hint is None or hint == typehints.Any:
+            return
+        wanted = declared[0][0]
+        if wanted in (INPUT_TYPES, _INPUT_HINT) or typehints.is_consistent_with(hint, wanted):
+            return
+        _LOG.warning(
+            "%s", f"{self.label}: its input is typed {hint}, not the with_input_types({wanted}) "
+            "declared on it; job.private does not check elements against that hint: it judges "
+            "each element (dicts, beam.Rows, named tuples, pyarrow Tables/RecordBatches; anything "
+            "else a dead letter); fix or drop the hint")
 
     def _check_fields(self, hint: Any) -> None:
         """Warn (when built) about typed rows carrying none of the fields read, or lacking a
