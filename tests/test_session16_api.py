@@ -212,7 +212,7 @@ def test_a_with_input_types_mismatch_on_job_private_is_said_when_built(caplog):
 
     records = [{"sex": "F", "city": "Oslo", "band": 1}] * 3
     warned = {}
-    for name, hint in [("int", int), ("row", beam.Row), ("dict", typing.Dict[str, typing.Any])]:
+    for name, hint in [("int", int), ("row", beam.Row), ("dict", dict[str, typing.Any])]:
         caplog.clear()
         p = beam.Pipeline()
         with caplog.at_level(logging.WARNING, logger="beamsynth"):
