@@ -421,3 +421,29 @@ def test_schema_refuses_pipeline_options_saying_why(capsys) -> None:
     assert capsys.readouterr().err.strip() == (
         "beamsynth schema: error: `schema validate` runs no pipeline, so it takes no pipeline "
         "options (got --runner dask): drop them")
+
+
+def test_an_output_folder_is_refused_before_the_run(tmp_path, capsys) -> None:
+    """``--output`` naming an existing folder: every command read, measured and sampled, then
+    failed renaming the finished file onto it (a BeamIOError traceback); now exit 2 before
+    anything is read or spent, for the output and for the files written beside it."""
+    data = tmp_path / "d.csv"
+    data.write_text("c\na\nb\n", encoding="utf-8")
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps({"name": "s", "columns": _ID_SCHEMA["columns"]}), encoding="utf-8")
+    folder = tmp_path / "out.csv"
+    folder.mkdir()
+    common = ["--epsilon", "1", "--output", str(folder), "--quiet"]
+    runs = [["synthesize", str(data), "--schema", str(schema)],
+            ["histogram", str(data), "--column", "c", "--domain", "list:a,b", "--tolerance", "0.5"],
+            ["prefixes", str(data), "--kind", "text", "--column", "c", "--alphabet", "ab",
+             "--max-length", "1"]]
+    for args in runs:
+        assert main([*args, *common]) == 2, args
+        assert f"{folder}: exists and is a folder; --output names the file" in capsys.readouterr().err
+    (tmp_path / "x.csv.manifest.json").mkdir()  # beside the output
+    assert main([*runs[0], *common[:2], "--output", str(tmp_path / "x.csv"), "--quiet"]) == 2
+    assert "x.csv.manifest.json: exists and is a folder" in capsys.readouterr().err
+    assert main(["schema", "draft", str(schema), "--output", str(folder), "--quiet"]) == 2
+    assert f"{folder}: exists and is a folder" in capsys.readouterr().err
+    assert list(folder.iterdir()) == [] and not (tmp_path / "x.csv").exists()

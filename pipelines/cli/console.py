@@ -24,7 +24,15 @@ from typing import Any
 
 from apache_beam.io.filesystems import FileSystems
 
-from beamsynth.pipelines.io.preflight import PreflightError, PreflightReport, Required, check_inputs
+from beamsynth.pipelines.io.manifest import manifest_path
+from beamsynth.pipelines.io.preflight import (
+    PreflightError,
+    PreflightReport,
+    Required,
+    check_inputs,
+    check_outputs,
+)
+from beamsynth.pipelines.io.records import rejected_path
 from beamsynth.schemas.schema import Schema, avro_field_name
 
 __all__ = [
@@ -248,9 +256,14 @@ def method_advice(*, method: str, epsilon: float, rows: int | None, columns: int
 
 def cli_checks(command: str, args: argparse.Namespace, options: Any, *, required: Sequence[Required],
                reject_extra: Sequence[str] | None = None,
-               read: Callable[[Any], Any] | None = None) -> PreflightReport:
-    """A command's pre-flight: :func:`check_inputs` on ``args.input`` (warnings to stderr), then,
-    with ``--fail-on-rejected``, the counting pre-pass over the pipeline ``read(p)`` wires."""
+               read: Callable[[Any], Any] | None = None,
+               outputs: Sequence[str] = ()) -> PreflightReport:
+    """A command's pre-flight: ``args.output``, its manifest and dead letters (and ``outputs``)
+    must not be folders (:func:`check_outputs`), :func:`check_inputs` on ``args.input``
+    (warnings to stderr), then, with ``--fail-on-rejected``, the counting pre-pass over the
+    pipeline ``read(p)`` wires."""
+    check_outputs([args.output, manifest_path(args.output), rejected_path(args.output),
+                   *outputs])
     report = check_inputs(args.input, required=required, reject_extra=reject_extra,
                           allow_empty=args.allow_empty)
     for w in report.warnings:

@@ -183,7 +183,8 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
         raw = p | "Read" >> ReadRawBlocks(args.input)
         _ = raw["blocks"] | "Encode" >> EncodeKeys(codec=codec, privacy_id=args.privacy_id)
 
-    console.cli_checks("prefixes", args, options, required=required, read=read)
+    console.cli_checks("prefixes", args, options, required=required, read=read,
+                       outputs=[tree_path(args.output)])
     manifest = run_prefixes(input=args.input, codec=codec, method=args.method, epsilon=args.epsilon,
                             output=args.output, privacy_id=args.privacy_id,
                             max_contributions=args.max_contributions, seed=args.seed,

@@ -7,6 +7,7 @@ import json
 import sys
 
 from beamsynth.pipelines.io.filesystem import write_text_atomic
+from beamsynth.pipelines.io.preflight import check_outputs
 from beamsynth.pipelines.schema_draft import DRAFT_FORMATS, draft_schema
 from beamsynth.schemas.schema import load_schema
 
@@ -65,6 +66,8 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
 
 
 def _draft(args: argparse.Namespace) -> int:
+    if args.output:
+        check_outputs([args.output])
     fmt = "json" if args.format == "json" else args.format
     text = draft_schema(args.schema, fmt=fmt if fmt != "json" else "auto", name=args.name,
                         table=args.table, also=args.also, header_from=args.header_from)

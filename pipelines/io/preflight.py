@@ -37,6 +37,7 @@ import csv
 import difflib
 import gzip
 import math
+import os
 import re
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
@@ -55,6 +56,7 @@ __all__ = [
     "Required",
     "check_inputs",
     "check_noise_scales",
+    "check_outputs",
     "check_table_inputs",
     "header_columns",
     "schema_requirements",
@@ -362,6 +364,18 @@ def check_inputs(pattern: str | Sequence[str], *, required: Sequence[Required] =
     if not report.empty and len(report.files) > 1:
         report.warnings += [f"{f.path}: no data records" for f in report.files if f.has_records is False]
     return report
+
+
+def check_outputs(paths: Sequence[str], *, flag: str = "--output") -> None:
+    """Refuse, before anything is read or spent, a local output path that exists and is not a
+    regular file (a folder): the run would read, measure and sample everything and then fail
+    when the finished file is renamed onto it. Object-store paths have no folders: not checked."""
+    for path in paths:
+        if "://" not in path and os.path.exists(path) and not os.path.isfile(path):
+            kind = "a folder" if os.path.isdir(path) else "not a regular file"
+            raise PreflightError(f"{path}: exists and is {kind}; {flag} names the file to write "
+                                 "(its manifest and dead letters go beside it), e.g. "
+                                 f"{os.path.join(path, 'out.csv')}")
 
 
 def check_table_inputs(tables: Iterable[Any]) -> None:
