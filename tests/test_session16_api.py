@@ -223,3 +223,24 @@ def test_a_with_input_types_mismatch_on_job_private_is_said_when_built(caplog):
     for name in ("int", "row"):
         (message,) = warned[name]
         assert "its input is typed Dict[" in message and "fix or drop the hint" in message
+
+
+# -- 5. SBHG over a huge declared column ----------------------------------------------------------
+def test_sbhg_over_a_huge_column_is_refused_in_the_callers_words():
+    """bs.SBHG on a schema with a string column of 2.9·10¹¹ values said '2-way tables [(0, 7),
+    (1, 7), (2, 7)] exceed 2000000 cells; bin those columns coarser or use top_r=0' (column
+    indices; the CLI's option name). Now the columns by name, the API's spelling and the way out
+    an API user has; refused when applied, nothing spent."""
+    words = bs.load_schema({"name": "w", "columns": [
+        *SCHEMA.to_spec()["columns"],
+        {"name": "query", "type": "string", "domain": {"kind": "string", "alphabet": "abc",
+                                                       "min_length": 1, "max_length": 20}}]})
+    job = bs.PrivacyJob(epsilon=2.0, delta=1e-5)
+    private = beam.Pipeline() | beam.Create(_records(5)) | job.private(words)
+    with pytest.raises(ValueError) as err:
+        _ = private | bs.SBHG(epsilon=1.0, delta=1e-6, rows=10)
+    message = str(err.value)
+    assert "(sex, query)" in message and "for 'query'" in message
+    assert "job.private(schema.select([...]))" in message and "options={'top_r': 0}" in message
+    assert job.accountant.spent_epsilon == 0
+    _ = private | "NoSelection" >> bs.SBHG(epsilon=1.0, delta=1e-6, rows=10, options={"top_r": 0})

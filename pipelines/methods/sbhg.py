@@ -15,6 +15,7 @@ from beamsynth.pipelines.methods.options import Limit
 from beamsynth.pipelines.methods.privbayes import add_input_rows_argument
 from beamsynth.pipelines.methods.registry import Method, register
 from beamsynth.transforms.budget import ApproxDP, PureDP
+from beamsynth.transforms.sbhg import _MAX_PAIR_CELLS as MAX_PAIR_CELLS
 from beamsynth.transforms.sbhg import (
     DEFAULT_MI_COUNT_CAP,
     DPHashedConditionals,
@@ -93,6 +94,7 @@ class SBHGMethod(Method):
             conditional = ApproxDP(epsilon=self.budget.epsilon - selection.epsilon, delta=self.budget.delta)
         else:
             selection, conditional = None, ApproxDP(epsilon=self.budget.epsilon, delta=self.budget.delta)
+        self._check_pair_cells(r_eff)
         self.transform = DPHashedConditionals(
             shape=self.schema.shape, selection_budget=selection, conditional_budget=conditional,
             top_r=top_r, max_contributions=self.max_contributions,
@@ -115,6 +117,27 @@ class SBHGMethod(Method):
             details={"tables": p, "per_table": d["sba_per_feature"], "scale": d["sba_scale"],
                      "threshold": d["sba_threshold"], "sensitivity": self.max_contributions,
                      "paper": paper + " §2.3 Algorithm 1, §3.3 Theorem 3.1 (converted to add/remove)"})
+
+    def _check_pair_cells(self, r_eff: Any) -> None:
+        """The parent selection measures every 2-way table densely: refuse one too large when
+        built, naming the columns and the caller's options (the transform's own check said
+        ``2-way tables [(0, 7), ...] exceed 2000000 cells; ... use top_r=0``; H81)."""
+        if not (isinstance(r_eff, int) and r_eff > 0):
+            return
+        shape, names = self.schema.shape, self.schema.names
+        big = [(names[a], names[b]) for a in range(len(shape)) for b in range(a + 1, len(shape))
+               if shape[a] * shape[b] > MAX_PAIR_CELLS]
+        if not big:
+            return
+        wide = sorted(set.intersection(*map(set, big)) or {n for pair in big for n in pair})
+        leave_out = ("records | job.private(schema.select([...]))" if self.say.caller == "api"
+                     else "a schema without them")
+        raise ValueError(
+            f"sbhg: its parent selection measures every 2-way table, and {len(big)} of them have more "
+            f"than {MAX_PAIR_CELLS:,} cells (e.g. {', '.join(f'({a}, {b})' for a, b in big[:3])}): "
+            f"declare bins (integer/float `edges`) or a smaller domain for {', '.join(map(repr, wide))}, "
+            f"synthesize the other columns ({leave_out}), or pass {self.say.option('top_r', 0)} (no parent "
+            "selection)")
 
     def _fallback(self) -> None:
         """Independent 1-way marginals with the method's whole ε (pure; δ unspent)."""
