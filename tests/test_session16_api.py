@@ -244,3 +244,7 @@ def test_sbhg_over_a_huge_column_is_refused_in_the_callers_words():
     assert "job.private(schema.select([...]))" in message and "options={'top_r': 0}" in message
     assert job.accountant.spent_epsilon == 0
     _ = private | "NoSelection" >> bs.SBHG(epsilon=1.0, delta=1e-6, rows=10, options={"top_r": 0})
+    with pytest.raises(ValueError, match=r"'query' \(\d[\d,]+ cells\).*records \| "
+                                         r"job\.private\(schema\.select"):
+        _ = private | bs.PrivBayes(epsilon=0.5, rows=10)   # said: bins, a smaller domain or
+        # the independent method, not the way out the trial job took (the other columns)

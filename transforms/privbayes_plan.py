@@ -599,8 +599,10 @@ def plan_privbayes(
         raise ValueError(
             f"privbayes: column(s) {', '.join(huge)} declare more than {max_family_cells:,} "
             "cells (max_family_cells); declare bins (integer/float `edges`) or a smaller domain, "
-            "or use the independent method (CLI --method independent, API bs.IndependentSynthesis, "
-            "Beam YAML method: independent; open columns go through CatHist)")
+            "synthesize the other columns (API: records | job.private(schema.select([...])); CLI "
+            "and Beam YAML: a schema without them), or use the independent method (CLI --method "
+            "independent, API bs.IndependentSynthesis, Beam YAML method: independent; open "
+            "columns go through CatHist)")
     # refinement size, from declared quantities only: pairs with exact counts (every pair within
     # max_family_cells is in a candidate family), and as many tables as get ≥ REFINE_MIN_TABLE_EPSILON
     countable = sum(1 for a, b in itertools.combinations(range(len(shape)), 2)
