@@ -390,7 +390,7 @@ def run_release(
             progress("writing reports")
             from beamsynth.pipelines.releases.report import write_release_reports
 
-            write_release_reports(cfg, tmp, release, manifests)
+            write_release_reports(cfg, tmp, release, manifests, progress)
         write_json_atomic(fs.join(tmp, RELEASE_MARKER), release)
         if fs.is_local(tmp):
             _fsync_tree(tmp)

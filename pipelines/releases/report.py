@@ -533,8 +533,13 @@ def public_report_html(release: Mapping[str, Any], synthetic: Mapping[str, pd.Da
 
 # -- files -----------------------------------------------------------------------------------------
 def write_release_reports(cfg: Any, folder: str, release: Mapping[str, Any],
-                          manifests: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
-    """Write ``public/report.html`` and ``private/report.html`` into a release (temp) folder."""
+                          manifests: Mapping[str, Mapping[str, Any]],
+                          progress: Any = None) -> dict[str, str]:
+    """Write ``public/report.html`` and ``private/report.html`` into a release (temp) folder.
+
+    ``progress``: a one-line callback (the CLI's progress printer) told before each report part,
+    since plots and the ML-efficacy models take tens of seconds on large tables."""
+    say = progress or (lambda _line: None)
     written = {}
     synth = {}
     schemas = {}
@@ -550,6 +555,7 @@ def write_release_reports(cfg: Any, folder: str, release: Mapping[str, Any],
     models = {t.name: _read_model(join(folder, "public", f"{t.name}.model.json"))
               for t in synth_tables}
     if cfg.public_report:
+        say(f"public report: plots of {len(cfg.tables)} table(s) from the released files")
         path = join(folder, "public", "report.html")
         _write_text(path, public_report_html(release, synth, schemas, models, histograms))
         written["public"] = path
@@ -557,6 +563,7 @@ def write_release_reports(cfg: Any, folder: str, release: Mapping[str, Any],
         parts = []
         for t in synth_tables:
             title = f"{cfg.name} / {t.name}: quality report"
+            say(f"private report of table {t.name}: fidelity and ML efficacy against the real rows")
             try:  # reads the private rows: nothing in them may stop the release (rules 7 and 8)
                 real, rejected = real_codes(schemas[t.name], _expand(t.inputs), max_rows=cfg.max_plot_rows)
                 target = cfg.target if cfg.target in schemas[t.name].names else None
