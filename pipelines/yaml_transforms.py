@@ -381,15 +381,23 @@ class _JobLedger:
         self.steps: list[tuple[str, PrivacyAccountant]] = []
         self.kinds: set[str] = set()  # BeamsynthSynthesize, BeamsynthHistogram, ...
         self.manifests: dict[str, str] = {}  # manifest path -> the step writing it
+        self.seeds: dict[int, str] = {}  # a synthesis step's seed -> the step (H77)
         self.accountant: Optional[PrivacyAccountant] = None  # noqa: UP045
 
     def add(self, step: str, spent: PrivacyAccountant, declared: Optional[ApproxDP],  # noqa: UP045
             unit: tuple[Any, int] = (None, 1), kind: str = STEP,
             windows: Optional[DeclaredWindows] = None,  # noqa: UP045
-            manifest: Optional[str] = None) -> None:  # noqa: UP045
+            manifest: Optional[str] = None, seed: Optional[int] = None) -> None:  # noqa: UP045
         """Register step ``step`` (a ``kind`` step) spending ``spent``; raises when its privacy unit
         or windowing differs, its job budget differs, its ε does not fit what the earlier steps
-        left, or its ``manifest`` path is another step's."""
+        left, its ``manifest`` path is another step's, or its ``seed`` (a synthesis step's, used
+        as given) is another step's."""
+        if seed is not None and seed in self.seeds:  # one stream: their releases differ exactly
+            raise ValueError(
+                f"{kind} {step!r}: seed {seed} is also step {self.seeds[seed]!r}'s; two steps of "
+                "one pipeline with one seed draw the same noise, so their releases would differ "
+                "by the exact difference of their inputs: give each step its own seed (tests and "
+                "demos only) or none")
         if manifest is not None:  # a copied step kept its manifest: one file overwrote the other
             key = manifest if "://" in manifest else os.path.abspath(manifest)
             if key in self.manifests:
@@ -398,6 +406,8 @@ class _JobLedger:
                     f"{self.manifests[key]!r}'s; give each step its own manifest path (the "
                     "second file would replace the first, and with it that step's exact counts)")
             self.manifests[key] = step
+        if seed is not None:
+            self.seeds[seed] = step
         if self.steps and windows != self.windows:  # the job's ε holds per window (rule 3, H52)
             raise ValueError(
                 f"{kind} {step!r}: windows {_windows_text(windows)} differ from the other steps' "
@@ -794,7 +804,7 @@ class Synthesize(beam.PTransform):
         # the full label names the spends: two steps "S" in two composites were both "S/..." (H55)
         self._step = pipeline._current_transform().full_label or self.label
         ledger.add(self._step, self._plan.accountant, self._job_budget, unit, windows=self._windows,
-                   manifest=self._manifest)
+                   manifest=self._manifest, seed=self._plan.config.seed)
         return ledger
 
     def display_data(self) -> dict[str, Any]:
