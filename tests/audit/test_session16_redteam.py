@@ -15,6 +15,10 @@ checked against (a broken variant it catches).
    inside batches of other records (``Column.encode``, the per-worker memo, API dicts, Arrow).
 5. ``p.apply(step, private)`` and its relatives (e735b8b): refused when built, whatever the
    wrapping, and nothing in the graph consumes the exact records.
+6. Found and fixed: Beam YAML error rows gave a row's place in its batch as its position when
+   ``position_field`` held no integer (6b48d6a); two composites' steps with one label were one
+   step to the job (rows_out 40 + 40 for 10 and 30; seeded, one noise stream: 7dbcb7c); two
+   Beam YAML synthesis steps with one seed drew the same noise (749d27e).
 """
 
 from __future__ import annotations
