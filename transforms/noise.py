@@ -51,6 +51,7 @@ __all__ = [
     "RandomSource",
     "RunSecret",
     "run_seed",
+    "child_seed",
     "hypergeometric",
     "uniform_below",
     "discrete_laplace",
@@ -80,6 +81,14 @@ def _derive_key(seed: int, labels: tuple[Hashable, ...]) -> int:
     """128-bit Philox key from SHA-256 of the seed and the stream labels (seeded mode only)."""
     digest = hashlib.sha256(repr((int(seed), labels)).encode("utf-8")).digest()
     return int.from_bytes(digest[:16], "little")
+
+
+def child_seed(seed: int, *labels: Hashable) -> int:
+    """The seed of one named part of a seeded run (a job's step, a release's table): 56 bits of
+    SHA-256 of the seed and the part's labels, so two parts never share a noise stream. Seeded
+    runs only (tests and demos); secure runs derive every stream from their run secret."""
+    digest = hashlib.sha256(repr((seed, *labels)).encode("utf-8")).digest()
+    return int.from_bytes(digest[:7], "big")
 
 
 def _plain(label: Any) -> Any:

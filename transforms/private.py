@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import hashlib
 import logging
 import os
 import sys
@@ -84,6 +83,7 @@ from beamsynth.transforms.inputs import (
     reject_elements,
     wanted_fields,
 )
+from beamsynth.transforms.noise import child_seed
 from beamsynth.transforms.units import BoundContributions
 from beamsynth.transforms.windows import (
     DeclaredWindows,
@@ -337,10 +337,7 @@ class PrivacyJob:
     def step_seed(self, step: str) -> int | None:
         """The seed of one step: ``None`` in secure mode (each transform draws its own run secret),
         else an int derived from the job seed and the step name, so two steps never share noise."""
-        if self.seed is None:
-            return None
-        digest = hashlib.sha256(repr((self.seed, step)).encode("utf-8")).digest()
-        return int.from_bytes(digest[:7], "big")
+        return None if self.seed is None else child_seed(self.seed, step)
 
     def spend(self, step: str, budget: ApproxDP, *, mechanism: str,
               details: Mapping[str, Any] | None = None) -> ApproxDP:

@@ -70,6 +70,7 @@ from beamsynth.pipelines.releases.ledger import (
 from beamsynth.runners.presets import is_beam_dask
 from beamsynth.schemas.tables import arrow_schema_for
 from beamsynth.transforms.budget import BudgetExceededError
+from beamsynth.transforms.noise import child_seed
 
 __all__ = [
     "ReleasePlan",
@@ -89,11 +90,19 @@ class ReleasePlan:
 
 
 # -- planning --------------------------------------------------------------------------------------
+def table_seed(cfg: ReleaseConfig, t: TableSpec) -> int | None:
+    """A demo release's seed for one table (``None`` unless ``seed`` is set, demo only): derived
+    from the release's seed and the table's name, so two tables never share a noise stream (one
+    seed for all made the difference of two tables' DP counts exact; H77). Each table's manifest
+    states its own seed: ``beamsynth synthesize --seed`` with it gives that table's rows."""
+    return None if cfg.seed is None else child_seed(cfg.seed, "release table", t.name)
+
+
 def _synthesis_config(cfg: ReleaseConfig, t: TableSpec, output: str) -> SynthesisConfig:
     return SynthesisConfig(
         input=list(t.inputs) if len(t.inputs) > 1 else t.inputs[0], schema=t.schema, output=output,
         epsilon=t.epsilon, delta=t.delta, method=t.method, rows=t.rows, privacy_id=t.privacy_id,
-        max_contributions=t.max_contributions, seed=cfg.seed, count_fraction=t.count_fraction,
+        max_contributions=t.max_contributions, seed=table_seed(cfg, t), count_fraction=t.count_fraction,
         options=dict(t.options), empty_input_refused=True)  # check_table_inputs refuses empty inputs
 
 
@@ -154,7 +163,7 @@ def _histogram_config(cfg: ReleaseConfig, t: TableSpec, output: str) -> Any:
     return HistogramConfig(
         input=list(t.inputs) if len(t.inputs) > 1 else t.inputs[0],  # type: ignore[arg-type]
         column=t.schema.column(t.column), output=output, epsilon=t.epsilon,
-        tolerance=float(t.tolerance), seed=cfg.seed, privacy_id=t.privacy_id,
+        tolerance=float(t.tolerance), seed=table_seed(cfg, t), privacy_id=t.privacy_id,
         max_contributions=t.max_contributions, empty_input_refused=True)
 
 
@@ -166,7 +175,7 @@ def _plan_histogram(cfg: ReleaseConfig, t: TableSpec) -> LedgerSpend:
     try:
         DPCategoricalHistogram(domain=ColumnCells(t.schema.column(t.column)),
                                budget=PureDP(epsilon=t.epsilon), tolerance=float(t.tolerance),
-                               max_contributions=t.max_contributions, seed=cfg.seed)
+                               max_contributions=t.max_contributions, seed=table_seed(cfg, t))
     except (ValueError, TypeError) as exc:
         raise ReleaseConfigError(t.where, str(exc)) from None
     return LedgerSpend(source=t.source, privacy_unit=t.privacy_unit,
@@ -251,7 +260,7 @@ def _finish_table(plan: SynthesisPlan, t: TableSpec, tmp: str, result: Any, star
         command="release", method=plan.method.name, inputs=list(t.inputs),
         outputs={**outputs, "rejected": f"private/{t.name}.rejected.jsonl"},
         schema_name=plan.schema.name, schema_fingerprint=plan.schema.fingerprint(),
-        accountant=plan.accountant.to_dict(), seed=cfg.seed,
+        accountant=plan.accountant.to_dict(), seed=plan.config.seed,
         privacy_unit={"privacy_id": plan.schema.privacy_id,
                       "max_contributions": cfg.max_contributions,
                       "neighbouring": "add/remove one privacy unit",
