@@ -126,8 +126,8 @@ def table_rows(table: pa.Table, schema: Schema) -> Iterable[beam.Row]:
 
 def table_order(table: pa.Table) -> tuple[str, int, str]:
     """Order key of a released table among its release's tables (``release_rows(order=)``): the
-    part label it carries (sampling shard, plausible shard; window and shard zero-padded), then its
-    size, then its content (unlabelled tables, e.g. decoded prefix keys). Released values only."""
+    part label it carries (a plausible shard's; window and shard zero-padded), then its size, then
+    its content (unlabelled tables, e.g. decoded prefix keys). Released values only."""
     from beamsynth.schemas.tables import part_label
 
     label = part_label(table)

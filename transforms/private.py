@@ -1050,11 +1050,14 @@ def release_rows(private: PrivateCollection, fn: Any, *args: Any,
     """Released values → rows (``FlatMap(fn, *args)`` typed ``row_type``); under declared windows
     every row gets ``window_start`` (its window's start, ISO 8601 UTC) as first field.
 
-    ``order``: for a release made of several elements per window (sampling shards, prefix-tree
-    levels, decoded key tables), a key of one element: the elements are gathered per window and
-    their rows emitted in that key's order, so a sink gets the same rows in the same order on
-    every runner (the order the runner finished the elements in is no part of the release;
-    rule 7, H81). Post-processing of released values only."""
+    ``order``: for a release made of several elements per window whose size is bounded by declared
+    numbers (prefix-tree levels, decoded key tables, plausible's shards), a key of one element:
+    the elements are gathered per window and their rows emitted in that key's order, so a sink
+    gets the same rows in the same order on every runner (the order the runner finished the
+    elements in is no part of the release; rule 7, H81). The gather puts every row of the window
+    on one worker: ``Synthesize``'s sampling shards are not gathered (each shard's rows in sample
+    order, shards in the runner's order; H82: gathering 1M rows took 4.7x the launcher's and 3x
+    the worker's memory on ``direct-multi``). Post-processing of released values only."""
     if order is not None:
         return _RowsInOrder(private, fn, args, row_type, order)
     if private.windows is None:
