@@ -67,7 +67,7 @@ from beamsynth.pipelines.io.manifest import (
 )
 from beamsynth.pipelines.io.records import METRICS_NAMESPACE, RawBlock, Rejected
 from beamsynth.pipelines.methods.options import check_options as check_method_options
-from beamsynth.pipelines.methods.registry import get_method
+from beamsynth.pipelines.methods.registry import METHODS, get_method
 from beamsynth.pipelines.methods.synthesize import (
     SynthesisConfig,
     plan_synthesis,
@@ -654,6 +654,23 @@ def check_step_config(*, batch_rows: Any, error_handling: Any, manifest: Any,
     return None if error_handling is None else error_handling["output"]
 
 
+def check_method_name(method: Any) -> None:
+    """Refuse (when built) a ``method:`` that names no registered synthesis method, in YAML words
+    with the nearest name (the registry's own ``unknown method 'privbays'; available: [...]``
+    named neither the step nor the key, H84)."""
+    try:
+        if isinstance(method, str):
+            get_method(method)
+            return
+    except ValueError:
+        pass
+    names = sorted(METHODS)
+    close = difflib.get_close_matches(str(method), names, n=1, cutoff=0.6)
+    raise ValueError(f"{STEP}: method: {method!r} is not a synthesis method"
+                     + (f" (did you mean {close[0]!r}?)" if close else "")
+                     + f"; methods: {', '.join(names)} (docs/methods.md)")
+
+
 def check_options(method: str, options: Any) -> dict:
     """Refuse (when built) a step's ``options`` the method would misread: not a mapping, an
     unknown key (with the nearest), a value of the wrong kind or out of range (``degree: 1.5``
@@ -765,6 +782,7 @@ class Synthesize(beam.PTransform):
         self._position = position_field
         self._job_budget = _budget_from_config(job_budget, "job_budget")
         self._windows = _windows_from_config(windows)
+        check_method_name(method)
         if self._windows is not None and method not in EMPTY_WINDOW_METHODS:
             raise ValueError(f"method {method!r} cannot release an empty window; with windows the "
                              f"step supports {list(EMPTY_WINDOW_METHODS)}")

@@ -1,0 +1,69 @@
+"""Beam YAML as an ETL engineer meets it, second round (sixteenth session, H84).
+
+Each test pins one stumble met writing pipelines from the README and the YAML docs only, and
+fails on the code before its fix (docs/beam-api.md, "Sixteenth session: Beam YAML, second round
+(H84)").
+"""
+
+from __future__ import annotations
+
+import logging
+from importlib import resources
+
+import pytest
+
+yaml_main = pytest.importorskip(
+    "apache_beam.yaml.main", reason="Beam YAML needs apache-beam[yaml] (docstring_parser, jinja2, ...)")
+
+import apache_beam as beam  # noqa: E402
+import yaml  # noqa: E402
+
+_SCHEMA = {"name": "shop", "privacy_id": "customer", "columns": [
+    {"name": "age", "type": "integer",
+     "domain": {"kind": "integer", "low": 18, "high": 90, "edges": [18, 30, 45, 60, 91]}},
+    {"name": "region", "type": "categorical",
+     "domain": {"kind": "categorical", "values": ["north", "south", "east", "west"]}}]}
+_ROWS = [{"customer": 1, "age": 30, "region": "north"}, {"customer": 2, "age": 50, "region": "east"}]
+
+
+def _provider() -> str:
+    return str(resources.files("beamsynth.pipelines") / "beamsynth_provider.yaml")
+
+
+def _spec(step: str, config: dict, tmp_path) -> dict:
+    return {"providers": [{"include": _provider()}], "pipeline": {"transforms": [
+        {"type": "Create", "name": "In", "config": {"elements": _ROWS}},
+        {"type": step, "name": "S", "input": "In",
+         "config": {"schema": _SCHEMA, "epsilon": 0.5, "manifest": str(tmp_path / "m.json"),
+                    **config}}]}}
+
+
+def _build(spec: dict) -> beam.Pipeline:
+    """The pipeline built from ``spec`` as ``apache_beam.yaml.main`` builds it (no run)."""
+    from apache_beam.yaml.yaml_transform import expand_pipeline
+
+    p = beam.Pipeline()
+    expand_pipeline(p, yaml.safe_dump(spec, sort_keys=False))
+    return p
+
+
+def _refusal(step: str, config: dict, tmp_path) -> str:
+    logging.disable(logging.WARNING)
+    try:
+        with pytest.raises(ValueError) as info:
+            _build(_spec(step, config, tmp_path))
+    finally:
+        logging.disable(logging.NOTSET)
+    return str(info.value)
+
+
+# -- 1. a misspelt method names the key and the nearest method -------------------------------------
+@pytest.mark.parametrize("windows", [None, {"start": 0, "end": 7200, "size": 3600}])
+def test_misspelt_method_names_the_nearest_method(tmp_path, windows) -> None:
+    """Was ``unknown method 'privbays'; available: [...]`` (no step, no key, no nearest name), or
+    with windows ``method 'privbays' cannot release an empty window``."""
+    config = {"method": "privbays"} | ({"windows": windows} if windows else {})
+    message = _refusal("BeamsynthSynthesize", config, tmp_path)
+    assert "BeamsynthSynthesize: method: 'privbays'" in message, message
+    assert "did you mean 'privbayes'?" in message, message
+    assert "empty window" not in message, message
