@@ -67,7 +67,7 @@ from beamsynth.pipelines.io.manifest import (
 )
 from beamsynth.pipelines.io.records import METRICS_NAMESPACE, RawBlock, Rejected
 from beamsynth.pipelines.methods.options import check_options as check_method_options
-from beamsynth.pipelines.methods.registry import METHODS, get_method
+from beamsynth.pipelines.methods.registry import METHODS, get_method, method_option_names
 from beamsynth.pipelines.methods.synthesize import (
     SynthesisConfig,
     plan_synthesis,
@@ -676,7 +676,19 @@ def check_options(method: str, options: Any) -> dict:
     unknown key (with the nearest), a value of the wrong kind or out of range (``degree: 1.5``
     ran as degree 1, ``pb_noise: 0`` as the default, ``allow_non_dp: 'no'`` as true); every
     message spells the YAML key. The check is the methods layer's, shared with the API (H73:
-    ``pipelines/methods/options.py``); this adds the step's name and YAML's text numbers."""
+    ``pipelines/methods/options.py``); this adds the step's name, YAML's text numbers and, for an
+    option another method reads (``degree`` under ``method: independent``), that method (H84)."""
+    if isinstance(options, dict):
+        own = method_option_names(method)
+        for name in options:
+            others = [] if name in own else [
+                m for m in sorted(METHODS) if m != method and name in method_option_names(m)]
+            if others:
+                raise ValueError(
+                    f"{STEP}: options: {{{name}: ...}}: {name} is an option of method "
+                    f"{' and '.join(others)}, not of method: {method} (its options: "
+                    f"{', '.join(sorted(own)) or 'none'}); change method: or drop the option "
+                    "(docs/options.md)")
     return check_method_options(get_method(method), options, Vocabulary("yaml"),
                                 where=f"{STEP}: ", text_note=_text_number)
 

@@ -67,3 +67,18 @@ def test_misspelt_method_names_the_nearest_method(tmp_path, windows) -> None:
     assert "BeamsynthSynthesize: method: 'privbays'" in message, message
     assert "did you mean 'privbayes'?" in message, message
     assert "empty window" not in message, message
+
+
+# -- 2. an option of another method says which method takes it -------------------------------------
+@pytest.mark.parametrize(("method", "options", "words"), [
+    ("independent", {"degree": 2}, "degree is an option of method privbayes"),
+    ("independent", {"target": "region"}, "target is an option of method privbayes"),
+    ("privbayes", {"top_r": 3}, "top_r is an option of method sbhg"),
+])
+def test_option_of_another_method_names_that_method(tmp_path, method, options, words) -> None:
+    """Was ``unknown option 'degree' for method 'independent'; its options: none``: the user who
+    copied a privbayes step's options was not told the option exists, only elsewhere."""
+    config = {"method": method, "options": options, "delta": 1.0e-6}
+    message = _refusal("BeamsynthSynthesize", config, tmp_path)
+    assert words in message, message
+    assert f"method: {method}" in message or f"method {method!r}" in message, message
