@@ -852,6 +852,31 @@ class MakePrivate(beam.PTransform):
     def _source_name(self) -> str:
         return self._source or self.label
 
+    def _unique_source(self, pipeline: beam.Pipeline) -> str:
+        """This step's source name, refused (``RuntimeError`` for a label, ``ValueError`` for a
+        ``source=``; under ``--auto_unique_labels`` a label becomes ``<label>_2``, ...) where
+        another ``job.private`` of the job has it, when built: the name keys the manifest's
+        exact counts and the bound's seed, so two composites' ``"Private" >> job.private(...)``
+        were one source, listed twice with merged counts and one seeded bound (H83)."""
+        def taken(name: str) -> bool:
+            return any(s["source"] == name for s in self._job.sources)
+        source = self._source_name()
+        if not taken(source):
+            return source
+        if self._source is not None:
+            raise ValueError(f"{self.label}: source {source!r} is already a job.private source "
+                             "of this job (the manifest counts records by source); give each "
+                             "input its own source=")
+        if pipeline._options.view_as(StandardOptions).auto_unique_labels:
+            k = 2
+            while taken(f"{source}_{k}"):
+                k += 1
+            return f"{source}_{k}"
+        raise RuntimeError(f"a job.private step labelled {source!r} is already a source of this "
+                           "job (in another composite: the manifest counts records by source); "
+                           "give this one its own label: records | \"MyPrivate\" >> "
+                           "job.private(schema) (or source=)")
+
     def _declared(self, elements: beam.PCollection) -> DeclaredWindows | None:
         """The declared windows of the release, or ``ValueError`` (build time)."""
         windowfn = elements.windowing.windowfn
@@ -928,7 +953,7 @@ class MakePrivate(beam.PTransform):
         declared = self._declared(elements)
         self._check_runner(elements, declared)
         self._check_one_job(elements.pipeline)
-        job, source = self._job, self._source_name()
+        job, source = self._job, self._unique_source(elements.pipeline)
         job.use_windows(self.label, declared)
         outside = None
         if declared is not None:
@@ -957,7 +982,7 @@ class MakePrivate(beam.PTransform):
         if self._layout.schema.privacy_id is not None:
             batches = batches | "BoundContributions" >> BoundContributions(
                 max_contributions=job.unit.max_contributions,
-                seed=job.step_seed(f"{self.label}/bound"))
+                seed=job.step_seed(f"{source}/bound"))  # the source's own (H83)
             # EncodedBatch, <= max_contributions rows per privacy id
         parts = [enc["stats"] | "ReadCounts" >> beam.FlatMap(
                      lambda s: [(source, "read", s.read), (source, "rejected", s.rejected),

@@ -1,0 +1,100 @@
+"""Sixteenth session red team (H83) of the session's own changes (0e35b3b..83681e9), with neighbour
+pairs through the real paths (API ``job.private`` + mechanisms + ``bs.WriteManifest``, Beam YAML,
+the CLI) and recorded draws. docs/audits.md "Sixteenth session: red team of the session's own
+changes (H83)" has the numbers and what each test was checked against (a broken variant it
+catches).
+
+1. Found and fixed: two ``job.private`` steps of one job with one source name (two composites'
+   ``"Private" >> job.private(schema)``, or one ``source=`` given twice) were one source to the
+   manifest (listed twice, operational counts merged) and, seeded, shared the bounding seed
+   (``step_seed("<label>/bound")``): the second is refused when built (renamed under
+   ``--auto_unique_labels`` where the name is the label) and the bound's seed is the source's.
+"""
+
+from __future__ import annotations
+
+import json
+
+import apache_beam as beam
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+
+import beamsynth as bs
+from tests.test_session15_manifest import SPEC, _records
+
+pytestmark = pytest.mark.audit
+
+ID_SPEC = {**SPEC, "name": "toy_ids", "privacy_id": "pid"}
+
+
+class _Private(beam.PTransform):
+    """A composite reading its own records into the job under the inner label ``Private``."""
+
+    def __init__(self, job, records, schema, **kwargs) -> None:
+        super().__init__()
+        self._job, self._records, self._schema, self._kwargs = job, records, schema, kwargs
+
+    def expand(self, pbegin):
+        return (pbegin | "Create" >> beam.Create(self._records)
+                | "Private" >> self._job.private(self._schema, **self._kwargs))
+
+
+# -- 1. one source name per job.private ------------------------------------------------------------
+def test_two_job_private_steps_with_one_source_name_are_refused():
+    """Two composites each applying ``"Private" >> job.private(schema)`` built and were one source
+    to the job: the manifest listed ``Private`` twice and merged its exact counts (read 350 for
+    300 + 50), and seeded both bounds drew from ``step_seed("Private/bound")``. Now the second
+    is refused when built; an explicit ``source=`` given twice likewise; distinct names build."""
+    schema = bs.load_schema(SPEC)
+    job = bs.PrivacyJob(epsilon=1.0, seed=3)
+    p = beam.Pipeline()
+    _ = p | "A" >> _Private(job, _records(30), schema)
+    with pytest.raises(RuntimeError, match="'Private'.*already"):
+        _ = p | "B" >> _Private(job, _records(5), schema)
+    _ = p | "C" >> _Private(job, _records(5), schema, source="other")
+    with pytest.raises(ValueError, match="'other'.*already"):
+        _ = p | "D" >> _Private(job, _records(5), schema, source="other")
+    assert [s["source"] for s in job.sources] == ["Private", "other"]
+
+
+def test_auto_unique_labels_rename_a_second_source_from_its_label(tmp_path):
+    """Under ``--auto_unique_labels`` the second label-named source is ``Private_2``: the manifest
+    states each source's own counts (read 30 and 5, not 35 twice), and its bound draws apart."""
+    schema = bs.load_schema(SPEC)
+    job = bs.PrivacyJob(epsilon=1.0, seed=3)
+    path = tmp_path / "manifest.json"
+    with beam.Pipeline(options=PipelineOptions(["--auto_unique_labels"])) as p:
+        a = p | "A" >> _Private(job, _records(30), schema)
+        b = p | "B" >> _Private(job, _records(5, seed=2), schema)
+        _ = a | "CountA" >> bs.Count(epsilon=0.5)
+        _ = b | "CountB" >> bs.Count(epsilon=0.5)
+        _ = p | bs.WriteManifest(job=job, path=str(path))
+    manifest = json.loads(path.read_text())
+    assert [s["source"] for s in job.sources] == ["Private", "Private_2"]
+    sources = manifest["operational"]["sources"]
+    assert {k: v["read"] for k, v in sources.items()} == {"Private": 30, "Private_2": 5}
+
+
+def test_each_source_bounds_with_its_own_seed(monkeypatch):
+    """Seeded, the bound's seed is the source's (``step_seed("<source>/bound")``): two composites'
+    ``Private`` steps (renamed) or two explicit sources under one label draw apart."""
+    from beamsynth.transforms import private as private_module
+    seeds = []
+
+    class Recording(private_module.BoundContributions):
+        def __init__(self, **kwargs) -> None:
+            seeds.append(kwargs["seed"])
+            super().__init__(**kwargs)
+    monkeypatch.setattr(private_module, "BoundContributions", Recording)
+    schema = bs.load_schema(ID_SPEC)
+    records = [dict(r, pid=str(i % 7)) for i, r in enumerate(_records(20))]
+    job = bs.PrivacyJob(epsilon=1.0, seed=3, privacy_unit=bs.PrivacyUnit(
+        id_column="pid", max_contributions=1))
+    p = beam.Pipeline(options=PipelineOptions(["--auto_unique_labels"]))
+    _ = p | "A" >> _Private(job, records, schema)
+    _ = p | "B" >> _Private(job, records, schema)
+    _ = p | "C" >> _Private(job, records, schema, source="c.csv")
+    _ = p | "D" >> _Private(job, records, schema, source="d.csv")
+    assert seeds == [job.step_seed(f"{s}/bound") for s in ("Private", "Private_2", "c.csv",
+                                                           "d.csv")]
+    assert len(set(seeds)) == 4
