@@ -98,3 +98,34 @@ def test_each_source_bounds_with_its_own_seed(monkeypatch):
     assert seeds == [job.step_seed(f"{s}/bound") for s in ("Private", "Private_2", "c.csv",
                                                            "d.csv")]
     assert len(set(seeds)) == 4
+
+
+# -- 2. aa9c4cb: the options no longer re-checked by the methods are still refused everywhere ---
+_UNCHECKED = [  # (method, option, a value the removed check refused): every one changes the plan
+    ("privbayes", "target_parent", "bogus"), ("privbayes", "target_parent", ""),
+    ("plausible", "k", 0), ("plausible", "k", 2.5), ("plausible", "k", True),
+    ("plausible", "omega", 0), ("plausible", "plausible_t", 0), ("plausible", "plausible_t", 1.5),
+    ("plausible", "max_plausible", 0), ("plausible", "max_plausible", 5),  # < k (50)
+    ("plausible", "max_plausible", 60.5), ("plausible", "max_check_plausible", 0),
+    ("plausible", "pd_max_parents", -1), ("plausible", "pd_max_cost", 0),
+    ("plausible", "pd_max_records", 1), ("plausible", "gamma", 1), ("plausible", "gamma", 0.5),
+    ("plausible", "gamma", float("inf")), ("plausible", "epsilon0", 0),
+    ("plausible", "epsilon0", -1.0), ("plausible", "epsilon0", float("nan")),
+    ("plausible", "pd_model_fraction", 1), ("plausible", "pd_model_fraction", 0),
+    ("plausible", "input_rows", -1), ("plausible", "plausible_test", "none"),
+    ("plausible", "generator", "exact"),
+]
+
+
+@pytest.mark.parametrize(("method", "option", "value"), _UNCHECKED)
+def test_options_no_longer_rechecked_are_refused_by_every_front_end(method, option, value):
+    """aa9c4cb removed PrivBayesMethod's and PlausibleMethod's own checks of these options (k, ε₀,
+    γ, the candidate bounds, the target-parent mode, ...), leaving Method.__init__'s
+    check_option_values. Each bad value is still refused, before anything is spent, by the API
+    (bs.Synthesize, when applied: the method is built then), Beam YAML (BeamsynthSynthesize) and
+    the CLI's plan (SynthesisConfig, the path of synthesize and every release table)."""
+    from tests.test_session15_options import _api_refusal, _cli_refusal, _yaml_refusal
+    options = {option: value, **({"k": 50} if option == "max_plausible" else {})}
+    for refusal in (_api_refusal(method, options, bound=True), _yaml_refusal(method, options),
+                    _cli_refusal(method, options)):
+        assert "must be" in refusal, refusal  # the option in the caller's words
