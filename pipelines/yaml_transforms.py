@@ -730,18 +730,32 @@ def check_step_windows(pcoll: Any, windows: Optional[DeclaredWindows], name: str
                          "size: SECONDS}} instead of windowing its input") from None
 
 
-def check_step_fields(pcoll: Any, schema: Schema, name: str) -> None:
+def check_step_fields(pcoll: Any, schema: Schema, name: str,
+                      named: Optional[dict[str, Optional[str]]] = None) -> None:  # noqa: UP045
     """Warn (when built) about typed rows that carry none of the declared columns (the parse
     step forgotten: ``ReadFromText`` gives ``Row(line)``): every row would be an error row and
     the release learned from no record. A warning, not a refusal: ``ReadFromJson`` infers the
     rows' type from the records, so a refusal would make whether a release happens depend on
-    one record (rule 7). Field names only (the element type, known when built)."""
+    one record (rule 7). Field names only (the element type, known when built). ``named``: config
+    keys naming a field (``privacy_id``, ``position_field``), each warned about with the nearest
+    field when no input row carries it (H84: ``privacy_id: custmer`` sent every row to the error
+    output without a word)."""
     fields = getattr(pcoll.element_type, "_fields", None)
     if not isinstance(pcoll.element_type, RowTypeConstraint) or not fields:
         return
     declared = [c.name for c in schema.columns]
     known = {n for c in declared for n in (c, avro_field_name(c))}
     names = [f[0] for f in fields]
+    for key, field in (named or {}).items():
+        if field is None or field in names or avro_field_name(field) in names:
+            continue
+        close = difflib.get_close_matches(field, names, n=1, cutoff=0.6)
+        effect = ("every row would lack it and go to the error output (required field missing), "
+                  "and the release would learn from no record" if key == "privacy_id" else
+                  "so every error row's row would be null")
+        _LOG.warning("%s", f"{name}: {key} {field!r} is not a field of its input rows"
+                     + (f" (did you mean {close[0]!r}?; fields: {names})" if close
+                        else f" (fields: {names})") + f": {effect}")
     if not known.intersection(names):
         _LOG.warning(
             "%s", f"{name}: its input rows have fields {names}, none of schema "
@@ -850,7 +864,9 @@ class Synthesize(beam.PTransform):
 
     def expand(self, pcoll):
         check_step_windows(pcoll, self._windows, f"{STEP} {self.label!r}")
-        check_step_fields(pcoll, self._plan.schema, f"{STEP} {self.label!r}")
+        check_step_fields(pcoll, self._plan.schema, f"{STEP} {self.label!r}",
+                          {"privacy_id": self._plan.schema.privacy_id,
+                           "position_field": self._position})
         ledger = self._register(pcoll.pipeline)  # raises when the pipeline's steps overspend
         plan, cfg, schema = self._plan, self._plan.config, self._plan.schema
         outside = None

@@ -82,3 +82,26 @@ def test_option_of_another_method_names_that_method(tmp_path, method, options, w
     message = _refusal("BeamsynthSynthesize", config, tmp_path)
     assert words in message, message
     assert f"method: {method}" in message or f"method {method!r}" in message, message
+
+
+# -- 3. a privacy_id or position_field that no input row carries is warned about when built --------
+@pytest.mark.parametrize("step", ["BeamsynthSynthesize", "BeamsynthCount"])
+@pytest.mark.parametrize(("config", "words"), [
+    ({"privacy_id": "custmer"}, "privacy_id 'custmer' is not a field of its input rows "
+                                "(did you mean 'customer'?"),
+    ({"position_field": "lineno"}, "position_field 'lineno' is not a field of its input rows"),
+])
+def test_missing_privacy_id_field_is_warned_when_built(tmp_path, caplog, step, config,
+                                                       words) -> None:
+    """Was silent: ``privacy_id: custmer`` ran, every one of 404 rows went to the error output
+    (``required field 'custmer' is missing``) and the release spent its ε on no record."""
+    schema = {k: v for k, v in _SCHEMA.items() if k != "privacy_id"}  # the step names the id
+    with caplog.at_level(logging.WARNING):
+        _build(_spec(step, {"schema": schema, **config}, tmp_path))
+    assert words in caplog.text, caplog.text
+
+
+def test_declared_fields_present_give_no_field_warning(tmp_path, caplog) -> None:
+    with caplog.at_level(logging.WARNING):
+        _build(_spec("BeamsynthSynthesize", {"privacy_id": "customer"}, tmp_path))
+    assert "is not a field of its input rows" not in caplog.text, caplog.text
