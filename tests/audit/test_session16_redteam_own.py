@@ -129,3 +129,42 @@ def test_options_no_longer_rechecked_are_refused_by_every_front_end(method, opti
     for refusal in (_api_refusal(method, options, bound=True), _yaml_refusal(method, options),
                     _cli_refusal(method, options)):
         assert "must be" in refusal, refusal  # the option in the caller's words
+
+
+# -- 3. da1552d: the one target-parent gate reads the DP count, never the exact one ---------------
+@pytest.mark.parametrize("side", ["closed", "open"])
+def test_dp_count_gate_edge_neighbours_decide_by_the_dp_count_only(monkeypatch, side):
+    """A DP-count plan (no public rows, target declared, "auto" = "useful"): the measuring step
+    asks PrivBayesPlan.target_parent_at with its n̂. D (E records, E the gate's edge) and D − 1,
+    with the size count's draw recorded and set so both get the same n̂ (one below / at the
+    edge), decide alike: same mode and usefulness (a gate fed the exact count would flip between
+    them on the open side), and the same structure steps' count."""
+    import numpy as np
+
+    from beamsynth.transforms import privbayes_measure
+    from beamsynth.transforms.budget import PureDP
+    from beamsynth.transforms.privbayes import plan_privbayes
+    from tests.test_session16_plan import B_SHAPE, T, _bin7, _measure
+
+    plan = plan_privbayes(B_SHAPE, PureDP(epsilon=3.0), sizing="auto", rows=None, target=T,
+                          refine_pairs=0)
+    assert plan.target_parent == "useful" and plan.sizing.count_budget is not None
+    edge = min(r for r in range(50, 5_000) if plan.target_parent_gate(r)[0])
+    rows_hat = edge if side == "open" else edge - 1
+    real = privbayes_measure.discrete_laplace
+    drawn = []
+
+    def size_draw(rs, scale, size):  # the size count's draw (the first), set to give rows_hat
+        if not drawn:
+            drawn.append(real(rs, scale, size))
+            return np.array([rows_hat - exact[0]])
+        return real(rs, scale, size)
+    monkeypatch.setattr(privbayes_measure, "discrete_laplace", size_draw)
+    seen = []
+    for n in (edge, edge - 1):  # D, D − 1
+        exact, drawn[:] = [n], []
+        out = _measure(plan, _bin7(n))
+        seen.append((out.sizing["rows_hat"], out.sizing.get("target_parent"),
+                     out.sizing.get("target_parent_usefulness")))
+    assert seen[0] == seen[1], seen
+    assert seen[0][0] == rows_hat and seen[0][1] == ("required" if side == "open" else "off")
