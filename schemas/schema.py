@@ -874,7 +874,7 @@ its nearest float's value, the same whatever a pandas reader made of it; ``exact
 for readers that keep the digits (the CLI's, ``csv.DictReader``, ``ReadFromCsv(path,
 dtype={'pid': str})``)."""
 
-_LONG_NUMBER = re.compile(r"[+-]?[0-9]{16,}")  # a canonical id text that may exceed 2**53
+_EXACT_INT_TEXT = str(2**53)  # 16 digits: "9007199254740992"
 
 
 def _exact_id_text(value: Any) -> str | None:
@@ -932,8 +932,18 @@ def count_rounded_ids(pids: Any) -> int:
     float are one person there). Each id alone: the count never depends on another row."""
     if pids is None:
         return 0
-    return sum(1 for p in pids if len(p) > 15 and _LONG_NUMBER.fullmatch(p)
-               and abs(int(p)) >= _EXACT_INT)  # 2**53 + 1 is 2**53
+    return sum(1 for p in pids if len(p) > 15 and _is_rounded_text(p))
+
+
+def _is_rounded_text(text: str) -> bool:
+    """Whether ``text`` is an integer of 2**53 or more in absolute value (optional sign, 16 or
+    more ASCII digits, ``abs(int(text)) >= 2**53``) without a regex or ``int``: the digits without
+    leading zeros compared as text (at one length, text order is number order)."""
+    digits = text[1:] if text[0] in "+-" else text
+    if len(digits) < 16 or not (digits.isascii() and digits.isdigit()):
+        return False
+    digits = digits.lstrip("0")
+    return len(digits) > 16 or (len(digits) == 16 and digits >= _EXACT_INT_TEXT)
 
 
 def avro_field_name(name: str) -> str:
