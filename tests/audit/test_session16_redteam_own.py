@@ -168,3 +168,32 @@ def test_dp_count_gate_edge_neighbours_decide_by_the_dp_count_only(monkeypatch, 
                      out.sizing.get("target_parent_usefulness")))
     assert seen[0] == seen[1], seen
     assert seen[0][0] == rows_hat and seen[0][1] == ("required" if side == "open" else "off")
+
+
+# -- 4. 545c337 / fe84720: weak registries keep one budget per pipeline ---------------------------
+@pytest.mark.parametrize("second", ["api", "yaml statistics", "yaml ledger"])
+def test_an_unkept_job_still_owns_its_pipeline_after_gc(second):
+    """``p | beam.Create(...) | bs.PrivacyJob(epsilon=1).private(schema)``, neither the job nor
+    its private collection kept, then ``gc.collect()``: the job lives as long as the pipeline's
+    graph (MakePrivate holds it), so a second PrivacyJob, a Beam YAML statistics step (its own
+    job) or a YAML synthesis ledger (claim_pipeline_budget) on the same pipeline is still refused
+    when built; two budgets never spend over the same records."""
+    import gc
+
+    from beamsynth.pipelines import yaml_stats
+    from beamsynth.transforms.private import claim_pipeline_budget
+
+    p = beam.Pipeline()
+
+    def first() -> None:  # nothing of it kept by the caller
+        _ = p | "Read1" >> beam.Create([{"age": 30}]) | bs.PrivacyJob(epsilon=1.0).private("adult")
+    first()
+    gc.collect()
+    rows = p | "Read2" >> beam.Create([beam.Row(age=30)])
+    with pytest.raises(ValueError, match="already has"):
+        if second == "api":
+            _ = rows | "Second" >> bs.PrivacyJob(epsilon=1.0).private("adult")
+        elif second == "yaml statistics":
+            _ = rows | "Second" >> yaml_stats.Count(schema="adult", epsilon=0.3)
+        else:
+            claim_pipeline_budget(p, "BeamsynthSynthesize 'Second'")
