@@ -939,6 +939,15 @@ class Synthesize(beam.PTransform):
             return ()
         return (runs | "PrefixRunCounts" >> beam.Map(lambda kv: (_RUN + kv[0], kv[1])),)
 
+    def _default_trigger(self, tables, label: str = "OutWindows"):
+        """``tables`` (or the method's run-time records) with the declared windows' default
+        trigger, as the other counts: a release per window carries AfterWatermark, and a Flatten
+        of both logged Beam's "All input pcollections must have the same window" when built
+        (H84). Each is stamped at its window's end, so it stays in its window."""
+        if self._windows is None:
+            return tables
+        return tables | label >> beam.WindowInto(self._windows)
+
     def _write_manifest(self, enc, batches, tables, ledger: "_JobLedger", *,
                         late_rows: bool = False, outside=None) -> None:
         plan, cfg = self._plan, self._plan.config
@@ -949,8 +958,10 @@ class Synthesize(beam.PTransform):
              enc["rejected"] | "RejectedCounts" >> beam.Map(lambda _r: ("rows_rejected", 1)),
              enc["rejected"] | "RejectedRead" >> beam.Map(lambda _r: ("rows_read", 1)),
              batches | "UsedCounts" >> beam.Map(lambda b: ("rows_used", len(b))),
-             tables | "OutCounts" >> beam.Map(lambda t: ("rows_out", t.num_rows)),
-             *self._run_counts(plan.method))
+             self._default_trigger(tables)
+             | "OutCounts" >> beam.Map(lambda t: ("rows_out", t.num_rows)),
+             *[self._default_trigger(c, f"RunWindows{i}")
+               for i, c in enumerate(self._run_counts(plan.method))])
             | "AllCounts" >> beam.Flatten()
         )
         # (name, rows) pairs
