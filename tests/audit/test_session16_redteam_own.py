@@ -9,6 +9,12 @@ catches).
    manifest (listed twice, operational counts merged) and, seeded, shared the bounding seed
    (``step_seed("<label>/bound")``): the second is refused when built (renamed under
    ``--auto_unique_labels`` where the name is the label) and the bound's seed is the source's.
+2. Clean: the option checks aa9c4cb removed from the methods (k, γ, ε₀, the candidate bounds, the
+   target-parent mode, ...) are still refused by the API, Beam YAML and the CLI/release plan.
+3. Clean: da1552d's one target-parent gate reads the DP count: D and D − 1 at the gate's edge,
+   given the same n̂, decide alike.
+4. Clean: 545c337/fe84720's weak registries: a job nobody keeps still owns its pipeline after
+   ``gc.collect()`` (a second job, a YAML statistics step or ledger is refused).
 """
 
 from __future__ import annotations
