@@ -34,6 +34,7 @@ No ``from __future__ import annotations``: Beam YAML reads the constructors' ann
 
 import logging
 import math
+import re
 import weakref
 from collections.abc import Sequence
 from typing import Any, Optional, Union
@@ -288,6 +289,16 @@ class _StatsStep(beam.PTransform):
 
 _COMMON_KEYS = ("schema", "epsilon", "privacy_id", "max_contributions", "seed", "batch_rows",
                 "error_handling", "job_budget", "windows", "manifest", "position_field")
+
+
+def _yaml_words(message: str) -> str:
+    """An API refusal's keyword spellings in YAML's: ``max_depth (3)`` → ``max_depth: 3``,
+    ``method 'improved'`` / ``method='basic' and 'direct'`` → ``method: improved`` / ``method:
+    basic and direct``."""
+    message = re.sub(r"^(\w+) \((.*?)\)", r"\1: \2", message)
+    message = re.sub(r"method[= ]'(\w+)'((?: and '\w+')*)",
+                     lambda m: f"method: {m[1]}" + m[2].replace("'", ""), message)
+    return message
 
 
 def _common(config: dict[str, Any]) -> dict[str, Any]:
@@ -559,8 +570,11 @@ class Prefixes(_StatsStep):
         self._key = ",".join(self._codec.input_columns)  # names the key in dead-letter reasons
         self._options = {"method": method, "max_depth": max_depth, "discount": discount,
                          "threshold": threshold, "restore_discount": restore_discount}
-        ApiPrefixTree(key=self._key, epsilon=self._budget.epsilon, label="check",
-                      **self._options)  # refuses an option the method does not use, now
+        try:  # refuses an option the method does not use, now
+            ApiPrefixTree(key=self._key, epsilon=self._budget.epsilon, label="check",
+                          **self._options)
+        except ValueError as exc:  # the API's words (method='basic') in YAML's (H84)
+            raise ValueError(f"{self.kind}: {_yaml_words(str(exc))}") from None
 
     def _keys(self) -> dict[str, KeyCodec]:
         return {self._key: self._codec}

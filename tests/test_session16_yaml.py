@@ -181,3 +181,21 @@ def test_windowed_example_counts_rows_without_a_usable_time(tmp_path) -> None:
             "rows_outside_windows"] == 2
     assert len(glob.glob(str(tmp_path / "ev-count-*"))) == 3
     print(f"ran in {time.monotonic() - started:.1f} s")
+
+
+# -- 6. BeamsynthPrefixes' option refusals spell YAML keys ----------------------------------------
+@pytest.mark.parametrize(("config", "words"), [
+    ({"method": "improved", "max_depth": 3},
+     "BeamsynthPrefixes: max_depth: 3 is not used by method: improved; it applies to method: "
+     "basic and direct"),
+    ({"method": "basic", "discount": "skip"}, "it applies to method: improved only"),
+    ({"method": "improvd"}, "method: 'improvd' must be one of"),
+])
+def test_prefix_option_refusals_spell_yaml_keys(tmp_path, config, words) -> None:
+    """Was the API's ``max_depth (3) is not used by method 'improved'; it applies to
+    method='basic' and 'direct'``: a keyword call the YAML user never writes."""
+    key = {"kind": "text", "column": "region", "alphabet": "abcdefghijklmnopqrstuvwxyz",
+           "max_length": 5}
+    message = _refusal("BeamsynthPrefixes", {"key": key, **config}, tmp_path)
+    assert words in message, message
+    assert "method='" not in message and "method (" not in message, message
