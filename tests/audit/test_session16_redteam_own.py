@@ -203,3 +203,26 @@ def test_an_unkept_job_still_owns_its_pipeline_after_gc(second):
             _ = rows | "Second" >> yaml_stats.Count(schema="adult", epsilon=0.3)
         else:
             claim_pipeline_budget(p, "BeamsynthSynthesize 'Second'")
+
+
+# -- 5. Beam YAML synthesis: the manifest states how its encoder read privacy ids ------------------
+@pytest.mark.parametrize("mode", ["rounded", "exact"])
+def test_yaml_synthesis_manifest_states_how_ids_were_read(tmp_path, mode):
+    """BeamsynthSynthesize reads ids with the schema's ``privacy_ids`` (``rounded`` by default):
+    2**53 and 2**53 + 1 (as ints or as text) were one person (1 row dropped by the bound of 1)
+    while its manifest said nothing of the mode (the API and the CLI state theirs, f2a4ef1). It
+    now states ``ids`` as its encoder read them: ``rounded`` with 1 dropped, ``exact`` with 0."""
+    from beamsynth.pipelines.yaml_transforms import Synthesize
+    from tests.pipeline.test_beam_yaml import TINY
+
+    schema = tmp_path / "tiny.yaml"
+    schema.write_text(TINY.format(extra="ignore") + f"privacy_ids: {mode}\n", encoding="utf-8")
+    manifest = tmp_path / "m.json"
+    big = 2**53
+    with beam.Pipeline() as p:
+        _ = (p | beam.Create([beam.Row(color="red", age="30", pid=i) for i in (big, big + 1)])
+             | Synthesize(schema=str(schema), epsilon=1.0, rows=4, seed=2, privacy_id="pid",
+                          manifest=str(manifest)))
+    m = json.loads(manifest.read_text())
+    assert m["release"]["privacy_unit"].get("ids") == mode, m["release"]["privacy_unit"]
+    assert m["operational"]["rows_dropped_by_bound"] == (1 if mode == "rounded" else 0)
