@@ -84,7 +84,12 @@ from beamsynth.schemas.schema import (
     load_schema,
 )
 from beamsynth.schemas.tables import arrow_schema_for
-from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, as_budget
+from beamsynth.transforms.budget import (
+    ApproxDP,
+    BudgetExceededError,
+    PrivacyAccountant,
+    as_budget,
+)
 from beamsynth.transforms.conventions import display_items
 from beamsynth.transforms.inputs import record_position
 from beamsynth.transforms.measure import combine_globally
@@ -443,7 +448,15 @@ class _JobLedger:
         acct = PrivacyAccountant(total=self.total)
         for name, steps in self.steps:
             if steps is spent and not acct.can_spend(spent.total):  # name the step's whole ε
-                acct.spend(name, spent.total, mechanism="probe")  # raises BudgetExceededError
+                try:
+                    acct.spend(name, spent.total, mechanism="probe")
+                except BudgetExceededError as exc:  # each earlier step's sum, not its parts (H84)
+                    by_step = ", ".join(
+                        f"{n} {ApproxDP(epsilon=a.spent_epsilon, delta=a.spent_delta)}"
+                        for n, a in self.steps[:-1])
+                    raise BudgetExceededError(
+                        f"{exc}; spent by step: {by_step} of job_budget {self.total} (lower a "
+                        "step's epsilon, or raise job_budget on every step)") from None
             for s in steps.spends:
                 acct.spend(f"{name}/{s.step}", s.budget, mechanism=s.mechanism, details=s.details)
         self.accountant = acct

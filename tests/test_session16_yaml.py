@@ -199,3 +199,30 @@ def test_prefix_option_refusals_spell_yaml_keys(tmp_path, config, words) -> None
     message = _refusal("BeamsynthPrefixes", {"key": key, **config}, tmp_path)
     assert words in message, message
     assert "method='" not in message and "method (" not in message, message
+
+
+# -- 7. an overspend across steps sums each step's spends ------------------------------------------
+def test_overspend_names_each_steps_total(tmp_path) -> None:
+    """Was a list of every mechanism's spend (``Synth/row_count ε=0.025, Synth/privbayes.size_count
+    ε=0.0095, ...`` , six for one privbayes step), which the user had to add up to find the step
+    whose ε to lower; now each step's total, in the order of the pipeline, follows."""
+    budget = {"job_budget": {"epsilon": 1.0}, "manifest": None}
+    spec = {"providers": [{"include": _provider()}], "pipeline": {"transforms": [
+        {"type": "Create", "name": "In", "config": {"elements": _ROWS}},
+        *[{"type": t, "name": n, "input": "In",
+           "config": {"schema": _SCHEMA, "epsilon": e, **budget, **extra,
+                      "manifest": str(tmp_path / f"{n}.json")}}
+          for t, n, e, extra in [("BeamsynthSynthesize", "Synth", 0.5, {"method": "privbayes"}),
+                                 ("BeamsynthCount", "Count", 0.1, {}),
+                                 ("BeamsynthHistogram", "Hist", 0.4, {"column": "age"}),
+                                 ("BeamsynthMarginals", "Tables", 0.2,
+                                  {"marginals": [["age", "region"]]})]]]}}
+    logging.disable(logging.WARNING)
+    try:
+        with pytest.raises(ValueError) as info:
+            _build(spec)
+    finally:
+        logging.disable(logging.NOTSET)
+    message = str(info.value)
+    assert "step 'Tables' asks for ε=0.2" in message, message
+    assert "spent by step: Synth ε=0.5, Count ε=0.1, Hist ε=0.4 of job_budget ε=1" in message, message

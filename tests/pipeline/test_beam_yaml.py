@@ -287,7 +287,9 @@ def test_steps_of_one_yaml_pipeline_share_the_job_budget(tmp_path: Path) -> None
     assert isinstance(err.value.__cause__, BudgetExceededError)
     assert str(err.value).endswith(
         "step 'Synth1' asks for ε=0.6 but only (ε=0.4, δ=0) of the total "
-        "ε=1 remains (already spent: Synth0/independent.marginals ε=0.6)")
+        "ε=1 remains (already spent: Synth0/independent.marginals ε=0.6); spent by step: "
+        "Synth0 ε=0.6 of job_budget ε=1 (lower a step's epsilon, or raise job_budget on every "
+        "step)")
     with pytest.raises(ValueError, match=r"steps \['Synth0', 'Synth1'\] run in one pipeline"):
         _build_yaml(_two_steps(tmp_path, (0.5, 0.5), ""))
     p = _build_yaml(_two_steps(tmp_path, (0.4, 0.6), job))

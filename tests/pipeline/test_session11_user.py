@@ -75,7 +75,9 @@ def test_yaml_step_overspending_the_job_budget_names_the_step_and_its_epsilon():
         _ = rows | "PB" >> Synthesize(schema="adult", epsilon=0.7, method="privbayes", rows=5,
                                       job_budget=job)
     assert str(err.value) == ("step 'PB' asks for ε=0.7 but only (ε=0.6, δ=0) of the total ε=1 "
-                              "remains (already spent: Indep/independent.marginals ε=0.4)")
+                              "remains (already spent: Indep/independent.marginals ε=0.4); spent "
+                              "by step: Indep ε=0.4 of job_budget ε=1 (lower a step's epsilon, or "
+                              "raise job_budget on every step)")
 
 
 @pytest.mark.parametrize("runner,hint", [("direct_multi", "direct-multi"), ("Direct-Multi", "direct-multi"),
