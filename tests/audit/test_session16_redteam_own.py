@@ -226,3 +226,21 @@ def test_yaml_synthesis_manifest_states_how_ids_were_read(tmp_path, mode):
     m = json.loads(manifest.read_text())
     assert m["release"]["privacy_unit"].get("ids") == mode, m["release"]["privacy_unit"]
     assert m["operational"]["rows_dropped_by_bound"] == (1 if mode == "rounded" else 0)
+
+
+# -- 6. 06739a5: a with_input_types mismatch warns, whatever beam.Create inferred from records ---
+@pytest.mark.parametrize("elements", [[{"age": 30}], [{"age": 30}, 1, "x"], [1, 2], [None]],
+                         ids=["dicts", "mixed", "ints", "none"])
+def test_a_declared_hint_never_refuses_whatever_the_records(elements):
+    """beam.Create types its output from the records (dicts, a Union, int, None), so a refusal on
+    a hint mismatch would let one record decide whether the pipeline builds (rule 7). Every hint
+    builds; by hand 10 element kinds x 12 hints (dict, Dict[str, Any], int, a NamedTuple,
+    beam.Row, Any, Union, List, pa.Table, Optional[dict], Iterable, Tuple): 120 builds, 0
+    refusals."""
+    import typing
+
+    for hint in (dict, typing.Dict[str, typing.Any], int, typing.Union[int, str],  # noqa: UP006, UP007
+                 typing.Optional[dict]):  # noqa: UP045
+        p = beam.Pipeline()
+        _ = (p | beam.Create(elements)
+             | bs.PrivacyJob(epsilon=1.0).private("adult").with_input_types(hint))
