@@ -32,6 +32,7 @@ sensitivity ``k``, scale ``k/ε``.
 No ``from __future__ import annotations``: Beam YAML reads the constructors' annotations.
 """
 
+import dataclasses
 import logging
 import math
 import re
@@ -126,6 +127,14 @@ class _StatsStep(beam.PTransform):
                                          manifest=manifest, position_field=position_field,
                                          seed=seed, outputs=self.outputs)
         self._schema: Schema = load_step_schema(self.kind, schema)
+        if privacy_id is not None and privacy_id != self._schema.privacy_id:
+            # the step's privacy_id names the rows' id column, as BeamsynthSynthesize's and the
+            # CLI's --privacy-id (the API refused it: "differs from the job's id_column"; H84)
+            if privacy_id in self._schema.names:
+                raise ValueError(f"{self.kind}: privacy_id: {privacy_id} is a declared column "
+                                 f"of schema {self._schema.name!r}; the privacy id is never "
+                                 "released: name the rows' id field")
+            self._schema = dataclasses.replace(self._schema, privacy_id=privacy_id)
         self._budget = pure(epsilon)
         pid = privacy_id if privacy_id is not None else self._schema.privacy_id
         if pid is None and max_contributions != 1:  # the API's words name its id_column (H70)

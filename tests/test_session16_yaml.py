@@ -226,3 +226,21 @@ def test_overspend_names_each_steps_total(tmp_path) -> None:
     message = str(info.value)
     assert "step 'Tables' asks for ε=0.2" in message, message
     assert "spent by step: Synth ε=0.5, Count ε=0.1, Hist ε=0.4 of job_budget ε=1" in message, message
+
+
+# -- 8. a step's privacy_id names the id column for the statistics steps too -----------------------
+@pytest.mark.parametrize("step", ["BeamsynthCount", "BeamsynthHistogram"])
+def test_statistics_step_privacy_id_overrides_the_schemas(tmp_path, step) -> None:
+    """The schema declares ``privacy_id: customer``, the rows call it ``cust_id``: the step's
+    ``privacy_id: cust_id`` worked on ``BeamsynthSynthesize`` (as the CLI's ``--privacy-id``) but
+    the statistics steps refused it in the API's words, ``schema privacy_id ('customer') differs
+    from the job's id_column ('cust_id')``."""
+    rows = [{"cust_id": r["customer"], "age": r["age"], "region": r["region"]} for r in _ROWS]
+    spec = _spec(step, {"privacy_id": "cust_id", "max_contributions": 2,
+                        **({"column": "age"} if step == "BeamsynthHistogram" else {})}, tmp_path)
+    spec["pipeline"]["transforms"][0]["config"]["elements"] = rows
+    logging.disable(logging.WARNING)
+    try:
+        _build(spec)
+    finally:
+        logging.disable(logging.NOTSET)
