@@ -304,7 +304,8 @@ class PrivacyJob:
             bs.HierarchyKey(...)}`` for ``bs.PrefixTree``.
           position_field: the field (dict key, row field, Arrow column) holding each element's
             position in its source, for dead letters (else their position is ``None``).
-          source: the input's name in dead letters and the manifest (default: the step label).
+          source: the input's name in dead letters and the manifest (default: the step label;
+            one per job.private of the job, a repeat refused when built).
           windows: ``bs.DeclaredWindows(start=, end=, size=)``: one release per declared window.
           batch_rows: rows per encoded batch (default 20,000).
           label: the step's label (or ``records | "Label" >> job.private(schema)``).
@@ -715,7 +716,8 @@ class MakePrivate(beam.PTransform):
         ``bs.HierarchyKey``) for :class:`~beamsynth.transforms.private_prefix.PrefixTree`.
       position_field: a field holding each element's position in its source (numbers dead letters;
         without it their position is ``None``).
-      source: the input's name in dead letters and the manifest (default: the step label).
+      source: the input's name in dead letters and the manifest (default: the step label); one
+        per ``job.private`` of the job: a repeat is refused when built (H83).
       batch_rows: rows per encoded batch.
       windows: :class:`~beamsynth.transforms.windows.DeclaredWindows` to release once per declared
         window (timestamped input in the global window is windowed here; input already windowed
