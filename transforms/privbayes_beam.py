@@ -48,6 +48,7 @@ from beamsynth.transforms.refine import (
     DEFAULT_REFINE_GROUPS,
     DEFAULT_REFINE_PAIRS,
     DEFAULT_REFINE_ROUNDS,
+    DEFAULT_REFINE_TARGET_PICKS,
 )
 from beamsynth.transforms.synthesis import DPCount, SampleSynthetic, SynthesisModel
 
@@ -97,7 +98,9 @@ class DPPrivBayes(beam.PTransform):
     column name, the prediction target: with ``sizing="auto"`` the small-input model is the star
     around it, :mod:`~beamsynth.transforms.privbayes_star`; ``None``: no target), target_parent
     (how that target enters a k ≥ 1 network: ``"auto"``, the default, ``"off"``, ``"optional"``
-    or ``"required"``, :func:`plan_privbayes`; decided here and carried in the plan), accountant.
+    or ``"required"``, :func:`plan_privbayes`; decided here and carried in the plan),
+    refine_target_picks (with a target: the refinement's first picks drawn among its pairs only,
+    :mod:`beamsynth.transforms.refine`; carried in the plan), accountant.
     """
 
     def __init__(self, *, schema: Schema, budget: ApproxDP, degree: int | None = None,
@@ -109,6 +112,7 @@ class DPPrivBayes(beam.PTransform):
                  refine_fraction: float = DEFAULT_REFINE_FRACTION, sizing: str = "off",
                  rows: int | None = None, noise: str = "laplace", target: str | None = None,
                  target_parent: str = "auto",
+                 refine_target_picks: int = DEFAULT_REFINE_TARGET_PICKS,
                  accountant: PrivacyAccountant | None = None, label: str | None = None) -> None:
         super().__init__(label)
         if not isinstance(schema, Schema):
@@ -132,7 +136,8 @@ class DPPrivBayes(beam.PTransform):
                                    refine_pairs=refine_pairs, refine_rounds=refine_rounds,
                                    refine_groups=refine_groups, refine_fraction=refine_fraction,
                                    sizing=sizing, rows=rows, target=target_index,
-                                   target_parent=target_parent)
+                                   target_parent=target_parent,
+                                   refine_target_picks=refine_target_picks)
         self.noise, self.noise_reason = resolve_noise(  # "auto": by δ and the declared width
             noise, budget.delta, n_columns=len(schema.shape), epsilon=budget.epsilon)
         if self.noise == "gaussian":  # zCDP (issue 18): needs δ > 0, refinement sized for it

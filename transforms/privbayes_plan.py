@@ -64,6 +64,7 @@ from beamsynth.transforms.refine import (
     DEFAULT_REFINE_GROUPS,
     DEFAULT_REFINE_PAIRS,
     DEFAULT_REFINE_ROUNDS,
+    DEFAULT_REFINE_TARGET_PICKS,
     REFINE_MIN_PAIRS,
     REFINE_MIN_TABLE_EPSILON,
     SELECTION_SHARE,
@@ -510,6 +511,7 @@ def plan_privbayes(
     rows: int | None = None,
     target: int | None = None,
     target_parent: str | None = None,
+    refine_target_picks: int = DEFAULT_REFINE_TARGET_PICKS,
 ) -> PrivBayesPlan:
     """Validate parameters and split the budget; lowers ``degree`` (from the declared shape
     only) until the counts of all candidate families (each at most ``max_family_cells`` cells,
@@ -578,6 +580,9 @@ def plan_privbayes(
         raise ValueError(f"max_family_cells ({max_family_cells!r}) must be an int >= 1")
     if isinstance(refine_pairs, bool) or not isinstance(refine_pairs, int) or refine_pairs < 0:
         raise ValueError(f"refine_pairs ({refine_pairs!r}) must be an int >= 0")
+    if (isinstance(refine_target_picks, bool) or not isinstance(refine_target_picks, int)
+            or refine_target_picks < 0):
+        raise ValueError(f"refine_target_picks ({refine_target_picks!r}) must be an int >= 0")
     if not isinstance(refine_fraction, (int, float)) or not 0 < refine_fraction < 1:
         raise ValueError(f"refine_fraction ({refine_fraction!r}) must be in (0, 1)")
     if sizing not in SIZING_MODES:
@@ -687,7 +692,8 @@ def plan_privbayes(
     network = budget.epsilon
     if pairs and degree > 0:
         refine = plan_refinement(refine_budget, pairs=pairs, rounds=rounds,
-                                 groups=refine_groups, max_contributions=max_contributions)
+                                 groups=refine_groups, max_contributions=max_contributions,
+                                 target=target, target_picks=refine_target_picks)
         network = budget.epsilon - refine.selection_budget.epsilon - refine.measure_budget.epsilon
     if spec is not None and refine is None and spec.refine_requested:
         spec = dataclasses.replace(spec, refine_requested=0)  # no refinement to size at run time
@@ -823,6 +829,8 @@ def gaussian_plan(plan: PrivBayesPlan, budget: ApproxDP, *, pairs: int = GAUSSIA
         refine = RefinePlan(pairs=n_pairs, rounds=n_rounds, groups=groups, max_contributions=m,
                             delta=budget.delta, pair_cells=refine_module.PAIR_CELLS,
                             rake_end_on_margins=refine_module.RAKE_END_ON_MARGINS,
+                            **refine_module.target_pick_fields(plan.refine.target,
+                                                               plan.refine.target_picks, n_pairs),
                             **gaussian_refine_split(selection_rho, measure_rho, n_pairs, m))
     zcdp = ZCDPPlan(budget=budget, rho=rho, structure_rho=structure_rho,
                     marginal_rho=marginal_rho, selection_rho=selection_rho, measure_rho=measure_rho,

@@ -33,6 +33,19 @@ Security 2021, §4–5: 2-way marginals chosen by dependence, records adjusted t
       (:func:`~beamsynth.transforms.noise.permute_and_flip`) with ``ε_sel/pairs``. **Sensitivity**
       (add/remove one privacy unit of ≤ m records): ``T_ab`` changes by at most ``m`` in L1 and
       ``M_ab`` not at all, so ``Δ = m``.
+      *A declared target's pairs first* (issue 18, sixteenth session, H85): with a declared
+      target ``T`` and ``RefinePlan.target_picks = r > 0`` (``--pb-refine-target-picks``), the
+      first ``r`` picks are permute-and-flip over the not-yet-measured pairs that contain ``T``
+      only (all pairs again once none is left); later picks as above. The candidate set of a
+      pick is then a function of the declared target, the schema and the earlier (released)
+      picks, never of the data; the score, its sensitivity ``Δ = m``, ``ε_sel/pairs`` per pick,
+      the number of picks and the tables' noise are unchanged, so the spends are the same to
+      the last digit (a restricted exponential-type mechanism over a public candidate set is
+      ε-DP with the same Δ: McKenna & Sheldon 2020, §3). Why: a minority label's pairs have
+      small count errors whatever the model gets wrong about it, so the error-ranked picks
+      skip them (census_kdd: 0 of 37 income pairs; docs/privbayes.md "Sixteenth session: the
+      declared target's pairs first (issue 18, H85)", which describes this refinement; it is
+      ours, not the PrivBayes paper's).
    b. *Measure* (private): the picked coarse tables with discrete Laplace noise of scale
       ``m·pairs/ε_meas`` on every cell (L1 sensitivity ``m`` each, ε split equally).
    c. *Fit* (post-processing): each noisy table ``N`` is shrunk toward the model's estimate
@@ -90,6 +103,7 @@ __all__ = [
     "DEFAULT_REFINE_GROUPS",
     "DEFAULT_REFINE_PAIRS",
     "DEFAULT_REFINE_ROUNDS",
+    "DEFAULT_REFINE_TARGET_PICKS",
     "PAIR_CELLS",
     "PAIR_CELLS_THETA",
     "POOL_FACTOR",
@@ -116,11 +130,14 @@ __all__ = [
     "systematic_indices",
     "systematic_resample",
     "target_from_noisy",
+    "target_pick_fields",
 ]
 
 DEFAULT_REFINE_PAIRS = 15
 DEFAULT_REFINE_ROUNDS = 3
 DEFAULT_REFINE_GROUPS = 5
+# with a declared target, the refinement's first picks drawn among its pairs only (H85)
+DEFAULT_REFINE_TARGET_PICKS = 0
 DEFAULT_REFINE_FRACTION = 0.25  # of the method's ε: 1/5 of it selects, 4/5 measures
 SELECTION_SHARE = 0.2
 REFINE_MIN_TABLE_EPSILON = 0.01  # plan_privbayes measures no more tables than get this ε each ...
@@ -164,6 +181,10 @@ class RefinePlan:
     # the A/B switch RAKE_END_ON_MARGINS as read when the plan was made: every raking of the
     # measuring step and of the fitted model's sampling (sixteenth session, H78)
     rake_end_on_margins: bool = True
+    # a declared target (column index) and how many of the first picks are drawn among its pairs
+    # only (H85; 0: none). Fixed when the plan is made, from the declared target and the option
+    target: int | None = None
+    target_picks: int = 0
 
     @property
     def pick_epsilon(self) -> float:
@@ -209,6 +230,7 @@ class RefinePlan:
                 "measure_epsilon": self.measure_budget.epsilon,
                 "epsilon_per_table": self.table_epsilon, "table_scale": self.table_scale,
                 "pool_rows": self.pool_rows, "rake_iterations": self.rake_iterations,
+                **({} if not self.target_picks else {"target_picks": self.target_picks}),
                 **({} if self.sigma is None else {"noise": "discrete Gaussian", "sigma": self.sigma,
                                                   "rho_per_table": self.table_rho})}
 
@@ -216,26 +238,42 @@ class RefinePlan:
 def plan_refinement(budget: PureDP, *, pairs: int = DEFAULT_REFINE_PAIRS,
                     rounds: int = DEFAULT_REFINE_ROUNDS, groups: int = DEFAULT_REFINE_GROUPS,
                     max_contributions: int = 1, pool_rows: int = POOL_ROWS,
-                    rake_iterations: int = RAKE_ITERATIONS) -> RefinePlan:
-    """Validate and split ``budget`` (the refinement's whole ε): 1/5 selection, 4/5 measurement."""
+                    rake_iterations: int = RAKE_ITERATIONS, target: int | None = None,
+                    target_picks: int = 0) -> RefinePlan:
+    """Validate and split ``budget`` (the refinement's whole ε): 1/5 selection, 4/5 measurement.
+    ``target`` (a declared column index) and ``target_picks``: the first ``target_picks`` picks
+    are drawn among the target's pairs only (module docstring; ignored without a target)."""
     if not isinstance(budget, PureDP):
         raise TypeError(f"budget must be a PureDP, got {type(budget).__name__}")
     for name, value, low in (("pairs", pairs, 1), ("rounds", rounds, 1), ("groups", groups, 2),
                              ("max_contributions", max_contributions, 1),
-                             ("pool_rows", pool_rows, 1_000), ("rake_iterations", rake_iterations, 1)):
+                             ("pool_rows", pool_rows, 1_000), ("rake_iterations", rake_iterations, 1),
+                             ("target_picks", target_picks, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{name} ({value!r}) must be an int >= {low}")
     if rounds > pairs:
         raise ValueError(f"rounds ({rounds}) must be at most pairs ({pairs})")
     if groups > 64:
         raise ValueError(f"groups ({groups}) must be at most 64")
+    if target is not None and (isinstance(target, bool) or not isinstance(target, int) or target < 0):
+        raise ValueError(f"target ({target!r}) must be None or a column index >= 0")
     sel = budget.epsilon * SELECTION_SHARE
     return RefinePlan(pairs=pairs, rounds=rounds, groups=groups,
                       selection_budget=PureDP(epsilon=sel),
                       measure_budget=PureDP(epsilon=budget.epsilon - sel),
                       max_contributions=max_contributions, pool_rows=pool_rows,
                       rake_iterations=rake_iterations, pair_cells=PAIR_CELLS,
-                      rake_end_on_margins=RAKE_END_ON_MARGINS)
+                      rake_end_on_margins=RAKE_END_ON_MARGINS,
+                      **target_pick_fields(target, target_picks, pairs))
+
+
+def target_pick_fields(target: int | None, target_picks: int, pairs: int) -> dict[str, Any]:
+    """``RefinePlan`` fields for a declared target's first picks (H85): none without a target or
+    picks (the plan then equals one made before the option existed), else the target and
+    ``min(target_picks, pairs)``. Declared values only."""
+    if target is None or target_picks <= 0:
+        return {}
+    return {"target": int(target), "target_picks": min(int(target_picks), int(pairs))}
 
 
 def spend_refinement(accountant: PrivacyAccountant, plan: RefinePlan, prefix: str,
@@ -253,6 +291,8 @@ def spend_refinement(accountant: PrivacyAccountant, plan: RefinePlan, prefix: st
         return low if low == high else sorted([low, high])
 
     extra = {} if note is None else {"pairs_note": note}
+    if plan.target_picks:  # H85: the first picks' candidates, a declared set (same Δ, ε per pick)
+        extra["target_picks"] = plan.target_picks
     accountant.spend(
         f"{prefix}.selection", plan.selection_budget,
         mechanism="permute-and-flip on ‖T − M‖₁ − cells·b of coarse 2-way tables",
@@ -540,8 +580,19 @@ def measure_refinement(
             estimates[(a, b)] = est
             scores.append(float(np.abs(t - est).sum()) - t.size * scale)
         for _ in range(min(count, len(left))):
-            i = permute_and_flip(rs.child("select", pick), np.asarray(scores),
-                                 epsilon=plan.pick_epsilon, sensitivity=float(plan.max_contributions))
+            # H85: the first target_picks picks among the declared target's pairs only (a
+            # candidate set fixed by the target and the earlier released picks; same Δ and ε)
+            among = ([j for j, p in enumerate(left) if plan.target in p]
+                     if pick < plan.target_picks and plan.target is not None else [])
+            if among:
+                i = among[permute_and_flip(rs.child("select", pick),
+                                           np.asarray([scores[j] for j in among]),
+                                           epsilon=plan.pick_epsilon,
+                                           sensitivity=float(plan.max_contributions))]
+            else:
+                i = permute_and_flip(rs.child("select", pick), np.asarray(scores),
+                                     epsilon=plan.pick_epsilon,
+                                     sensitivity=float(plan.max_contributions))
             a, b = left.pop(i)
             scores.pop(i)
             t = exact[(a, b)]

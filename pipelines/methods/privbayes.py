@@ -49,6 +49,7 @@ from beamsynth.transforms.refine import (
     DEFAULT_REFINE_GROUPS,
     DEFAULT_REFINE_PAIRS,
     DEFAULT_REFINE_ROUNDS,
+    DEFAULT_REFINE_TARGET_PICKS,
     REFINE_MIN_PAIRS,
 )
 
@@ -79,6 +80,7 @@ class PrivBayesMethod(Method):
     option_limits = {
         "degree": Limit(0, 8), "structure_fraction": Limit(0, 1, True, True),
         "shrink": Limit(0, 100), "refine_pairs": Limit(0), "refine_rounds": Limit(1),
+        "refine_target_picks": Limit(0),
         "refine_groups": Limit(2, 64), "refine_fraction": Limit(0, 1, True, True),
         "input_rows": Limit(0)}
 
@@ -108,6 +110,7 @@ class PrivBayesMethod(Method):
             refine_fraction=given("refine_fraction", DEFAULT_REFINE_FRACTION),
             sizing=given("pb_sizing", "auto"), rows=given("input_rows", None),
             noise=self._noise, target=self._target(), target_parent=self._target_parent(),
+            refine_target_picks=given("refine_target_picks", DEFAULT_REFINE_TARGET_PICKS),
             max_contributions=self.max_contributions, seed=self.seed, accountant=self.accountant)
         self._note_rounds(given("refine_pairs", None), opts.get("refine_rounds"))
         self._chosen: dict[str, int] = {}
@@ -187,6 +190,11 @@ class PrivBayesMethod(Method):
                                      f"after the network (default {DEFAULT_REFINE_PAIRS}; 0 = off)")
             parser.add_argument("--pb-refine-rounds", dest="refine_rounds", type=int, default=None,
                                 help=f"privbayes: selection rounds (default {DEFAULT_REFINE_ROUNDS})")
+            parser.add_argument("--pb-refine-target-picks", dest="refine_target_picks", type=int,
+                                default=None, help="privbayes: with a declared target, the "
+                                "refinement's first picks drawn among the target's pairs only "
+                                "(same spends; default "
+                                f"{DEFAULT_REFINE_TARGET_PICKS}; docs/privbayes.md)")
             parser.add_argument("--pb-refine-groups", dest="refine_groups", type=int, default=None,
                                 help="privbayes: groups per column in refinement tables "
                                      f"(default {DEFAULT_REFINE_GROUPS})")
