@@ -94,7 +94,8 @@ def load_dataset(name: str):
 def run_beamsynth(schema, train_csv: str, rows: int, epsilon: float, seed: int, out_dir: str,
                   degree: int | None = None, sampling: str | None = None, method: str = "privbayes",
                   read_back: bool = True, noise: str | None = None,
-                  delta: float = 0.0, input_rows: bool = True) -> tuple[pd.DataFrame | None, float]:
+                  delta: float = 0.0, input_rows: bool = True,
+                  extra_options: dict | None = None) -> tuple[pd.DataFrame | None, float]:
     """The synthesize pipeline end to end on the DirectRunner; returns (synthetic frame, seconds)
     (frame None without ``read_back``; ``input_rows=False``: no public input size, the model is
     sized from a DP count as for a CLI user without --input-rows)."""
@@ -111,6 +112,7 @@ def run_beamsynth(schema, train_csv: str, rows: int, epsilon: float, seed: int, 
         opts["sampling"] = sampling
     if noise is not None:
         opts["pb_noise"] = noise
+    opts.update(extra_options or {})  # --target / --pb-refine-target-picks (H85)
     cfg = SynthesisConfig(input=train_csv, schema=schema, output=out, epsilon=epsilon,
                           method=method, rows=rows, seed=seed, options=opts, delta=delta)
     t0 = time.perf_counter()
@@ -226,15 +228,17 @@ def quality_main(a: argparse.Namespace) -> int:
                     earlier[(r["epsilon"], r["seed"])] = r
                 elif r["method"].startswith("beamsynth") and r["epsilon"] in eps_list:
                     rows.append(r)
+        extra = {k: v for k, v in (("target", a.target),
+                                   ("refine_target_picks", a.pb_refine_target_picks)) if v is not None}
         for eps in eps_list:
             for seed in seeds:
-                for extra in (a.pb_sampling_baseline or "").split(","):
+                for extra_mode in (a.pb_sampling_baseline or "").split(","):
                     # same ε and seed with another --pb-sampling: the before/after of one run
-                    if not extra:
+                    if not extra_mode:
                         continue
                     synth, secs = run_beamsynth(schema, train_csv, len(train), eps, seed, tmp,
-                                                a.degree, extra)
-                    r = {"method": f"beamsynth privbayes ({extra})", "epsilon": eps, "seed": seed,
+                                                a.degree, extra_mode)
+                    r = {"method": f"beamsynth privbayes ({extra_mode})", "epsilon": eps, "seed": seed,
                          "seconds": secs}
                     r.update(evaluate(schema, test_codes, synth, spec["target"], spec["positive"], seed))
                     rows.append(r)
@@ -244,8 +248,9 @@ def quality_main(a: argparse.Namespace) -> int:
                 else:
                     synth, secs = run_beamsynth(schema, train_csv, len(train), eps, seed, tmp, a.degree,
                                                 noise=a.pb_noise, delta=a.delta,
-                                                input_rows=not a.no_input_rows)
-                    r = {"method": ours, "epsilon": eps, "seed": seed, "seconds": secs}
+                                                input_rows=not a.no_input_rows,
+                                                extra_options=extra)
+                    r = {"method": ours, "epsilon": eps, "seed": seed, "seconds": secs, **extra}
                     if gaussian:
                         r["delta"] = a.delta
                     r.update(evaluate(schema, test_codes, synth, spec["target"], spec["positive"], seed))
@@ -387,6 +392,10 @@ def main() -> int:
     ap.add_argument("--aim-iters", type=int, default=1000, help="AIM max_iters (mirror descent)")
     ap.add_argument("--aim-seeds", default="0", help="seeds at which AIM runs are read or run")
     ap.add_argument("--out", default=None, help="write all rows as JSON")
+    ap.add_argument("--target", default=None,
+                    help="privbayes' declared target (the CLI's --target; default: the schema's)")
+    ap.add_argument("--pb-refine-target-picks", type=int, default=None,
+                    help="privbayes: the refinement's first picks among the target's pairs (H85)")
     ap.add_argument("--beamsynth-from", default=None,
                     help="comma-separated earlier --out JSONs: their rows of this run's beamsynth "
                          "method are reused, other beamsynth rows kept (re-evaluate peers only)")

@@ -127,7 +127,7 @@ def synth_independent(schema, codes, epsilon, rs):
 
 
 def synth_privbayes(schema, codes, epsilon, rs, sizing, *, public_rows=True, gaussian=False,
-                    target=None):
+                    target=None, target_picks=None):
     """The pipeline's PrivBayes measurement, fit and sampling; ``public_rows=False``: sized from
     the DP count (no --input-rows); ``gaussian``: zCDP at δ = 1e-9 with the CLI's Gaussian
     refinement defaults (40 pairs of 8 groups); ``target``: the declared target's name (the
@@ -151,6 +151,7 @@ def synth_privbayes(schema, codes, epsilon, rs, sizing, *, public_rows=True, gau
     refine = {"refine_pairs": GAUSSIAN_REFINE_PAIRS, "refine_groups": GAUSSIAN_REFINE_GROUPS} if gaussian else {}
     plan = plan_privbayes(shape, budget, sizing=sizing, rows=len(codes) if public_rows else None,
                           names=schema.names, **refine,
+                          **({} if target_picks is None else {"refine_target_picks": target_picks}),
                           target=resolve_target(target, schema.names) if sizing == "auto" else None)
     if gaussian:
         plan = gaussian_plan(plan, budget, pairs=GAUSSIAN_REFINE_PAIRS, groups=GAUSSIAN_REFINE_GROUPS)
@@ -257,7 +258,8 @@ def run(a: argparse.Namespace) -> list[dict]:
                                                       "off" if method == "privbayes-off" else "auto",
                                                       public_rows=not method.endswith("-dp"),
                                                       gaussian="gauss" in method,
-                                                      target=model_target)
+                                                      target=model_target,
+                                                      target_picks=a.pb_refine_target_picks)
                     secs = time.perf_counter() - t0
                     q = quality_report(schema, evaluation, synth, n_three_way=100, seed=0)
                     r = {"input": name, "n": len(codes), "epsilon": eps, "seed": seed,
@@ -305,6 +307,9 @@ def main() -> int:
                     "'off' = the network wherever it is θ-useful, as before H49)")
     ap.add_argument("--data-dir", default=None, help="German/COMPAS files (unseen_rehearsal.py)")
     ap.add_argument("--out", default=None, help="write all rows as JSON")
+    ap.add_argument("--pb-refine-target-picks", type=int, default=None,
+                    help="privbayes: the refinement's first picks among the declared target's "
+                         "pairs (H85; default: the plan's)")
     a = ap.parse_args()
     global UNSEEN_DIR
     UNSEEN_DIR = a.data_dir or UNSEEN_DIR
