@@ -617,7 +617,10 @@ def test_weighted_margins_are_post_processing_with_a_fixed_shape() -> None:
     from beamsynth.transforms import privbayes_model
     from beamsynth.transforms.measure import NoisyMarginal
 
-    assert list(inspect.signature(privbayes_model._one_way_estimates).parameters) == ["ms", "tables"]
+    params = inspect.signature(privbayes_model._one_way_estimates).parameters
+    assert list(params) == ["ms", "tables", "estimate"]
+    # the only addition since (H78, da1552d): the plan's A/B switch, a keyword-only string
+    assert params["estimate"].kind is inspect.Parameter.KEYWORD_ONLY and params["estimate"].default == "mean"
     rng = np.random.default_rng(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
