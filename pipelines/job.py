@@ -28,7 +28,7 @@ from apache_beam.typehints.row_type import RowTypeConstraint
 
 from beamsynth.pipelines.io.manifest import build_manifest
 from beamsynth.pipelines.methods.options import check_options
-from beamsynth.pipelines.methods.registry import Method, get_method, method_option_names
+from beamsynth.pipelines.methods.registry import get_method, method_option_names
 from beamsynth.pipelines.methods.synthesize import (
     SynthesisConfig,
     SynthesisPlan,
@@ -241,7 +241,7 @@ class Synthesize(PrivateTransform):
         # gathered, in label order on every runner (H81); sampling shards become rows in parallel,
         # each shard's rows in sample order: one gather of 1M rows made direct-multi's launcher
         # 4.7x and its worker 3x larger (H82, docs/beam-api.md)
-        gather = type(self._plan.method).expand_tables is not Method.expand_tables
+        gather = self._plan.method.releases_records()
         return tables | "ToRows" >> release_rows(p, table_rows, p.schema,
                                                  row_type=record_type(p.schema),
                                                  order=table_order if gather else None)

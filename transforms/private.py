@@ -510,6 +510,15 @@ class PrivateCollection:
         raise TypeError(_beam_step_refused(step.label, target))
 
 
+def _first_free(name: str, taken: Any) -> str:
+    """``name_2``, ``name_3``, ...: the first not ``taken`` (``--auto_unique_labels``' renaming of
+    a step label or a source name another step of the job already has)."""
+    k = 2
+    while taken(f"{name}_{k}"):
+        k += 1
+    return f"{name}_{k}"
+
+
 _BEAM_APPLY = ("_apply_internal", "apply")
 """Beam's ``Pipeline`` methods that format a refused input into their error (2.77; earlier)."""
 
@@ -608,10 +617,7 @@ class PrivateTransform(beam.PTransform):
         if not taken(self.label):
             return
         if pipeline._options.view_as(StandardOptions).auto_unique_labels:
-            base, k = self.label, 2
-            while taken(f"{base}_{k}"):
-                k += 1
-            self.label = f"{base}_{k}"
+            self.label = _first_free(self.label, taken)
             return
         name = type(self).__name__
         raise RuntimeError(f"a step labelled {self.label!r} has already spent on this job (in "
@@ -870,10 +876,7 @@ class MakePrivate(beam.PTransform):
                              "of this job (the manifest counts records by source); give each "
                              "input its own source=")
         if pipeline._options.view_as(StandardOptions).auto_unique_labels:
-            k = 2
-            while taken(f"{source}_{k}"):
-                k += 1
-            return f"{source}_{k}"
+            return _first_free(source, taken)
         raise RuntimeError(f"a job.private step labelled {source!r} is already a source of this "
                            "job (in another composite: the manifest counts records by source); "
                            "give this one its own label: records | \"MyPrivate\" >> "

@@ -59,6 +59,12 @@ class Method(ABC):
         """Method parameters for the manifest."""
         return {}
 
+    @classmethod
+    def releases_records(cls) -> bool:
+        """Whether the method releases records itself (overrides :meth:`expand_tables`, as
+        plausible deniability does) instead of a model that ``SampleSynthetic`` samples."""
+        return cls.expand_tables is not Method.expand_tables
+
     def expand_tables(self, batches: beam.PCollection, rows: beam.PCollection) -> beam.PCollection:
         """Optional hook for methods that release records directly instead of sampling a model.
 

@@ -204,7 +204,7 @@ def synthesize_batches(
     Methods that release records themselves (``expand_tables``) get ``None`` for models.
     """
     cfg, schema = plan.config, plan.schema
-    direct = type(plan.method).expand_tables is not Method.expand_tables  # releases records itself
+    direct = plan.method.releases_records()
     models = None if direct else plan.method.expand_model(batches)
     # SynthesisModel per window
     if cfg.rows is None:
