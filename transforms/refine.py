@@ -584,15 +584,11 @@ def measure_refinement(
             # candidate set fixed by the target and the earlier released picks; same Δ and ε)
             among = ([j for j, p in enumerate(left) if plan.target in p]
                      if pick < plan.target_picks and plan.target is not None else [])
-            if among:
-                i = among[permute_and_flip(rs.child("select", pick),
-                                           np.asarray([scores[j] for j in among]),
-                                           epsilon=plan.pick_epsilon,
-                                           sensitivity=float(plan.max_contributions))]
-            else:
-                i = permute_and_flip(rs.child("select", pick), np.asarray(scores),
-                                     epsilon=plan.pick_epsilon,
-                                     sensitivity=float(plan.max_contributions))
+            among = among or list(range(len(left)))  # no target pair left: every pair
+            i = among[permute_and_flip(rs.child("select", pick),
+                                       np.asarray([scores[j] for j in among]),
+                                       epsilon=plan.pick_epsilon,
+                                       sensitivity=float(plan.max_contributions))]
             a, b = left.pop(i)
             scores.pop(i)
             t = exact[(a, b)]
