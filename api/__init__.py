@@ -25,7 +25,10 @@ suggestion). A job needs nothing but ``bs.`` names and Apache Beam; everything e
 (``beamsynth.transforms``, ``beamsynth.pipelines``, ``beamsynth.runners``, ...) is internal.
 """
 
-from beamsynth import _beam_import  # noqa: F401  (first: Beam without its import warning)
+from beamsynth import (
+    _beam_import,  # noqa: F401  (first: Beam without its import warning)
+    _csv_header_fix,  # noqa: F401  (Beam's ReadFromCsv endless on a 0-byte file)
+)
 from beamsynth.pipelines.job import (
     SBHG,
     IndependentSynthesis,
