@@ -279,7 +279,7 @@ class _StatsStep(beam.PTransform):
         info = {
             "command": f"beam-yaml {self.kind}", "method": self.short, "inputs": [step],
             "schema_name": schema.name, "schema_fingerprint": schema.fingerprint(),
-            "seed": self._seed,
+            "seed": self._seed, "privacy_ids": schema.privacy_ids,  # as the encoder read ids (H86)
             "privacy_unit": {"privacy_id": self._unit.id_column,
                              "max_contributions": self._unit.max_contributions,
                              "per": "window" if self._windows is not None else "run",

@@ -108,3 +108,27 @@ def test_windowed_example_survives_non_finite_and_huge_times(tmp_path):
     assert sorted(e["source"] for e in errors) == ["Count"] * 3 + ["Synthesize"] * 3
     count = json.loads((tmp_path / "ev.count.manifest.json").read_text(encoding="utf-8"))
     assert count["operational"]["rows_read"] == 6 and count["operational"]["rows_rejected"] == 3
+
+
+# -- 2. the statistics steps' manifests state how ids were read --------------------------------
+@pytest.mark.parametrize(("mode", "kind"), [("rounded", "Count"), ("exact", "Count"),
+                                            ("rounded", "Histogram")])
+def test_yaml_statistics_manifest_states_how_ids_were_read(tmp_path, mode, kind):
+    """``BeamsynthCount``/``BeamsynthHistogram`` read ids with the schema's ``privacy_ids``: with
+    ``rounded`` (the default) ids 2**53 and 2**53 + 1 are one person (1 row dropped by the bound
+    of 1), with ``exact`` two (0 dropped). Before, the manifest's ``privacy_unit`` stated no mode
+    either way (fails on 26a3b8d..db1793e); now ``ids`` is the encoder's mode."""
+    from beamsynth.pipelines import yaml_stats
+
+    schema = tmp_path / "shop.yaml"
+    schema.write_text(yaml.safe_dump({**_SCHEMA, "privacy_ids": mode}), encoding="utf-8")
+    big, manifest = 2**53, tmp_path / "m.json"
+    extra = {"columns": ["region"]} if kind == "Histogram" else {}
+    with beam.Pipeline() as p:
+        _ = (p | beam.Create([beam.Row(customer=big, age=30, region="north"),
+                              beam.Row(customer=big + 1, age=40, region="south")])
+             | getattr(yaml_stats, kind)(schema=str(schema), epsilon=0.5, seed=3,
+                                         manifest=str(manifest), **extra))
+    m = json.loads(manifest.read_text(encoding="utf-8"))
+    assert m["release"]["privacy_unit"].get("ids") == mode, m["release"]["privacy_unit"]
+    assert m["operational"]["rows_dropped_by_bound"] == (1 if mode == "rounded" else 0)
