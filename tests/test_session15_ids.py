@@ -135,7 +135,7 @@ def test_cli_readers_keep_every_digit(tmp_path: Path) -> None:
     block = RawBlock("x", {"c": pd.Series(["a", "b", "a", "b"], dtype=object),
                            "pid": pd.Series([BIG, BIG + 1, None, float(BIG + 1)], dtype=object)},
                      np.arange(1, 5))
-    batch, bad = encode_key_block(codec, "pid", block)
+    batch, bad = encode_key_block(codec, "pid", block, exact_ids=True)
     assert list(batch.pids) == [str(BIG), str(BIG + 1)]
     assert [r.row for r in bad] == [3, 4] and "is missing" in bad[0].reason \
         and "privacy_ids: exact" in bad[1].reason

@@ -94,3 +94,71 @@ def test_yaml_read_from_csv_with_names_on_a_0_byte_file_releases(tmp_path: Path)
     assert len(counts) == 1 and set(counts[0]) == {"noisy_count"}
     operational = json.loads((tmp_path / "cnt.json").read_text())["operational"]
     assert operational["rows_read"] == 0 and operational["rows_used"] == 0, operational
+
+
+# -- 2. the CLI's id mode travels with the prefixes encoder (a worker's module is never read) ------
+BIG = 2**53
+
+
+def _prefix_ids_run(tmp_path: Path, *runner: str) -> tuple[bytes, dict]:
+    """``beamsynth prefixes`` over ids 2**53 and 2**53 + 1 (bound 1): (output bytes, manifest)."""
+    from beamsynth.pipelines.cli.main import main
+
+    data = tmp_path / "d.csv"
+    data.write_text(f"pid,c\n{BIG},a\n{BIG + 1},b\n", encoding="utf-8")
+    out = tmp_path / f"keys{len(runner)}.csv"
+    assert main(["prefixes", str(data), "--kind", "text", "--column", "c", "--alphabet", "ab",
+                 "--max-length", "1", "--privacy-id", "pid", "--max-contributions", "1",
+                 "--method", "direct", "--epsilon", "1", "--seed", "3", "--quiet",
+                 "--output", str(out), *runner]) == 0
+    return out.read_bytes(), json.loads(Path(f"{out}.manifest.json").read_text(encoding="utf-8"))
+
+
+def test_prefix_encoder_reads_ids_as_decided_when_built(monkeypatch) -> None:
+    """``EncodeKeys`` decides how ids are read when the pipeline is built, as the manifest states
+    it. Was: ``encode_key_block`` read ``encode.READER_PRIVACY_IDS`` on the worker, so a launcher
+    that set the switch got manifests saying ``rounded`` over ids a multi-process worker (a fresh
+    module: ``exact``) read exactly. Here the switch is restored before the run, as a fresh
+    worker would see it: the step still reads ids as built."""
+    import apache_beam as beam
+    import numpy as np
+    import pandas as pd
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from beamsynth.pipelines.io import encode
+    from beamsynth.pipelines.io.records import RawBlock
+    from beamsynth.pipelines.methods.prefixes import EncodeKeys
+    from beamsynth.runners.local import LocalDirectRunner
+    from beamsynth.schemas.keys import key_codec_from_spec
+
+    codec = key_codec_from_spec({"kind": "text", "column": "c", "alphabet": "ab", "max_length": 1})
+    block = RawBlock("x", {"c": pd.Series(["a", "b"], dtype=object),
+                           "pid": pd.Series([str(BIG), str(BIG + 1)], dtype=object)},
+                     np.arange(1, 3))
+    p = beam.Pipeline(runner=LocalDirectRunner())
+    for mode, pids in (("rounded", [str(BIG)] * 2), ("exact", [str(BIG), str(BIG + 1)])):
+        with monkeypatch.context() as m:
+            m.setattr(encode, "READER_PRIVACY_IDS", mode)
+            out = (p | f"In{mode}" >> beam.Create([block])
+                   | f"Enc{mode}" >> EncodeKeys(codec=codec, privacy_id="pid"))
+        assert_that(out["batches"] | f"Ids{mode}" >> beam.FlatMap(lambda b: list(b.pids)),
+                    equal_to(pids), label=f"Check{mode}")
+    p.run().wait_until_finish()  # the switch is back at "exact" here
+
+
+@pytest.mark.slow  # two CLI runs, one on direct-multi (~15 s); the default test above covers it
+def test_prefix_ids_switch_set_in_the_launcher_reaches_direct_multi(tmp_path, monkeypatch) -> None:
+    """The switch flipped in the launcher: ``direct`` and ``direct-multi`` write the same bytes
+    and manifests saying ``rounded`` over 1 row dropped by the bound (was: direct-multi's worker
+    read ids exactly, 0 dropped, under a manifest saying ``rounded``)."""
+    from beamsynth.pipelines.io import encode
+
+    monkeypatch.setattr(encode, "READER_PRIVACY_IDS", "rounded")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    one, m1 = _prefix_ids_run(tmp_path / "a")
+    multi, m2 = _prefix_ids_run(tmp_path / "b", "--runner", "direct-multi")
+    for m in (m1, m2):
+        assert m["release"]["privacy_unit"]["ids"] == "rounded"
+        assert m["operational"]["rows_dropped_by_bound"] == 1, m["operational"]
+    assert one == multi

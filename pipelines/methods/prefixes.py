@@ -66,13 +66,13 @@ def tree_path(output: str) -> str:
 class _EncodeKeysFn(beam.DoFn):
     """RawBlock → EncodedBatch of key symbols (main) and Rejected rows (tag ``rejected``)."""
 
-    def __init__(self, codec: KeyCodec, privacy_id: str | None) -> None:
-        self._codec, self._pid = codec, privacy_id
+    def __init__(self, codec: KeyCodec, privacy_id: str | None, exact_ids: bool) -> None:
+        self._codec, self._pid, self._exact = codec, privacy_id, exact_ids
         self._used = Metrics.counter(METRICS_NAMESPACE, "rows_encoded")
         self._rejected = Metrics.counter(METRICS_NAMESPACE, "rows_rejected_domain")
 
     def process(self, block: RawBlock):
-        batch, rejected = encode_key_block(self._codec, self._pid, block)
+        batch, rejected = encode_key_block(self._codec, self._pid, block, exact_ids=self._exact)
         self._used.inc(len(batch))
         self._rejected.inc(len(rejected))
         for r in rejected:
@@ -81,9 +81,13 @@ class _EncodeKeysFn(beam.DoFn):
             yield batch
 
 
-def encode_key_block(codec: KeyCodec, privacy_id: str | None, block: RawBlock
-                     ) -> tuple[EncodedBatch, list[Rejected]]:
-    """Encode one raw block (Beam-free); every row not encoded becomes a :class:`Rejected`."""
+def encode_key_block(codec: KeyCodec, privacy_id: str | None, block: RawBlock, *,
+                     exact_ids: bool) -> tuple[EncodedBatch, list[Rejected]]:
+    """Encode one raw block (Beam-free); every row not encoded becomes a :class:`Rejected`.
+
+    ``exact_ids``: privacy ids read exactly (the CLI's mode, ``reader_privacy_ids``), decided
+    when the pipeline is built and carried to the workers (a worker's fresh module is not read).
+    """
     n = len(block)
     need = list(codec.input_columns) + ([privacy_id] if privacy_id else [])
     missing = [c for c in need if c not in block.columns]
@@ -101,7 +105,7 @@ def encode_key_block(codec: KeyCodec, privacy_id: str | None, block: RawBlock
     if privacy_id:
         # 7.0 = 7; digits kept beyond 2**53 (the CLI's readers keep them; H71)
         pids, why = encode_privacy_ids(block.columns[privacy_id].tolist(), privacy_id,
-                                       exact=reader_privacy_ids(privacy_id) == "exact",
+                                       exact=exact_ids,
                                        nan_is_empty=True)
         bad.update({i: f"privacy id {privacy_id!r} is missing" if r.endswith("is empty") else r
                     for i, r in why.items()})
@@ -125,6 +129,8 @@ class EncodeKeys(beam.PTransform):
         if not isinstance(codec, KeyCodec):
             raise TypeError(f"codec must be a KeyCodec, got {type(codec).__name__}")
         self._codec, self._pid = codec, privacy_id
+        # how ids are read, decided here (build time) as the manifest states it (H71, H89)
+        self._exact_ids = reader_privacy_ids(privacy_id) == "exact"
 
     def display_data(self) -> dict[str, Any]:
         """The declared key (no data values)."""
@@ -133,7 +139,7 @@ class EncodeKeys(beam.PTransform):
                              privacy_id=self._pid)
 
     def expand(self, blocks):
-        out = blocks | "EncodeKeys" >> beam.ParDo(_EncodeKeysFn(self._codec, self._pid)).with_outputs(
+        out = blocks | "EncodeKeys" >> beam.ParDo(_EncodeKeysFn(self._codec, self._pid, self._exact_ids)).with_outputs(
             "rejected", main="batches")
         # batches: EncodedBatch (codes (n, depth) symbols, pids), rejected: Rejected
         return {"batches": out.batches, "rejected": out.rejected}
