@@ -19,6 +19,11 @@ commits (H86)" has the numbers and, for each clean check, the broken variant it 
    a refusal, and the spends are the same with and without it.
 5. Clean: ``Method.releases_records()`` (c8eecd2) decides as the identity test it replaced, for
    every registered method and for user-defined subclasses.
+6. Clean (slow): a windowed ``BeamsynthSynthesize`` with manifest (196ccf2) releases every
+   declared window alike for D and D + 1 (one record in the empty window).
+
+Each clean check fails on a scratch break named in its docstring (applied by monkeypatching from a
+pytest plugin outside the checkout; docs/audits.md lists them with the counts).
 """
 
 from __future__ import annotations
@@ -132,3 +137,194 @@ def test_yaml_statistics_manifest_states_how_ids_were_read(tmp_path, mode, kind)
     m = json.loads(manifest.read_text(encoding="utf-8"))
     assert m["release"]["privacy_unit"].get("ids") == mode, m["release"]["privacy_unit"]
     assert m["operational"]["rows_dropped_by_bound"] == (1 if mode == "rounded" else 0)
+
+
+# -- 3. a statistics step's privacy_id names the rows' id column: bounded per id on every step -----
+_STEPS = {"Count": {}, "Histogram": {"columns": ["region"]},
+          "Marginals": {"marginals": [["age", "region"]]},
+          "Prefixes": {"key": {"kind": "text", "column": "word", "alphabet": "abc",
+                               "max_length": 3}}}
+
+
+@pytest.mark.parametrize("kind", list(_STEPS))
+def test_every_statistics_step_bounds_per_the_rows_id_column(tmp_path, kind):
+    """The schema says ``privacy_id: customer``, the rows call it ``cust_id`` and the step says
+    ``privacy_id: cust_id, max_contributions: 1`` (26a3b8d): 3 + 3 rows of two ids and one row
+    without an id. Each of Count, Histogram, Marginals and Prefixes reads 7, rejects the id-less
+    row (never a record-level row), drops 4 by the bound and uses 2, and its manifest names
+    ``cust_id``. Checked against a scratch ``_setup`` that drops the step's id (record level)."""
+    from beamsynth.pipelines import yaml_stats
+
+    schema = tmp_path / "shop.yaml"
+    schema.write_text(yaml.safe_dump(_SCHEMA), encoding="utf-8")
+    rows = [beam.Row(cust_id=c, age=a, region=r, word=w) for c, a, r, w in (
+        ("a", 30, "north", "ab"), ("a", 40, "south", "b"), ("a", 50, "east", "abc"),
+        ("b", 31, "west", "c"), ("b", 41, "north", "ca"), ("b", 51, "south", "a"),
+        (None, 33, "east", "bb"))]
+    manifest = tmp_path / "m.json"
+    with beam.Pipeline() as p:
+        _ = p | beam.Create(rows) | getattr(yaml_stats, kind)(
+            schema=str(schema), epsilon=0.25, seed=3, privacy_id="cust_id",
+            manifest=str(manifest), **_STEPS[kind])
+    m = json.loads(manifest.read_text(encoding="utf-8"))
+    assert m["release"]["privacy_unit"]["privacy_id"] == "cust_id"
+    op = m["operational"]
+    assert (op["rows_read"], op["rows_rejected"], op["rows_dropped_by_bound"],
+            op["rows_used"]) == (7, 1, 4, 2), op
+
+
+# -- 4. refine_target_picks: the same spends on every front end, checked before any spend ----------
+def _spends(accountant) -> list[tuple]:
+    """(step, ε, δ, details without target_picks) of every spend: what the option may not move."""
+    return [(s.step, s.budget.epsilon, s.budget.delta,
+             {k: v for k, v in s.details.items() if k != "target_picks"})
+            for s in accountant.spends]
+
+
+def _api_spends(options: dict, method: str = "PrivBayes", **kw):
+    import beamsynth as bs
+
+    job = bs.PrivacyJob(epsilon=100.0, delta=1e-5, seed=1)
+    p = beam.Pipeline()
+    private = p | beam.Create([{"age": 30}]) | job.private("adult")
+    _ = private | getattr(bs, method)(epsilon=1.0, rows=10, options=options, **kw)
+    job.accountant.to_dict()  # read: no "spends recorded nowhere" warning
+    return job.accountant
+
+
+def _yaml_spends(options: dict):
+    from beamsynth.pipelines.yaml_transforms import Synthesize, job_accountant
+
+    p = beam.Pipeline()
+    _ = p | beam.Create([beam.Row(age="30")]) | Synthesize(
+        schema="adult", epsilon=1.0, rows=10, method="privbayes", options=options,
+        job_budget={"epsilon": 1.0})
+    return job_accountant(p)
+
+
+@pytest.mark.parametrize("front", ["api", "yaml"])
+def test_target_picks_keep_every_spend_and_name_themselves(front):
+    """With ``target: income`` and ``refine_target_picks: 3`` the spends are those without the
+    option (step, ε, δ and details), the two refinement spends add ``target_picks: 3``: built
+    only (f3f482b/db1793e: a restricted permute-and-flip over a public candidate set, same Δ = m
+    and ε per pick). Checked against a scratch ``plan_refinement`` giving the restricted picks a
+    larger selection share."""
+    spends = _api_spends if front == "api" else _yaml_spends
+    logging.disable(logging.WARNING)
+    try:
+        base = spends({"target": "income"})
+        picks = spends({"target": "income", "refine_target_picks": 3})
+    finally:
+        logging.disable(logging.NOTSET)
+    assert _spends(picks) == _spends(base) and len(base.spends) >= 5
+    named = {s.step.split("/")[-1]: s.details.get("target_picks") for s in picks.spends}
+    assert [v for k, v in named.items() if ".refine." in k] == [3, 3], named
+    assert not any("target_picks" in s.details for s in base.spends)
+
+
+@pytest.mark.parametrize(("method", "kw"), [
+    ("PlausibleDeniability", {"epsilon": 40.0, "delta": 1e-6}), ("IndependentSynthesis", {}),
+    ("SBHG", {})])
+def test_target_picks_are_refused_by_other_methods_before_any_spend(method, kw):
+    """``refine_target_picks`` is privbayes' only: the API refuses it for plausible deniability
+    (whose PrivBayes generator takes no target), independent and SBHG when built, nothing spent
+    (Beam YAML names the method it belongs to, 59da4a9; the CLI warns that it is not used)."""
+    import beamsynth as bs
+
+    job = bs.PrivacyJob(epsilon=100.0, delta=1e-5, seed=1)
+    private = beam.Pipeline() | beam.Create([{"age": 30}]) | job.private("adult")
+    logging.disable(logging.WARNING)
+    try:
+        with pytest.raises(ValueError, match="refine_target_picks"):
+            _ = private | getattr(bs, method)(rows=10, options={"refine_target_picks": 2},
+                                              **{"epsilon": 1.0, **kw})
+    finally:
+        logging.disable(logging.NOTSET)
+    assert not job.accountant.spends
+
+
+# -- 5. Method.releases_records(): the decision the identity test made ----------------------------
+def test_releases_records_decides_as_the_identity_test_it_replaced():
+    """c8eecd2 replaced ``type(method).expand_tables is not Method.expand_tables`` (whether rows
+    are gathered in label order, and whether ``expand_model`` is called) by
+    ``Method.releases_records()``: the same answer for every registered method and for user
+    subclasses (of a method that releases records, of one that does not, and of ``Method``
+    overriding ``expand_tables``). Checked against a scratch rule that reads the class's own
+    ``__dict__`` only (a subclass of plausible's method would sample a model it has none of)."""
+    from beamsynth.pipelines.methods.plausible import PlausibleMethod
+    from beamsynth.pipelines.methods.registry import METHODS, IndependentMethod, Method
+
+    class UserPlausible(PlausibleMethod):
+        name = "user_plausible"
+
+    class UserIndependent(IndependentMethod):
+        name = "user_independent"
+
+    class UserRecords(Method):
+        name = "user_records"
+
+        def expand_model(self, batches):
+            raise NotImplementedError
+
+        def expand_tables(self, batches, rows):
+            raise NotImplementedError
+
+    classes = [*METHODS.values(), UserPlausible, UserIndependent, UserRecords]
+    old = {c: c.expand_tables is not Method.expand_tables for c in classes}
+    assert {c: c.releases_records() for c in classes} == old
+    assert old[UserPlausible] and old[UserRecords] and not old[UserIndependent]
+    assert sorted(c.name for c in METHODS.values() if old[c]) == ["plausible"]
+
+
+# -- 6. a windowed BeamsynthSynthesize with manifest: one release per declared window ------------
+def _stamped(rows: list[tuple[int, int, str]]) -> list:
+    from apache_beam.transforms.window import TimestampedValue
+
+    return [TimestampedValue(beam.Row(customer=str(c), age=a, region=r), t)
+            for c, (t, a, r) in enumerate(rows)]
+
+
+# two windowed pipelines in one (20-22 s each at load 6-9): slow; the default run keeps
+# test_session16_yaml's windowed-manifest build test and test_session15_yaml's window tests
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["independent", "privbayes"])
+def test_windowed_synthesis_releases_every_declared_window_alike_for_neighbours(tmp_path, method):
+    """D (records in the first two of three declared hours) and D + 1 (one more record, in the
+    empty third hour), each through a windowed ``BeamsynthSynthesize`` with ``rows: 4`` and a
+    manifest (196ccf2 re-windows its released tables and privbayes' run-time records before the
+    manifest's counts): both write 3 manifests (the empty hour's included), each with the same
+    release keys and ``rows_out`` 4, and 4 rows in each hour. Checked against a scratch release
+    that skips an hour with no record."""
+    from beamsynth.pipelines.yaml_transforms import Synthesize
+
+    windows = {"start": 0, "end": 10800, "size": 3600}
+    d = [(10 + i, 20 + 3 * i, ("north", "south")[i % 2]) for i in range(8)]
+    d += [(3700 + i, 30 + 2 * i, ("east", "west")[i % 2]) for i in range(8)]
+    out = {}
+    with beam.Pipeline() as p:
+        for name, records in (("d", d), ("d1", [*d, (7300, 44, "north")])):
+            rows = (p | f"In[{name}]" >> beam.Create(_stamped(records))
+                    | f"Synth[{name}]" >> Synthesize(
+                        schema=_write_schema(tmp_path), epsilon=1.0, method=method, rows=4,
+                        seed=7 if name == "d" else 8, job_budget={"epsilon": 2.0},
+                        windows=windows, manifest=str(tmp_path / f"{name}.json")))
+            out[name] = rows | f"Hour[{name}]" >> beam.Map(lambda r: r.window_start)
+            _ = (out[name] | f"Count[{name}]" >> beam.combiners.Count.PerElement()
+                 | f"Write[{name}]" >> beam.io.WriteToText(str(tmp_path / f"{name}.hours"),
+                                                           num_shards=1, shard_name_template=""))
+    shapes = {}
+    for name in ("d", "d1"):
+        manifests = sorted(tmp_path.glob(f"{name}.*.json")) or sorted(tmp_path.glob(f"{name}*.json"))
+        loaded = [json.loads(m.read_text(encoding="utf-8")) for m in manifests]
+        hours = sorted((tmp_path / f"{name}.hours").read_text(encoding="utf-8").splitlines())
+        shapes[name] = ([m.name.replace(name, "", 1) for m in manifests],
+                        [sorted(m["release"]) for m in loaded],
+                        [m["release"]["rows_out"] for m in loaded], hours)
+    assert len(shapes["d"][0]) == 3 and shapes["d"][2] == [4, 4, 4], shapes["d"]
+    assert shapes["d"] == shapes["d1"]
+
+
+def _write_schema(folder) -> str:
+    path = folder / "shop.yaml"
+    path.write_text(yaml.safe_dump(_SCHEMA), encoding="utf-8")
+    return str(path)
