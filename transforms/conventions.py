@@ -331,10 +331,18 @@ def keywords_checked(init: Any) -> Any:
     names = [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
     positional = sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
     variadic = any(p.kind is p.VAR_POSITIONAL for p in params)
+    required = [p.name for p in params if p.default is p.empty
+                and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
     @functools.wraps(init)
     def checked(self: Any, *args: Any, **kwargs: Any) -> None:
         unknown = [k for k in kwargs if k not in names]
+        missing = [n for n in required if n not in kwargs and n not in names[:len(args)]]
+        if missing and not unknown and len(args) <= positional:  # bs.Count(): Python's
+            # 'Count.__init__() missing 1 required keyword-only argument', without the bs. name
+            shown = [n for n in names if n in inspect.signature(type(self)).parameters]
+            raise TypeError(f"bs.{type(self).__name__} needs {' and '.join(n + '=' for n in missing)} "
+                            f"(no default{'s' * (len(missing) > 1)}); it takes: {', '.join(shown)}")
         if unknown or (len(args) > positional and not variadic):  # the error path only
             name = f"bs.{type(self).__name__}"
             shown = [n for n in names if n in inspect.signature(type(self)).parameters]  # named forms
