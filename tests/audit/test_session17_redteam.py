@@ -21,6 +21,7 @@ commits (H86)" has the numbers and, for each clean check, the broken variant it 
    every registered method and for user-defined subclasses.
 6. Clean (slow): a windowed ``BeamsynthSynthesize`` with manifest (196ccf2) releases every
    declared window alike for D and D + 1 (one record in the empty window).
+7. Clean (slow): the target's pairs first through the API, D vs D − 1 with the same draws.
 
 Each clean check fails on a scratch break named in its docstring (applied by monkeypatching from a
 pytest plugin outside the checkout; docs/audits.md lists them with the counts).
@@ -328,3 +329,49 @@ def _write_schema(folder) -> str:
     path = folder / "shop.yaml"
     path.write_text(yaml.safe_dump(_SCHEMA), encoding="utf-8")
     return str(path)
+
+
+# -- 7. the target's pairs first through the API: D vs D − 1 with the same draws ------------------
+def _refined_pairs(records: list[dict], picks: int, folder) -> list[list[str]]:
+    """The refinement's picked pairs (column names, in pick order) of a seeded API PrivBayes job
+    with ``target: income`` and ``refine_target_picks: picks``, read off the released model."""
+    import beamsynth as bs
+
+    job = bs.PrivacyJob(epsilon=2.0, seed=11)
+    out = folder / "pairs.json"
+    with beam.Pipeline() as p:
+        private = p | beam.Create(records) | job.private("adult")
+        models = (private | bs.PrivBayes(epsilon=2.0, rows=20, typed=True, options={
+            "target": "income", "refine_target_picks": picks, "input_rows": 40000,
+            "degree": 1}))["models"]
+        _ = (models | beam.Map(lambda m: json.dumps(
+                [[m._names[c] for c in t.columns] for t in m._targets[m._base_targets:]]))
+             | beam.io.WriteToText(str(out), num_shards=1, shard_name_template=""))
+        _ = p | bs.WriteManifest(job=job, path=str(folder / "m.json"))
+    return json.loads(out.read_text(encoding="utf-8"))
+
+
+# two seeded PrivBayes jobs on 3,000 Adult records (10-20 s each): slow; the default run keeps
+# test_target_picks_keep_every_spend_and_name_themselves and H85's unit neighbour audit
+@pytest.mark.slow
+def test_target_picks_neighbours_through_the_api_pick_the_targets_pairs_first(tmp_path):
+    """D (3,000 bundled Adult records) and D − 1, the same seed (the same draws): with
+    ``refine_target_picks: 3`` the released model's first 3 refinement pairs hold ``income`` on
+    both sides (the candidate set of those picks is the target's pairs, a declared set); the
+    picks are a DP output, so only the shape is compared (here both sides picked the same 15
+    pairs). Checked against ``r = 0``: the same jobs' third pick is (occupation, capital-gain)
+    on both sides, so the test fails."""
+    import csv
+
+    from tests.audit.test_neighbour_formats import ADULT
+
+    with open(ADULT, encoding="utf-8") as fh:
+        records = [dict(r) for _, r in zip(range(3000), csv.DictReader(fh))]
+    logging.disable(logging.WARNING)
+    try:
+        sides = {name: _refined_pairs(rows, 3, tmp_path / name)
+                 for name, rows in (("d", records), ("d1", records[1:]))}
+    finally:
+        logging.disable(logging.NOTSET)
+    for name, pairs in sides.items():
+        assert len(pairs) >= 3 and all("income" in p for p in pairs[:3]), (name, pairs)
