@@ -40,6 +40,8 @@ pytestmark = pytest.mark.audit
 
 yaml = pytest.importorskip("yaml")
 
+from tests.yaml_helpers import json_lines, provider, write_schema  # noqa: E402
+
 _SCHEMA = {"name": "shop", "privacy_id": "customer", "columns": [
     {"name": "age", "type": "integer",
      "domain": {"kind": "integer", "low": 18, "high": 90, "edges": [18, 30, 45, 60, 91]}},
@@ -47,15 +49,11 @@ _SCHEMA = {"name": "shop", "privacy_id": "customer", "columns": [
      "domain": {"kind": "categorical", "values": ["north", "south", "east", "west"]}}]}
 
 
-def _provider() -> str:
-    return str(resources.files("beamsynth.pipelines") / "beamsynth_provider.yaml")
-
-
 def _run_yaml(transforms: list[dict]) -> None:
     """A Beam YAML pipeline of ``transforms`` (after the provider), run on the direct runner."""
     from apache_beam.yaml.yaml_transform import expand_pipeline
 
-    spec = {"providers": [{"include": _provider()}], "pipeline": {"transforms": transforms}}
+    spec = {"providers": [{"include": provider()}], "pipeline": {"transforms": transforms}}
     logging.disable(logging.WARNING)
     try:
         with beam.Pipeline(runner="beamsynth.runners.local.LocalDirectRunner") as p:
@@ -99,18 +97,15 @@ def test_windowed_example_survives_non_finite_and_huge_times(tmp_path):
     """The whole example on 6 CSV rows, 3 with times ``nan``, ``inf`` and ``1e20``: the run ends,
     both steps send those 3 rows to the error output and count them (read 6 = used 3 +
     rejected 3). Before: the run failed in Beam's ``Stamp`` step on the first of them."""
-    import glob
-
     (tmp_path / "ev.csv").write_text("customer,age,region,ts\n1,30,north,10\n2,40,south,3700\n"
                                      "3,50,east,nan\n4,60,west,inf\n6,61,west,1e20\n"
                                      "5,33,north,20\n", encoding="utf-8")
-    (tmp_path / "s.yaml").write_text(yaml.safe_dump(_SCHEMA), encoding="utf-8")
+    schema = write_schema(tmp_path, _SCHEMA, "s.yaml")
     out = tmp_path / "ev"
     _run_yaml(_example_transforms({"input": str(tmp_path / "ev.csv"), "output": str(out),
-                                   "schema": str(tmp_path / "s.yaml"), "ts": "ts", "start": 0,
+                                   "schema": str(schema), "ts": "ts", "start": 0,
                                    "end": 10800}))
-    errors = [json.loads(line) for f in glob.glob(f"{out}.rejected*")
-              for line in open(f, encoding="utf-8").read().splitlines()]
+    errors = json_lines(f"{out}.rejected*")
     assert sorted(e["source"] for e in errors) == ["Count"] * 3 + ["Synthesize"] * 3
     count = json.loads((tmp_path / "ev.count.manifest.json").read_text(encoding="utf-8"))
     assert count["operational"]["rows_read"] == 6 and count["operational"]["rows_rejected"] == 3
@@ -126,8 +121,7 @@ def test_yaml_statistics_manifest_states_how_ids_were_read(tmp_path, mode, kind)
     either way (fails on 26a3b8d..db1793e); now ``ids`` is the encoder's mode."""
     from beamsynth.pipelines import yaml_stats
 
-    schema = tmp_path / "shop.yaml"
-    schema.write_text(yaml.safe_dump({**_SCHEMA, "privacy_ids": mode}), encoding="utf-8")
+    schema = write_schema(tmp_path, {**_SCHEMA, "privacy_ids": mode}, "shop.yaml")
     big, manifest = 2**53, tmp_path / "m.json"
     extra = {"columns": ["region"]} if kind == "Histogram" else {}
     with beam.Pipeline() as p:
@@ -156,8 +150,7 @@ def test_every_statistics_step_bounds_per_the_rows_id_column(tmp_path, kind):
     ``cust_id``. Checked against a scratch ``_setup`` that drops the step's id (record level)."""
     from beamsynth.pipelines import yaml_stats
 
-    schema = tmp_path / "shop.yaml"
-    schema.write_text(yaml.safe_dump(_SCHEMA), encoding="utf-8")
+    schema = write_schema(tmp_path, _SCHEMA, "shop.yaml")
     rows = [beam.Row(cust_id=c, age=a, region=r, word=w) for c, a, r, w in (
         ("a", 30, "north", "ab"), ("a", 40, "south", "b"), ("a", 50, "east", "abc"),
         ("b", 31, "west", "c"), ("b", 41, "north", "ca"), ("b", 51, "south", "a"),
@@ -301,12 +294,12 @@ def test_windowed_synthesis_releases_every_declared_window_alike_for_neighbours(
     windows = {"start": 0, "end": 10800, "size": 3600}
     d = [(10 + i, 20 + 3 * i, ("north", "south")[i % 2]) for i in range(8)]
     d += [(3700 + i, 30 + 2 * i, ("east", "west")[i % 2]) for i in range(8)]
-    out = {}
+    schema, out = str(write_schema(tmp_path, _SCHEMA, "shop.yaml")), {}
     with beam.Pipeline() as p:
         for name, records in (("d", d), ("d1", [*d, (7300, 44, "north")])):
             rows = (p | f"In[{name}]" >> beam.Create(_stamped(records))
                     | f"Synth[{name}]" >> Synthesize(
-                        schema=_write_schema(tmp_path), epsilon=1.0, method=method, rows=4,
+                        schema=schema, epsilon=1.0, method=method, rows=4,
                         seed=7 if name == "d" else 8, job_budget={"epsilon": 2.0},
                         windows=windows, manifest=str(tmp_path / f"{name}.json")))
             out[name] = rows | f"Hour[{name}]" >> beam.Map(lambda r: r.window_start)
@@ -315,7 +308,7 @@ def test_windowed_synthesis_releases_every_declared_window_alike_for_neighbours(
                                                            num_shards=1, shard_name_template=""))
     shapes = {}
     for name in ("d", "d1"):
-        manifests = sorted(tmp_path.glob(f"{name}.*.json")) or sorted(tmp_path.glob(f"{name}*.json"))
+        manifests = sorted(tmp_path.glob(f"{name}.*.json"))  # one per declared window
         loaded = [json.loads(m.read_text(encoding="utf-8")) for m in manifests]
         hours = sorted((tmp_path / f"{name}.hours").read_text(encoding="utf-8").splitlines())
         shapes[name] = ([m.name.replace(name, "", 1) for m in manifests],
@@ -323,12 +316,6 @@ def test_windowed_synthesis_releases_every_declared_window_alike_for_neighbours(
                         [m["release"]["rows_out"] for m in loaded], hours)
     assert len(shapes["d"][0]) == 3 and shapes["d"][2] == [4, 4, 4], shapes["d"]
     assert shapes["d"] == shapes["d1"]
-
-
-def _write_schema(folder) -> str:
-    path = folder / "shop.yaml"
-    path.write_text(yaml.safe_dump(_SCHEMA), encoding="utf-8")
-    return str(path)
 
 
 # -- 7. the target's pairs first through the API: D vs D − 1 with the same draws ------------------
