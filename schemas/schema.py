@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import difflib
 import functools
 import hashlib
 import json
@@ -525,7 +526,19 @@ class Schema:
         for c in self.columns:
             if c.name == name:
                 return c
-        raise KeyError(f"{self._where()} has no column {name!r} (columns: {self.names})")
+        close = self.nearest_name(name)  # schema.select(["marital_status"]): the declared name
+        hint = f"did you mean {close!r}?; " if close else ""
+        raise KeyError(f"{self._where()} has no column {name!r} ({hint}columns: {self.names})")
+
+    def nearest_name(self, name: Any) -> str | None:
+        """The declared column ``name`` most likely means: the same name in another case or as
+        its field name (``native_country`` for ``native-country``, what output rows and
+        ``job.private`` use), else a close spelling; ``None`` if there is none."""
+        if not isinstance(name, str):
+            return None
+        same = [d for d in self.names if name.lower() in (d.lower(), avro_field_name(d).lower())]
+        close = same or difflib.get_close_matches(name, self.names, n=1, cutoff=0.75)
+        return close[0] if close else None
 
     def index(self, name: str) -> int:
         """Position of column ``name``."""

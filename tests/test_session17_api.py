@@ -5,6 +5,11 @@ Each test fails on the code before its fix (checked by reverting the fix on scra
 1. a missing required keyword (``bs.Count()``, ``bs.Histogram(epsilon=1)``) raised Python's
    ``Count.__init__() missing 1 required keyword-only argument: 'epsilon'``, without the ``bs.``
    name or the keywords the step takes (the unknown-keyword and positional paths had both).
+2. ``bs.Synthesize(method="privbays")`` said ``unknown method 'privbays'; available: [...]``
+   without the nearest name, which every keyword, option and column refusal gives.
+3. ``schema.select(["sexx"])`` / ``schema.select(["marital_status"])`` (the field name output rows
+   and Parquet files use) raised ``KeyError ... has no column 'marital_status' (columns: [...])``
+   without the declared name a mechanism's refusal names (``did you mean 'marital-status'?``).
 """
 
 from __future__ import annotations
@@ -42,3 +47,39 @@ def test_the_other_keyword_errors_are_unchanged():
     with pytest.raises(TypeError, match=r"call bs.Count\(epsilon=1.0\)$"):
         bs.Count(1.0)
     assert bs.PrivacyUnit().id_column is None  # no required keyword: nothing to say
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda: bs.Synthesize(method="privbays", epsilon=1.0),
+     "unknown method 'privbays' (did you mean 'privbayes'?); available: "
+     "['independent', 'plausible', 'privbayes', 'sbhg']"),
+    (lambda: bs.Synthesize(method="SBHG", epsilon=1.0, delta=1e-6),
+     "unknown method 'SBHG' (did you mean 'sbhg'?); available: "
+     "['independent', 'plausible', 'privbayes', 'sbhg']"),
+    (lambda: bs.PrivBayes(method="independant", epsilon=1.0),
+     "unknown method 'independant' (did you mean 'independent'?); available: "
+     "['independent', 'plausible', 'privbayes', 'sbhg']"),
+])
+def test_a_misspelt_method_names_the_nearest(make, message):
+    with pytest.raises(ValueError) as err:
+        make()
+    assert str(err.value) == message
+
+
+ADULT_COLUMNS = ("['age', 'workclass', 'fnlwgt', 'education', 'education-num', 'marital-status', "
+                 "'occupation', 'relationship', 'race', 'sex', 'capital-gain', 'capital-loss', "
+                 "'hours-per-week', 'native-country', 'income']")
+
+
+@pytest.mark.parametrize(("names", "meant"), [
+    (["sexx"], "sex"), (["age", "marital_status"], "marital-status"),
+    (["Native-Country"], "native-country"), (["education_num"], "education-num"),
+])
+def test_schema_select_names_the_declared_column(names, meant):
+    schema = bs.load_schema("adult")
+    with pytest.raises(KeyError) as err:
+        schema.select(names)
+    assert err.value.args[0].endswith(f"adult.yaml' has no column {names[-1]!r} (did you mean "
+                                      f"{meant!r}?; columns: {ADULT_COLUMNS})")
+    with pytest.raises(KeyError, match=r"has no column 'zzz' \(columns: \["):
+        schema.select(["zzz"])  # nothing close: the list only, as before

@@ -39,7 +39,6 @@ message saying how to make one.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import logging
 import os
 import sys
@@ -1156,9 +1155,8 @@ def _declared_name_hint(schema: Schema, name: Any) -> str:
     if parts and all(parts):  # "sex,income": a table's output key, not a column
         return (f"a table is a tuple of column names: did you mean {tuple(parts)!r} (its output "
                 f"key is {','.join(parts)!r})?; ")
-    same = [d for d in schema.names if name.lower() in (d.lower(), avro_field_name(d).lower())]
-    close = same or difflib.get_close_matches(name, schema.names, n=1, cutoff=0.75)
-    return f"did you mean {close[0]!r}?; " if close else ""
+    close = schema.nearest_name(name)
+    return f"did you mean {close!r}?; " if close else ""
 
 
 def _declared_name(schema: Schema, name: str) -> str | None:

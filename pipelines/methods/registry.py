@@ -8,6 +8,7 @@ turning bounded ``EncodedBatch`` records into one ``SynthesisModel`` per window.
 from __future__ import annotations
 
 import argparse
+import difflib
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -150,8 +151,11 @@ def get_method(name: str) -> type[Method]:
     _load_optional_methods()
     try:
         return METHODS[name]
-    except KeyError:
-        raise ValueError(f"unknown method {name!r}; available: {sorted(METHODS)}") from None
+    except KeyError:  # bs.Synthesize(method="privbays"): the nearest name too (H87)
+        close = ([m for m in sorted(METHODS) if m == str(name).lower()]
+                 or difflib.get_close_matches(str(name), sorted(METHODS), n=1, cutoff=0.6))
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"unknown method {name!r}{hint}; available: {sorted(METHODS)}") from None
 
 
 def method_option_names(method: str) -> set[str]:
