@@ -10,10 +10,15 @@ Each test fails on the code before its fix (checked by reverting the fix on scra
 3. ``schema.select(["sexx"])`` / ``schema.select(["marital_status"])`` (the field name output rows
    and Parquet files use) raised ``KeyError ... has no column 'marital_status' (columns: [...])``
    without the declared name a mechanism's refusal names (``did you mean 'marital-status'?``).
+4. ``job.private(schema, windows=beam.window.FixedWindows(3600))`` was refused with the object's
+   repr (``got FixedWindows (<apache_beam.transforms.window.FixedWindows object at 0x...>)``), and
+   ``bs.DeclaredWindows(start="2024-01-01T00:00:00Z", ...)`` with no way to pass that text: now the
+   window's size and the declared call to make, and the ``datetime`` to pass.
 """
 
 from __future__ import annotations
 
+import apache_beam as beam
 import pytest
 
 import beamsynth as bs
@@ -83,3 +88,38 @@ def test_schema_select_names_the_declared_column(names, meant):
                                       f"{meant!r}?; columns: {ADULT_COLUMNS})")
     with pytest.raises(KeyError, match=r"has no column 'zzz' \(columns: \["):
         schema.select(["zzz"])  # nothing close: the list only, as before
+
+
+@pytest.mark.parametrize(("windows", "got"), [
+    (beam.window.FixedWindows(3600),
+     "FixedWindows(size=3600s): a Beam window opens only where a record falls, which a release "
+     "must not reveal; declare the public range instead: windows=bs.DeclaredWindows(start=..., "
+     "end=..., size=3600)"),
+    (beam.window.Sessions(600),
+     "Sessions(gap=600s): a Beam window opens only where a record falls, which a release must not "
+     "reveal; declare the public range instead: windows=bs.DeclaredWindows(start=..., end=..., "
+     "size=...)"),
+    (3600, "int (3600)"),
+])
+def test_windows_that_are_not_declared_are_refused_with_the_declared_call(windows, got):
+    job = bs.PrivacyJob(epsilon=1.0)
+    with pytest.raises(TypeError) as err:
+        job.private(bs.load_schema("adult"), windows=windows)
+    assert str(err.value) == ("windows must be None or bs.DeclaredWindows(start=, end=, size=), got "
+                              + got)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"start": "2024-01-01T00:00:00Z", "end": None, "size": 3600},
+     "start must be epoch seconds (int) or an aware datetime, got '2024-01-01T00:00:00Z'; pass "
+     "datetime.datetime.fromisoformat('2024-01-01T00:00:00Z')"),
+    ({"start": 0, "end": "2024-01-02", "size": 3600},
+     "end must be epoch seconds (int) or an aware datetime, got '2024-01-02'; pass "
+     "datetime.datetime.fromisoformat('2024-01-02').replace(tzinfo=datetime.timezone.utc)"),
+    ({"start": "yesterday", "end": None, "size": 60},
+     "start must be epoch seconds (int) or an aware datetime, got 'yesterday'"),
+])
+def test_declared_windows_from_iso_text_say_what_to_pass(kwargs, message):
+    with pytest.raises(TypeError) as err:
+        bs.DeclaredWindows(**kwargs)
+    assert str(err.value) == message

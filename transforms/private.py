@@ -88,6 +88,7 @@ from beamsynth.transforms.windows import (
     DeclaredWindows,
     SplitLate,
     check_release_windowing,
+    declared_instead,
     iso_seconds,
     window_text,
 )
@@ -746,7 +747,7 @@ class MakePrivate(beam.PTransform):
         super().__init__(label)
         if windows is not None and not isinstance(windows, DeclaredWindows):
             raise TypeError(f"windows must be None or bs.DeclaredWindows(start=, end=, size=), got "
-                            f"{type(windows).__name__} ({windows!r})")
+                            f"{declared_instead(windows)}")
         if not isinstance(job, PrivacyJob):
             raise TypeError(f"job must be a PrivacyJob, got {type(job).__name__} ({job!r})")
         if source is not None and (not isinstance(source, str) or not source):

@@ -86,8 +86,21 @@ def epoch_seconds(value: Any, name: str) -> int:
             raise ValueError(f"{name} ({value!r}) must be a whole second")
         return int(ts)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be epoch seconds (int) or an aware datetime, got {value!r}")
+        raise TypeError(f"{name} must be epoch seconds (int) or an aware datetime, got {value!r}"
+                        + _iso_hint(value))
     return value
+
+
+def _iso_hint(value: Any) -> str:
+    """For ISO 8601 text (``"2024-01-01T00:00:00Z"``, H87), the datetime to pass instead."""
+    try:
+        parsed = _dt.datetime.fromisoformat(value) if isinstance(value, str) else None
+    except ValueError:
+        return ""
+    if parsed is None:
+        return ""
+    utc = "" if parsed.tzinfo is not None else ".replace(tzinfo=datetime.timezone.utc)"
+    return f"; pass datetime.datetime.fromisoformat({value!r}){utc}"
 
 
 def declared_range(windows_start: Any, windows_end: Any, window_seconds: Any, *,
@@ -217,6 +230,18 @@ def _describe_windowfn(fn: Any) -> str:
     if isinstance(fn, beam_window.Sessions):
         return f"Sessions(gap={_secs(fn.gap_size)})"
     return type(fn).__name__
+
+
+def declared_instead(fn: Any) -> str:
+    """What ``job.private(schema, windows=fn)`` got, and the declared windows to pass instead:
+    ``FixedWindows(size=3600s): ...; declare the public range instead: windows=bs.DeclaredWindows(
+    start=..., end=..., size=3600)`` (H87: the refusal showed ``<... FixedWindows object at 0x...>``)."""
+    if not isinstance(fn, beam_window.WindowFn):
+        return f"{type(fn).__name__} ({fn!r})"
+    size = _secs(fn.size)[:-1] if isinstance(fn, beam_window.FixedWindows) else "..."
+    return (f"{_describe_windowfn(fn)}: a Beam window opens only where a record falls, which a "
+            "release must not reveal; declare the public range instead: "
+            f"windows=bs.DeclaredWindows(start=..., end=..., size={size})")
 
 
 def _full_label(pcoll: beam.PCollection, step: str) -> str:
