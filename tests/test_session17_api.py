@@ -14,6 +14,8 @@ Each test fails on the code before its fix (checked by reverting the fix on scra
    repr (``got FixedWindows (<apache_beam.transforms.window.FixedWindows object at 0x...>)``), and
    ``bs.DeclaredWindows(start="2024-01-01T00:00:00Z", ...)`` with no way to pass that text: now the
    window's size and the declared call to make, and the ``datetime`` to pass.
+5. ``bs.arrow_schema("adult")`` and ``bs.arrow_schema(private)`` said only what they take; now
+   the call to make (``bs.load_schema``; a release of the private collection, or its schema).
 """
 
 from __future__ import annotations
@@ -123,3 +125,18 @@ def test_declared_windows_from_iso_text_say_what_to_pass(kwargs, message):
     with pytest.raises(TypeError) as err:
         bs.DeclaredWindows(**kwargs)
     assert str(err.value) == message
+
+
+def test_arrow_schema_of_a_name_or_a_private_collection_says_what_to_pass():
+    with pytest.raises(TypeError) as err:
+        bs.arrow_schema("adult")
+    assert str(err.value) == ("arrow_schema takes a Schema or a PCollection of beamsynth rows, got "
+                              "str ('adult'); for a schema's records pass "
+                              "bs.arrow_schema(bs.load_schema('adult'))")
+    job = bs.PrivacyJob(epsilon=1.0)
+    private = beam.Pipeline() | beam.Create([{"sex": "Male"}]) | job.private(bs.load_schema("adult"))
+    with pytest.raises(TypeError) as err:
+        bs.arrow_schema(private)
+    assert str(err.value).endswith(
+        "; a private collection is no output: pass a release of it (bs.arrow_schema(synthetic), "
+        "bs.arrow_schema(tables['age'])) or its schema")
