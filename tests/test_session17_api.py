@@ -16,12 +16,18 @@ Each test fails on the code before its fix (checked by reverting the fix on scra
    window's size and the declared call to make, and the ``datetime`` to pass.
 5. ``bs.arrow_schema("adult")`` and ``bs.arrow_schema(private)`` said only what they take; now
    the call to make (``bs.load_schema``; a release of the private collection, or its schema).
+6. a producer's misspelt key (``sexx`` for ``sex``) made every element a dead letter saying only
+   ``required field 'sex' is missing``; now ``(the element has 'sexx', which is not declared)``,
+   for dicts, schema'd rows and Arrow batches alike (typed rows also get the build-time warning).
 """
 
 from __future__ import annotations
 
 import apache_beam as beam
+import pyarrow as pa
 import pytest
+from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.util import assert_that, equal_to
 
 import beamsynth as bs
 
@@ -140,3 +146,40 @@ def test_arrow_schema_of_a_name_or_a_private_collection_says_what_to_pass():
     assert str(err.value).endswith(
         "; a private collection is no output: pass a release of it (bs.arrow_schema(synthetic), "
         "bs.arrow_schema(tables['age'])) or its schema")
+
+
+SMALL = {"name": "small", "columns": [
+    {"name": "sex", "type": "categorical", "domain": {"kind": "categorical", "values": ["F", "M"]}},
+    {"name": "marital-status", "type": "categorical",
+     "domain": {"kind": "categorical", "values": ["single", "married"]}}]}
+MISSPELT = [{"sexx": "F", "marital-status": "single"},      # a misspelt key
+            {"sex": "M", "Marital_Status": "married"},      # another case of the field name
+            {"sex": "F"},                                   # nothing like it: as before
+            {"sex": "M", "marital-status": "single"}]       # used
+REASONS = ["required field 'sex' is missing (the element has 'sexx', which is not declared)",
+           "required field 'marital-status' is missing (the element has 'Marital_Status', which "
+           "is not declared)",
+           "required field 'marital-status' is missing"]
+
+
+def _dicts(p):
+    return p | beam.Create(MISSPELT)
+
+
+def _rows(p):  # Beam's Create takes one Row type: every row with the misspelt field
+    return p | beam.Create([beam.Row(sexx="F", marital_status="single"),
+                            beam.Row(sexx="M", marital_status="married")])
+
+
+def _arrow(p):  # one batch per element: a batch has one set of columns
+    return p | beam.Create([pa.RecordBatch.from_pylist([d]) for d in MISSPELT])
+
+
+@pytest.mark.parametrize(("make", "expected"), [
+    (_dicts, REASONS), (_rows, REASONS[:1] * 2), (_arrow, REASONS)], ids=["dicts", "rows", "arrow"])
+def test_a_missing_field_names_the_elements_field_that_looks_like_it(make, expected):
+    job = bs.PrivacyJob(epsilon=1.0)
+    with TestPipeline() as p:
+        private = make(p) | job.private(bs.load_schema(SMALL))
+        reasons = private.dead_letters | beam.Map(lambda r: r.reason)
+        assert_that(reasons, equal_to(expected))

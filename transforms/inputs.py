@@ -28,6 +28,7 @@ between steps.
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import operator
@@ -157,6 +158,19 @@ def wanted_fields(layout: KeyLayout) -> list[str]:
     for codec in layout.keys.values():
         names += [c for c in codec.input_columns if c not in names]
     return names
+
+
+def missing_field_reason(col: str, fields: Sequence[Any], wanted: Sequence[str]) -> str:
+    """``required field 'sex' is missing``, plus the element's own field that looks like it (a
+    producer's misspelt key: ``(the element has 'sexx', which is not declared)``; H87: every dict
+    of a JSON source with ``sexx`` was a dead letter saying only that ``sex`` was missing)."""
+    others = [f for f in fields if isinstance(f, str) and f not in wanted
+              and avro_field_name(f) not in wanted]
+    lower = {f.lower(): f for f in others}
+    close = ([lower[x] for x in (col.lower(), avro_field_name(col).lower()) if x in lower]
+             or difflib.get_close_matches(col, others, n=1, cutoff=0.75))
+    hint = f" (the element has {close[0]!r}, which is not declared)" if close else ""
+    return f"required field {col!r} is missing{hint}"
 
 
 def _object_array(values: list[Any]) -> np.ndarray:
@@ -338,7 +352,7 @@ def _encode_records(layout: KeyLayout, records: list[Mapping[str, Any]],
         if why.endswith(_NULL_REASONS) and "'" in why:
             col = why.split("'")[1]
             if not _present(records[i], col):
-                reasons[i] = f"required field {col!r} is missing"
+                reasons[i] = missing_field_reason(col, list(records[i]), names)
     unnamed = [i for i, r in enumerate(records) if None in r and i not in reasons]
     if unnamed:  # csv.DictReader keeps a line's extra fields under None: not one record
         already = set(reasons)
@@ -438,7 +452,7 @@ def _encode_tuples(layout: KeyLayout, elements: Sequence[tuple], memo: SchemaMem
     dead = []
     for i, why in sorted(reasons.items()):
         if why.endswith(_NULL_REASONS) and "'" in why and why.split("'")[1] in missing:
-            why = f"required field {why.split(chr(39))[1]!r} is missing"
+            why = missing_field_reason(why.split("'")[1], fields, wanted_fields(layout))
         record = elements[i]._asdict()
         dead.append(_dead(source, record_position(record, position_field), why, dict(record)))
     return [batch], dead
@@ -532,7 +546,8 @@ def _encode_arrow(layout: KeyLayout, table: pa.Table | pa.RecordBatch, *, source
         return batch, []
     for i, why in list(reasons.items()):
         if why.endswith(_NULL_REASONS) and "'" in why and why.split("'")[1] in missing:
-            reasons[i] = f"required field {why.split(chr(39))[1]!r} is missing"
+            reasons[i] = missing_field_reason(why.split("'")[1], table.column_names,
+                                              wanted_fields(layout))
     rows = table.to_pylist()
     return batch, [_dead(source, record_position(rows[i], position_field), why, rows[i])
                    for i, why in sorted(reasons.items())]

@@ -165,7 +165,8 @@ def test_a_privacy_id_field_the_elements_lack_is_named_missing(kind):
         blank = p | "Blank" >> beam.Create(elements[kind][1]) | "PB" >> job.private(
             SMALL, source="blank")
         assert_that(lacking.dead_letters | "RL" >> beam.Map(lambda r: r.reason),
-                    equal_to(["required field 'usr' is missing"] * 3), label="CheckLacking")
+                    equal_to(["required field 'usr' is missing (the element has 'user', which is "
+                              "not declared)"] * 3), label="CheckLacking")  # H87: the field like it
         assert_that(blank.dead_letters | "RB" >> beam.Map(lambda r: r.reason),
                     equal_to(["privacy id column 'usr' is empty"]), label="CheckBlank")
 
