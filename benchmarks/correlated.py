@@ -394,8 +394,9 @@ def main() -> int:
     ap.add_argument("--out", default=None, help="write all rows as JSON")
     ap.add_argument("--target", default=None,
                     help="privbayes' declared target (the CLI's --target; default: the schema's)")
-    ap.add_argument("--pb-refine-target-picks", type=int, default=None,
-                    help="privbayes: the refinement's first picks among the target's pairs (H85)")
+    ap.add_argument("--pb-refine-target-picks", type=lambda s: s if s == "auto" else int(s),
+                    default=None, help="privbayes: the refinement's first N picks among the "
+                    "target's pairs (H85), or auto: a floor of 5 (H88)")
     ap.add_argument("--beamsynth-from", default=None,
                     help="comma-separated earlier --out JSONs: their rows of this run's beamsynth "
                          "method are reused, other beamsynth rows kept (re-evaluate peers only)")

@@ -307,9 +307,10 @@ def main() -> int:
                     "'off' = the network wherever it is θ-useful, as before H49)")
     ap.add_argument("--data-dir", default=None, help="German/COMPAS files (unseen_rehearsal.py)")
     ap.add_argument("--out", default=None, help="write all rows as JSON")
-    ap.add_argument("--pb-refine-target-picks", type=int, default=None,
-                    help="privbayes: the refinement's first picks among the declared target's "
-                         "pairs (H85; default: the plan's)")
+    ap.add_argument("--pb-refine-target-picks", type=lambda s: s if s == "auto" else int(s),
+                    default=None,
+                    help="privbayes: the refinement's first N picks among the declared target's "
+                         "pairs (H85), or auto: a floor of 5 (H88; default: the plan's)")
     a = ap.parse_args()
     global UNSEEN_DIR
     UNSEEN_DIR = a.data_dir or UNSEEN_DIR

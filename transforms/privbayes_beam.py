@@ -99,8 +99,9 @@ class DPPrivBayes(beam.PTransform):
     around it, :mod:`~beamsynth.transforms.privbayes_star`; ``None``: no target), target_parent
     (how that target enters a k ≥ 1 network: ``"auto"``, the default, ``"off"``, ``"optional"``
     or ``"required"``, :func:`plan_privbayes`; decided here and carried in the plan),
-    refine_target_picks (with a target: the refinement's first picks drawn among its pairs only,
-    :mod:`beamsynth.transforms.refine`; carried in the plan), accountant.
+    refine_target_picks (with a target: the refinement's first ``N`` picks drawn among its pairs
+    only, or ``"auto"``: at least ``min(TARGET_FLOOR, pairs)`` of them, the last picks only where
+    needed; :mod:`beamsynth.transforms.refine`; carried in the plan), accountant.
     """
 
     def __init__(self, *, schema: Schema, budget: ApproxDP, degree: int | None = None,
@@ -112,7 +113,7 @@ class DPPrivBayes(beam.PTransform):
                  refine_fraction: float = DEFAULT_REFINE_FRACTION, sizing: str = "off",
                  rows: int | None = None, noise: str = "laplace", target: str | None = None,
                  target_parent: str = "auto",
-                 refine_target_picks: int = DEFAULT_REFINE_TARGET_PICKS,
+                 refine_target_picks: int | str = DEFAULT_REFINE_TARGET_PICKS,
                  accountant: PrivacyAccountant | None = None, label: str | None = None) -> None:
         super().__init__(label)
         if not isinstance(schema, Schema):

@@ -511,7 +511,7 @@ def plan_privbayes(
     rows: int | None = None,
     target: int | None = None,
     target_parent: str | None = None,
-    refine_target_picks: int = DEFAULT_REFINE_TARGET_PICKS,
+    refine_target_picks: int | str = DEFAULT_REFINE_TARGET_PICKS,
 ) -> PrivBayesPlan:
     """Validate parameters and split the budget; lowers ``degree`` (from the declared shape
     only) until the counts of all candidate families (each at most ``max_family_cells`` cells,
@@ -580,9 +580,11 @@ def plan_privbayes(
         raise ValueError(f"max_family_cells ({max_family_cells!r}) must be an int >= 1")
     if isinstance(refine_pairs, bool) or not isinstance(refine_pairs, int) or refine_pairs < 0:
         raise ValueError(f"refine_pairs ({refine_pairs!r}) must be an int >= 0")
-    if (isinstance(refine_target_picks, bool) or not isinstance(refine_target_picks, int)
+    if refine_target_picks != "auto" and (
+            isinstance(refine_target_picks, bool) or not isinstance(refine_target_picks, int)
             or refine_target_picks < 0):
-        raise ValueError(f"refine_target_picks ({refine_target_picks!r}) must be an int >= 0")
+        raise ValueError(f"refine_target_picks ({refine_target_picks!r}) must be 'auto' or an "
+                         "int >= 0")
     if not isinstance(refine_fraction, (int, float)) or not 0 < refine_fraction < 1:
         raise ValueError(f"refine_fraction ({refine_fraction!r}) must be in (0, 1)")
     if sizing not in SIZING_MODES:
@@ -829,8 +831,7 @@ def gaussian_plan(plan: PrivBayesPlan, budget: ApproxDP, *, pairs: int = GAUSSIA
         refine = RefinePlan(pairs=n_pairs, rounds=n_rounds, groups=groups, max_contributions=m,
                             delta=budget.delta, pair_cells=refine_module.PAIR_CELLS,
                             rake_end_on_margins=refine_module.RAKE_END_ON_MARGINS,
-                            **refine_module.target_pick_fields(plan.refine.target,
-                                                               plan.refine.target_picks, n_pairs),
+                            **plan.refine.target_fields(n_pairs),
                             **gaussian_refine_split(selection_rho, measure_rho, n_pairs, m))
     zcdp = ZCDPPlan(budget=budget, rho=rho, structure_rho=structure_rho,
                     marginal_rho=marginal_rho, selection_rho=selection_rho, measure_rho=measure_rho,

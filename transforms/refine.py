@@ -46,6 +46,15 @@ Security 2021, §4–5: 2-way marginals chosen by dependence, records adjusted t
       skip them (census_kdd: 0 of 37 income pairs; docs/privbayes.md "Sixteenth session: the
       declared target's pairs first (issue 18, H85)", which describes this refinement; it is
       ours, not the PrivBayes paper's).
+      *A floor of target pairs* (``refine_target_picks="auto"``, seventeenth session, H88):
+      ``RefinePlan.target_floor = f`` (``min(TARGET_FLOOR, pairs)``) makes a pick
+      target-only when the picks left are just enough to bring the measured target pairs up to
+      ``f``; picks that the score gives the target anyway count, so where they reach ``f``
+      before the last picks the release equals ``r = 0``'s (COMPAS, Adult: most seeds). Opt-in,
+      not the default (measured level there, small gain on census_kdd). Whether a pick is
+      restricted is a function of the declared target, the declared picks and the earlier
+      released picks only, so the privacy argument above holds unchanged (docs/privbayes.md
+      "Seventeenth session: a rule for the target's picks (issue 18, H88)").
    b. *Measure* (private): the picked coarse tables with discrete Laplace noise of scale
       ``m·pairs/ε_meas`` on every cell (L1 sensitivity ``m`` each, ε split equally).
    c. *Fit* (post-processing): each noisy table ``N`` is shrunk toward the model's estimate
@@ -110,6 +119,7 @@ __all__ = [
     "REFINE_MIN_PAIRS",
     "REFINE_MIN_TABLE_EPSILON",
     "SELECTION_SHARE",
+    "TARGET_FLOOR",
     "POOL_MIN_ROWS",
     "POOL_ROWS",
     "RAKE_END_ON_MARGINS",
@@ -137,7 +147,10 @@ DEFAULT_REFINE_PAIRS = 15
 DEFAULT_REFINE_ROUNDS = 3
 DEFAULT_REFINE_GROUPS = 5
 # with a declared target, the refinement's first picks drawn among its pairs only (H85)
-DEFAULT_REFINE_TARGET_PICKS = 0
+DEFAULT_REFINE_TARGET_PICKS: int | str = 0
+# refine_target_picks="auto" (H88): at least min(TARGET_FLOOR, pairs) of the picks are the
+# declared target's pairs, the last ones restricted only where the score gave it fewer
+TARGET_FLOOR = 5
 DEFAULT_REFINE_FRACTION = 0.25  # of the method's ε: 1/5 of it selects, 4/5 measures
 SELECTION_SHARE = 0.2
 REFINE_MIN_TABLE_EPSILON = 0.01  # plan_privbayes measures no more tables than get this ε each ...
@@ -185,6 +198,9 @@ class RefinePlan:
     # only (H85; 0: none). Fixed when the plan is made, from the declared target and the option
     target: int | None = None
     target_picks: int = 0
+    # refine_target_picks="auto" (H88): at least this many picks are the target's pairs, the
+    # last picks restricted only as far as needed (0: none). Fixed when the plan is made
+    target_floor: int = 0
 
     @property
     def pick_epsilon(self) -> float:
@@ -217,6 +233,22 @@ class RefinePlan:
         """ρ of one Gaussian table: L2 sensitivity m (≤ L1), ``m²/(2σ²)``-zCDP (0 without σ)."""
         return 0.0 if self.sigma is None else self.max_contributions ** 2 / (2 * self.sigma ** 2)
 
+    def target_only(self, pick: int, measured: int, picks: int, available: int) -> bool:
+        """Whether pick ``pick`` (0-based, of ``picks``) is drawn among the declared target's
+        pairs only: one of the first ``target_picks`` (H85), or, under ``target_floor`` (H88),
+        when the ``picks − pick`` picks left are just enough to bring the ``measured`` target
+        pairs (released picks) up to the floor, at most the ``available`` candidate pairs with
+        the target. Public values only: declared, planned and released."""
+        if self.target is None:
+            return False
+        floor = min(self.target_floor, available)
+        return pick < self.target_picks or (measured < floor and picks - pick <= floor - measured)
+
+    def target_fields(self, pairs: int) -> dict[str, Any]:
+        """This plan's target fields for a plan of ``pairs`` picks (a resized or zCDP plan)."""
+        return target_pick_fields(self.target, "auto" if self.target_floor else self.target_picks,
+                                  pairs)
+
     def per_round(self) -> list[int]:
         """Picks in each round (as even as possible, earlier rounds first)."""
         q, r = divmod(self.pairs, self.rounds)
@@ -231,6 +263,7 @@ class RefinePlan:
                 "epsilon_per_table": self.table_epsilon, "table_scale": self.table_scale,
                 "pool_rows": self.pool_rows, "rake_iterations": self.rake_iterations,
                 **({} if not self.target_picks else {"target_picks": self.target_picks}),
+                **({} if not self.target_floor else {"target_floor": self.target_floor}),
                 **({} if self.sigma is None else {"noise": "discrete Gaussian", "sigma": self.sigma,
                                                   "rho_per_table": self.table_rho})}
 
@@ -239,16 +272,17 @@ def plan_refinement(budget: PureDP, *, pairs: int = DEFAULT_REFINE_PAIRS,
                     rounds: int = DEFAULT_REFINE_ROUNDS, groups: int = DEFAULT_REFINE_GROUPS,
                     max_contributions: int = 1, pool_rows: int = POOL_ROWS,
                     rake_iterations: int = RAKE_ITERATIONS, target: int | None = None,
-                    target_picks: int = 0) -> RefinePlan:
+                    target_picks: int | str = 0) -> RefinePlan:
     """Validate and split ``budget`` (the refinement's whole ε): 1/5 selection, 4/5 measurement.
     ``target`` (a declared column index) and ``target_picks``: the first ``target_picks`` picks
-    are drawn among the target's pairs only (module docstring; ignored without a target)."""
+    are drawn among the target's pairs only, or ``"auto"``: at least ``min(TARGET_FLOOR,
+    pairs)`` picks are (module docstring; ignored without a target)."""
     if not isinstance(budget, PureDP):
         raise TypeError(f"budget must be a PureDP, got {type(budget).__name__}")
     for name, value, low in (("pairs", pairs, 1), ("rounds", rounds, 1), ("groups", groups, 2),
                              ("max_contributions", max_contributions, 1),
                              ("pool_rows", pool_rows, 1_000), ("rake_iterations", rake_iterations, 1),
-                             ("target_picks", target_picks, 0)):
+                             ("target_picks", 0 if target_picks == "auto" else target_picks, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{name} ({value!r}) must be an int >= {low}")
     if rounds > pairs:
@@ -267,12 +301,15 @@ def plan_refinement(budget: PureDP, *, pairs: int = DEFAULT_REFINE_PAIRS,
                       **target_pick_fields(target, target_picks, pairs))
 
 
-def target_pick_fields(target: int | None, target_picks: int, pairs: int) -> dict[str, Any]:
+def target_pick_fields(target: int | None, target_picks: int | str, pairs: int) -> dict[str, Any]:
     """``RefinePlan`` fields for a declared target's first picks (H85): none without a target or
     picks (the plan then equals one made before the option existed), else the target and
-    ``min(target_picks, pairs)``. Declared values only."""
-    if target is None or target_picks <= 0:
+    ``min(target_picks, pairs)``; ``"auto"`` (H88): the target and the floor ``min(TARGET_FLOOR,
+    pairs)``. Declared values only."""
+    if target is None or target_picks == 0:
         return {}
+    if target_picks == "auto":
+        return {"target": int(target), "target_floor": min(TARGET_FLOOR, int(pairs))}
     return {"target": int(target), "target_picks": min(int(target_picks), int(pairs))}
 
 
@@ -293,6 +330,8 @@ def spend_refinement(accountant: PrivacyAccountant, plan: RefinePlan, prefix: st
     extra = {} if note is None else {"pairs_note": note}
     if plan.target_picks:  # H85: the first picks' candidates, a declared set (same Δ, ε per pick)
         extra["target_picks"] = plan.target_picks
+    if plan.target_floor:  # H88: the last picks' candidates where the floor needs them
+        extra["target_floor"] = plan.target_floor
     accountant.spend(
         f"{prefix}.selection", plan.selection_budget,
         mechanism="permute-and-flip on ‖T − M‖₁ − cells·b of coarse 2-way tables",
@@ -565,7 +604,9 @@ def measure_refinement(
     released: list[NoisyMarginal] = []
     targets: list[RakeTarget] = []
     left = list(cands)
-    pick = 0
+    # measured: the target's pairs picked so far, of the available candidates with the target
+    pick, measured, picks = 0, 0, min(plan.pairs, len(cands))
+    available = sum(plan.target in p for p in cands)
     for r, count in enumerate(plan.per_round()):
         factor = total / weights.sum()
         estimates = {}
@@ -580,10 +621,10 @@ def measure_refinement(
             estimates[(a, b)] = est
             scores.append(float(np.abs(t - est).sum()) - t.size * scale)
         for _ in range(min(count, len(left))):
-            # H85: the first target_picks picks among the declared target's pairs only (a
-            # candidate set fixed by the target and the earlier released picks; same Δ and ε)
+            # H85/H88: a pick among the declared target's pairs only (a candidate set fixed by
+            # the target and the earlier released picks; same Δ and ε): RefinePlan.target_only
             among = ([j for j, p in enumerate(left) if plan.target in p]
-                     if pick < plan.target_picks and plan.target is not None else [])
+                     if plan.target_only(pick, measured, picks, available) else [])
             among = among or list(range(len(left)))  # no target pair left: every pair
             i = among[permute_and_flip(rs.child("select", pick),
                                        np.asarray([scores[j] for j in among]),
@@ -591,6 +632,7 @@ def measure_refinement(
                                        sensitivity=float(plan.max_contributions))]
             a, b = left.pop(i)
             scores.pop(i)
+            measured += plan.target in (a, b)
             t = exact[(a, b)]
             (ga, _), (gb, _) = groupings[(a, b)]
             meta = {"coarse": True, "groups": [ga.tolist(), gb.tolist()], "round": r}

@@ -29,7 +29,7 @@ import numpy as np
 
 from beamsynth.pipelines.methods.wording import API_KEYWORDS, Vocabulary
 
-__all__ = ["Limit", "check_option_values", "check_options", "option_actions"]
+__all__ = ["Limit", "check_option_values", "check_options", "option_actions", "whole_or"]
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,23 @@ class Limit:
                 f"{')' if self.high_open else ']'}")
 
 
+def whole_or(*words: str) -> Callable[[str], int | str]:
+    """An argparse ``type`` for an option that is a whole number or one of ``words``
+    (``--pb-refine-target-picks auto|N``); :func:`check_option_values` reads its ``words``."""
+    def parse(text: str) -> int | str:
+        if text in words:
+            return text
+        try:
+            return int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not {' or '.join(words)} or a whole number") from None
+
+    parse.words = words  # type: ignore[attr-defined]
+    parse.__name__ = f"whole number or {'/'.join(words)}"
+    return parse
+
+
 def option_actions(method_cls: Any) -> dict[str, argparse.Action]:
     """The method's options as declared for the CLI: destination → argparse action."""
     parser = argparse.ArgumentParser(add_help=False)
@@ -71,21 +88,26 @@ def _checked(action: argparse.Action, value: Any) -> tuple[Any, str]:
         if isinstance(value, str) and value in action.choices:
             return value, ""
         return None, "one of " + ", ".join(action.choices)
-    if action.type not in (int, float):
+    words = getattr(action.type, "words", ())  # whole_or: a word, else a whole number
+    if isinstance(value, str) and value in words:
+        return value, ""
+    kind = int if words else action.type
+    if kind not in (int, float):
         return (value, "") if isinstance(value, str) else (None, "text")
-    what = "a whole number" if action.type is int else "a finite number"
+    what = ("a whole number" if kind is int else "a finite number") + "".join(
+        f" or {w}" for w in words)
     # a quoted "3" is refused too: YAML and the API would otherwise read text numbers differently
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
         return None, what
     if isinstance(value, (int, np.integer)):  # exact, also beyond 2**53
-        return (int(value) if action.type is int else float(value)), ""
+        return (int(value) if kind is int else float(value)), ""
     try:
         got = float(value)
     except (TypeError, ValueError, OverflowError):
         return None, what
-    if not math.isfinite(got) or action.type is int and got != int(got):
+    if not math.isfinite(got) or kind is int and got != int(got):
         return None, what
-    return (int(got) if action.type is int else got), ""
+    return (int(got) if kind is int else got), ""
 
 
 def check_option_values(method_cls: Any, options: Mapping[str, Any], say: Vocabulary, *,
@@ -104,8 +126,8 @@ def check_option_values(method_cls: Any, options: Mapping[str, Any], say: Vocabu
             continue
         got, must = _checked(actions[name], value)
         limit = limits.get(name)
-        if not must and limit is not None and not limit.holds(got):
-            must = ("a whole number " if actions[name].type is int else "a number ") + limit.text()
+        if not must and limit is not None and not isinstance(got, str) and not limit.holds(got):
+            must = ("a number " if actions[name].type is float else "a whole number ") + limit.text()
         if must:
             why = (f"; {text_note(value)}" if text_note is not None and isinstance(value, str)
                    and must.split(" ")[-1] == "number" else "")

@@ -19,7 +19,7 @@ from typing import Any
 
 import apache_beam as beam
 
-from beamsynth.pipelines.methods.options import Limit
+from beamsynth.pipelines.methods.options import Limit, whole_or
 from beamsynth.pipelines.methods.registry import Method, register
 from beamsynth.transforms.private import names_of
 from beamsynth.transforms.privbayes import (
@@ -51,6 +51,7 @@ from beamsynth.transforms.refine import (
     DEFAULT_REFINE_ROUNDS,
     DEFAULT_REFINE_TARGET_PICKS,
     REFINE_MIN_PAIRS,
+    TARGET_FLOOR,
 )
 
 _LOG = logging.getLogger(__name__)
@@ -190,11 +191,12 @@ class PrivBayesMethod(Method):
                                      f"after the network (default {DEFAULT_REFINE_PAIRS}; 0 = off)")
             parser.add_argument("--pb-refine-rounds", dest="refine_rounds", type=int, default=None,
                                 help=f"privbayes: selection rounds (default {DEFAULT_REFINE_ROUNDS})")
-            parser.add_argument("--pb-refine-target-picks", dest="refine_target_picks", type=int,
-                                default=None, help="privbayes: with a declared target, the "
-                                "refinement's first picks drawn among the target's pairs only "
-                                "(same spends; default "
-                                f"{DEFAULT_REFINE_TARGET_PICKS}; docs/privbayes.md)")
+            parser.add_argument("--pb-refine-target-picks", dest="refine_target_picks",
+                                type=whole_or("auto"), default=None,
+                                help="privbayes: with a declared target, the refinement's first N "
+                                "picks drawn among the target's pairs only, or auto: at least "
+                                f"{TARGET_FLOOR} of them, the last picks only where needed (same "
+                                f"spends; default {DEFAULT_REFINE_TARGET_PICKS}; docs/privbayes.md)")
             parser.add_argument("--pb-refine-groups", dest="refine_groups", type=int, default=None,
                                 help="privbayes: groups per column in refinement tables "
                                      f"(default {DEFAULT_REFINE_GROUPS})")
