@@ -162,3 +162,35 @@ def test_prefix_ids_switch_set_in_the_launcher_reaches_direct_multi(tmp_path, mo
         assert m["release"]["privacy_unit"]["ids"] == "rounded"
         assert m["operational"]["rows_dropped_by_bound"] == 1, m["operational"]
     assert one == multi
+
+
+# -- 3. ordering a window's key tables reads no content unless two tables tie on size ---------------
+def _old_table_order(table) -> tuple:
+    """``table_order`` before H89: every unlabelled table's content as one JSON text."""
+    from beamsynth.schemas.tables import part_label
+    from beamsynth.transforms.outputs import _content_key
+
+    label = part_label(table)
+    return label, table.num_rows, "" if label else _content_key(table)
+
+
+def test_table_order_reads_content_only_for_tables_of_one_size(monkeypatch) -> None:
+    """Was: the content of every unlabelled table became a JSON text (a window's synthetic keys,
+    as many as its DP count of records) just to order a dozen tables by size."""
+    import random
+
+    import pyarrow as pa
+
+    from beamsynth.transforms import outputs
+
+    rng = random.Random(0)
+    tables = [pa.table({"q": [rng.choice("abc") for _ in range(rng.randint(0, 6))]})
+              for _ in range(60)]  # sizes 0-6: many ties, broken by content as before
+    want = sorted(range(60), key=lambda i: _old_table_order(tables[i]))
+    assert sorted(range(60), key=lambda i: outputs.table_order(tables[i])) == want
+    calls = []
+    real = outputs._content_key
+    monkeypatch.setattr(outputs, "_content_key", lambda t: calls.append(1) or real(t))
+    sized = [pa.table({"q": ["k"] * n}) for n in (5, 1, 3000, 2)]
+    assert [t.num_rows for t in sorted(sized, key=outputs.table_order)] == [1, 2, 5, 3000]
+    assert calls == []

@@ -17,6 +17,7 @@ integer → ``int``, float → ``float``; ``Optional`` when the column is nullab
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Iterable, Sequence
 from typing import Any, Optional
@@ -134,15 +135,44 @@ def table_rows(table: pa.Table, schema: Schema) -> Iterable[beam.Row]:
         yield beam.Row(**dict(zip(fields, values)))
 
 
-def table_order(table: pa.Table) -> tuple[str, int, str]:
+def table_order(table: pa.Table) -> _TableKey:
     """Order key of a released table among its release's tables (``release_rows(order=)``): the
     part label it carries (a plausible shard's; window and shard zero-padded), then its size, then
-    its content (unlabelled tables, e.g. decoded prefix keys). Released values only."""
+    its content (unlabelled tables, e.g. decoded prefix keys). Released values only.
+
+    The content is read only to order two unlabelled tables of one size (H89: before, every
+    table's content became one JSON text, ~all of a window's synthetic keys at once)."""
     from beamsynth.schemas.tables import part_label
 
-    label = part_label(table)
-    content = "" if label else _content_key(table)
-    return label, table.num_rows, content
+    return _TableKey(part_label(table), table)
+
+
+@functools.total_ordering
+class _TableKey:
+    """``(label, rows, content)`` compared in that order; ``content`` made when first needed."""
+
+    __slots__ = ("_content", "_table", "label", "rows")
+
+    def __init__(self, label: str, table: pa.Table) -> None:
+        self.label, self.rows, self._table = label, table.num_rows, table
+        self._content: str | None = "" if label else None
+
+    def _key(self) -> tuple[str, int, str]:
+        if self._content is None:
+            self._content = _content_key(self._table)
+        return self.label, self.rows, self._content
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, _TableKey):
+            return NotImplemented
+        return (self.label, self.rows) == (other.label, other.rows) and self._key() == other._key()
+
+    def __lt__(self, other: _TableKey) -> bool:
+        if (self.label, self.rows) != (other.label, other.rows):
+            return (self.label, self.rows) < (other.label, other.rows)
+        return self._key() < other._key()
+
+    __hash__ = None  # type: ignore[assignment]  # an order key, never a dict key
 
 
 def level_order(release: Any) -> tuple[int, bytes]:
