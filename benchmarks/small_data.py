@@ -112,7 +112,7 @@ def load_input(name: str):
     raise SystemExit(f"unknown input {name!r}")
 
 
-def synth_independent(schema, codes, epsilon, rs):
+def synth_independent(schema, codes, epsilon, rs, modes=None):
     from beamsynth.transforms.budget import PureDP
     from beamsynth.transforms.measure import count_marginals, noisy_marginals
     from beamsynth.transforms.synthesis import IndependentModel
@@ -123,7 +123,15 @@ def synth_independent(schema, codes, epsilon, rs):
     released = noisy_marginals(exact, specs=specs, names=schema.names,
                                budgets=[PureDP(epsilon=epsilon / d)] * d, sensitivity=1.0,
                                rs=rs.child("measure"))
-    return IndependentModel(released, shape).sample_codes(len(codes), rs.child("sample")), "k=0"
+    model = IndependentModel(released, shape, **(modes or {}))
+    return model.sample_codes(len(codes), rs.child("sample")), "k=0"
+
+
+# A/B arms of the independent method (H91): the release before the seventeenth session (clipped
+# tables, i.i.d. rows) and Norm-Sub with i.i.d. rows; "independent" is the default (Norm-Sub,
+# balanced). Same released tables for every arm (the "measure" stream)
+INDEPENDENT_ARMS = {"independent": None, "independent-old": {"fit": "clip", "sampling": "iid"},
+                    "independent-nsiid": {"fit": "norm_sub", "sampling": "iid"}}
 
 
 def synth_privbayes(schema, codes, epsilon, rs, sizing, *, public_rows=True, gaussian=False,
@@ -248,8 +256,9 @@ def run(a: argparse.Namespace) -> list[dict]:
                     t0 = time.perf_counter()
                     if method == "real":  # the input itself: the ceiling (no privacy)
                         synth, size = codes, "-"
-                    elif method == "independent":
-                        synth, size = synth_independent(schema, codes, eps, rs)
+                    elif method in INDEPENDENT_ARMS:
+                        synth, size = synth_independent(schema, codes, eps, rs,
+                                                        INDEPENDENT_ARMS[method])
                     elif method.startswith("sbhg"):
                         synth, size = synth_sbhg(schema, codes, eps, seed,
                                                  "off" if method == "sbhg-off" else "auto")

@@ -22,6 +22,7 @@ from beamsynth.schemas.tables import arrow_schema_for, label_part
 from beamsynth.transforms.budget import ApproxDP, PureDP
 from beamsynth.transforms.cathist import ColumnCells, DPCategoricalHistogram
 from beamsynth.transforms.coders import register_columnar
+from beamsynth.transforms.consistency import norm_sub
 from beamsynth.transforms.conventions import display_items, element_types
 from beamsynth.transforms.measure import DPMarginals, NoisyMarginal, combine_globally, window_labels
 from beamsynth.transforms.noise import (
@@ -39,8 +40,12 @@ __all__ = [
     "NoisyCount",
     "SampleSynthetic",
     "SynthesisModel",
+    "FIT_MODES",
+    "SAMPLING_MODES",
     "clip_and_normalize",
     "codes_to_table",
+    "norm_sub_probabilities",
+    "systematic_codes",
     "shard_label",
     "shard_plan",
 ]
@@ -131,6 +136,16 @@ class SynthesisModel(ABC):
     def sample_codes(self, n: int, rs: RandomSource) -> np.ndarray:
         """``n`` synthetic rows as an ``(n, columns)`` int64 array of cell indices."""
 
+    def sample_shard(self, n: int, rs: RandomSource, *, shard: int, shards: int, total: int,
+                     common: RandomSource) -> np.ndarray:
+        """Shard ``shard`` of ``shards`` (``n`` of the ``total`` rows, :func:`shard_plan`'s sizes)
+        as :meth:`sample_codes` codes. ``rs`` is the shard's own stream, ``common`` one every
+        shard of the release shares. By default shards are drawn independently
+        (``sample_codes(n, rs)``); a model that balances its rows over the whole release
+        (:class:`IndependentModel`) overrides it."""
+        del shard, shards, total, common
+        return self.sample_codes(n, rs)
+
     def describe(self) -> dict[str, Any]:
         """A JSON-friendly summary for manifests and reports."""
         return {"model": type(self).__name__}
@@ -148,8 +163,62 @@ def clip_and_normalize(values: np.ndarray) -> np.ndarray:
     return v / total
 
 
+FIT_MODES = ("norm_sub", "clip")
+SAMPLING_MODES = ("balanced", "iid")
+
+
+def norm_sub_probabilities(marginals: Sequence[NoisyMarginal]) -> list[np.ndarray]:
+    """Noisy 1-way tables → distributions with one common total (post-processing).
+
+    The total is the inverse-variance weighted mean of the tables' sums (a table of ``C`` cells
+    sums ``C`` noises: variance ``C·v``; public scales and declared sizes only), as PrivBayes'
+    consistency step weighs totals (PriView, Qardaji et al. 2014 §4.2); each table is then
+    Norm-Sub'd to it (:func:`~beamsynth.transforms.consistency.norm_sub`, PrivSyn, Zhang et al.
+    2021 §4.2: ``max(v − δ, 0)``, removing the positive noise mass clipping keeps) and divided by
+    it. A table Norm-Sub leaves empty (non-positive total or no positive cell) becomes uniform.
+    """
+    if not marginals:
+        return []
+    weights = np.array([1.0 / (max(m.variance, 1e-12) * m.values.size) for m in marginals])
+    sums = np.array([float(np.asarray(m.values, dtype=np.float64).sum()) for m in marginals])
+    total = max(float((weights * sums).sum() / weights.sum()), 0.0)
+    out = []
+    for m in marginals:
+        t = norm_sub(m.values, total)
+        s = t.sum()
+        out.append(t / s if s > 0 else np.full(t.shape, 1.0 / t.size))
+    return out
+
+
+def systematic_codes(cdf: np.ndarray | None, cells: int, n: int, *, shard: int, shards: int,
+                     total: int, offset: float) -> np.ndarray:
+    """Shard ``shard``'s share of one systematic sample of ``total`` points (post-processing).
+
+    The release's points are ``(k + offset)/total`` for ``k < total``, inverted through ``cdf``
+    (``None``: uniform over ``cells`` cells, never densified); shard ``i`` of ``shards`` takes
+    the points ``k ≡ i (mod shards)``, which are :func:`shard_plan`'s ``n`` rows. So over all
+    shards every cell ``c`` gets ``⌊total·p_c⌋`` or ``⌈total·p_c⌉`` rows, and each shard about
+    ``n·p_c`` (its own points are a systematic sample too). Returned sorted by cell.
+    """
+    if n != len(range(shard, total, shards)):
+        raise ValueError(f"shard {shard} of {shards} over {total} rows has "
+                         f"{len(range(shard, total, shards))} rows, not {n}")
+    u = (shard + shards * np.arange(n, dtype=np.float64) + offset) / max(total, 1)
+    if cdf is None:
+        return np.minimum((u * cells).astype(np.int64), cells - 1)
+    return np.minimum(np.searchsorted(cdf, u, side="right"), cdf.size - 1).astype(np.int64)
+
+
 class IndependentModel(SynthesisModel):
-    """Each column sampled independently from its clipped, normalized noisy 1-way marginal.
+    """Columns sampled independently from their released 1-way marginals (post-processing).
+
+    ``fit``: ``"norm_sub"`` (default; :func:`norm_sub_probabilities`) or ``"clip"`` (negatives to
+    0, then normalized: :func:`clip_and_normalize`, the release before the seventeenth
+    session). ``sampling``: ``"balanced"`` (default; each column a systematic sample of its
+    distribution over the whole release, :func:`systematic_codes`, in a uniformly random row
+    order per column and shard: the synthetic rows' 1-way margins are the model's to within one
+    row per cell, as PrivBayes' balanced sampling of a network without parents) or ``"iid"``
+    (independent draws per row).
 
     ``sparse`` maps the position of an open column to its released CatHist histogram as
     ``(cells, counts)``; such a column is sampled from those cells in proportion to the counts
@@ -157,7 +226,13 @@ class IndependentModel(SynthesisModel):
     """
 
     def __init__(self, marginals: Sequence[NoisyMarginal], shape: Sequence[int],
-                 sparse: Mapping[int, tuple[np.ndarray, np.ndarray]] | None = None) -> None:
+                 sparse: Mapping[int, tuple[np.ndarray, np.ndarray]] | None = None, *,
+                 fit: str = "norm_sub", sampling: str = "balanced") -> None:
+        if fit not in FIT_MODES:
+            raise ValueError(f"fit ({fit!r}) must be one of {FIT_MODES}")
+        if sampling not in SAMPLING_MODES:
+            raise ValueError(f"sampling ({sampling!r}) must be one of {SAMPLING_MODES}")
+        self._fit, self._sampling = fit, sampling
         self._shape = tuple(int(s) for s in shape)
         self._sparse = {int(j): (np.asarray(c, np.int64), np.asarray(w, np.float64))
                         for j, (c, w) in (sparse or {}).items()}
@@ -165,7 +240,10 @@ class IndependentModel(SynthesisModel):
         for m in marginals:
             if len(m.columns) != 1:
                 raise ValueError(f"IndependentModel takes 1-way marginals, got {m.names}")
-            probs[m.columns[0]] = clip_and_normalize(m.values)
+        fitted = (norm_sub_probabilities(marginals) if fit == "norm_sub"
+                  else [clip_and_normalize(m.values) for m in marginals])
+        for m, p in zip(marginals, fitted):
+            probs[m.columns[0]] = p
         missing = [i for i, p in enumerate(probs) if p is None and i not in self._sparse]
         if missing:
             raise ValueError(f"no marginal for column positions {missing}")
@@ -181,21 +259,40 @@ class IndependentModel(SynthesisModel):
         return [p.copy() for p in self._probs if p is not None]
 
     def sample_codes(self, n: int, rs: RandomSource) -> np.ndarray:
+        return self.sample_shard(n, rs, shard=0, shards=1, total=n, common=rs.child("common"))
+
+    def sample_shard(self, n: int, rs: RandomSource, *, shard: int, shards: int, total: int,
+                     common: RandomSource) -> np.ndarray:
+        """Balanced: shard ``shard``'s points of every column's systematic sample over the
+        ``total`` rows (offset from ``common``, shared by the shards), rows shuffled per column
+        from ``rs``; i.i.d.: independent draws from ``rs`` (the shard's size only)."""
         out = np.empty((n, len(self._shape)), dtype=np.int64)
         for j, p in enumerate(self._probs):
             crs = rs.child("column", j)
-            if p is not None:
-                out[:, j] = sample_categorical(crs, p, n)
+            cells, weights = self._sparse.get(j, (None, None))
+            uniform = p is None and (cells.size == 0 or weights.sum() <= 0)
+            if self._sampling == "iid":
+                if uniform:
+                    out[:, j] = crs.integers(self._shape[j], n)
+                else:
+                    drawn = sample_categorical(crs, p if p is not None else weights, n)
+                    out[:, j] = drawn if p is not None else cells[drawn]
                 continue
-            cells, weights = self._sparse[j]
-            if cells.size == 0 or weights.sum() <= 0:
-                out[:, j] = crs.integers(self._shape[j], n)
-            else:
-                out[:, j] = cells[sample_categorical(crs, weights, n)]
+            cdf = None
+            if not uniform:
+                cdf = np.cumsum(p if p is not None else weights / weights.sum())
+                cdf[-1] = 1.0
+            offset = float(common.child("offset", j).uniform(1)[0])
+            codes = systematic_codes(cdf, self._shape[j], n, shard=shard, shards=shards,
+                                     total=total, offset=offset)
+            # a uniformly random row order (post-processing draws: numpy_generator's O(n) shuffle)
+            crs.child("order").numpy_generator().shuffle(codes)
+            out[:, j] = codes if p is not None or uniform else cells[codes]
         return out
 
     def describe(self) -> dict[str, Any]:
-        return {"model": "independent marginals", "columns": len(self._shape)}
+        return {"model": "independent marginals", "columns": len(self._shape),
+                "fit": self._fit, "sampling": self._sampling}
 
 
 @element_types(input=EncodedBatch, output=SynthesisModel)
@@ -207,14 +304,21 @@ class DPIndependentMarginals(beam.PTransform):
     Open columns (``Column.is_open``: huge declared domain + tolerance ρ) are released with
     CatHist (:class:`~beamsynth.transforms.cathist.DPCategoricalHistogram`, ε_col-DP, seed 000)
     instead, never as a dense table.
-    Output: one :class:`IndependentModel` per window (fitting is post-processing).
+    Output: one :class:`IndependentModel` per window (fitting is post-processing; ``fit`` and
+    ``sampling``: :class:`IndependentModel`'s, Norm-Sub and balanced by default).
     """
 
     def __init__(self, *, schema: Schema, budget: ApproxDP, max_contributions: int = 1,
-                 seed: int | None = None, label: str | None = None) -> None:
+                 seed: int | None = None, fit: str = "norm_sub", sampling: str = "balanced",
+                 label: str | None = None) -> None:
         super().__init__(label)
         if not isinstance(schema, Schema):
             raise TypeError(f"schema must be a Schema, got {type(schema).__name__}")
+        if fit not in FIT_MODES:
+            raise ValueError(f"fit ({fit!r}) must be one of {FIT_MODES}")
+        if sampling not in SAMPLING_MODES:
+            raise ValueError(f"sampling ({sampling!r}) must be one of {SAMPLING_MODES}")
+        self._modes = {"fit": fit, "sampling": sampling}
         per_column = budget.split({c.name: 1.0 for c in schema.columns})
         self._schema = schema
         self._epsilon, self._k = budget.epsilon, max_contributions
@@ -241,7 +345,7 @@ class DPIndependentMarginals(beam.PTransform):
         return display_items(
             mechanism="independent 1-way marginals (discrete Laplace; CatHist for open columns)",
             epsilon=self._epsilon, delta=0.0, columns=m, open_columns=len(self._open),
-            epsilon_per_column=self._epsilon / m, sensitivity=self._k,
+            epsilon_per_column=self._epsilon / m, sensitivity=self._k, **self._modes,
             noise_scale=discrete_laplace_scale(sensitivity=self._k, epsilon=self._epsilon / m),
             declared_cells=sum(self._schema.shape))
 
@@ -252,7 +356,7 @@ class DPIndependentMarginals(beam.PTransform):
                 batches
                 | "Measure1Way" >> self._measure
                 # tuple[NoisyMarginal, ...]
-                | "Fit" >> beam.Map(lambda ms: IndependentModel(ms, shape))
+                | "Fit" >> beam.Map(lambda ms, modes: IndependentModel(ms, shape, **modes), self._modes)
                 # IndependentModel
             )
         parts = []
@@ -269,12 +373,13 @@ class DPIndependentMarginals(beam.PTransform):
             | "JoinMeasurements" >> beam.Flatten()
             | "GroupMeasurements" >> beam.GroupByKey()
             # (0, Iterable[(tag, measurement)]) per window
-            | "Fit" >> beam.Map(_fit_independent, shape)
+            | "Fit" >> beam.Map(_fit_independent, shape, self._modes)
             # IndependentModel
         )
 
 
-def _fit_independent(keyed: tuple[int, Iterable[tuple[Any, Any]]], shape: Sequence[int]) -> IndependentModel:
+def _fit_independent(keyed: tuple[int, Iterable[tuple[Any, Any]]], shape: Sequence[int],
+                     modes: Mapping[str, str]) -> IndependentModel:
     """Post-processing: dense marginals and CatHist releases of one window → IndependentModel."""
     marginals: tuple[NoisyMarginal, ...] = ()
     sparse = {}
@@ -283,7 +388,7 @@ def _fit_independent(keyed: tuple[int, Iterable[tuple[Any, Any]]], shape: Sequen
             marginals = value
         else:
             sparse[tag] = (value.cells, value.counts)
-    return IndependentModel(marginals, shape, sparse=sparse)
+    return IndependentModel(marginals, shape, sparse=sparse, **modes)
 
 
 # -- sampling -------------------------------------------------------------------------------------
@@ -313,24 +418,35 @@ class _SampleShardFn(beam.DoFn):
         self._schema, self._seed = schema, seed
 
     def process(self, shard, model, window=beam.DoFn.WindowParam):
-        shard_id, n = shard
-        yield _sample_shard(self._schema, self._seed, shard_id, n, model, window)
+        shard_id, n, shards, total = shard
+        yield _sample_shard(self._schema, self._seed, shard_id, n, model, window,
+                            shards=shards, total=total)
 
 
 @beam.typehints.with_output_types(pa.Table)
 class _SampleShardWithModelFn(_SampleShardFn):
-    """Side-input-free form: elements are ``(shard_id, rows, model)``."""
+    """Side-input-free form: elements are ``(shard_id, rows, shards, total, model)``."""
 
     def process(self, shard, window=beam.DoFn.WindowParam):
-        shard_id, n, model = shard
-        yield _sample_shard(self._schema, self._seed, shard_id, n, model, window)
+        shard_id, n, shards, total, model = shard
+        yield _sample_shard(self._schema, self._seed, shard_id, n, model, window,
+                            shards=shards, total=total)
+
+
+def _plan_shards(rows: int, shard_rows: int) -> list[tuple[int, int, int, int]]:
+    """``(shard id, rows, shards, total rows)`` of :func:`shard_plan` (public: the DP count)."""
+    plan = shard_plan(rows, shard_rows)
+    return [(i, n, len(plan), rows) for i, n in plan]
 
 
 def _sample_shard(schema: Schema, seed: int | None, shard_id: int, n: int, model: SynthesisModel,
-                  window: Any) -> pa.Table:
+                  window: Any, *, shards: int = 1, total: int | None = None) -> pa.Table:
     labels = window_labels(window)
     rs = RandomSource(seed=seed).child("sample", shard_id, *labels)
-    codes = model.sample_codes(n, rs.child("codes"))
+    # the shards' common stream (a balanced model's offsets): the step and window, no shard
+    common = RandomSource(seed=seed).child("sample-common", *labels)
+    codes = model.sample_shard(n, rs.child("codes"), shard=shard_id, shards=shards,
+                               total=n if total is None else total, common=common)
     table = codes_to_table(schema, codes, rs.child("values"))
     # the shard's identity orders it in a single-file output (pipelines/io/single_file.py)
     return label_part(table, shard_label(shard_id, labels))
@@ -348,7 +464,10 @@ class SampleSynthetic(beam.PTransform):
 
     Input: ``PCollection[(SynthesisModel, rows)]`` with one element per window. Output:
     ``PCollection[pyarrow.Table]``, about ``shard_rows`` rows per element. Shard ``i`` draws from the
-    stream ``(seed, "sample", i, window)``, so seeded output does not depend on the runner; each
+    stream ``(seed, "sample", i, window)`` and every shard of a window shares the stream
+    ``(seed, "sample-common", window)`` (a balanced model's offsets, :meth:`SynthesisModel.sample_shard`;
+    the shard sizes and count come from the row count alone), so seeded output does not depend on
+    the runner or on recomputation; each
     table carries the label :func:`shard_label` (window, shard), by which a single-file
     ``WriteTables`` orders its rows, so the file is byte-identical on every runner.
 
@@ -381,8 +500,8 @@ class SampleSynthetic(beam.PTransform):
             return (
                 model_and_rows
                 | "PlanShards" >> beam.FlatMap(
-                    lambda mr: [(i, n, mr[0]) for i, n in shard_plan(int(mr[1]), shard_rows)])
-                # (shard_id, rows, SynthesisModel)
+                    lambda mr: [(*p, mr[0]) for p in _plan_shards(int(mr[1]), shard_rows)])
+                # (shard_id, rows, shards, total rows, SynthesisModel)
                 | "SpreadShards" >> beam.Reshuffle()
                 | "SampleShard" >> beam.ParDo(_SampleShardWithModelFn(self._schema, self._seed))
                 # pyarrow.Table
@@ -390,8 +509,8 @@ class SampleSynthetic(beam.PTransform):
         models = model_and_rows | "Model" >> beam.Map(lambda mr: mr[0])
         shards = (
             model_and_rows
-            | "PlanShards" >> beam.FlatMap(lambda mr: shard_plan(int(mr[1]), shard_rows))
-            # (shard_id, rows)
+            | "PlanShards" >> beam.FlatMap(lambda mr: _plan_shards(int(mr[1]), shard_rows))
+            # (shard_id, rows, shards, total rows)
             | "SpreadShards" >> beam.Reshuffle()
         )
         return shards | "SampleShard" >> beam.ParDo(

@@ -19,7 +19,7 @@ from beamsynth.pipelines.methods.wording import Vocabulary
 from beamsynth.schemas.schema import Schema
 from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, PureDP, as_budget
 from beamsynth.transforms.cathist import plan_cathist
-from beamsynth.transforms.synthesis import DPIndependentMarginals
+from beamsynth.transforms.synthesis import SAMPLING_MODES, DPIndependentMarginals
 
 __all__ = ["MAX_DENSE_CELLS", "METHODS", "Method", "IndependentMethod", "register", "get_method",
            "method_option_names", "options_for_other_methods"]
@@ -129,10 +129,25 @@ class IndependentMethod(Method):
                     mechanism="CatHist: discrete Laplace on every declared bin, keep ≥ τ",
                     details={"column": c.name, **plan.details()})
 
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--independent-sampling", dest="independent_sampling",
+                            choices=SAMPLING_MODES, default=None,
+                            help="independent: balanced (default: every column's synthetic "
+                                 "margin is its Norm-Sub fitted table's, to one row per cell) or "
+                                 "iid draws from the same tables; docs/methods.md")
+
+    def _sampling(self) -> str:
+        return self.options.get("independent_sampling") or SAMPLING_MODES[0]
+
+    def details(self) -> dict[str, Any]:
+        """The fit and sampling of the released tables (post-processing; no spend)."""
+        return {"fit": "norm_sub", "sampling": self._sampling()}
+
     def expand_model(self, batches):
         return batches | "IndependentMarginals" >> DPIndependentMarginals(
             schema=self.schema, budget=self.budget, max_contributions=self.max_contributions,
-            seed=self.seed)
+            seed=self.seed, sampling=self._sampling())
 
 
 METHODS: dict[str, type[Method]] = {}

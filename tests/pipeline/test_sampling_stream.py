@@ -136,7 +136,8 @@ def test_sampled_file_is_in_shard_order(tmp_path):
     from apache_beam.transforms.window import GlobalWindow
 
     from beamsynth.transforms.synthesis import _sample_shard
-    want = "".join(table_to_csv_text(_sample_shard(SCHEMA, 4, i, n, _model(), GlobalWindow()))
+    want = "".join(table_to_csv_text(_sample_shard(SCHEMA, 4, i, n, _model(), GlobalWindow(),
+                                                   shards=len(plan), total=2500))
                    for i, n in plan)
     assert path.read_text() == ",".join(SCHEMA.names) + "\n" + want
 
