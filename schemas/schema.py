@@ -309,10 +309,11 @@ class Column:
                 assert isinstance(self.domain, CategoricalDomain)  # checked at load
                 codes[ood] = self.domain.other_index
             else:
+                bounds = _declared_bounds(self.domain)
                 for i in np.flatnonzero(ood).tolist():
                     reasons[i] = (
                         f"column {self.name!r}: value {_short(raw[i])} is outside the declared "
-                        f"{self.domain.kind} domain"
+                        f"{self.domain.kind} domain{bounds}"
                     )
         bad = np.flatnonzero(codes == MALFORMED)
         for i in bad:
@@ -391,6 +392,15 @@ class Column:
         if self.normalize is not None and not self.normalize.is_identity:
             spec["normalize"] = self.normalize.to_spec()
         return spec
+
+
+def _declared_bounds(domain: Domain) -> str:
+    """`` [17, 99]`` for an integer, float or datetime domain, else ``""``: an out-of-domain
+    reason names the declared (public) range to compare the value with (H87: ``value 150 is
+    outside the declared integer domain`` sent the user to the schema file)."""
+    spec = domain.to_spec()
+    low, high = spec.get("low", spec.get("start")), spec.get("high", spec.get("end"))
+    return "" if low is None or high is None else f" [{low}, {high}]"
 
 
 def _short(value: Any, limit: int = 60) -> str:

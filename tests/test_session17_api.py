@@ -19,6 +19,9 @@ Each test fails on the code before its fix (checked by reverting the fix on scra
 6. a producer's misspelt key (``sexx`` for ``sex``) made every element a dead letter saying only
    ``required field 'sex' is missing``; now ``(the element has 'sexx', which is not declared)``,
    for dicts, schema'd rows and Arrow batches alike (typed rows also get the build-time warning).
+7. an out-of-domain number or time said ``value 150 is outside the declared integer domain``,
+   sending the user to the schema file for the range; now ``... integer domain [17, 99]`` (float
+   and datetime ranges too; categorical and string domains, which may be huge, as before).
 """
 
 from __future__ import annotations
@@ -183,3 +186,25 @@ def test_a_missing_field_names_the_elements_field_that_looks_like_it(make, expec
         private = make(p) | job.private(bs.load_schema(SMALL))
         reasons = private.dead_letters | beam.Map(lambda r: r.reason)
         assert_that(reasons, equal_to(expected))
+
+
+def test_an_out_of_domain_number_or_time_names_the_declared_range():
+    schema = bs.load_schema({"name": "r", "columns": [
+        {"name": "age", "type": "integer", "domain": {"kind": "integer", "low": 17, "high": 99}},
+        {"name": "pay", "type": "float", "domain": {"kind": "float", "low": 0, "high": 1000.5,
+                                                     "bins": 4}},
+        {"name": "day", "type": "datetime", "domain": {"kind": "datetime", "start": "2024-01-01",
+                                                        "end": "2024-12-31", "granularity": "day"}},
+        {"name": "sex", "type": "categorical", "domain": {"kind": "categorical", "values": ["F"]}}]})
+    good = {"age": 30, "pay": 1.0, "day": "2024-02-02", "sex": "F"}
+    records = [dict(good, age=150), dict(good, pay=2000), dict(good, day="2031-01-01"),
+               dict(good, sex="X"), good]
+    job = bs.PrivacyJob(epsilon=1.0)
+    with TestPipeline() as p:
+        private = p | beam.Create(records) | job.private(schema)
+        assert_that(private.dead_letters | beam.Map(lambda r: r.reason), equal_to([
+            "column 'age': value 150 is outside the declared integer domain [17, 99]",
+            "column 'pay': value 2000 is outside the declared float domain [0.0, 1000.5]",
+            "column 'day': value '2031-01-01' is outside the declared datetime domain "
+            "[2024-01-01T00:00:00, 2024-12-31T00:00:00]",
+            "column 'sex': value 'X' is outside the declared categorical domain"]))

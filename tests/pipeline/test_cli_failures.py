@@ -281,7 +281,7 @@ def test_rejection_warning_counts_and_advice(half_bad, out, capsys):
             "method')") in err
     assert ("beamsynth synthesize: warning: 10 of 40 rows (25.0%) were rejected (more than "
             "--warn-rejected 0.05); the release is built from the rest. Top reasons:\n"
-            "  10 × column 'age': value … is outside the declared integer domain  (e.g. "
+            "  10 × column 'age': value … is outside the declared integer domain [17, 99]  (e.g. "
             f"{half_bad}:line 2; {half_bad}:line 6; {half_bad}:line 10) — compare the declared domain "
             "(bounds, case, spelling, rounding of maxima) with the data dictionary\n"
             f"  all dead letters: {out}.rejected.jsonl\n") in err

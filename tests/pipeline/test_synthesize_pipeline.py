@@ -41,7 +41,8 @@ def test_read_records_splits_good_and_rejected(tmp_path):
         assert_that(rows, equal_to([[0, 0], [2, 4]]), label="good")
         assert_that(reasons, equal_to([
             (2, "column 'a': value 'q' is outside the declared categorical domain"),
-            (3, "column 'n': value '99' is outside the declared integer domain")]), label="bad")
+            (3, "column 'n': value '99' is outside the declared integer domain [0, 9]")]),
+            label="bad")
 
 
 def test_dp_marginals_in_pipeline_equal_beam_free_core(tmp_path):

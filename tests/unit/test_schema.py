@@ -80,7 +80,7 @@ columns:
     batch, bad = s.encode_columns(cols, 4)
     assert batch.codes.tolist() == [[0, 3, 0], [2, 10, 1]]
     assert batch.pids.tolist() == ["u1", "u2"]
-    assert bad == [(2, "column 'n': value '12' is outside the declared integer domain"),
+    assert bad == [(2, "column 'n': value '12' is outside the declared integer domain [0, 9]"),
                    (3, "column 'k': null in a non-nullable column")]
     decoded = s.decode_rows(batch.codes)
     assert decoded["c"] == ["x", "OTHER"] and decoded["n"] == [3, None]
