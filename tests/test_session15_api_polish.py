@@ -195,8 +195,9 @@ def _plausible_yaml(tmp_path: Path) -> dict:
         f"{min(int(rnd.expovariate(0.8)), 5)}" for _ in range(600)]
     (tmp_path / "in.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
     (tmp_path / "toy.yaml").write_text(yaml.safe_dump(SPEC), encoding="utf-8")
-    provider = Path(bs.__file__).resolve().parents[1] / "pipelines" / "beamsynth_provider.yaml"
-    return {"providers": [{"include": str(provider)}], "pipeline": {"transforms": [
+    from tests.yaml_helpers import provider
+
+    return {"providers": [{"include": provider()}], "pipeline": {"transforms": [
         {"type": "ReadFromCsv", "name": "Read",
          "config": {"path": str(tmp_path / "in.csv"), "keep_default_na": False, "dtype": "str"}},
         {"type": "BeamsynthSynthesize", "name": "Synth", "input": "Read",
@@ -212,11 +213,9 @@ def _plausible_yaml(tmp_path: Path) -> dict:
 def test_yaml_plausible_step_with_a_manifest_builds(tmp_path):
     """It failed when built: ``A transform with label "Synth/RunCounts" already exists``
     (plausible's own step and the manifest's prefixing step had one label). Build only."""
-    import yaml
-    from apache_beam.yaml.yaml_transform import expand_pipeline
+    from tests.yaml_helpers import build
 
-    p = beam.Pipeline()
-    expand_pipeline(p, yaml.safe_dump(_plausible_yaml(tmp_path)))
+    p = build(_plausible_yaml(tmp_path))
     assert "Synth/PrefixRunCounts" in p.applied_labels
 
 
@@ -227,12 +226,9 @@ def test_yaml_plausible_step_runs_and_its_manifest_says_both_guarantees(tmp_path
     rate and the composition over the tested count (the CLI's; was missing) in ``operational``.
     Measured beside the CLI on the same 600 rows, seed 3: rows_out 45, 109 candidates,
     composed_over_tested equal."""
-    import yaml
-    from apache_beam.yaml import main as yaml_main
+    from tests.yaml_helpers import run_yaml
 
-    (tmp_path / "p.yaml").write_text(yaml.safe_dump(_plausible_yaml(tmp_path)), encoding="utf-8")
-    yaml_main.run(argv=["--runner=beamsynth.runners.local.LocalDirectRunner",
-                        f"--yaml_pipeline_file={tmp_path / 'p.yaml'}"])
+    run_yaml(tmp_path / "p.yaml", _plausible_yaml(tmp_path))
     rows = sum(len(f.read_text().splitlines()) for f in tmp_path.glob("out-*"))
     manifest = json.loads((tmp_path / "m.json").read_text())
     method = manifest["release"]["details"]["method"]

@@ -118,11 +118,10 @@ def test_api_manifest_names_the_model_refinement_and_target_mode_the_cli_names(t
 
 def _yaml(folder: Path, records: list[dict], seed: int, *, windows: str = "") -> list[dict]:
     """The Beam YAML step on the same records: its manifests (one per declared window)."""
-    yaml_main = pytest.importorskip("apache_beam.yaml.main", reason="Beam YAML needs apache-beam[yaml]")
-    from importlib import resources
+    pytest.importorskip("apache_beam.yaml.main", reason="Beam YAML needs apache-beam[yaml]")
+    from tests.yaml_helpers import provider, run_yaml
 
     folder.mkdir()
-    provider = resources.files("beamsynth.pipelines") / "beamsynth_provider.yaml"
     (folder / "schema.yaml").write_text(yaml.safe_dump(SPEC))
     stamp = """
     - type: AssignTimestamps
@@ -134,7 +133,7 @@ def _yaml(folder: Path, records: list[dict], seed: int, *, windows: str = "") ->
         ",".join(str(r[c]) for c in NAMES + ["day"]) for r in records]) + "\n")
     spec = f"""
 providers:
-  - include: "{provider}"
+  - include: "{provider()}"
 pipeline:
   transforms:
     - type: ReadFromCsv
@@ -151,8 +150,7 @@ pipeline:
       input: Synth
       config: {{path: "{folder / 'rows'}"}}
 """
-    (folder / "p.yaml").write_text(spec)
-    yaml_main.run(argv=["--runner=DirectRunner", f"--yaml_pipeline_file={folder / 'p.yaml'}"])
+    run_yaml(folder / "p.yaml", spec)
     return [json.loads(p.read_text()) for p in sorted(folder.glob("m*.json"))]
 
 

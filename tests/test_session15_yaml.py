@@ -6,10 +6,8 @@ Each test pins one stumble a YAML user met, and fails on the code before its fix
 
 from __future__ import annotations
 
-import glob
 import json
 import logging
-from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -17,27 +15,13 @@ import pytest
 yaml_main = pytest.importorskip(
     "apache_beam.yaml.main", reason="Beam YAML needs apache-beam[yaml] (docstring_parser, jinja2, ...)")
 
-import apache_beam as beam  # noqa: E402
-import yaml  # noqa: E402
 
 from beamsynth.pipelines.yaml_transforms import Synthesize  # noqa: E402
-
-
-def _provider() -> str:
-    return str(resources.files("beamsynth.pipelines") / "beamsynth_provider.yaml")
-
-
-def _build(spec: dict) -> beam.Pipeline:
-    """The pipeline built from ``spec`` as ``apache_beam.yaml.main`` builds it (no run)."""
-    from apache_beam.yaml.yaml_transform import expand_pipeline
-
-    p = beam.Pipeline()
-    expand_pipeline(p, yaml.safe_dump(spec))
-    return p
+from tests.yaml_helpers import build, json_lines, provider, run_yaml  # noqa: E402
 
 
 def _synth_spec(config: dict) -> dict:
-    return {"providers": [{"include": _provider()}],
+    return {"providers": [{"include": provider()}],
             "pipeline": {"type": "chain", "transforms": [
                 {"type": "Create", "config": {"elements": [{"age": 30, "sex": "Male"}]}},
                 {"type": "BeamsynthSynthesize",
@@ -83,7 +67,7 @@ def test_method_messages_spell_yaml_keys(config: dict, spelled: str) -> None:
 def test_yaml_pipeline_refusal_names_the_option_key() -> None:
     """Through Beam YAML itself (the text a user sees, after Beam's prefix)."""
     with pytest.raises(ValueError, match=r"options: \{target_parent: 'bogus'\}:? must be one of"):
-        _build(_synth_spec({"method": "privbayes", "options": {"target_parent": "bogus"}}))
+        build(_synth_spec({"method": "privbayes", "options": {"target_parent": "bogus"}}))
 
 
 # -- 2. options of the wrong kind are refused in YAML words, not misread ---------------------------
@@ -124,14 +108,14 @@ def test_error_output_named_output_is_refused(step: str) -> None:
     """``error_handling: {output: output}`` returned the error rows under the released rows' tag
     ``output``: a ``WriteToCsv`` of ``STEP.output`` wrote the private bad rows, not the release."""
     extra = {"column": "sex"} if step == "BeamsynthHistogram" else {}
-    spec = {"providers": [{"include": _provider()}], "pipeline": {"transforms": [
+    spec = {"providers": [{"include": provider()}], "pipeline": {"transforms": [
         {"type": "Create", "name": "Rows", "config": {"elements": [{"age": "30"}]}},
         {"type": step, "name": "S", "input": "Rows",
          "config": {"schema": "adult", "epsilon": 1.0, "manifest": "m.json",
                     "error_handling": {"output": "output"}, **extra}},
         {"type": "WriteToJson", "input": "S.output", "config": {"path": "never-written"}}]}}
     with pytest.raises(ValueError, match=r"error_handling output 'output' is also a release output"):
-        _build(spec)
+        build(spec)
 
 
 @pytest.mark.parametrize("seed", ["abc", 1.5])
@@ -146,19 +130,6 @@ TINY = {"name": "tiny", "columns": [
      "domain": {"kind": "categorical", "values": ["red", "green", "blue"]}}]}
 
 
-def _run(tmp_path: Path, spec: dict) -> None:
-    path = tmp_path / "pipeline.yaml"
-    path.write_text(yaml.safe_dump(spec), encoding="utf-8")
-    # beamsynth's DirectRunner: no attempt to download Prism (docs/runners.md)
-    yaml_main.run(argv=["--runner=beamsynth.runners.local.LocalDirectRunner",
-                        f"--yaml_pipeline_file={path}"])
-
-
-def _lines(pattern: str) -> list[dict]:
-    return [json.loads(line) for f in sorted(glob.glob(pattern))
-            for line in Path(f).read_text(encoding="utf-8").splitlines()]
-
-
 def test_error_rows_name_the_step_with_reason_and_position(tmp_path: Path) -> None:
     """Two steps' error outputs: BeamsynthSynthesize's rows said ``source: beam-yaml`` while
     BeamsynthCount's said ``Count``; now each names its step."""
@@ -169,7 +140,7 @@ def test_error_rows_name_the_step_with_reason_and_position(tmp_path: Path) -> No
     out = tmp_path / "out"
     common = {"schema": str(schema), "seed": 1, "position_field": "line",
               "job_budget": {"epsilon": 1.0}, "error_handling": {"output": "bad"}}
-    _run(tmp_path, {"providers": [{"include": _provider()}], "pipeline": {"transforms": [
+    run_yaml(tmp_path / "pipeline.yaml", {"providers": [{"include": provider()}], "pipeline": {"transforms": [
         {"type": "ReadFromCsv", "name": "Read",
          "config": {"path": str(data), "keep_default_na": False, "dtype": "str"}},
         {"type": "BeamsynthSynthesize", "name": "Synth", "input": "Read",
@@ -181,7 +152,7 @@ def test_error_rows_name_the_step_with_reason_and_position(tmp_path: Path) -> No
         {"type": "WriteToCsv", "input": "Synth.output", "config": {"path": f"{out}/synth"}},
         {"type": "WriteToCsv", "input": "Count.output", "config": {"path": f"{out}/count"}}]}})
     for step, name in [("Synth", "synth_bad"), ("Count", "count_bad")]:
-        bad = sorted(_lines(f"{out}/{name}*"), key=lambda r: r["row"])
+        bad = sorted(json_lines(f"{out}/{name}*"), key=lambda r: r["row"])
         assert [(r["source"], r["row"]) for r in bad] == [(step, 3), (step, 5)], bad
         assert "outside the declared categorical domain" in bad[0]["reason"]
         assert "null in a non-nullable column" in bad[1]["reason"]
@@ -228,7 +199,7 @@ def test_yaml_words_for_numbers_and_units(step: str, config: dict, words: str) -
 
 def test_exponent_with_a_dot_is_a_number_in_beam_yaml() -> None:
     """What the message advises builds (Beam YAML's loader reads 1.0e-6 as a float)."""
-    p = _build(_synth_spec({"method": "sbhg", "delta": 1.0e-6, "rows": 10}))
+    p = build(_synth_spec({"method": "sbhg", "delta": 1.0e-6, "rows": 10}))
     assert p is not None
 
 
@@ -242,7 +213,7 @@ def test_rows_outside_the_windows_are_counted_in_every_window_manifest(tmp_path:
     data = tmp_path / "in.csv"
     data.write_text("ts,color\n100,red\n7300,blue\n99999,red\n", encoding="utf-8")
     out = tmp_path / "out"
-    _run(tmp_path, {"providers": [{"include": _provider()}], "pipeline": {"transforms": [
+    run_yaml(tmp_path / "pipeline.yaml", {"providers": [{"include": provider()}], "pipeline": {"transforms": [
         {"type": "ReadFromCsv", "name": "Read",
          "config": {"path": str(data), "keep_default_na": False, "dtype": "str"}},
         {"type": "AssignTimestamps", "name": "Stamp", "input": "Read",
@@ -283,7 +254,7 @@ def test_seeded_statistics_step_warns_once(caplog) -> None:
         "type": "BeamsynthCount", "config": {"schema": "adult", "epsilon": 1.0, "seed": 4,
                                              "manifest": "m.json"}}
     with caplog.at_level(logging.WARNING):
-        _build(spec)
+        build(spec)
     seeded = [r.getMessage() for r in caplog.records if "seed=4" in r.getMessage()]
     assert len(seeded) == 1 and seeded[0].startswith("BeamsynthCount: seed=4"), seeded
 
@@ -297,10 +268,10 @@ def test_two_steps_with_one_manifest_path_are_refused(second: str) -> None:
               "config": {"schema": "adult", "epsilon": 0.5, "job_budget": {"epsilon": 1.0},
                          "manifest": "same/m.json"}}
              for kind, name in [("BeamsynthCount", "First"), (second, "Second")]]
-    spec = {"providers": [{"include": _provider()}], "pipeline": {"transforms": [
+    spec = {"providers": [{"include": provider()}], "pipeline": {"transforms": [
         {"type": "Create", "name": "Rows", "config": {"elements": [{"age": "30"}]}}, *steps]}}
     with pytest.raises(ValueError, match=r"Second': manifest 'same/m.json' is also step 'First''s"):
-        _build(spec)
+        build(spec)
 
 
 def test_yaml_error_row_positions_are_read_as_job_private_reads_them() -> None:

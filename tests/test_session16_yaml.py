@@ -22,6 +22,8 @@ yaml_main = pytest.importorskip(
 import apache_beam as beam  # noqa: E402
 import yaml  # noqa: E402
 
+from tests.yaml_helpers import build, json_lines, provider, run_yaml  # noqa: E402
+
 _SCHEMA = {"name": "shop", "privacy_id": "customer", "columns": [
     {"name": "age", "type": "integer",
      "domain": {"kind": "integer", "low": 18, "high": 90, "edges": [18, 30, 45, 60, 91]}},
@@ -30,12 +32,8 @@ _SCHEMA = {"name": "shop", "privacy_id": "customer", "columns": [
 _ROWS = [{"customer": 1, "age": 30, "region": "north"}, {"customer": 2, "age": 50, "region": "east"}]
 
 
-def _provider() -> str:
-    return str(resources.files("beamsynth.pipelines") / "beamsynth_provider.yaml")
-
-
 def _spec(step: str, config: dict, tmp_path) -> dict:
-    return {"providers": [{"include": _provider()}], "pipeline": {"transforms": [
+    return {"providers": [{"include": provider()}], "pipeline": {"transforms": [
         {"type": "Create", "name": "In", "config": {"elements": _ROWS}},
         {"type": step, "name": "S", "input": "In",
          "config": {"schema": _SCHEMA, "epsilon": 0.5, "manifest": str(tmp_path / "m.json"),
@@ -43,12 +41,7 @@ def _spec(step: str, config: dict, tmp_path) -> dict:
 
 
 def _build(spec: dict) -> beam.Pipeline:
-    """The pipeline built from ``spec`` as ``apache_beam.yaml.main`` builds it (no run)."""
-    from apache_beam.yaml.yaml_transform import expand_pipeline
-
-    p = beam.Pipeline()
-    expand_pipeline(p, yaml.safe_dump(spec, sort_keys=False))
-    return p
+    return build(spec, sort_keys=False)  # the steps' keys in the order written (line numbers)
 
 
 def _refusal(step: str, config: dict, tmp_path) -> str:
@@ -163,13 +156,10 @@ def test_windowed_example_counts_rows_without_a_usable_time(tmp_path) -> None:
     started = time.monotonic()
     logging.disable(logging.WARNING)
     try:
-        yaml_main.run(argv=["--runner=beamsynth.runners.local.LocalDirectRunner",
-                            f"--yaml_pipeline_file={example}",
-                            f"--jinja_variables={json.dumps(variables)}"])
+        run_yaml(example, None, f"--jinja_variables={json.dumps(variables)}")
     finally:
         logging.disable(logging.NOTSET)
-    errors = [json.loads(line) for f in glob.glob(str(tmp_path / "ev.rejected*"))
-              for line in Path(f).read_text(encoding="utf-8").splitlines()]
+    errors = json_lines(str(tmp_path / "ev.rejected*"))
     assert sorted(e["source"] for e in errors) == ["Count", "Count", "Synthesize", "Synthesize"]
     assert all("outside the declared windows" in e["reason"] for e in errors), errors
     count = json.loads((tmp_path / "ev.count.manifest.json").read_text(encoding="utf-8"))
@@ -207,7 +197,7 @@ def test_overspend_names_each_steps_total(tmp_path) -> None:
     ε=0.0095, ...`` , six for one privbayes step), which the user had to add up to find the step
     whose ε to lower; now each step's total, in the order of the pipeline, follows."""
     budget = {"job_budget": {"epsilon": 1.0}, "manifest": None}
-    spec = {"providers": [{"include": _provider()}], "pipeline": {"transforms": [
+    spec = {"providers": [{"include": provider()}], "pipeline": {"transforms": [
         {"type": "Create", "name": "In", "config": {"elements": _ROWS}},
         *[{"type": t, "name": n, "input": "In",
            "config": {"schema": _SCHEMA, "epsilon": e, **budget, **extra,

@@ -16,10 +16,10 @@ from typing import Any
 import apache_beam as beam
 import yaml
 
-__all__ = ["LOCAL_RUNNER", "build", "json_lines", "provider", "run_yaml", "write_schema",
-           "write_yaml"]
+from beamsynth.runners.local import LOCAL_DIRECT_RUNNER
 
-LOCAL_RUNNER = "beamsynth.runners.local.LocalDirectRunner"
+__all__ = ["build", "json_lines", "provider", "run_yaml", "write_schema", "write_yaml"]
+
 Spec = dict | str
 
 
@@ -59,7 +59,7 @@ def build(spec: Spec, *, sort_keys: bool = True) -> beam.Pipeline:
     return p
 
 
-def run_yaml(path: Path, spec: Spec | None = None, *args: str, runner: str = LOCAL_RUNNER,
+def run_yaml(path: Path, spec: Spec | None = None, *args: str, runner: str = LOCAL_DIRECT_RUNNER,
              sort_keys: bool = True) -> None:
     """Run the pipeline file ``path`` with ``apache_beam.yaml.main`` (writing ``spec`` there
     first when given); ``args`` are more pipeline options."""

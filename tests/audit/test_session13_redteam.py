@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import glob
 import json
-from importlib import resources
 from pathlib import Path
 
 import apache_beam as beam
@@ -61,15 +60,15 @@ PERSONS = {"name": "persons", "privacy_id": "pid", "columns": [
 def _run_yaml(tmp_path: Path, path: str, schema: dict, extra: str = "") -> dict:
     """``ReadFromJson(path)`` → ``BeamsynthSynthesize`` (seeded, manifest) → ``WriteToJson``; the
     manifest."""
-    yaml_main = pytest.importorskip("apache_beam.yaml.main")
+    pytest.importorskip("apache_beam.yaml.main")
+    from tests.yaml_helpers import provider, run_yaml
+
     schema_file = tmp_path / "schema.json"
     schema_file.write_text(json.dumps(schema), encoding="utf-8")
     out, manifest = tmp_path / "out", tmp_path / "manifest.json"
-    provider = resources.files("beamsynth.pipelines") / "beamsynth_provider.yaml"
     errors = ", error_handling: {output: bad}" if extra else ""
-    spec = tmp_path / "job.yaml"
-    spec.write_text(f"""providers:
-  - include: {provider}
+    run_yaml(tmp_path / "job.yaml", f"""providers:
+  - include: {provider()}
 pipeline:
   transforms:
     - {{type: {"ReadFromCsv" if path.endswith(".csv") else "ReadFromJson"}, name: Read, config: {{path: "{path}"}}}}
@@ -79,8 +78,7 @@ pipeline:
       config: {{schema: "{schema_file}", epsilon: 0.5, rows: 10, seed: 1, manifest: "{manifest}",
                 max_contributions: 1{errors}}}
     - {{type: WriteToJson, input: {"Synth.output" if extra else "Synth"}, config: {{path: "{out}"}}}}
-{extra}""", encoding="utf-8")
-    yaml_main.run(argv=["--runner=DirectRunner", f"--yaml_pipeline_file={spec}"])
+{extra}""")
     return json.loads(manifest.read_text(encoding="utf-8"))
 
 

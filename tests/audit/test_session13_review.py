@@ -37,19 +37,15 @@ from __future__ import annotations
 import collections
 import json
 import sys
-from importlib import resources
 from pathlib import Path
 
 import apache_beam as beam
 import pytest
 
 from tests.pipeline.test_yaml_stats import TINY  # color (nullable, 3 values), age (2 bins)
+from tests.yaml_helpers import provider, run_yaml
 
 pytestmark = pytest.mark.audit
-
-
-def _provider() -> str:
-    return str(resources.files("beamsynth.pipelines") / "beamsynth_provider.yaml")
 
 
 def _record_laplace(monkeypatch) -> list[dict]:
@@ -103,7 +99,7 @@ def _five_steps(tmp_path: Path, seed: int | None, m: int) -> dict:
     out = tmp_path / "out"
     writes = [{"type": "WriteToJson", "name": f"W{i}", "input": src, "config": {"path": f"{out}/{i}"}}
               for i, src in enumerate(["C", "H", "M.age", "M.color_by_age", "P.keys", "S"])]
-    return {"providers": [{"include": _provider()}], "pipeline": {"transforms": [
+    return {"providers": [{"include": provider()}], "pipeline": {"transforms": [
         {"type": "ReadFromCsv", "name": "Read",
          "config": {"path": str(data), "keep_default_na": False, "dtype": "str"}},
         *steps, *writes]}}
@@ -116,14 +112,11 @@ def test_five_yaml_steps_draw_exactly_the_job_budget(monkeypatch, tmp_path: Path
     Marginals 2 tables b = 20, Prefixes basic 4 levels b = 53.3 (0.0375 each) + final b = 40
     (0.05, once), Synthesize 3 one-way tables b = 20: Σ = 1.0000; 16 draws, 5 streams, no stream
     drawn twice."""
-    yaml_main = pytest.importorskip("apache_beam.yaml.main", reason="Beam YAML extras")
-    import yaml
+    pytest.importorskip("apache_beam.yaml.main", reason="Beam YAML extras")
 
     m = 2
     calls = _record_laplace(monkeypatch)
-    spec = tmp_path / "p.yaml"
-    spec.write_text(yaml.safe_dump(_five_steps(tmp_path, seed, m)), encoding="utf-8")
-    yaml_main.run(argv=["--runner=DirectRunner", f"--yaml_pipeline_file={spec}"])
+    run_yaml(tmp_path / "p.yaml", _five_steps(tmp_path, seed, m))
     finals = [c for c in calls if c["labels"][-1] == "final"]
     others = [c for c in calls if c["labels"][-1] != "final"]
     assert finals and len({c["scale"] for c in finals}) == 1  # one second pass over disjoint leaves

@@ -212,29 +212,26 @@ def test_yaml_read_from_json_date_named_columns_neighbours_use_the_same_rows(tmp
     """Neighbours through Beam YAML ``ReadFromJson`` → ``BeamsynthCount`` + ``BeamsynthSynthesize``:
     D (20 records ``{"date": "2020-0m", "created_at": 16000000xx}``) and D + ``{"date": "soon",
     "created_at": "never"}``: 0 vs 20 rows used by both steps before the fix; 20 and 20 now."""
-    yaml_main = pytest.importorskip("apache_beam.yaml.main")
-    from importlib import resources
+    pytest.importorskip("apache_beam.yaml.main")
+    from tests.yaml_helpers import provider, run_yaml
 
     schema = _schema_file(DATES)
-    provider = resources.files("beamsynth.pipelines") / "beamsynth_provider.yaml"
     base = [{"date": f"2020-0{i % 3 + 1}", "created_at": 1_600_000_000 + i} for i in range(20)]
     used = []
     for tag, records in (("d", base), ("d1", base + [{"date": "soon", "created_at": "never"}])):
         folder = tmp_path / tag
         folder.mkdir()
         (folder / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
-        spec = folder / "job.yaml"
         common = f'schema: "{schema}", epsilon: 0.5, seed: 7, job_budget: {{epsilon: 1.0}}'
-        spec.write_text(f"""providers:
-  - include: {provider}
+        run_yaml(folder / "job.yaml", f"""providers:
+  - include: {provider()}
 pipeline:
   transforms:
     - {{type: ReadFromJson, name: R, config: {{path: "{folder / 'd.jsonl'}"}}}}
     - {{type: BeamsynthCount, name: C, input: R, config: {{{common}, manifest: "{folder / 'c.json'}"}}}}
     - {{type: BeamsynthSynthesize, name: S, input: R, config: {{{common}, rows: 3,
         manifest: "{folder / 's.json'}"}}}}
-""", encoding="utf-8")
-        yaml_main.run(argv=["--runner=DirectRunner", f"--yaml_pipeline_file={spec}"])
+""")
         used.append([json.loads((folder / f"{m}.json").read_text(encoding="utf-8"))["operational"]["rows_used"]
                      for m in ("c", "s")])
     assert used == [[20, 20], [20, 20]]
@@ -329,14 +326,13 @@ def test_yaml_stats_steps_named_alike_in_two_composites_draw_their_own_noise(tmp
     same noise (measured: noisy - true = [-1, 0, -6, 1] in both) and D1 - D2 came out exact, and
     the manifest named both spends ``H/histogram``. Now the step's full label (``A/H``, ``B/H``)
     names the spends and seeds the noise (rule 4); a top-level step keeps its label."""
-    yaml_main = pytest.importorskip("apache_beam.yaml.main")
-    from importlib import resources
+    pytest.importorskip("apache_beam.yaml.main")
+    from tests.yaml_helpers import provider, run_yaml
 
     schema = _schema_file({"name": "s", "columns": [{"name": "code", "type": "categorical", "domain": {
         "kind": "categorical", "values": ["a", "b", "c", "d"]}}]})
     (tmp_path / "d1.csv").write_text("code\na\nb\nc\na\n", encoding="utf-8")
     (tmp_path / "d2.csv").write_text("code\n" + "d\n" * 6, encoding="utf-8")
-    provider = resources.files("beamsynth.pipelines") / "beamsynth_provider.yaml"
 
     def composite(name: str, read: str) -> str:
         return f"""    - type: composite
@@ -349,15 +345,13 @@ def test_yaml_stats_steps_named_alike_in_two_composites_draw_their_own_noise(tmp
       output: H
     - {{type: WriteToJson, input: {name}, config: {{path: "{tmp_path / ('out' + name)}"}}}}
 """
-    spec = tmp_path / "job.yaml"
-    spec.write_text(f"""providers:
-  - include: {provider}
+    run_yaml(tmp_path / "job.yaml", f"""providers:
+  - include: {provider()}
 pipeline:
   transforms:
     - {{type: ReadFromCsv, name: R1, config: {{path: "{tmp_path / 'd1.csv'}"}}}}
     - {{type: ReadFromCsv, name: R2, config: {{path: "{tmp_path / 'd2.csv'}"}}}}
-{composite("A", "R1")}{composite("B", "R2")}""", encoding="utf-8")
-    yaml_main.run(argv=["--runner=DirectRunner", f"--yaml_pipeline_file={spec}"])
+{composite("A", "R1")}{composite("B", "R2")}""")
     true = {"A": {"a": 2, "b": 1, "c": 1, "d": 0}, "B": {"a": 0, "b": 0, "c": 0, "d": 6}}
     noise = {}
     for name in ("A", "B"):

@@ -566,16 +566,16 @@ def test_yaml_gate_edge_couples_neighbours(monkeypatch, tmp_path):
     ε = 3, seed 1): D = 484 records and D − 1 both given n̂ = 484 run the target-parented
     network with identical draws, and both manifests state the same mode (the spend details'
     target_parent: mode useful, option auto)."""
-    from importlib import resources
 
     from beamsynth.transforms import privbayes_measure as pbm
 
-    yaml_main = pytest.importorskip("apache_beam.yaml.main")
+    pytest.importorskip("apache_beam.yaml.main")
+    from tests.yaml_helpers import provider, run_yaml
+
     edge = EDGE[("laplace", 1)]
     codes = _codes(edge)
     schema_file = tmp_path / "bin7.json"
     schema_file.write_text(json.dumps(BIN7), encoding="utf-8")
-    provider = resources.files("beamsynth.pipelines") / "beamsynth_provider.yaml"
     sides = []
     for name, data in (("d", codes), ("d1", codes[:-1])):
         _fix_size_count(monkeypatch, edge, len(data))
@@ -590,9 +590,8 @@ def test_yaml_gate_edge_couples_neighbours(monkeypatch, tmp_path):
         calls = s12.record_draws(monkeypatch)
         src = _bin7_csv(tmp_path / f"{name}.csv", data)
         manifest = tmp_path / f"{name}.manifest.json"
-        spec = tmp_path / f"{name}.yaml"
-        spec.write_text(f"""providers:
-  - include: {provider}
+        run_yaml(tmp_path / f"{name}.yaml", f"""providers:
+  - include: {provider()}
 pipeline:
   transforms:
     - {{type: ReadFromCsv, name: Read, config: {{path: "{src}"}}}}
@@ -602,8 +601,7 @@ pipeline:
       config: {{schema: "{schema_file}", epsilon: {EPS}, rows: 20, seed: 1, method: privbayes,
                 options: {{target: y}}, manifest: "{manifest}"}}
     - {{type: WriteToJson, input: Synth, config: {{path: "{tmp_path / name}"}}}}
-""", encoding="utf-8")
-        yaml_main.run(argv=["--runner=DirectRunner", f"--yaml_pipeline_file={spec}"])
+""")
         monkeypatch.undo()
         spends = json.loads(manifest.read_text(encoding="utf-8"))["release"]["budget"]["spends"]
         parented = [s["details"]["target_parent"] for s in spends

@@ -210,20 +210,19 @@ def test_yaml_window_manifests_differ_only_in_the_changed_windows_dp_count(tmp_p
 
 def _yaml_run(folder: Path, records: list[dict]) -> tuple[list[dict], list[str]]:
     """The Beam YAML step over the three declared days, rows from a DP count: its manifests."""
-    from importlib import resources
-
     import yaml
 
-    yaml_main = pytest.importorskip("apache_beam.yaml.main", reason="needs apache-beam[yaml]")
+    pytest.importorskip("apache_beam.yaml.main", reason="needs apache-beam[yaml]")
+    from tests.yaml_helpers import provider, run_yaml
+
     folder.mkdir()
-    provider = resources.files("beamsynth.pipelines") / "beamsynth_provider.yaml"
     (folder / "schema.yaml").write_text(yaml.safe_dump(SPEC))
     cols = [*NAMES, "day"]
     (folder / "in.csv").write_text("\n".join([",".join(cols)] + [
         ",".join(str(r[c]) for c in cols) for r in records]) + "\n")
-    (folder / "p.yaml").write_text(f"""
+    run_yaml(folder / "p.yaml", f"""
 providers:
-  - include: "{provider}"
+  - include: "{provider()}"
 pipeline:
   transforms:
     - type: ReadFromCsv
@@ -245,7 +244,6 @@ pipeline:
       input: Synth
       config: {{path: "{folder / 'rows'}"}}
 """)
-    yaml_main.run(argv=["--runner=DirectRunner", f"--yaml_pipeline_file={folder / 'p.yaml'}"])
     rows = sorted(line for p in sorted(folder.glob("rows*")) for line in p.read_text().splitlines())
     return [json.loads(p.read_text()) for p in sorted(folder.glob("m*.json"))], rows
 
@@ -558,19 +556,19 @@ def test_yaml_synthesis_steps_of_one_job_with_one_seed_are_refused(seeds, refuse
     difference (seeds 7 and 8: 297 and 263). The API and the statistics steps mix the step's
     label into a job seed; this step takes its seed as given (the CLI's), so a repeated seed is
     now refused when built. Seeded output is never for release, but it must not be exact."""
-    from tests.test_session15_yaml import _build, _provider
+    from tests.yaml_helpers import build, provider
 
     steps = [{"type": "BeamsynthSynthesize", "name": name, "input": "Rows",
               "config": {"schema": "adult", "epsilon": 0.5, "job_budget": {"epsilon": 1.0},
                          **({} if seed is None else {"seed": seed})}}
              for name, seed in zip(("First", "Second"), seeds)]
-    spec = {"providers": [{"include": _provider()}], "pipeline": {"transforms": [
+    spec = {"providers": [{"include": provider()}], "pipeline": {"transforms": [
         {"type": "Create", "name": "Rows", "config": {"elements": [{"age": "30"}]}}, *steps]}}
     if refused:
         with pytest.raises(ValueError, match=r"Second'.*seed 7 is also step 'First''s"):
-            _build(spec)
+            build(spec)
     else:
-        _build(spec)
+        build(spec)
 
 
 # -- 9. a seeded (demo) release's tables shared one seed (closed by the lead: release.table_seed) ----

@@ -255,11 +255,12 @@ def test_one_bad_row_neither_fails_the_run_nor_leaks(tmp_path: Path, caplog) -> 
 # -- composition and seeded marking --------------------------------------------------------------
 def audit_composition(folder: Path) -> Finding:
     """None if two steps of 0.6 each under a declared job budget of 1.0 fail when built."""
-    from tests.pipeline.test_beam_yaml import _build_yaml, _two_steps
+    from tests.pipeline.test_beam_yaml import _two_steps
+    from tests.yaml_helpers import build
 
     folder.mkdir(parents=True, exist_ok=True)
     try:
-        _build_yaml(_two_steps(folder, (0.6, 0.6), ", job_budget: {epsilon: 1.0}"))
+        build(_two_steps(folder, (0.6, 0.6), ", job_budget: {epsilon: 1.0}"))
     except ValueError as exc:
         return None if "asks for ε=0.6 but only (ε=0.4, δ=0)" in str(exc) else f"other error: {exc}"
     return "two steps spending 0.6 + 0.6 of a 1.0 job budget were built"

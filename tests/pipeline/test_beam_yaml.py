@@ -16,6 +16,7 @@ import fastavro  # noqa: E402
 
 from beamsynth.pipelines.yaml_transforms import Synthesize  # noqa: E402
 from beamsynth.schemas.schema import avro_field_name, load_schema  # noqa: E402
+from tests.yaml_helpers import build, provider, run_yaml  # noqa: E402
 
 ADULT = Path(__file__).resolve().parents[2] / "examples" / "data" / "adult" / "adult.csv"
 
@@ -52,8 +53,7 @@ def test_example_yaml_pipeline_reads_csv_synthesizes_and_writes_avro(tmp_path: P
     data.write_text("".join(lines + [",".join(bad)]), encoding="utf-8")
     out = tmp_path / "synthetic"
     variables = {"input": str(data), "output": str(out), "epsilon": 1.0}
-    yaml_main.run(argv=["--runner=DirectRunner", f"--yaml_pipeline_file={_pipeline_file()}",
-                        f"--jinja_variables={json.dumps(variables)}"])
+    run_yaml(Path(_pipeline_file()), None, f"--jinja_variables={json.dumps(variables)}")
     synth = glob.glob(f"{out}-*")
     assert len(synth) == 1
     with open(synth[0], "rb") as fh:
@@ -248,7 +248,6 @@ def test_windowed_input_is_refused_when_the_pipeline_is_built(tmp_path: Path) ->
 
 
 def _two_steps(tmp_path: Path, eps: tuple[float, float], job: str) -> str:
-    provider = resources.files("beamsynth.pipelines") / "beamsynth_provider.yaml"
     steps = "".join(f"""
     - type: BeamsynthSynthesize
       name: Synth{i}
@@ -256,7 +255,7 @@ def _two_steps(tmp_path: Path, eps: tuple[float, float], job: str) -> str:
       config: {{schema: "{_tiny(tmp_path)}", epsilon: {e}, rows: 5{job}}}""" for i, e in enumerate(eps))
     return f"""
 providers:
-  - include: "{provider}"
+  - include: "{provider()}"
 pipeline:
   transforms:
     - type: Create
@@ -264,15 +263,6 @@ pipeline:
       config:
         elements: [{{color: red, age: "3"}}]{steps}
 """
-
-
-def _build_yaml(spec: str):
-    import apache_beam as beam
-    from apache_beam.yaml.yaml_transform import expand_pipeline
-
-    p = beam.Pipeline()
-    expand_pipeline(p, spec)
-    return p
 
 
 def test_steps_of_one_yaml_pipeline_share_the_job_budget(tmp_path: Path) -> None:
@@ -283,7 +273,7 @@ def test_steps_of_one_yaml_pipeline_share_the_job_budget(tmp_path: Path) -> None
 
     job = ", job_budget: {epsilon: 1.0}"
     with pytest.raises(ValueError) as err:
-        _build_yaml(_two_steps(tmp_path, (0.6, 0.6), job))
+        build(_two_steps(tmp_path, (0.6, 0.6), job))
     assert isinstance(err.value.__cause__, BudgetExceededError)
     assert str(err.value).endswith(
         "step 'Synth1' asks for ε=0.6 but only (ε=0.4, δ=0) of the total "
@@ -291,8 +281,8 @@ def test_steps_of_one_yaml_pipeline_share_the_job_budget(tmp_path: Path) -> None
         "Synth0 ε=0.6 of job_budget ε=1 (lower a step's epsilon, or raise job_budget on every "
         "step)")
     with pytest.raises(ValueError, match=r"steps \['Synth0', 'Synth1'\] run in one pipeline"):
-        _build_yaml(_two_steps(tmp_path, (0.5, 0.5), ""))
-    p = _build_yaml(_two_steps(tmp_path, (0.4, 0.6), job))
+        build(_two_steps(tmp_path, (0.5, 0.5), ""))
+    p = build(_two_steps(tmp_path, (0.4, 0.6), job))
     acct = job_accountant(p)
     assert acct.spent_epsilon == pytest.approx(1.0)
     assert {s.step.split("/")[0] for s in acct.spends} == {"Synth0", "Synth1"}

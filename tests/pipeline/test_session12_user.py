@@ -64,14 +64,11 @@ def test_dask_refusal_of_schemaless_write_to_parquet_names_the_schema_form(tmp_p
 
 def _yaml(tmp_path, transforms: str) -> None:
     """Run a Beam YAML pipeline (the provider file included) on the DirectRunner."""
-    from importlib import resources
+    pytest.importorskip("apache_beam.yaml.main")
+    from tests.yaml_helpers import provider, run_yaml
 
-    yaml_main = pytest.importorskip("apache_beam.yaml.main")
-    provider = resources.files("beamsynth.pipelines") / "beamsynth_provider.yaml"
-    spec = tmp_path / "job.yaml"
-    spec.write_text(f"providers:\n  - include: {provider}\npipeline:\n  transforms:\n{transforms}",
-                    encoding="utf-8")
-    yaml_main.run(argv=["--runner=DirectRunner", f"--yaml_pipeline_file={spec}"])
+    run_yaml(tmp_path / "job.yaml",
+             f"providers:\n  - include: {provider()}\npipeline:\n  transforms:\n{transforms}")
 
 
 def test_yaml_step_on_unparsed_text_lines_is_warned_about_when_built(tmp_path, caplog):

@@ -170,15 +170,14 @@ def test_spends_sized_from_the_dp_count_name_the_star(noise, delta):
 
 
 def _yaml_rows(tmp: Path, schema: Path, options: str, tag: str) -> tuple[list, dict]:
-    yaml_main = pytest.importorskip("apache_beam.yaml.main", reason="Beam YAML needs apache-beam[yaml]")
-    from importlib import resources
+    pytest.importorskip("apache_beam.yaml.main", reason="Beam YAML needs apache-beam[yaml]")
+    from tests.yaml_helpers import provider, run_yaml
 
-    provider = resources.files("beamsynth.pipelines") / "beamsynth_provider.yaml"
     out = tmp / f"yaml_{tag}"
     names = ", ".join(_frame().columns)
     spec = f"""
 providers:
-  - include: "{provider}"
+  - include: "{provider()}"
 pipeline:
   transforms:
     - type: ReadFromCsv
@@ -195,8 +194,7 @@ pipeline:
       input: Synth
       config: {{path: "{out}"}}
 """
-    (tmp / f"{tag}.yaml").write_text(spec)
-    yaml_main.run(argv=["--runner=DirectRunner", f"--yaml_pipeline_file={tmp / f'{tag}.yaml'}"])
+    run_yaml(tmp / f"{tag}.yaml", spec)
     got = sorted(tuple(str(v) for v in json.loads(line).values())
                  for f in sorted(tmp.glob(f"yaml_{tag}-*")) for line in f.read_text().splitlines())
     return got, json.loads(Path(f"{out}.manifest.json").read_text())

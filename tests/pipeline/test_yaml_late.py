@@ -12,7 +12,6 @@ the watermark moved after the first, reports 1), so its streaming runs cannot sh
 from __future__ import annotations
 
 import json
-from importlib import resources
 from pathlib import Path
 
 import apache_beam as beam
@@ -188,10 +187,11 @@ output:
   good: Synth.output
   bad: Synth.bad
 """
-    provider = str(resources.files("beamsynth.pipelines") / "beamsynth_provider.yaml")
+    from tests.yaml_helpers import provider
+
     with beam.Pipeline(options=_options()) as p:
         out = (p | _stream(after_day1=[_row(2, "M", T0 + 120)])
-               | YamlTransform(spec, providers=list(load_providers(provider))))
+               | YamlTransform(spec, providers=list(load_providers(provider()))))
         _ = out["good"] | "Synthetic" >> beam.ParDo(_Append(str(tmp_path / "out.jsonl"), True))
         _ = out["bad"] | "Errors" >> beam.ParDo(_Append(str(tmp_path / "bad.jsonl"), False))
     assert _lines(tmp_path / "bad.jsonl") == [_error_row(2, "M", _late(D1, D2),

@@ -6,7 +6,6 @@ from __future__ import annotations
 import csv
 import glob
 import json
-from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -15,11 +14,11 @@ yaml_main = pytest.importorskip(
     "apache_beam.yaml.main", reason="Beam YAML needs apache-beam[yaml] (docstring_parser, jinja2, ...)")
 
 import apache_beam as beam  # noqa: E402
-import yaml  # noqa: E402
 
 from beamsynth.pipelines import yaml_stats  # noqa: E402
 from beamsynth.pipelines.yaml_transforms import job_accountant  # noqa: E402
 from beamsynth.transforms.budget import BudgetExceededError  # noqa: E402
+from tests.yaml_helpers import build, json_lines, provider, run_yaml  # noqa: E402
 
 TINY = """
 name: tiny
@@ -36,10 +35,6 @@ columns:
 CELLS = [("color", "red"), ("color", "green"), ("color", "blue"), ("color", ""),
          ("age", "0"), ("age", "50")]
 ROWS = "color,age\nred,3\ngreen,60\nblue,20\nred,70\n,10\npurple,5\nred,41\n"  # purple: no color
-
-
-def _provider() -> str:
-    return str(resources.files("beamsynth.pipelines") / "beamsynth_provider.yaml")
 
 
 def _files(tmp_path: Path) -> tuple[str, str]:
@@ -64,7 +59,7 @@ def _spec(tmp_path: Path, *, hist_eps: float = 0.5, synth_eps: float = 0.5, seed
                         "job_budget": job, "manifest": f"{out}/synth.manifest.json"}}
     steps = [synth, hist] if synth_first else [hist, synth]
     return {
-        "providers": [{"include": _provider()}],
+        "providers": [{"include": provider()}],
         "pipeline": {"transforms": [
             {"type": "ReadFromCsv", "name": "Read",
              "config": {"path": data, "keep_default_na": False, "dtype": "str"}},
@@ -79,35 +74,22 @@ def _spec(tmp_path: Path, *, hist_eps: float = 0.5, synth_eps: float = 0.5, seed
     }
 
 
-def _run(tmp_path: Path, spec: dict, *args: str) -> Path:
-    path = tmp_path / "pipeline.yaml"
-    path.write_text(yaml.safe_dump(spec), encoding="utf-8")
-    yaml_main.run(argv=["--runner=DirectRunner", f"--yaml_pipeline_file={path}", *args])
-    return tmp_path / "out"
-
-
-def _build(spec: dict) -> beam.Pipeline:
-    from apache_beam.yaml.yaml_transform import expand_pipeline
-
-    p = beam.Pipeline()
-    expand_pipeline(p, yaml.safe_dump(spec))  # the text form: Beam YAML's loader marks each step
-    return p
-
-
 # the seeded run's histogram (seed 3): pinned so that a change of the noise streams is seen
 SEEDED_COUNTS = [3, 0, -5, 2, 0, 6]  # exact: 3 1 1 1 | 4 2; scale 4 (ε 0.25 per column)
 
 
 def test_histogram_and_synthesis_in_one_yaml_pipeline(tmp_path: Path) -> None:
-    _check_run(_run(tmp_path, _spec(tmp_path)))
+    run_yaml(tmp_path / "pipeline.yaml", _spec(tmp_path))
+    _check_run(tmp_path / "out")
 
 
 @pytest.mark.slow
 def test_seeded_yaml_run_is_the_same_on_direct_multi(tmp_path: Path) -> None:
     """Worker processes (2) give the seeded run's exact rows: the noise follows the step labels,
     not the worker or bundle."""
-    _check_run(_run(tmp_path, _spec(tmp_path), "--direct_running_mode=multi_processing",
-                    "--direct_num_workers=2"))
+    run_yaml(tmp_path / "pipeline.yaml", _spec(tmp_path), "--direct_running_mode=multi_processing",
+             "--direct_num_workers=2")
+    _check_run(tmp_path / "out")
 
 
 def _check_run(out: Path) -> None:
@@ -117,12 +99,10 @@ def _check_run(out: Path) -> None:
     assert rows[0] == ["column", "value", "noisy_count"]
     assert [tuple(r[:2]) for r in rows[1:]] == CELLS  # every declared cell, in declared order
     assert [int(r[2]) for r in rows[1:]] == SEEDED_COUNTS
-    bad = [json.loads(line) for f in glob.glob(f"{out}/bad-*")
-           for line in Path(f).read_text(encoding="utf-8").splitlines()]
+    bad = json_lines(f"{out}/bad-*")
     assert [(b["source"], b["row"]) for b in bad] == [("Hist", None)]
     assert "color" in bad[0]["reason"] and "purple" in bad[0]["raw"]
-    synth = [json.loads(line) for f in glob.glob(f"{out}/synth-*")
-             for line in Path(f).read_text(encoding="utf-8").splitlines()]
+    synth = json_lines(f"{out}/synth-*")
     assert len(synth) == 5 and set(synth[0]) == {"color", "age"}
     for name in ("hist", "synth"):
         manifest = json.loads((out / f"{name}.manifest.json").read_text(encoding="utf-8"))
@@ -142,12 +122,12 @@ def _check_run(out: Path) -> None:
 @pytest.mark.parametrize("synth_first", [False, True])
 def test_over_budget_yaml_pipeline_is_refused_when_built(tmp_path: Path, synth_first: bool) -> None:
     with pytest.raises(ValueError) as err:
-        _build(_spec(tmp_path, hist_eps=0.6, synth_eps=0.6, synth_first=synth_first))
+        build(_spec(tmp_path, hist_eps=0.6, synth_eps=0.6, synth_first=synth_first))
     assert isinstance(err.value.__cause__, BudgetExceededError)
     late, early = ("Hist", "Synth/independent.marginals") if synth_first else ("Synth", "Hist/histogram")
     assert f"step '{late}' asks for ε=0.6" in str(err.value)
     assert f"already spent: {early} ε=0.6" in str(err.value)
-    p = _build(_spec(tmp_path, hist_eps=0.4, synth_eps=0.6, synth_first=synth_first))
+    p = build(_spec(tmp_path, hist_eps=0.4, synth_eps=0.6, synth_first=synth_first))
     assert job_accountant(p).spent_epsilon == pytest.approx(1.0)
     assert not (tmp_path / "out").exists()  # built only: nothing written
 
