@@ -81,7 +81,7 @@ def _run(stream: test_stream.TestStream, folder: Path, *, errors: bool = True) -
 
 
 #: the releases of _stream() with nothing late: day 1 all F, day 3 all M (exact counts, ε large);
-#: day 2 (empty) sampled from its uniform model with the seed (F, F)
+#: day 2 (empty) sampled from its uniform model with the seed (F, M: balanced, H91)
 ON_TIME_OUT = [[T0 + i * DAY, {"window_start": start, "sex": sex}]  # rows say their window
                for i, start, sex in [(0, D1, "F"), (0, D1, "F"), (1, D2, "F"), (1, D2, "M"),
                                      (2, D3, "M"), (2, D3, "M")]]
