@@ -142,3 +142,32 @@ def test_neighbours_with_the_same_draws_are_offered_the_same_candidates(monkeypa
         restricted += sum(n < full for n, full in zip(na, left))
         assert all(n == full for n, full in zip(na[:4], left[:4]))  # the first picks: all pairs
     assert restricted > 0
+
+
+@pytest.mark.parametrize("caller, words", [
+    ("cli", "--pb-refine-target-picks 3 changes nothing: no target is declared"),
+    ("api", "options={'refine_target_picks': 3} changes nothing: no target is declared"),
+    ("yaml", "options: {refine_target_picks: 3} changes nothing: no target is declared"),
+], ids=["cli", "api", "yaml"])
+def test_target_picks_without_a_target_is_said(caplog, caller, words):
+    """H86's open item: refine_target_picks without a declared target (the bundled adult schema
+    declares none) built silently and ran as 0. Now said when built, in the caller's words; with
+    a target, or at 0, nothing is said."""
+    import beamsynth as bs
+    from beamsynth.pipelines.methods.synthesize import SynthesisConfig, plan_synthesis
+
+    def plan(**options):
+        cfg = SynthesisConfig(input="in.csv", schema=bs.load_schema("adult"), output="o.csv",
+                              epsilon=1.0, method="privbayes", options=options)
+        return plan_synthesis(cfg, vocabulary=None if caller == "cli" else Vocabulary(caller))
+
+    with caplog.at_level("WARNING", logger="beamsynth.pipelines.methods.privbayes"):
+        plan(refine_target_picks=3)
+    assert any(r.getMessage().startswith(words) for r in caplog.records), \
+        [r.getMessage() for r in caplog.records]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="beamsynth.pipelines.methods.privbayes"):
+        plan(refine_target_picks=3, target="income")
+        plan(refine_target_picks=0)
+    assert not any("refine_target_picks" in r.getMessage() or "target-picks" in r.getMessage()
+                   for r in caplog.records), [r.getMessage() for r in caplog.records]

@@ -114,6 +114,7 @@ class PrivBayesMethod(Method):
             refine_target_picks=given("refine_target_picks", DEFAULT_REFINE_TARGET_PICKS),
             max_contributions=self.max_contributions, seed=self.seed, accountant=self.accountant)
         self._note_rounds(given("refine_pairs", None), opts.get("refine_rounds"))
+        self._note_target_picks(opts.get("refine_target_picks"))
         self._chosen: dict[str, int] = {}
         self._small: dict[str, int] = {}  # degree-0 windows per small-input model that ran
         self._refined: dict[str, dict[str, Any]] = {}
@@ -141,6 +142,18 @@ class PrivBayesMethod(Method):
                          f"pair, so the {pairs} requested pairs run in at most {pairs} rounds; up "
                          f"to {rounds} rounds only where the size rule raises the pairs from the "
                          "row count (method 'privbayes'; docs/options.md)")
+
+    def _note_target_picks(self, picks: int | str | None) -> None:
+        """Say, in the caller's words, that ``refine_target_picks`` changes nothing without a
+        declared target (H86's open item): the plan then equals ``refine_target_picks=0`` and the
+        manifest names no target picks, so a user who set it would otherwise never learn that it
+        was ignored. Build time, from the configuration only."""
+        if picks in (None, 0) or self._target() is not None:
+            return
+        _LOG.warning("%s", f"{self.say.option('refine_target_picks', picks)} changes nothing: "
+                     "no target is declared (the schema's 'target' key or "
+                     f"{self.say.option('target', 'COLUMN')}), so the refinement picks among "
+                     "every pair as with 0 (method 'privbayes'; docs/privbayes.md)")
 
     def _target_parent(self) -> str:
         """``--target-parent`` / ``options={'target_parent': ...}`` (default ``auto``): its
