@@ -257,6 +257,7 @@ def run_prefixes(*, input: str, codec: KeyCodec, method: str, epsilon: float, ou
         schema_fingerprint=hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest(),
         accountant=accountant.to_dict(), seed=seed,
         privacy_unit={"privacy_id": privacy_id, "max_contributions": max_contributions,
+                      "neighbouring": "add/remove one privacy unit",
                       **empty_input_note(empty_input_refused), **rejected_gate_note(fail_on_rejected)},
         counts=counts, privacy_ids=reader_privacy_ids(privacy_id),  # as encode_key_block read them
         details={"key": spec, "accounting": transform.accounting.to_dict(),

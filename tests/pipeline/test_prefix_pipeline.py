@@ -135,6 +135,8 @@ def test_cli_text_end_to_end(tmp_path):
     assert op["rows_dropped_by_bound"] == 16  # the bound of 5 per user (51 encoded rows, 7 users)
     assert rel["budget"]["spent"]["epsilon"] == 8.0
     assert rel["details"]["accounting"]["max_contributions"] == 5
+    # the guarantee's neighbouring relation, as synthesize's and histogram's manifests state it
+    assert rel["privacy_unit"]["neighbouring"] == "add/remove one privacy unit", rel["privacy_unit"]
     assert rel["details"]["accounting"]["scale"] == 2 * 5 / 8  # the paper's ε₀ = ε/(2k)
     synth = (tmp_path / "out.csv").read_text().splitlines()
     assert synth[0] == "query" and all(len(s) <= 4 for s in synth[1:])
