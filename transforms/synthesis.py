@@ -339,6 +339,12 @@ class DPIndependentMarginals(beam.PTransform):
             for j, c in enumerate(schema.columns) if c.is_open
         }
 
+    @property
+    def modes(self) -> dict[str, str]:
+        """``{"fit": ..., "sampling": ...}``: how the released tables are fitted and sampled
+        (post-processing), for the manifests of the methods that use this measurement."""
+        return dict(self._modes)
+
     def display_data(self) -> dict[str, Any]:
         """Mechanism, ε, δ, per-column noise scale and declared cells (never data values)."""
         m = len(self._schema.columns)

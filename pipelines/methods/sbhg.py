@@ -178,5 +178,7 @@ class SBHGMethod(Method):
 
     def details(self) -> dict[str, Any]:
         if not isinstance(self.transform, DPHashedConditionals):
-            return {"sbhg": {"model": "independent 1-way marginals (fallback)", "sizing": self.sizing}}
+            # the fallback's fit and sampling (64d02bb: Norm-Sub, balanced), as independent's
+            return {"sbhg": {"model": "independent 1-way marginals (fallback)",
+                             **self.transform.modes, "sizing": self.sizing}}
         return {"sbhg": {**self.transform.details(), "sizing": self.sizing}}
