@@ -28,6 +28,7 @@ suggestion). A job needs nothing but ``bs.`` names and Apache Beam; everything e
 from beamsynth import (
     _beam_import,  # noqa: F401  (first: Beam without its import warning)
     _csv_header_fix,  # noqa: F401  (Beam's ReadFromCsv endless on a 0-byte file)
+    _json_sample_fix,  # noqa: F401  (Beam's ReadFromJson fails when built on no records)
 )
 from beamsynth.pipelines.job import (
     SBHG,

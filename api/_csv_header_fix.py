@@ -21,7 +21,7 @@ import copy
 import functools
 from typing import Any
 
-__all__ = ["install"]
+__all__ = ["install", "wrap_dataframe_io"]
 
 
 class _PastEnd(Exception):
@@ -48,23 +48,32 @@ def _ending_at_eof(read_header: Any) -> Any:
         except _PastEnd:
             return self.empty_buffer().join(lines), self.empty_buffer()
 
-    read_header_to_eof.beamsynth_ends_at_eof = True
     return read_header_to_eof
 
 
-def install() -> bool:
-    """Wrap Beam's splittable CSV header read once; False when this Beam has no such reader."""
+def wrap_dataframe_io(owner: str, method: str, wrap: Any, *, needs: str = "") -> bool:
+    """Replace ``apache_beam.dataframe.io.<owner>.<method>`` by ``wrap(method)`` once per process
+    (a wrapped method carries ``beamsynth_wrapped``); False when this Beam has no such method (or
+    ``owner`` lacks the attribute ``needs``): Beam's own behaviour then stays."""
     try:
         from apache_beam.dataframe import io as dataframe_io
     except ImportError:  # pragma: no cover - a Beam without its DataFrame API
         return False
-    splitter = getattr(dataframe_io, "_TextFileSplitter", None)
-    read_header = getattr(splitter, "read_header", None)
-    if read_header is None or not hasattr(splitter, "read_to_record_boundary"):
+    cls = getattr(dataframe_io, owner, None)
+    original = getattr(cls, method, None)
+    if original is None or (needs and not hasattr(cls, needs)):
         return False
-    if not getattr(read_header, "beamsynth_ends_at_eof", False):
-        splitter.read_header = _ending_at_eof(read_header)
+    if not getattr(original, "beamsynth_wrapped", False):
+        wrapped = wrap(original)
+        wrapped.beamsynth_wrapped = True
+        setattr(cls, method, wrapped)
     return True
+
+
+def install() -> bool:
+    """Wrap Beam's splittable CSV header read once; False when this Beam has no such reader."""
+    return wrap_dataframe_io("_TextFileSplitter", "read_header", _ending_at_eof,
+                             needs="read_to_record_boundary")
 
 
 install()

@@ -60,6 +60,7 @@ from beamsynth.pipelines.yaml_transforms import (
     check_step_windows,
     config_checked,
     load_step_schema,
+    reads_rounded_ids,
     warn_at_build,
 )
 from beamsynth.schemas.keys import KeyCodec, KeySpecError, key_codec_from_spec
@@ -290,7 +291,7 @@ class _StatsStep(beam.PTransform):
                         "dead_letters": "error_handling output" if self._errors else
                                         "dropped and counted (no error_handling output)"},
         }
-        _ = (combine_globally(counts, _SumCountsFn(), "SumCounts")
+        _ = (combine_globally(counts, _SumCountsFn(rounded=reads_rounded_ids(schema)), "SumCounts")
              # dict of exact counts of the run (operational, not DP)
              | "WriteManifest" >> beam.ParDo(_WriteManifestFn(
                  path=self._manifest, info=info, ledger=ledger, step=self._step_acct)))
@@ -318,7 +319,8 @@ def _common(config: dict[str, Any]) -> dict[str, Any]:
 
 _OPERATIONAL = {"read": [("rows_read", 1)], "rejected": [("rows_rejected", 1)],
                 "used": [("rows_used", 1), ("rows_dropped_by_bound", -1)],
-                "encoded": [("rows_dropped_by_bound", 1)]}
+                "encoded": [("rows_dropped_by_bound", 1)],
+                "privacy_ids_rounded": [("privacy_ids_rounded", 1)]}
 
 
 def _operational(item: tuple[str, str, int]) -> list[tuple[str, int]]:

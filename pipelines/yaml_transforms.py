@@ -81,6 +81,7 @@ from beamsynth.schemas.schema import (
     SchemaError,
     _is_timestamp,
     avro_field_name,
+    count_rounded_ids,
     load_schema,
 )
 from beamsynth.schemas.tables import arrow_schema_for
@@ -544,7 +545,12 @@ def _windows_from_config(value: Any) -> Optional[DeclaredWindows]:  # noqa: UP04
 
 # -- manifest -------------------------------------------------------------------------------------
 class _SumCountsFn(beam.CombineFn):
-    """Sums ``(name, n)`` pairs into a dict (operational counts of one window)."""
+    """Sums ``(name, n)`` pairs into a dict (operational counts of one window). ``rounded``: the
+    step's schema reads privacy ids ``rounded``, so its count of records whose id is 2**53 or
+    beyond (``privacy_ids_rounded``, 0 when none) is kept, as in the API's manifests."""
+
+    def __init__(self, *, rounded: bool = False) -> None:
+        self._keys = _COUNT_KEYS + (("privacy_ids_rounded",) if rounded else ())
 
     def create_accumulator(self) -> dict:
         return {}
@@ -561,12 +567,18 @@ class _SumCountsFn(beam.CombineFn):
         return out
 
     def extract_output(self, acc: dict) -> dict:
-        out = {k: int(acc.get(k, 0)) for k in ("rows_read", "rows_used", "rows_rejected",
-                                                "rows_dropped_by_bound", "rows_out")}
+        out = {k: int(acc.get(k, 0)) for k in self._keys}
         run = {k[len(_RUN):]: int(v) for k, v in sorted(acc.items()) if k.startswith(_RUN)}
         return {**out, _RUN: run} if run else out  # the method's run-time records (H72)
 
 
+def reads_rounded_ids(schema: Schema) -> bool:
+    """Whether a step's encoder reads privacy ids ``rounded`` (an id column and the schema's
+    ``privacy_ids: rounded``): its manifest then counts ``privacy_ids_rounded``."""
+    return schema.privacy_id is not None and schema.privacy_ids == "rounded"
+
+
+_COUNT_KEYS = ("rows_read", "rows_used", "rows_rejected", "rows_dropped_by_bound", "rows_out")
 _RUN = "run:"
 """Prefix of a method's run-time records (``run_counts``: privbayes' choices, plausible's released)."""
 
@@ -971,6 +983,8 @@ class Synthesize(beam.PTransform):
              enc["rejected"] | "RejectedCounts" >> beam.Map(lambda _r: ("rows_rejected", 1)),
              enc["rejected"] | "RejectedRead" >> beam.Map(lambda _r: ("rows_read", 1)),
              batches | "UsedCounts" >> beam.Map(lambda b: ("rows_used", len(b))),
+             enc["batches"] | "RoundedCounts" >> beam.Map(
+                 lambda b: ("privacy_ids_rounded", count_rounded_ids(b.pids))),
              self._default_trigger(tables)
              | "OutCounts" >> beam.Map(lambda t: ("rows_out", t.num_rows)),
              *[self._default_trigger(c, f"RunWindows{i}")
@@ -1006,7 +1020,8 @@ class Synthesize(beam.PTransform):
             side["outside"] = beam.pvalue.AsSingleton(
                 outside | "OutsideCount" >> beam.combiners.Count.Globally())
             # int (global window): rows outside the declared windows
-        _ = (combine_globally(counts, _SumCountsFn(), "SumCounts")
+        _ = (combine_globally(counts, _SumCountsFn(rounded=reads_rounded_ids(plan.schema)),
+                              "SumCounts")
              # dict of exact counts, once per release window (operational, not DP)
              | "WriteManifest" >> beam.ParDo(_WriteManifestFn(
                  path=self._manifest, info=info, ledger=ledger, step=plan.accountant,

@@ -1,0 +1,91 @@
+"""The plugin API's open items as an ETL engineer meets them (eighteenth session, H96).
+
+Each test fails on the code before its fix (docs/beam-api.md, "Eighteenth session").
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import apache_beam as beam
+import pytest
+from apache_beam.testing.util import assert_that, equal_to
+
+import beamsynth as bs
+from beamsynth.runners.local import LocalDirectRunner
+
+yaml = pytest.importorskip("yaml")
+
+_SCHEMA = {"name": "shop", "privacy_id": "customer", "columns": [
+    {"name": "age", "type": "integer",
+     "domain": {"kind": "integer", "low": 18, "high": 90, "edges": [18, 30, 45, 60, 91]}},
+    {"name": "region", "type": "categorical",
+     "domain": {"kind": "categorical", "values": ["north", "south", "east", "west"]}}]}
+
+
+def _schema_file(folder: Path, **changes) -> Path:
+    path = folder / "shop.yaml"
+    path.write_text(yaml.safe_dump({**_SCHEMA, **changes}), encoding="utf-8")
+    return path
+
+
+# -- 1. Beam's ReadFromJson on a file without records reads no rows -------------------------------
+def test_read_from_json_on_a_file_without_records_reads_no_rows(tmp_path: Path) -> None:
+    """``beam.io.ReadFromJson`` (Beam YAML's ``ReadFromJson`` too) samples the first file when
+    built; a file without a record (0 bytes, blank lines) has no sample, and ``StopIteration``
+    failed the pipeline when built, so whether a release happened depended on the data (rule 7).
+    Now no rows, and a job's Count still releases its one DP row, its manifest reading 0 rows (a
+    file with records reads as before: the ReadFromJson jobs of test_session16_api and others)."""
+    job = bs.PrivacyJob(epsilon=1.0, seed=3)
+    schema = bs.load_schema(str(_schema_file(tmp_path, privacy_id=None)))
+    files = {name: tmp_path / f"{name}.jsonl" for name in ("empty", "blank")}
+    files["empty"].write_bytes(b"")
+    files["blank"].write_bytes(b"\n\n")
+    with beam.Pipeline(runner=LocalDirectRunner()) as p:
+        read = {name: p | f"Read{name}" >> beam.io.ReadFromJson(str(path), lines=True)
+                for name, path in files.items()}
+        assert_that(read["blank"], equal_to([]), label="NoRows")
+        counts = (read["empty"] | job.private(schema) | bs.Count(epsilon=0.5)
+                  | beam.combiners.Count.Globally())
+        assert_that(counts, equal_to([1]), label="OneCount")
+        _ = p | bs.WriteManifest(job=job, path=str(tmp_path / "m.json"))
+    manifest = json.loads((tmp_path / "m.json").read_text(encoding="utf-8"))
+    assert manifest["operational"]["rows_read"] == 0
+
+
+# -- 2. Beam YAML manifests count the records whose ids were rounded ------------------------------
+def test_yaml_manifests_count_rounded_ids(tmp_path: Path) -> None:
+    """Under ``privacy_ids: rounded`` the API's manifests count the records whose id is 2**53 or
+    beyond (``operational.privacy_ids_rounded``); the Beam YAML steps' manifests did not. Now
+    ``BeamsynthCount`` (the statistics steps) and ``BeamsynthSynthesize`` do, in the operational
+    part only (under ``exact`` there is no such count: the test below)."""
+    from beamsynth.pipelines import yaml_stats, yaml_transforms
+
+    schema, big = str(_schema_file(tmp_path, privacy_ids="rounded")), 2**53
+    paths = {kind: tmp_path / f"{kind}.json" for kind in ("count", "synth")}
+    with beam.Pipeline(runner=LocalDirectRunner()) as p:
+        rows = p | beam.Create([beam.Row(customer=big, age=30, region="north"),
+                                beam.Row(customer=big + 1, age=40, region="south"),
+                                beam.Row(customer=7, age=50, region="east")])
+        total = {"epsilon": 1.5}
+        _ = rows | yaml_stats.Count(schema=schema, epsilon=0.5, seed=3, job_budget=total,
+                                    manifest=str(paths["count"]))
+        _ = rows | yaml_transforms.Synthesize(schema=schema, epsilon=1.0, rows=5, seed=4,
+                                              job_budget=total, manifest=str(paths["synth"]))
+    for kind, path in paths.items():
+        m = json.loads(path.read_text(encoding="utf-8"))
+        assert m["operational"].get("privacy_ids_rounded") == 2, (kind, m["operational"])
+        assert "privacy_ids_rounded" not in json.dumps(m["release"])
+
+
+def test_yaml_manifest_counts_rounded_ids_only_where_ids_are_rounded(tmp_path: Path) -> None:
+    from beamsynth.pipelines.yaml_transforms import _SumCountsFn, reads_rounded_ids
+
+    counts = {"rows_read": 3, "privacy_ids_rounded": 2}
+    assert _SumCountsFn(rounded=True).extract_output(counts)["privacy_ids_rounded"] == 2
+    assert _SumCountsFn(rounded=True).extract_output({})["privacy_ids_rounded"] == 0
+    assert "privacy_ids_rounded" not in _SumCountsFn().extract_output(counts)
+    assert [reads_rounded_ids(bs.load_schema(str(_schema_file(tmp_path, **change))))
+            for change in ({}, {"privacy_ids": "exact"}, {"privacy_id": None})] == [True, False, False]
+
