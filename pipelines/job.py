@@ -36,7 +36,7 @@ from beamsynth.pipelines.methods.synthesize import (
 )
 from beamsynth.pipelines.methods.wording import Vocabulary
 from beamsynth.schemas.schema import EncodedBatch
-from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, PureDP, as_budget
+from beamsynth.transforms.budget import ApproxDP, PrivacyAccountant, PureDP, as_budget, check_rows
 from beamsynth.transforms.conventions import typed_boundary
 from beamsynth.transforms.outputs import record_type, table_order, table_rows
 from beamsynth.transforms.private import (
@@ -149,8 +149,7 @@ class Synthesize(PrivateTransform):
         method = self.method_name or method or "independent"
         get_method(method)  # unknown method: ValueError listing the available ones
         self._budget = as_budget(check_epsilon(epsilon), delta)
-        if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 0):
-            raise ValueError(f"rows ({rows!r}) must be None or an int >= 0")
+        check_rows(rows)
         if count_fraction is not None and rows is not None:
             raise ValueError(f"count_fraction ({count_fraction!r}) is the DP record count's share "
                              f"of ε, used only with rows=None; with rows={rows!r} nothing is "
@@ -250,7 +249,9 @@ class Synthesize(PrivateTransform):
 
 class IndependentSynthesis(Synthesize):
     """:class:`Synthesize` with ``method="independent"``: noisy 1-way marginals of every column
-    (discrete Laplace, ε split equally; CatHist for open columns), columns sampled independently."""
+    (discrete Laplace, ε split equally; CatHist for open columns), fitted by Norm-Sub and sampled
+    balanced (each cell ⌊N·p⌋ or ⌈N·p⌉ of the N rows, columns shuffled independently; both
+    post-processing); ``options={"independent_sampling": "iid"}`` draws i.i.d. rows instead."""
 
     method_name = "independent"
 

@@ -89,3 +89,54 @@ def test_yaml_manifest_counts_rounded_ids_only_where_ids_are_rounded(tmp_path: P
     assert [reads_rounded_ids(bs.load_schema(str(_schema_file(tmp_path, **change))))
             for change in ({}, {"privacy_ids": "exact"}, {"privacy_id": None})] == [True, False, False]
 
+
+# -- 3. rows=0 refused and a large δ warned, in one validator for every caller --------------------
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda: bs.PrivBayes(epsilon=1.0, rows=0), "rows=0: the row count must be a whole number >= 1"),
+    (lambda: bs.Synthesize(method="sbhg", epsilon=1.0, delta=1e-6, rows=-2),
+     "rows=-2: the row count must be a whole number >= 1"),
+    (lambda: bs.IndependentSynthesis(epsilon=1.0, rows=0), "or unset for a DP count"),
+])
+def test_api_refuses_zero_rows(make, message) -> None:
+    """``bs.PrivBayes(rows=0)`` spent its ε for no row without a word (H87's open item)."""
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_api_refuses_a_row_count_of_another_type() -> None:
+    with pytest.raises(TypeError, match=r"rows='5': the row count must be a whole number >= 1 or "
+                                        r"unset, got str"):
+        bs.PrivBayes(epsilon=1.0, rows="5")
+
+
+@pytest.mark.parametrize(("caller", "shown"), [("cli", "--rows 0"), ("yaml", "rows: 0")])
+def test_cli_and_yaml_refuse_zero_rows_in_their_words(caller: str, shown: str) -> None:
+    """The CLI's ``--rows 0``, a YAML step's and a release table's ``rows: 0`` (all through
+    ``plan_synthesis``) were taken: ε spent, a header-only file written."""
+    from beamsynth.pipelines.methods.synthesize import SynthesisConfig, plan_synthesis
+    from beamsynth.pipelines.methods.wording import Vocabulary
+
+    cfg = SynthesisConfig(input="in.csv", schema=bs.load_schema("adult"), output="out.csv",
+                          epsilon=1.0, rows=0)
+    with pytest.raises(ValueError, match=f"^{shown}: the row count must be a whole number >= 1"):
+        plan_synthesis(cfg, vocabulary=Vocabulary(caller))
+
+
+def test_large_delta_is_warned_once_when_built(monkeypatch, caplog) -> None:
+    """``bs.PrivacyJob(delta=0.5)`` was taken without a word; δ ≥ 1 was and is refused. Now a
+    total δ above 1e-3 logs a warning naming the value, once per value (YAML builds several
+    accountants of one total)."""
+    import logging
+
+    from beamsynth.transforms import budget
+
+    monkeypatch.setattr(budget, "_WARNED_DELTAS", set())
+    with caplog.at_level(logging.WARNING, logger="beamsynth.transforms.budget"):
+        bs.PrivacyJob(epsilon=1.0, delta=1e-3)
+        assert not caplog.records
+        bs.PrivacyJob(epsilon=1.0, delta=0.5)
+        bs.PrivacyJob(epsilon=2.0, delta=0.5)
+    assert [r.getMessage()[:24] for r in caplog.records] == ["delta=0.5 is above 0.001"]
+    with pytest.raises(ValueError, match=r"delta \(1\) must be in \[0, 1\)"):
+        bs.PrivacyJob(epsilon=1.0, delta=1)
+

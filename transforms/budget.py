@@ -13,6 +13,7 @@ so an overspending pipeline never starts.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,13 +26,24 @@ __all__ = [
     "PrivacyAccountant",
     "PureDP",
     "Spend",
+    "DELTA_WARN_ABOVE",
     "as_budget",
+    "check_rows",
+    "warn_large_delta",
     "zcdp_approx",
     "zcdp_delta",
     "zcdp_rho",
 ]
 
 _TOLERANCE = 1e-9  # relative slack for float round-off when spends add up to the total exactly
+_LOG = logging.getLogger(__name__)
+
+DELTA_WARN_ABOVE = 1e-3
+"""A total δ above this is taken with a warning when the pipeline is built (docs/options.md,
+"Budgets"): (ε, δ)-DP lets a mechanism fail its ε guarantee with probability δ, e.g. publish a
+δ share of the records outright, so δ must be far below 1/n for n privacy units (1e-6 or less
+for a hundred thousand units). δ ≥ 1 is refused (:class:`ApproxDP`)."""
+_WARNED_DELTAS: set[float] = set()
 
 
 class BudgetExceededError(ValueError):
@@ -54,6 +66,34 @@ def _check_delta(delta: Any) -> float:
     if not (0.0 <= d < 1.0) or not math.isfinite(d):
         raise ValueError(f"delta ({delta!r}) must be in [0, 1)")
     return d
+
+
+def warn_large_delta(delta: float) -> None:
+    """Log a warning, once per process and value, for a total δ above :data:`DELTA_WARN_ABOVE`."""
+    if delta > DELTA_WARN_ABOVE and delta not in _WARNED_DELTAS:
+        _WARNED_DELTAS.add(delta)
+        _LOG.warning("delta=%g is above %g: (ε, δ)-DP may fail with probability δ (e.g. publish "
+                     "a δ share of the records outright); choose δ far below 1/n for n privacy "
+                     "units, such as 1e-6 for a hundred thousand (docs/options.md, 'Budgets')",
+                     delta, DELTA_WARN_ABOVE)
+
+
+def check_rows(rows: Any, *, shown: str | None = None) -> int | None:
+    """A requested synthetic row count: ``None`` (a DP count of the records sets it) or a whole
+    number ≥ 1. ``0`` is refused: it would spend the synthesizer's ε for no released row.
+    ``shown``: the setting as the caller wrote it (``--rows 0``, ``rows: 0``; default
+    ``rows=0``), which the message echoes."""
+    if rows is None:
+        return None
+    shown = shown or f"rows={rows!r}"
+    if isinstance(rows, bool) or not isinstance(rows, int):
+        raise TypeError(f"{shown}: the row count must be a whole number >= 1 or unset, got "
+                        f"{type(rows).__name__}")
+    if rows < 1:
+        raise ValueError(f"{shown}: the row count must be a whole number >= 1, or unset for a DP "
+                         "count of the records (a synthesizer asked for no row would spend its ε "
+                         "for nothing)")
+    return rows
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -172,6 +212,7 @@ class PrivacyAccountant:
     def __init__(self, *, total: ApproxDP) -> None:
         if not isinstance(total, ApproxDP):
             raise TypeError(f"total must be a PureDP or ApproxDP budget, got {type(total).__name__}")
+        warn_large_delta(total.delta)
         self._total = total
         self._spends: list[Spend] = []
         self.exported = False  # to_dict() was called: the spends were taken for a manifest

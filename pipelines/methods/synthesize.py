@@ -40,7 +40,12 @@ from beamsynth.pipelines.methods.wording import Vocabulary
 from beamsynth.runners.presets import is_beam_dask, is_dask
 from beamsynth.schemas.schema import Schema
 from beamsynth.schemas.tables import arrow_schema_for
-from beamsynth.transforms.budget import BudgetExceededError, PrivacyAccountant, as_budget
+from beamsynth.transforms.budget import (
+    BudgetExceededError,
+    PrivacyAccountant,
+    as_budget,
+    check_rows,
+)
 from beamsynth.transforms.synthesis import DEFAULT_SHARD_ROWS, DPCount, SampleSynthetic
 from beamsynth.transforms.units import BoundContributions
 
@@ -96,8 +101,7 @@ class SynthesisPlan:
 def plan_synthesis(cfg: SynthesisConfig, *, vocabulary: Vocabulary | None = None) -> SynthesisPlan:
     """Validate the configuration and spend the budget; raises before any data is read.
     ``vocabulary``: how the method's messages spell options (default the CLI's flags)."""
-    if cfg.rows is not None and (isinstance(cfg.rows, bool) or not isinstance(cfg.rows, int) or cfg.rows < 0):
-        raise ValueError(f"rows ({cfg.rows!r}) must be an int >= 0")
+    check_rows(cfg.rows, shown=(vocabulary or Vocabulary()).option("rows", cfg.rows))
     if isinstance(cfg.split_bytes, bool) or not isinstance(cfg.split_bytes, int) or cfg.split_bytes < 0:
         raise ValueError(f"split_bytes ({cfg.split_bytes!r}) must be an int >= 0 (0: one reader per file)")
     if not (0 < cfg.count_fraction < 1):

@@ -9,6 +9,7 @@ only, and the release concatenates the parts under an escaped header.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import datetime as dt
 import io
 import json
@@ -139,8 +140,11 @@ def test_failed_window_write_leaves_no_part_folder(tmp_path, monkeypatch):
 
 
 def test_empty_window_gets_a_header_only_file(tmp_path):
-    """``rows=0``: no sampled table, still one release per window (header only)."""
-    _run(tmp_path, _plan(tmp_path, rows=0), days=1)
+    """A plan of 0 rows: no sampled table, still one release per window (header only). The
+    CLI, API and YAML refuse ``rows=0`` (H96), so the plan's rows are set after planning."""
+    plan = _plan(tmp_path, rows=1)
+    _run(tmp_path, dataclasses.replace(plan, config=dataclasses.replace(plan.config, rows=0)),
+         days=1)
     (f,) = tmp_path.glob("day.*.csv")
     assert f.read_text() == csv_header(NAMES)
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(TEMP_PREFIX)]
