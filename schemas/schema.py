@@ -309,7 +309,7 @@ class Column:
                 assert isinstance(self.domain, CategoricalDomain)  # checked at load
                 codes[ood] = self.domain.other_index
             else:
-                bounds = _declared_bounds(self.domain)
+                bounds = _declared_bounds(self.domain) + _way_out(self.domain)
                 for i in np.flatnonzero(ood).tolist():
                     reasons[i] = (
                         f"column {self.name!r}: value {_short(raw[i])} is outside the declared "
@@ -401,6 +401,19 @@ def _declared_bounds(domain: Domain) -> str:
     spec = domain.to_spec()
     low, high = spec.get("low", spec.get("start")), spec.get("high", spec.get("end"))
     return "" if low is None or high is None else f" [{low}, {high}]"
+
+
+def _way_out(domain: Domain) -> str:
+    """How a categorical column keeps a value it does not declare (the schema's catch-all cell),
+    for its out-of-domain reason; ``""`` for other domains. H87: a new category gave dead letters
+    and no way to keep such rows."""
+    if not isinstance(domain, CategoricalDomain):
+        return ""
+    if domain.other is not None:
+        return (f" (to count such values in its catch-all {domain.other!r} instead: "
+                "on_out_of_domain: other)")
+    return (" (to keep such rows, declare a catch-all cell, other: OTHER in the domain, and "
+            "on_out_of_domain: other; docs/schema-format.md)")
 
 
 def _short(value: Any, limit: int = 60) -> str:

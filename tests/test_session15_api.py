@@ -133,7 +133,7 @@ def _dead_letters(kind: str, records: list[dict], **private: object) -> list[tup
 
 EXPECTED = {
     "row": [(5, "column 'age': value 'abc' is not a valid integer"),
-            (6, "column 'sex': value 'X' is outside the declared categorical domain"),
+            (6, "column 'sex': value 'X' is outside the declared categorical domain (to keep such rows, declare a catch-all cell, other: OTHER in the domain, and on_out_of_domain: other; docs/schema-format.md)"),
             (7, "column 'sex': null in a non-nullable column")],
 }
 EXPECTED[None] = [(None, why) for _, why in EXPECTED["row"]]

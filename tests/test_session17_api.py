@@ -207,4 +207,4 @@ def test_an_out_of_domain_number_or_time_names_the_declared_range():
             "column 'pay': value 2000 is outside the declared float domain [0.0, 1000.5]",
             "column 'day': value '2031-01-01' is outside the declared datetime domain "
             "[2024-01-01T00:00:00, 2024-12-31T00:00:00]",
-            "column 'sex': value 'X' is outside the declared categorical domain"]))
+            "column 'sex': value 'X' is outside the declared categorical domain (to keep such rows, declare a catch-all cell, other: OTHER in the domain, and on_out_of_domain: other; docs/schema-format.md)"]))

@@ -140,3 +140,33 @@ def test_large_delta_is_warned_once_when_built(monkeypatch, caplog) -> None:
     with pytest.raises(ValueError, match=r"delta \(1\) must be in \[0, 1\)"):
         bs.PrivacyJob(epsilon=1.0, delta=1)
 
+
+# -- 4. an out-of-domain category names the way to keep such rows --------------------------------
+def test_out_of_domain_category_names_the_catch_all(tmp_path: Path) -> None:
+    """A new category (``'Martian'``) made a dead letter saying only ``is outside the declared
+    categorical domain``, with no way out named (H87's open item). Now the reason names the
+    schema's catch-all: how to declare one, or, where the domain has one, ``on_out_of_domain:
+    other``; with that set the row is used, in its catch-all cell. Numbers keep their range."""
+    def schema(**sex_options):
+        path = tmp_path / "s.yaml"
+        path.write_text(yaml.safe_dump({"name": "s", "columns": [
+            {"name": "race", "type": "categorical",
+             "domain": {"kind": "categorical", "values": ["White", "Black"]}},
+            {"name": "sex", "type": "categorical", **sex_options,
+             "domain": {"kind": "categorical", "values": ["F", "M"], "other": "OTHER"}},
+            {"name": "age", "type": "integer",
+             "domain": {"kind": "integer", "low": 17, "high": 99}}]}), encoding="utf-8")
+        return bs.load_schema(str(path))
+
+    columns = {"race": ["Martian", "White", "White"], "sex": ["F", "X", "M"],
+               "age": ["30", "40", "150"]}
+    _, bad = schema().encode_columns(columns, 3)
+    assert bad == [
+        (0, "column 'race': value 'Martian' is outside the declared categorical domain (to keep "
+            "such rows, declare a catch-all cell, other: OTHER in the domain, and "
+            "on_out_of_domain: other; docs/schema-format.md)"),
+        (1, "column 'sex': value 'X' is outside the declared categorical domain (to count such "
+            "values in its catch-all 'OTHER' instead: on_out_of_domain: other)"),
+        (2, "column 'age': value '150' is outside the declared integer domain [17, 99]")]
+    batch, bad = schema(on_out_of_domain="other").encode_columns(columns, 3)
+    assert [row for row, _ in bad] == [0, 2] and batch.codes[:, 1].tolist() == [2]  # OTHER

@@ -105,7 +105,7 @@ def test_yaml_rows_with_whole_float_codes_encode_as_the_api_does(tmp_path: Path)
     batch, bad = encode_rows(schema, [beam.Row(code=1.0, n=5.0), beam.Row(code=3, n=7),
                                       beam.Row(code=2.5, n=1)])
     assert [b.reason for b in bad] == [
-        "column 'code': value 2.5 is outside the declared categorical domain"]
+        "column 'code': value 2.5 is outside the declared categorical domain (to keep such rows, declare a catch-all cell, other: OTHER in the domain, and on_out_of_domain: other; docs/schema-format.md)"]
     assert batch.codes[:, 0].tolist() == [0, 2]
     floats = load_schema({"name": "f", "columns": [
         {"name": "code", "type": "categorical",
@@ -369,7 +369,7 @@ def test_api_read_from_csv_one_record_leaves_the_others_used(tmp_path: Path) -> 
             _ = priv | bs.Count(epsilon=0.5)
             _ = p | bs.WriteManifest(job=job, path=str(tmp_path / f"m{len(extra)}.json"))
         dead.append([line.strip() for f in glob.glob(f"{out}*") for line in open(f)])
-    assert dead == [[], ["column 'code': value 'x1' is outside the declared categorical domain"]]
+    assert dead == [[], ["column 'code': value 'x1' is outside the declared categorical domain (to keep such rows, declare a catch-all cell, other: OTHER in the domain, and on_out_of_domain: other; docs/schema-format.md)"]]
 
 
 def test_yaml_read_from_csv_codes_with_leading_zeros_are_used(tmp_path: Path) -> None:

@@ -55,7 +55,7 @@ def test_dataframe_codes_with_a_blank_are_used(tmp_path):
 
     counts, reasons = _run(tmp_path, make)
     assert counts == {"read": 4, "rejected": 1, "dropped_by_bound": 0, "used": 3}
-    assert reasons == ["column 'race': value 4 is outside the declared categorical domain"]
+    assert reasons == ["column 'race': value 4 is outside the declared categorical domain (to keep such rows, declare a catch-all cell, other: OTHER in the domain, and on_out_of_domain: other; docs/schema-format.md)"]
 
 
 def test_whole_floats_match_integer_codes_and_keys(tmp_path):
@@ -68,9 +68,9 @@ def test_whole_floats_match_integer_codes_and_keys(tmp_path):
                                    tree={"0": ["1", "2", "3"], "1": ["1", "2", "3"]})}
     counts, reasons = _run(tmp_path, lambda p: p | beam.Create(rows), keys=keys)
     assert counts == {"read": 5, "rejected": 3, "dropped_by_bound": 0, "used": 2}
-    assert reasons == ["column 'score': value 1.5 is outside the declared categorical domain",
-                       "column 'sex': value 1.5 is outside the declared categorical domain",
-                       "column 'sex': value True is outside the declared categorical domain"]
+    assert reasons == ["column 'score': value 1.5 is outside the declared categorical domain (to keep such rows, declare a catch-all cell, other: OTHER in the domain, and on_out_of_domain: other; docs/schema-format.md)",
+                       "column 'sex': value 1.5 is outside the declared categorical domain (to keep such rows, declare a catch-all cell, other: OTHER in the domain, and on_out_of_domain: other; docs/schema-format.md)",
+                       "column 'sex': value True is outside the declared categorical domain (to keep such rows, declare a catch-all cell, other: OTHER in the domain, and on_out_of_domain: other; docs/schema-format.md)"]
 
 
 def _dask_job(tmp_path, build):

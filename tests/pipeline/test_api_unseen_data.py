@@ -196,7 +196,7 @@ def test_parquet_rows_with_field_name_columns_are_read_for_their_declared_column
         reasons = private.dead_letters | beam.Map(lambda r: r.reason)
         assert_that(reasons, equal_to(
             ["column \"fill inc questionnaire for veteran's admin\": value 'Maybe' is outside "
-             "the declared categorical domain"]))
+             "the declared categorical domain (to keep such rows, declare a catch-all cell, other: OTHER in the domain, and on_out_of_domain: other; docs/schema-format.md)"]))
         _ = p | bs.WriteManifest(job=job, path=str(tmp_path / "manifest.json"))
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert manifest["operational"]["sources"]["kdd"]["used"] == 3

@@ -280,7 +280,7 @@ def test_yaml_row_breaking_its_inferred_schema_is_an_error_row_not_a_crash(tmp_p
 """)
     bad = [json.loads(line) for line in _lines(f"{out}.bad")]
     assert [(b["row"], b["reason"]) for b in bad] == [
-        (None, "column 'sex': value 'X' is outside the declared categorical domain")]
+        (None, "column 'sex': value 'X' is outside the declared categorical domain (to keep such rows, declare a catch-all cell, other: OTHER in the domain, and on_out_of_domain: other; docs/schema-format.md)")]
     assert len(_lines(f"{out}-")) == 10
 
 

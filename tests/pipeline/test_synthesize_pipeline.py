@@ -40,7 +40,7 @@ def test_read_records_splits_good_and_rejected(tmp_path):
         reasons = out["rejected"] | "Reasons" >> beam.Map(lambda r: (r.row, r.reason))
         assert_that(rows, equal_to([[0, 0], [2, 4]]), label="good")
         assert_that(reasons, equal_to([
-            (2, "column 'a': value 'q' is outside the declared categorical domain"),
+            (2, "column 'a': value 'q' is outside the declared categorical domain (to keep such rows, declare a catch-all cell, other: OTHER in the domain, and on_out_of_domain: other; docs/schema-format.md)"),
             (3, "column 'n': value '99' is outside the declared integer domain [0, 9]")]),
             label="bad")
 

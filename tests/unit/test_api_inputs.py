@@ -41,7 +41,7 @@ def test_dicts_missing_nullable_is_null_and_bad_elements_are_dead_letters_alone(
     assert reasons == [
         (None, "element of type str is not a dict, beam.Row, named tuple or Arrow table"),
         (7, "required field 'sex' is missing"),
-        (8, "column 'sex': value 'X' is outside the declared categorical domain"),
+        (8, "column 'sex': value 'X' is outside the declared categorical domain (to keep such rows, declare a catch-all cell, other: OTHER in the domain, and on_out_of_domain: other; docs/schema-format.md)"),
     ]
     assert dead[1].element == '{"age-band": 1, "line": 7}'
     assert dead[1].source == "src"

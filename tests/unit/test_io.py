@@ -39,7 +39,7 @@ def test_csv_malformed_and_out_of_domain(tmp_path):
     reasons = sorted((r.row, r.reason) for r in rej)
     assert reasons == [
         (2, "row has 3 fields but the header has 2"),
-        (3, "column 'a': value 'z' is outside the declared categorical domain"),
+        (3, "column 'a': value 'z' is outside the declared categorical domain (to keep such rows, declare a catch-all cell, other: OTHER in the domain, and on_out_of_domain: other; docs/schema-format.md)"),
         (4, "column 'n': null in a non-nullable column"),
         (5, "column 'n': value 'abc' is not a valid integer"),
     ]

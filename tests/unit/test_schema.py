@@ -113,4 +113,4 @@ columns:
 """))
     batch, bad = s.encode_columns({"c": [" x", "y  "], "e": ["x", " x"]}, 2)
     assert batch.codes.tolist() == [[0, 0]]
-    assert bad == [(1, "column 'e': value ' x' is outside the declared categorical domain")]
+    assert bad == [(1, "column 'e': value ' x' is outside the declared categorical domain (to keep such rows, declare a catch-all cell, other: OTHER in the domain, and on_out_of_domain: other; docs/schema-format.md)")]
