@@ -31,7 +31,8 @@ their 30%; ``german800`` (``compas<N>``) trains on the first 800 (N) rows of the
 and evaluates on the rest, ``acs6107`` is a fixed 6,107-row ACS subsample (a state's size,
 evaluated against the whole file). ``--auc-all`` adds ``auc_all``: the mean one-vs-rest AUC with
 every column in turn as the label (H49: a label-free model's AUC is not tuned to one label);
-``--method real`` scores the input itself (the ceiling). ``--forest-theta off`` /
+``--method real`` scores the input itself (the ceiling); ``privbayes-1way`` is PrivBayes' own
+1-way model (√cells split, Norm-Sub, balanced; H94). ``--forest-theta off`` /
 ``--network-theta`` are A/B switches of the sizing (H49).
 
     nice -n 10 python benchmarks/small_data.py --inputs adult1000,adult5000,pums --epsilons 0.5,1,2
@@ -181,6 +182,28 @@ def synth_privbayes(schema, codes, epsilon, rs, sizing, *, public_rows=True, gau
     return model.sample_codes(len(codes), rs.child("sample")), size
 
 
+def synth_privbayes_one_way(schema, codes, epsilon, rs):
+    """PrivBayes' own ``k = 0`` model without a target: every column's 1-way table (discrete
+    Laplace, ε ∝ √cells, ``split_marginal_budget``), fitted (Norm-Sub) and sampled (balanced) as
+    the network is. The explicit fallback a gate between the small-input star and 1-way tables
+    would choose (issue 18, H94: docs/privbayes.md "Eighteenth session")."""
+    from beamsynth.transforms.budget import PureDP
+    from beamsynth.transforms.measure import count_marginals, noisy_marginals
+    from beamsynth.transforms.privbayes import fit_privbayes, split_marginal_budget
+    from beamsynth.transforms.privbayes_measure import PrivBayesMeasurement
+
+    shape, d = schema.shape, len(schema.shape)
+    specs = [(c,) for c in range(d)]
+    exact = count_marginals(codes, specs, shape)
+    released = noisy_marginals(exact, specs=specs, names=schema.names,
+                               budgets=split_marginal_budget(PureDP(epsilon=epsilon),
+                                                             [e.size for e in exact]),
+                               sensitivity=1.0, rs=rs.child("onew"))
+    measurement = PrivBayesMeasurement(tuple((c, ()) for c in range(d)), tuple(released))
+    model = fit_privbayes(measurement, shape, schema.names)
+    return model.sample_codes(len(codes), rs.child("sample")), "1-way sqrt-cells"
+
+
 def synth_sbhg(schema, codes, epsilon, seed, sizing):
     """SBHG through the real ``synthesize`` pipeline (DirectRunner; SBHG has no Beam-free path
     here), δ = 1e-6, the input size passed as ``--input-rows``."""
@@ -259,6 +282,8 @@ def run(a: argparse.Namespace) -> list[dict]:
                     elif method in INDEPENDENT_ARMS:
                         synth, size = synth_independent(schema, codes, eps, rs,
                                                         INDEPENDENT_ARMS[method])
+                    elif method == "privbayes-1way":
+                        synth, size = synth_privbayes_one_way(schema, codes, eps, rs)
                     elif method.startswith("sbhg"):
                         synth, size = synth_sbhg(schema, codes, eps, seed,
                                                  "off" if method == "sbhg-off" else "auto")
