@@ -92,6 +92,7 @@ pipeline is built (:class:`_UnsupportedVisitor`); ``Impulse`` is its one empty e
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import math
 from collections.abc import Iterable, Sequence
@@ -830,15 +831,21 @@ def _owns_cluster(client: Any) -> bool:
     return getattr(client, "cluster", None) is not None
 
 
-def _close(client: Any) -> None:
+def _close(client: Any, future: Any = None) -> None:
     """Close the runner's client, and with it the ``LocalCluster`` it started, after stopping the
-    workers' heartbeats (:mod:`beamsynth.runners.dask_shutdown`). Stopping them is best effort:
-    whatever it raises (a worker already gone) never replaces the run's own outcome."""
+    workers' heartbeats and closing the workers with time to exit
+    (:mod:`beamsynth.runners.dask_shutdown`). Both are best effort: whatever they raise (a worker
+    already gone) never replaces the run's own outcome. ``future``: the run's result, released
+    first, so that no worker closes holding a result the scheduler would log as lost."""
+    if future is not None:
+        with contextlib.suppress(Exception):  # a courtesy, as below
+            future.release()
     if _owns_cluster(client):
-        from beamsynth.runners.dask_shutdown import stop_heartbeats
+        from beamsynth.runners.dask_shutdown import close_workers, stop_heartbeats
 
         try:
             client.run(stop_heartbeats, on_error="ignore")
+            client.cluster.sync(close_workers, client.cluster)  # no "still alive ... killing"
         except Exception:  # noqa: BLE001 - a shutdown courtesy; the close below still runs
             pass
     client.close()
@@ -869,9 +876,9 @@ class DaskRunnerResult(PipelineResult):
             return self._state  # still running
         except BaseException:
             self._state = PipelineState.FAILED
-            _close(self.client)
+            _close(self.client, self.future)
             raise
-        _close(self.client)  # the runner's own client (and the LocalCluster it started)
+        _close(self.client, self.future)  # the runner's own client (and its LocalCluster)
         metrics = DirectMetrics()
         for item in results:
             if not isinstance(item, int):  # leaf sizes are ints, metric updates are not
