@@ -74,6 +74,11 @@ def test_fast_path_has_the_law_of_the_mechanism(name):
     pair = case.pairs[0]
     for data in (pair.smaller, pair.larger):
         loop = run_statistics(case, pair, data, 300, RandomSource(seed=11), use_batch=False)
+        if np.array_equal(run_statistics(case, pair, data, 300, RandomSource(seed=11)), loop):
+            # the fast path is the core itself (bounding done once, each run's draws from the
+            # loop's streams): the same statistic run by run, so the same law. Cheaper than the
+            # χ² below and stronger: a difference in any of the 300 runs falls through to it.
+            continue
         fast = run_statistics(case, pair, data, min(3000, case.runs), RandomSource(seed=12))
         values = np.union1d(loop, fast)
         edges = np.r_[values, values[-1] + 1]
