@@ -8,9 +8,11 @@ chunk, so ``StopIteration`` escapes and the whole pipeline fails when built: whe
 happens then depends on the data (rule 7), e.g. on an empty nightly drop.
 
 :func:`install` wraps that method once per process (``import beamsynth`` imports this module
-first): for a pandas line reader, the sample read returns an empty frame (no columns) where the
-stream has no first chunk, so the rows get a schema without fields and the run reads no rows, as
-a header-only CSV file reads. Every other read is unchanged: Beam's reading step on the workers
+first): for a pandas line reader, where the first file has no chunk the sample is the first
+chunk of the pattern's other files (Beam samples only the first file it matches: a glob whose
+first file is empty would otherwise type every record of the others as a row without fields),
+else an empty frame (no columns): the rows get a schema without fields and the run reads no
+rows, as a header-only CSV file reads. Every other read is unchanged: Beam's reading step on the workers
 gets pandas' own reader (it keeps a pandas reader by its name), and a file with a record reads
 its first chunk as before. Whether a file is empty is never looked at before the run.
 """
@@ -26,39 +28,57 @@ from beamsynth._csv_header_fix import wrap_dataframe_io
 __all__ = ["install"]
 
 
-class _FirstChunkOrEmpty:
-    """A chunked pandas reader whose first ``next`` gives an empty frame where no chunk is."""
+class _FirstChunkOrElsewhere:
+    """A chunked pandas reader whose first ``next``, where the file has no chunk, gives the first
+    chunk of the pattern's other files (``elsewhere()``), or an empty frame if none has one."""
 
-    def __init__(self, stream: Any) -> None:
-        self._stream = stream
+    def __init__(self, stream: Any, elsewhere: Any) -> None:
+        self._stream, self._elsewhere = stream, elsewhere
 
-    def __enter__(self) -> _FirstChunkOrEmpty:
+    def __enter__(self) -> _FirstChunkOrElsewhere:
         self._stream.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> Any:
         return self._stream.__exit__(*exc)
 
-    def __iter__(self) -> _FirstChunkOrEmpty:
+    def __iter__(self) -> _FirstChunkOrElsewhere:
         return self
 
     def __next__(self) -> Any:
         try:
             return next(self._stream)
         except StopIteration:
-            import pandas
-
-            return pandas.DataFrame()
+            return self._elsewhere()
 
 
-def _sampling_reader(reader: Any) -> Any:
+def _sampling_reader(reader: Any, elsewhere: Any) -> Any:
     # functools.wraps keeps pandas' module and name, by which Beam's read step on the workers
     # looks up pandas' own reader: only the sample read when built goes through this wrapper.
     @functools.wraps(reader)
-    def read_or_empty(*args: Any, **kwargs: Any) -> Any:
-        return _FirstChunkOrEmpty(reader(*args, **kwargs))
+    def read_or_elsewhere(*args: Any, **kwargs: Any) -> Any:
+        return _FirstChunkOrElsewhere(reader(*args, **kwargs), elsewhere)
 
-    return read_or_empty
+    return read_or_elsewhere
+
+
+def _first_chunk_of_any_file(transform: Any, reader: Any) -> Any:
+    """The first chunk of the first file of ``transform.path`` that has one (Beam samples only
+    the first file it matches: a glob whose first file is empty would give every record of the
+    others a schema without fields), else an empty frame (no file holds a record)."""
+    from io import TextIOWrapper
+
+    import pandas
+    from apache_beam.io.filesystems import FileSystems
+
+    kwargs = dict(transform.kwargs, chunksize=100)
+    for meta in FileSystems.match([transform.path])[0].metadata_list:
+        with FileSystems.open(meta.path) as handle:
+            text = TextIOWrapper(handle, encoding=transform.kwargs.get("encoding", None))
+            with reader(text, *transform.args, **kwargs) as stream:
+                for chunk in stream:
+                    return chunk
+    return pandas.DataFrame()
 
 
 def _sampling_empty(expand: Any) -> Any:
@@ -70,7 +90,7 @@ def _sampling_empty(expand: Any) -> Any:
                 and getattr(reader, "__name__", "") == "read_json"):
             return expand(self, root)
         sampling = copy.copy(self)  # the transform may be applied again: never changed in place
-        sampling.reader = _sampling_reader(reader)
+        sampling.reader = _sampling_reader(reader, lambda: _first_chunk_of_any_file(self, reader))
         return expand(sampling, root)
 
     return expand_reading_empty

@@ -39,19 +39,38 @@ def test_read_from_json_on_a_file_without_records_reads_no_rows(tmp_path: Path) 
     file with records reads as before: the ReadFromJson jobs of test_session16_api and others)."""
     job = bs.PrivacyJob(epsilon=1.0, seed=3)
     schema = bs.load_schema(str(_schema_file(tmp_path, privacy_id=None)))
-    files = {name: tmp_path / f"{name}.jsonl" for name in ("empty", "blank")}
-    files["empty"].write_bytes(b"")
-    files["blank"].write_bytes(b"\n\n")
+    empty, blank = tmp_path / "empty.jsonl", tmp_path / "blank.jsonl"
+    empty.write_bytes(b"")
+    blank.write_bytes(b"\n\n")
+    _ = beam.Pipeline() | beam.io.ReadFromJson(str(blank), lines=True)  # built (was StopIteration)
     with beam.Pipeline(runner=LocalDirectRunner()) as p:
-        read = {name: p | f"Read{name}" >> beam.io.ReadFromJson(str(path), lines=True)
-                for name, path in files.items()}
-        assert_that(read["blank"], equal_to([]), label="NoRows")
-        counts = (read["empty"] | job.private(schema) | bs.Count(epsilon=0.5)
-                  | beam.combiners.Count.Globally())
+        rows = p | beam.io.ReadFromJson(str(empty), lines=True)
+        assert_that(rows, equal_to([]), label="NoRows")
+        counts = rows | job.private(schema) | bs.Count(epsilon=0.5) | beam.combiners.Count.Globally()
         assert_that(counts, equal_to([1]), label="OneCount")
         _ = p | bs.WriteManifest(job=job, path=str(tmp_path / "m.json"))
     manifest = json.loads((tmp_path / "m.json").read_text(encoding="utf-8"))
     assert manifest["operational"]["rows_read"] == 0
+
+
+def test_read_from_json_samples_a_later_file_when_the_first_is_empty(tmp_path: Path) -> None:
+    """Beam samples only the first file a pattern matches: with the first empty, the sample must
+    come from another file, else every record of the others became a row without fields (each a
+    dead letter in ``job.private``). Whichever file the pattern lists first, the rows keep their
+    fields."""
+    import pandas as pd
+    from apache_beam.dataframe.io import _ReadFromPandas
+
+    from beamsynth._json_sample_fix import _first_chunk_of_any_file
+
+    for name in ("a", "c", "e"):
+        (tmp_path / f"{name}.jsonl").write_bytes(b"")
+    (tmp_path / "b.jsonl").write_text('{"age": 30, "region": "north"}\n', encoding="utf-8")
+    read = _ReadFromPandas(pd.read_json, str(tmp_path / "*.jsonl"), (),
+                           {"lines": True, "orient": "records", "dtype": False})
+    assert list(_first_chunk_of_any_file(read, pd.read_json).columns) == ["age", "region"]
+    rows = beam.Pipeline() | beam.io.ReadFromJson(str(tmp_path / "*.jsonl"), lines=True)
+    assert [name for name, _ in rows.element_type._fields] == ["age", "region"]
 
 
 # -- 2. Beam YAML manifests count the records whose ids were rounded ------------------------------
