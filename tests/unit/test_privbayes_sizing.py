@@ -1,5 +1,6 @@
 """PrivBayes' budget-aware model size (issue 18): a pure function of (n̂, ε, declared shape)."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -214,6 +215,9 @@ def test_measurement_with_dp_count_measures_the_chosen_number_of_pairs():
     shape = (2,) * 20  # d = 20: at n̂ = 60,000, ε = 1: ⌊√(0.9·60,000·0.196/25)⌋ = 20 > 15 pairs
     plan = plan_privbayes(shape, PureDP(epsilon=1.0), sizing="auto")
     assert plan.refine.pairs == 15 and plan.sizing.count_budget is not None
+    # a 20,000-row pool (the floor) instead of 200,000: the pool is post-processing, sampled
+    # from released tables; the number of tables, their budgets and the sizing do not read it
+    plan = dataclasses.replace(plan, refine=dataclasses.replace(plan.refine, pool_rows=20_000))
     rng = np.random.default_rng(5)
     base = rng.integers(0, 2, size=(60_000, 1))
     codes = np.where(rng.random((60_000, 20)) < 0.8, base, 1 - base)  # correlated columns
