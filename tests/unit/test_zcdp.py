@@ -1,6 +1,7 @@
 """zCDP pieces of issue 18: the discrete Gaussian sampler, the ρ ↔ (ε, δ) conversion, and the
 ``noise="gaussian"`` PrivBayes plan (its ρ parts add up to the budget's ρ, one (ε, δ) spend)."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -279,6 +280,8 @@ def test_gaussian_run_time_refinement_releases_the_chosen_tables_at_the_planned_
     plan = gaussian_plan(plan_privbayes(shape, budget, sizing="auto", refine_pairs=10,
                                         refine_groups=8), budget, pairs=10)
     assert plan.refine.pairs == 10 and plan.sizing.count_budget is not None
+    # a 20,000-row pool (the floor, not 160,000): post-processing; the tables, σ and ρ do not read it
+    plan = dataclasses.replace(plan, refine=dataclasses.replace(plan.refine, pool_rows=20_000))
     rng = np.random.default_rng(5)
     codes = rng.integers(0, 3, (20_000, len(shape)))
     codes[:, 1::2] = (codes[:, 0::2] + (rng.random((20_000, 8)) < 0.2)) % 3
