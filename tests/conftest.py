@@ -3,8 +3,49 @@
 from __future__ import annotations
 
 import os
+import weakref
 
 import pytest
+
+
+# Beam's pipeline construction re-inspects every method of a DoFn each time it asks whether the
+# DoFn uses state or timers: apache_beam.transforms.userstate.get_dofn_specs runs inspect.signature
+# over dir(dofn) (~30 methods), and Beam asks ~7 times per ParDo (ParDo init, to_runner_api, the
+# direct runner's overrides, the DoFnRunner). Profiled in H97's eighteenth session, it was ~40 % of
+# a pipeline test's time (tests/pipeline/test_api_windows.py 113 s -> 58 s at load 19, paired).
+# The answer is a function of the DoFn object alone, so the test session keeps it per DoFn
+# object (by identity, dropped with the object) and hands out copies; Beam's own function still
+# computes every answer once (errors such as duplicate parameters are raised as before).
+# tests/pipeline/test_beam_overhead.py checks the memo against Beam's function on a stateful DoFn.
+# BEAMSYNTH_TEST_BEAM_MEMO=0 runs Beam's function unchanged (to rule the memo out, or time it).
+def _memoize_dofn_specs() -> None:
+    from apache_beam.runners.direct import transform_evaluator
+    from apache_beam.transforms import userstate
+
+    beam_get_dofn_specs = getattr(userstate.get_dofn_specs, "__wrapped__", userstate.get_dofn_specs)
+    memo: dict[int, tuple[weakref.ref, tuple[set, set]]] = {}
+
+    def get_dofn_specs(dofn):
+        key = id(dofn)
+        hit = memo.get(key)
+        if hit is None or hit[0]() is not dofn:
+            specs = beam_get_dofn_specs(dofn)
+            try:
+                ref = weakref.ref(dofn, lambda _ref, key=key: memo.pop(key, None))
+            except TypeError:  # an object that takes no weak reference: not kept
+                return specs
+            hit = memo[key] = (ref, specs)
+        state_specs, timer_specs = hit[1]
+        return set(state_specs), set(timer_specs)
+
+    get_dofn_specs.__wrapped__ = beam_get_dofn_specs
+    userstate.get_dofn_specs = get_dofn_specs  # is_stateful_dofn, core, common, direct_runner
+    if getattr(transform_evaluator, "get_dofn_specs", None) is beam_get_dofn_specs:
+        transform_evaluator.get_dofn_specs = get_dofn_specs  # imported by name there
+
+
+if os.environ.get("BEAMSYNTH_TEST_BEAM_MEMO", "1") != "0":
+    _memoize_dofn_specs()
 
 
 @pytest.fixture(scope="module")
