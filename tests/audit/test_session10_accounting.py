@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import csv
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -107,6 +108,8 @@ def _instrumented_measure(monkeypatch, n: int, m: int, rows: int | None, eps: fl
     budget = ApproxDP(epsilon=eps, delta=delta)
     plan = gaussian_plan(plan_privbayes(ADULT_SHAPE, budget, sizing="auto", rows=rows,
                                         max_contributions=m), budget)
+    if plan.refine is not None:  # the pool is post-processing (no call reads its size): 20,000 rows
+        plan = dataclasses.replace(plan, refine=dataclasses.replace(plan.refine, pool_rows=20_000))
     rng = np.random.default_rng(seed)
     codes = np.stack([rng.integers(0, c, n) for c in ADULT_SHAPE], axis=1)
     codes[:, 1] = codes[:, 0] % ADULT_SHAPE[1]  # two strong pairs, so edges/families get chosen
