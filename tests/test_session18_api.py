@@ -273,3 +273,74 @@ def test_out_of_domain_category_names_the_catch_all(tmp_path: Path) -> None:
         (2, "column 'age': value '150' is outside the declared integer domain [17, 99]")]
     batch, bad = schema(on_out_of_domain="other").encode_columns(columns, 3)
     assert [row for row, _ in bad] == [0, 2] and batch.codes[:, 1].tolist() == [2]  # OTHER
+
+
+# -- 7. the refinement's DP picks in the manifest's public part ----------------------------------
+def test_refinement_picks_are_recorded_parsed_and_stated_with_their_spends() -> None:
+    """``--pb-refine-target-picks`` (and every refinement): which pairs the DP selection picked
+    reached no manifest. Each window's picks are now records ``privbayes_refine_pick_<j>:[a, b]``
+    (Beam counters for the CLI, ``run_counts`` for the API/YAML manifests), stated in
+    ``details.privbayes.refine.picks`` next to the refinement's ε per pick and per table."""
+    from types import SimpleNamespace
+
+    from beamsynth.pipelines.methods.privbayes import (
+        _choice_items,
+        _prefixed_counters,
+        refine_picks,
+        with_refine_picks,
+    )
+    from beamsynth.transforms.privbayes_measure import refine_pick_choices
+
+    tables = tuple(SimpleNamespace(names=pair) for pair in (("age", "income"), ("sex", "race")))
+    measured = SimpleNamespace(refinement=SimpleNamespace(tables=tables), sizing=None)
+    names = refine_pick_choices(measured)
+    assert names == ('privbayes_refine_pick_1:["age", "income"]',
+                     'privbayes_refine_pick_2:["sex", "race"]')
+    assert _choice_items(measured) == [(n, 1) for n in names]
+    assert refine_pick_choices(SimpleNamespace(refinement=None)) == ()
+    counts = {names[1]: 2, names[0]: 2, 'privbayes_refine_pick_2:["age", "sex"]': 1,
+              "privbayes_degree_1": 3}
+    picks = refine_picks(counts)
+    assert picks == [{"pick": 1, "pair": ["age", "income"], "windows": 2},
+                     {"pick": 2, "pair": ["age", "sex"], "windows": 1},
+                     {"pick": 2, "pair": ["sex", "race"], "windows": 2}]
+    out = with_refine_picks({"refine": {"epsilon_per_pick": 0.01, "epsilon_per_table": 0.04}},
+                            picks)
+    assert out["refine"]["picks"] == picks and out["refine"]["epsilon_per_pick"] == 0.01
+    assert with_refine_picks({"refine": None}, picks) == {"refine": None}
+
+    counter = SimpleNamespace(key=SimpleNamespace(metric=SimpleNamespace(name=names[0])),
+                              committed=1, attempted=1)
+    other = SimpleNamespace(key=SimpleNamespace(metric=SimpleNamespace(name="rows_read")),
+                            committed=9, attempted=9)
+    result = SimpleNamespace(metrics=lambda: SimpleNamespace(
+        query=lambda f: {"counters": [counter, other]}))
+    assert _prefixed_counters(result, "privbayes_refine_pick_") == {names[0]: 1}
+
+
+@pytest.mark.slow
+def test_api_manifest_lists_the_refinement_picks(tmp_path: Path) -> None:
+    """The API's manifest (400 bundled Adult rows sized as 40,000, target income, picks auto):
+    ``release.details.method... refine.picks`` lists every pick once, in order, each a pair of
+    declared columns, and nothing of it is in ``operational``. The default test above covers
+    the records and their parsing."""
+    import csv
+
+    root = Path(__file__).resolve().parents[1]
+    with open(root / "examples/data/adult/adult.csv", encoding="utf-8") as fh:
+        records = [dict(r) for _, r in zip(range(400), csv.DictReader(fh))]
+    job = bs.PrivacyJob(epsilon=2.0, seed=5)
+    with beam.Pipeline(runner=LocalDirectRunner()) as p:
+        private = p | beam.Create(records) | job.private(bs.load_schema("adult"))
+        _ = private | bs.PrivBayes(epsilon=2.0, rows=50, options={
+            "target": "income", "refine_target_picks": "auto", "input_rows": 40_000})
+        _ = p | bs.WriteManifest(job=job, path=str(tmp_path / "m.json"))
+    manifest = json.loads((tmp_path / "m.json").read_text(encoding="utf-8"))
+    (step,) = manifest["release"]["details"]["mechanisms"]
+    refine = step["details"]["privbayes"]["refine"]
+    columns = set(bs.load_schema("adult").names)
+    assert [p["pick"] for p in refine["picks"]] == list(range(1, refine["pairs"] + 1)), refine
+    assert all(p["windows"] == 1 and len(p["pair"]) == 2 and set(p["pair"]) <= columns
+               for p in refine["picks"])
+    assert refine["epsilon_per_pick"] > 0 and refine["epsilon_per_table"] > 0
+    assert "picks" not in json.dumps(manifest["operational"])

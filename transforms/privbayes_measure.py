@@ -32,6 +32,7 @@ from the stream ``(seed, "privbayes", window)``, so a retried bundle redraws ide
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -69,7 +70,9 @@ from beamsynth.transforms.refine import RefineMeasurement, measure_refinement
 __all__ = [
     "PrivBayesMeasureFn",
     "PrivBayesMeasurement",
+    "REFINE_PICK_PREFIX",
     "measure_privbayes",
+    "refine_pick_choices",
     "sizing_choices",
 ]
 
@@ -285,6 +288,21 @@ def _release_tables(exact: Sequence[np.ndarray], specs: Sequence[tuple[int, ...]
                               budgets=table_budgets, sensitivity=m, rs=rs.child("marginals"))
 
 
+REFINE_PICK_PREFIX = "privbayes_refine_pick_"
+"""Prefix of a refinement pick's record: ``privbayes_refine_pick_<j>:["col_a", "col_b"]``."""
+
+
+def refine_pick_choices(measurement: PrivBayesMeasurement) -> tuple[str, ...]:
+    """The refinement's picks of one window, in pick order, as record names (Beam counters for
+    the CLI, ``(name, 1)`` records for the API/YAML manifests): ``privbayes_refine_pick_<j>:``
+    + the JSON list of the pair's declared names. Each pair is a DP output (the refinement's
+    selection, :mod:`~beamsynth.transforms.refine`; post-processing to publish), no exact count."""
+    if measurement.refinement is None:
+        return ()
+    return tuple(f"{REFINE_PICK_PREFIX}{j}:{json.dumps(list(t.names))}"
+                 for j, t in enumerate(measurement.refinement.tables, 1))
+
+
 def sizing_choices(sizing: dict[str, Any] | None) -> tuple[str, ...]:
     """The run-time choices of one window's measurement as the names of the Beam counters the CLI
     reads (``privbayes_degree_<k>``; at k = 0 which small-input model ran: ``privbayes_k0_independent``,
@@ -329,5 +347,7 @@ class PrivBayesMeasureFn(beam.DoFn):
                                 plan=self._plan, rs=rs, ordered=self._ordered,
                                 shrink=self._shrink, sampling=self._sampling)
         for name in sizing_choices(out.sizing):  # the run-time size decision (DP n̂): public
+            beam.metrics.Metrics.counter(SIZING_METRICS_NAMESPACE, name).inc()
+        for name in refine_pick_choices(out):  # the refinement's DP picks: public
             beam.metrics.Metrics.counter(SIZING_METRICS_NAMESPACE, name).inc()
         yield out

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -37,7 +38,12 @@ from beamsynth.transforms.privbayes import (
     SIZING_MODES,
     DPPrivBayes,
 )
-from beamsynth.transforms.privbayes_measure import sizing_choices
+from beamsynth.transforms.privbayes_measure import (
+    REFINE_PICK_PREFIX,
+    SIZING_METRICS_NAMESPACE,
+    refine_pick_choices,
+    sizing_choices,
+)
 from beamsynth.transforms.privbayes_plan import (
     TARGET_PARENT_OPTIONS,
     TARGET_PARENT_THETA,
@@ -269,8 +275,10 @@ class PrivBayesMethod(Method):
         return PrivBayesRunTime(self._transform.plan)
 
     def collect_metrics(self, result: Any) -> None:
-        """The run-time size decision (from the DP count; public) for :meth:`details`."""
+        """The run-time size decision (from the DP count; public) and the refinement's picks (DP
+        outputs) for :meth:`details`."""
         plan = self._transform.plan
+        self._picks = refine_picks(_prefixed_counters(result, REFINE_PICK_PREFIX))
         if plan.sizing is None or plan.sizing.rows is not None:
             return
         from beamsynth.pipelines.methods.synthesize import (
@@ -308,6 +316,7 @@ class PrivBayesMethod(Method):
                              "chosen": "gaussian" if plan.zcdp is not None else "laplace",
                              "why": why}
         with_run_time_choices(out, plan, self._chosen, self._small, self._refined, self._parented)
+        with_refine_picks(out, getattr(self, "_picks", []))
         return {"privbayes": out}
 
 
@@ -395,6 +404,7 @@ class PrivBayesRunTime:
                  every_window: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:
         out = copy.deepcopy(dict(details["privbayes"]))
         with_run_time_choices(out, self.plan, *run_time_choices(self.plan, totals))
+        with_refine_picks(out, refine_picks(totals))
         if per_window is not None and self.plan.sizing is not None and \
                 self.plan.sizing.rows is None:  # the DP count sized every window
             out["sizing"] = {**out["sizing"], "chosen_per_window": [
@@ -419,5 +429,49 @@ class PrivBayesRunTime:
 
 def _choice_items(measurement: Any) -> list[tuple[str, int]]:
     """One window's :class:`~beamsynth.transforms.privbayes_measure.PrivBayesMeasurement` →
-    ``(counter name, 1)`` per run-time choice (public: from the DP count)."""
-    return [(name, 1) for name in sizing_choices(measurement.sizing)]
+    ``(counter name, 1)`` per run-time choice (public: from the DP count) and per refinement
+    pick (a DP output)."""
+    return [(name, 1) for name in (*sizing_choices(measurement.sizing),
+                                   *refine_pick_choices(measurement))]
+
+
+def _prefixed_counters(result: Any, prefix: str) -> dict[str, int]:
+    """Every beamsynth counter of a finished run whose name starts with ``prefix`` ({} where the
+    runner reports no metrics)."""
+    from apache_beam.metrics.metric import MetricsFilter
+
+    try:
+        found = result.metrics().query(MetricsFilter().with_namespace(SIZING_METRICS_NAMESPACE))
+    except Exception:  # noqa: BLE001 - some runners do not report metrics
+        return {}
+    out: dict[str, int] = {}
+    for c in found["counters"]:
+        name = c.key.metric.name
+        if name.startswith(prefix):
+            value = c.committed if c.committed is not None else c.attempted
+            out[name] = out.get(name, 0) + int(value or 0)
+    return out
+
+
+def refine_picks(counts: Mapping[str, int]) -> list[dict[str, Any]]:
+    """Records ``privbayes_refine_pick_<j>:["a", "b"]`` → windows (CLI counters or API/YAML
+    records) → ``[{"pick": j, "pair": [a, b], "windows": n}, ...]`` by pick, then pair."""
+    picks = []
+    for name, n in counts.items():
+        if name.startswith(REFINE_PICK_PREFIX) and n:
+            j, pair = name[len(REFINE_PICK_PREFIX):].split(":", 1)
+            picks.append({"pick": int(j), "pair": json.loads(pair), "windows": int(n)})
+    return sorted(picks, key=lambda p: (p["pick"], p["pair"]))
+
+
+def with_refine_picks(out: dict[str, Any], picks: list[dict[str, Any]]) -> dict[str, Any]:
+    """``out["refine"]["picks"]``: which pairs the refinement's DP selection picked (public: a DP
+    output), each pick's spends being the refinement's ``epsilon_per_pick`` (selection) and
+    ``epsilon_per_table`` (its noisy table), or those of ``sizing.chosen_refine`` where the DP
+    count resized it. In place; nothing where no pick was recorded."""
+    if picks and isinstance(out.get("refine"), dict):
+        out["refine"] = {**out["refine"], "picks": picks,
+                         "picks_note": "pairs the DP selection picked, in pick order (per pick: "
+                                       "windows where it was picked); each spent epsilon_per_pick "
+                                       "to select and epsilon_per_table for its table"}
+    return out
