@@ -32,6 +32,7 @@ and manifest totals.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sqlite3
@@ -161,6 +162,10 @@ def _plan_and_spends(m: int, rows: int | None):
     budget = ApproxDP(epsilon=EPS, delta=DELTA)
     plan = gaussian_plan(plan_privbayes(SHAPE, budget, sizing="auto", rows=rows,
                                         max_contributions=m), budget)
+    # the refinement's pool is post-processing of released tables (no draw reads its size): the
+    # 20,000-row floor instead of up to 200,000 rows, for speed (the same draws are recorded)
+    if plan.refine is not None:
+        plan = dataclasses.replace(plan, refine=dataclasses.replace(plan.refine, pool_rows=20_000))
     acc = PrivacyAccountant(total=budget)
     spend_privbayes(acc, plan)
     spends = {s["step"]: s for s in acc.to_dict()["spends"]}
