@@ -99,14 +99,21 @@ def test_privbayes_module_re_exports_the_star():
         assert name in pb.__all__ and getattr(pb, name) is getattr(star, name)
 
 
+@pytest.fixture(scope="module")
+def cli_with_target(data) -> tuple[list, dict]:
+    """``beamsynth synthesize --target label`` with the API step's seed: run once, read by the
+    three input kinds below (the same arguments each time)."""
+    return _cli(data, data / "schema.yaml", "flag", "--target", "label")
+
+
 @pytest.mark.parametrize("kind", ["dicts", "rows", "arrow"])
-def test_api_target_gives_the_cli_rows(data, kind):
+def test_api_target_gives_the_cli_rows(data, cli_with_target, kind):
     """bs.PrivBayes(options={"target": ...}) on dicts, Rows and Arrow batches: the rows of
     ``beamsynth synthesize --target`` run with the API step's seed (the job seed's stream for
     the step ``Synthesize[privbayes]``); the schema's ``target`` key gives the same rows, and
     without a target they differ (the star ran: the DP count picked k = 0)."""
     api, manifest = _api(data, kind, schema=_spec(), options={"target": "label"}, tag=kind)
-    cli, cli_manifest = _cli(data, data / "schema.yaml", f"flag_{kind}", "--target", "label")
+    cli, cli_manifest = cli_with_target
     assert len(api) == 200 and api == cli
     key, _ = _api(data, kind, schema=_spec("label"), options={}, tag=f"key_{kind}")
     assert key == api
