@@ -132,6 +132,8 @@ def _pb_plan(noise_mode: str, m: int):
     plan = s12.plan_privbayes(s12.SHAPE, budget, sizing="auto", max_contributions=m)
     if noise_mode == "gaussian":
         plan = s12.gaussian_plan(plan, budget)
+    if plan.refine is not None:  # the pool is post-processing (no draw reads its size): 20,000 rows
+        plan = dataclasses.replace(plan, refine=dataclasses.replace(plan.refine, pool_rows=20_000))
     acc = s12.PrivacyAccountant(total=budget)
     s12.spend_privbayes(acc, plan)
     return plan, {s["step"]: s for s in acc.to_dict()["spends"]}, acc
