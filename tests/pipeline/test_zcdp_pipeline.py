@@ -61,27 +61,41 @@ def _run(src, out, *extra):
     return hashlib.sha256(Path(out).read_bytes()).hexdigest(), manifest
 
 
+@pytest.fixture(scope="module")
+def cli_run(adult_small, tmp_path_factory):
+    """``_run`` once per distinct option list in this module: the two tests below compare some of
+    the same runs (the default and --pb-noise gaussian at δ = 1e-9, the default at δ = 0)."""
+    done: dict[tuple[str, ...], tuple[str, dict]] = {}
+
+    def run(*extra: str) -> tuple[str, dict]:
+        if extra not in done:
+            done[extra] = _run(adult_small, tmp_path_factory.mktemp("cli") / "out.csv", *extra)
+        return done[extra]
+
+    return run
+
+
 @pytest.mark.parametrize("delta,explicit,steps", [
     ("0", [], ["privbayes.structure", "privbayes.marginals", "privbayes.refine.selection",
                "privbayes.refine.marginals"]),
     ("1e-9", ["--pb-noise", "gaussian"], ["privbayes.zcdp"]),
 ])
-def test_cli_auto_is_the_mode_delta_selects(adult_small, tmp_path, delta, explicit, steps):
-    auto, m = _run(adult_small, tmp_path / "auto.csv", "--delta", delta, "--pb-noise", "auto")
-    same, _ = _run(adult_small, tmp_path / "explicit.csv", "--delta", delta, *explicit)
+def test_cli_auto_is_the_mode_delta_selects(cli_run, delta, explicit, steps):
+    auto, m = cli_run("--delta", delta, "--pb-noise", "auto")
+    same, _ = cli_run("--delta", delta, *explicit)
     assert auto == same
     assert [s["step"] for s in m["release"]["budget"]["spends"]] == steps
     mode = m["release"]["details"]["method"]["privbayes"]["noise_mode"]
     assert (mode["option"], mode["chosen"]) == ("auto", "gaussian" if explicit else "laplace")
 
 
-def test_cli_default_is_auto(adult_small, tmp_path):
+def test_cli_default_is_auto(cli_run):
     # H53: the default --pb-noise is auto; at δ = 0 it writes laplace's bytes, with δ > 0 gaussian's
-    plain, m0 = _run(adult_small, tmp_path / "plain.csv", "--delta", "0")
-    lap, _ = _run(adult_small, tmp_path / "lap.csv", "--delta", "0", "--pb-noise", "laplace")
+    plain, m0 = cli_run("--delta", "0")
+    lap, _ = cli_run("--delta", "0", "--pb-noise", "laplace")
     assert plain == lap and m0["release"]["budget"]["spent"]["delta"] == 0.0
-    wide, m = _run(adult_small, tmp_path / "wide.csv", "--delta", "1e-9")
-    gauss, _ = _run(adult_small, tmp_path / "gauss.csv", "--delta", "1e-9", "--pb-noise", "gaussian")
+    wide, m = cli_run("--delta", "1e-9")
+    gauss, _ = cli_run("--delta", "1e-9", "--pb-noise", "gaussian")
     assert wide == gauss
     mode = m["release"]["details"]["method"]["privbayes"]["noise_mode"]
     assert (mode["option"], mode["chosen"]) == ("auto", "gaussian")
