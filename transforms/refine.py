@@ -51,11 +51,14 @@ Security 2021, §4–5: 2-way marginals chosen by dependence, records adjusted t
       target-only when the picks left are just enough to bring the measured target pairs up to
       ``f``; picks that the score gives the target anyway count, so where they reach ``f``
       before the last picks the release equals ``r = 0``'s (COMPAS, Adult: most seeds). Opt-in,
-      not the default (level there; census_kdd ε = 1 AUC 0.694 → 0.894 on H80's seed 0, other
-      ε not measured). Whether a pick is
+      not the default: where it fires the label's AUC gains (census_kdd ε ≤ 1 +0.09 to +0.12,
+      ACS with target DPHY +0.12 to +0.18), but the displaced pairs cost TVD2 beyond noise
+      where ``P`` is small (ACS ε = 0.5 / 1: +0.0035 / +0.0016; eighteenth session, H95).
+      Whether a pick is
       restricted is a function of the declared target, the declared picks and the earlier
       released picks only, so the privacy argument above holds unchanged (docs/privbayes.md
-      "Seventeenth session: a rule for the target's picks (issue 18, H88)").
+      "Seventeenth session: a rule for the target's picks (issue 18, H88)" and "Eighteenth
+      session: ``refine_target_picks="auto"`` as the default?").
    b. *Measure* (private): the picked coarse tables with discrete Laplace noise of scale
       ``m·pairs/ε_meas`` on every cell (L1 sensitivity ``m`` each, ε split equally).
    c. *Fit* (post-processing): each noisy table ``N`` is shrunk toward the model's estimate
