@@ -11,8 +11,10 @@ import pytest
 # Beam's pipeline construction re-inspects every method of a DoFn each time it asks whether the
 # DoFn uses state or timers: apache_beam.transforms.userstate.get_dofn_specs runs inspect.signature
 # over dir(dofn) (~30 methods), and Beam asks ~7 times per ParDo (ParDo init, to_runner_api, the
-# direct runner's overrides, the DoFnRunner). Profiled in H97's eighteenth session, it was ~40 % of
-# a pipeline test's time (tests/pipeline/test_api_windows.py 113 s -> 58 s at load 19, paired).
+# direct runner's overrides, the DoFnRunner). H97, eighteenth session: 92 of 210 s of a profiled
+# pipeline test (cProfile, which inflates it); run at the same moment with and without (load
+# 10-12): test_api_windows + test_api 88.3 s -> 73.2 s of test time, five heavier files 429 s ->
+# 368 s (pytest -n 2).
 # The answer is a function of the DoFn object alone, so the test session keeps it per DoFn
 # object (by identity, dropped with the object) and hands out copies; Beam's own function still
 # computes every answer once (errors such as duplicate parameters are raised as before).
