@@ -51,7 +51,7 @@ Security 2021, §4–5: 2-way marginals chosen by dependence, records adjusted t
       target-only when the picks left are just enough to bring the measured target pairs up to
       ``f``; picks that the score gives the target anyway count, so where they reach ``f``
       before the last picks the release equals ``r = 0``'s (COMPAS, Adult: most seeds). Opt-in,
-      not the default: where it fires the label's AUC gains (census_kdd ε ≤ 1 +0.09 to +0.12,
+      not the default: where it fires the label's AUC gains (census_kdd ε ≤ 1 +0.09 to +0.16,
       ACS with target DPHY +0.12 to +0.18), but the displaced pairs cost TVD2 beyond noise
       where ``P`` is small (ACS ε = 0.5 / 1: +0.0035 / +0.0016; eighteenth session, H95).
       Whether a pick is
