@@ -71,7 +71,10 @@ def test_every_mechanism_on_arrow_tables_and_rows_and_dicts_from_files(files, tm
             counts | f"Csv[{name}]" >> beam.io.WriteToCsv(str(tmp_path / f"count_{name}"))
         bad = arrow.dead_letters | "BadArrow" >> beam.Map(lambda r: (r.position, r.reason))
         assert_that(bad, equal_to([(4, "column 'sex': value 'X' is outside the declared "
-                                       "categorical domain")]), label="ArrowDeadLetter")
+                                       "categorical domain (to keep such rows, declare a "
+                                       "catch-all cell, other: OTHER in the domain, and "
+                                       "on_out_of_domain: other; docs/schema-format.md)")]),
+                    label="ArrowDeadLetter")
         out["independent"] | "AsDicts" >> beam.Map(lambda r: r._asdict()) | beam.io.WriteToParquet(
             str(tmp_path / "synthetic"), bs.arrow_schema(SCHEMA), shard_name_template="",
             file_name_suffix=".parquet")
