@@ -166,7 +166,8 @@ def test_schema_draft_refuses_one_data_record(tmp_path: Path) -> None:
         (tmp_path / name).write_text(record + "\n", encoding="utf-8")
         with pytest.raises(ValueError, match="never the data") as err:
             draft_schema(tmp_path / name)
-        assert "39" not in str(err.value) and "State-gov" not in str(err.value)
+        said = str(err.value).replace(str(tmp_path / name), "PATH")  # pytest's tmp dir may hold 39
+        assert "39" not in said and "State-gov" not in said
     (tmp_path / "sizes.json").write_text(json.dumps({"age": 74, "sex": 2}), encoding="utf-8")
     assert '"high": 73' in draft_schema(tmp_path / "sizes.json")
 
