@@ -43,3 +43,38 @@ def test_read_from_json_whole_files_of_a_pattern_keep_their_fields(tmp_path: Pat
     with beam.Pipeline(runner=LocalDirectRunner()) as p:
         rows = p | beam.io.ReadFromJson(str(tmp_path / "a*.json"), lines=False)
         assert_that(rows | beam.Map(lambda r: (r.age, r.sex)), equal_to([(30, "Male")]))
+
+# -- 2. every numeric flag of the commands names itself and echoes the value ----------------------
+_CASES = [("synthesize", flag, value) for flag in (
+    "--epsilon", "--delta", "--count-fraction", "--count-epsilon", "--max-contributions",
+    "--split-bytes", "--max-record-lines") for value in ("nan", "inf", "-1")]
+_CASES += [("histogram", flag, value) for flag in ("--epsilon", "--tolerance", "--max-contributions")
+           for value in ("nan", "-1")]
+_CASES += [("prefixes", flag, value) for flag in (
+    "--epsilon", "--max-contributions", "--max-length", "--depth", "--max-depth", "--threshold",
+    "--final-fraction") for value in ("nan", "0")]
+_BASE = {"synthesize": ["--schema", "adult", "--epsilon", "1"],
+         "histogram": ["--column", "c", "--domain", "list:a,b", "--epsilon", "1"],
+         "prefixes": ["--column", "c", "--epsilon", "1"]}
+
+
+@pytest.mark.parametrize("command,flag,value", _CASES)
+def test_cli_numeric_flags_are_refused_naming_the_flag(tmp_path: Path, capsys, command: str,
+                                                      flag: str, value: str) -> None:
+    """``--count-epsilon nan`` was refused as ``epsilon (nan) must be ...`` (another flag's
+    name), ``--epsilon -1`` as ``epsilon (-1.0)``, ``--split-bytes -1`` as ``split_bytes
+    (-1)``, and ``prefixes --epsilon nan`` only after reading its input. Now each is refused
+    while the command line is parsed, naming the flag and echoing the text, exit 2, nothing
+    read (the input does not exist) or written."""
+    from beamsynth.pipelines.cli.main import main
+
+    base = list(_BASE[command])
+    if flag in base:
+        del base[base.index(flag):base.index(flag) + 2]
+    with pytest.raises(SystemExit) as exc:
+        main([command, str(tmp_path / "missing.csv"), *base, f"{flag}={value}",
+              "--output", str(tmp_path / "out.csv")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}: '{value}' is not a " in err, err
+    assert "missing.csv" not in err and list(tmp_path.iterdir()) == []

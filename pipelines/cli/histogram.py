@@ -31,6 +31,7 @@ from beamsynth.pipelines.io.preflight import Required
 from beamsynth.pipelines.io.read import ReadRecords
 from beamsynth.pipelines.io.records import rejected_path
 from beamsynth.pipelines.methods.histogram import HistogramConfig, run_histogram
+from beamsynth.pipelines.methods.options import AT_LEAST_ONE, OPEN_FRACTION, POSITIVE_NUMBER
 from beamsynth.schemas.domains import CategoricalDomain, IntegerDomain, ProductDomain, StringDomain
 from beamsynth.schemas.schema import Column, Schema, load_schema
 
@@ -95,15 +96,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("input", help="input file or glob (.csv, .csv.gz, .jsonl, .avro, .parquet)")
     p.add_argument("--column", required=True, help="the column to release")
     p.add_argument("--domain", required=True, help="declared domain: " + " | ".join(DOMAIN_FORMS))
-    p.add_argument("--epsilon", type=float, required=True, help="ε of the release (> 0)")
-    p.add_argument("--tolerance", type=float, default=None,
+    p.add_argument("--epsilon", type=POSITIVE_NUMBER, required=True, help="ε of the release (> 0)")
+    p.add_argument("--tolerance", type=OPEN_FRACTION, default=None,
                    help="ρ in (0, 1): probability that no value from outside the data is "
                         "released (default: the schema column's open.tolerance)")
     p.add_argument("--output", required=True, help="output file (.csv, .jsonl, .avro, .parquet)")
     p.add_argument("--seed", type=int, default=None,
                    help="fixed seed for tests and demos: output is marked 'seeded: not for release'")
     p.add_argument("--privacy-id", default=None, help="column identifying a privacy unit")
-    p.add_argument("--max-contributions", type=int, default=1,
+    p.add_argument("--max-contributions", type=AT_LEAST_ONE, default=1,
                    help="records kept per privacy unit (needs --privacy-id; default 1)")
     add_check_arguments(p)
     p.set_defaults(func=_run)

@@ -25,6 +25,13 @@ from beamsynth.pipelines.io import preflight
 from beamsynth.pipelines.io.manifest import manifest_path
 from beamsynth.pipelines.io.read import ReadRawBlocks
 from beamsynth.pipelines.io.records import rejected_path
+from beamsynth.pipelines.methods.options import (
+    AT_LEAST_ONE,
+    OPEN_FRACTION,
+    POSITIVE_NUMBER,
+    Limit,
+    cli_number,
+)
 from beamsynth.pipelines.methods.prefixes import METHODS, EncodeKeys, run_prefixes, tree_path
 from beamsynth.schemas.keys import (
     DEFAULT_ALPHABET,
@@ -102,15 +109,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kind", choices=("text", "spatial", "hierarchy"), default="text")
     p.add_argument("--key-spec", default=None, help="YAML file with a top-level 'key:' declaration")
     p.add_argument("--method", choices=METHODS, default="improved")
-    p.add_argument("--epsilon", type=float, required=True, help="total ε (> 0)")
+    p.add_argument("--epsilon", type=POSITIVE_NUMBER, required=True, help="total ε (> 0)")
     p.add_argument("--output", required=True, help="synthetic keys file (.csv, .jsonl, ...)")
     p.add_argument("--privacy-id", default=None, help="column identifying a privacy unit")
-    p.add_argument("--max-contributions", type=int, default=1, help="rows kept per unit (default 1)")
+    p.add_argument("--max-contributions", type=AT_LEAST_ONE, default=1, help="rows kept per unit (default 1)")
     p.add_argument("--seed", type=int, default=None, help="tests/demos only: 'seeded: not for release'")
     g = p.add_argument_group("text keys")
     g.add_argument("--column", default=None, help="the text column")
     g.add_argument("--alphabet", default=DEFAULT_ALPHABET, help="declared characters (default a-z0-9 space .)")
-    g.add_argument("--max-length", type=int, default=20, help="longest string (default 20)")
+    g.add_argument("--max-length", type=cli_number(int, Limit(1, 1000)), default=20, help="longest string (default 20)")
     g.add_argument("--no-casefold", action="store_true", help="do not fold case")
     g.add_argument("--map", action="append", help="character map X=Y (repeatable; Y may be empty)")
     g.add_argument("--on-other", choices=("reject", "drop"), default="reject",
@@ -120,19 +127,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g = p.add_argument_group("spatial and hierarchy keys")
     g.add_argument("--columns", default=None, help="coordinate or level columns, comma-separated")
     g.add_argument("--box", default="world", help="'world' (lat,lon) or 'lo,hi;lo,hi;...' per column")
-    g.add_argument("--depth", type=int, default=16, help="spatial levels (default 16)")
+    g.add_argument("--depth", type=AT_LEAST_ONE, default=16, help="spatial levels (default 16)")
     g.add_argument("--on-outside", choices=("reject", "clip"), default="reject")
     g.add_argument("--tree", default=None, help="hierarchy: YAML nested mapping of declared values")
     g = p.add_argument_group("method options")
-    g.add_argument("--max-depth", type=int, default=None,
+    g.add_argument("--max-depth", type=AT_LEAST_ONE, default=None,
                    help="basic/direct: levels measured (default: the key's full depth)")
     g.add_argument("--discount", choices=DISCOUNTS, default="proportional", help="improved: discount rule (default proportional)")
-    g.add_argument("--threshold", type=float, default=None,
+    g.add_argument("--threshold", type=POSITIVE_NUMBER, default=None,
                    help="split threshold b (default 2·scale·ln(fanout), from public parameters)")
     g.add_argument("--restore-discount", action="store_true",
                    help="improved: give the discounted records back to the leaves (post-processing "
                         "of the released tree) before writing synthetic keys")
-    g.add_argument("--final-fraction", type=float, default=0.25,
+    g.add_argument("--final-fraction", type=OPEN_FRACTION, default=0.25,
                    help="basic: share of ε for re-measuring the leaves (default 0.25)")
     g.add_argument("--calibration", choices=CALIBRATIONS, default="tight",
                    help="improved: noise/threshold/discount from the exact worst-case loss (tight, "

@@ -21,7 +21,19 @@ from beamsynth.pipelines.cli.console import (
 from beamsynth.pipelines.io.manifest import manifest_path
 from beamsynth.pipelines.io.preflight import check_noise_scales, schema_requirements
 from beamsynth.pipelines.io.read import ReadRecords
-from beamsynth.pipelines.io.records import DEFAULT_SPLIT_BYTES, rejected_path
+from beamsynth.pipelines.io.records import (
+    DEFAULT_SPLIT_BYTES,
+    MAX_RECORD_LINES_LIMIT,
+    rejected_path,
+)
+from beamsynth.pipelines.methods.options import (
+    AT_LEAST_ONE,
+    DELTA_NUMBER,
+    OPEN_FRACTION,
+    POSITIVE_NUMBER,
+    Limit,
+    cli_number,
+)
 from beamsynth.pipelines.methods.progress import Progress
 from beamsynth.pipelines.methods.registry import (
     METHODS,
@@ -52,25 +64,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "and OUTPUT.manifest.json. Extra --options go to Beam (e.g. --runner).")
     p.add_argument("input", help="input file or glob (.csv, .csv.gz, .jsonl, .avro, .parquet)")
     p.add_argument("--schema", required=True, help="schema file or bundled name (adult)")
-    p.add_argument("--epsilon", type=float, required=True, help="total ε of this release (> 0)")
-    p.add_argument("--delta", type=float, default=0.0, help="total δ (default 0)")
+    p.add_argument("--epsilon", type=POSITIVE_NUMBER, required=True, help="total ε of this release (> 0)")
+    p.add_argument("--delta", type=DELTA_NUMBER, default=0.0, help="total δ (default 0)")
     p.add_argument("--output", required=True, help="output file (.csv, .jsonl, .avro, .parquet)")
     p.add_argument("--method", default="independent", choices=sorted(METHODS),
                    help="synthesis mechanism (default independent)")
     p.add_argument("--rows", type=int, default=None,
                    help="rows to synthesize (default: a DP estimate of the input size, which "
                         "spends --count-fraction of ε)")
-    p.add_argument("--count-fraction", type=float, default=0.05,
+    p.add_argument("--count-fraction", type=OPEN_FRACTION, default=0.05,
                    help="share of ε for the DP row count when --rows is not given (default 0.05)")
-    p.add_argument("--count-epsilon", type=float, default=None,
+    p.add_argument("--count-epsilon", type=POSITIVE_NUMBER, default=None,
                    help="absolute ε for the DP row count (instead of --count-fraction)")
     p.add_argument("--privacy-id", default=None, help="column identifying a privacy unit")
-    p.add_argument("--max-contributions", type=int, default=1,
+    p.add_argument("--max-contributions", type=AT_LEAST_ONE, default=1,
                    help="records kept per privacy unit (needs --privacy-id; default 1)")
-    p.add_argument("--split-bytes", type=int, default=DEFAULT_SPLIT_BYTES, metavar="N",
+    p.add_argument("--split-bytes", type=cli_number(int, Limit(0)), default=DEFAULT_SPLIT_BYTES, metavar="N",
                    help="read uncompressed CSV/JSONL/Avro/Parquet files larger than N bytes in parallel parts "
                         f"(default {DEFAULT_SPLIT_BYTES >> 20} MiB; 0: one reader per file)")
-    p.add_argument("--max-record-lines", type=int, default=1, metavar="L",
+    p.add_argument("--max-record-lines", type=cli_number(int, Limit(1, MAX_RECORD_LINES_LIMIT)), default=1, metavar="L",
                    help="physical lines one CSV record may span (a quoted field with line breaks; "
                         "default 1: every line is one record, exactly stable; L >= 2: one record may "
                         "change up to L used records, see docs/schema-format.md)")

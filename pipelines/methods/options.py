@@ -29,7 +29,8 @@ import numpy as np
 
 from beamsynth.pipelines.methods.wording import API_KEYWORDS, Vocabulary
 
-__all__ = ["Limit", "check_option_values", "check_options", "option_actions", "whole_or"]
+__all__ = ["AT_LEAST_ONE", "DELTA_NUMBER", "OPEN_FRACTION", "POSITIVE_NUMBER", "Limit",
+           "check_option_values", "check_options", "cli_number", "option_actions", "whole_or"]
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,36 @@ def whole_or(*words: str) -> Callable[[str], int | str]:
     parse.words = words  # type: ignore[attr-defined]
     parse.__name__ = f"whole number or {'/'.join(words)}"
     return parse
+
+
+def cli_number(kind: type = float, limit: Limit | None = None) -> Callable[[str], float | int]:
+    """An argparse ``type`` for a command's numeric flag (``--epsilon``, ``--count-epsilon``,
+    ``--max-contributions``, ...): a finite number (``kind=float``) or a whole number
+    (``kind=int``) within ``limit``. Anything else is refused while the command line is parsed,
+    before anything is read, spent or written (exit 2), naming the flag and echoing the text:
+    ``argument --count-epsilon: 'nan' is not a finite number > 0``. Before (H101), such values
+    reached the library's checks, which named the parameter (``epsilon (nan)`` for
+    ``--count-epsilon nan``), and ``prefixes`` read its input before refusing them."""
+    must = ("a finite number" if kind is float else "a whole number") + (
+        f" {limit.text()}" if limit is not None else "")
+
+    def parse(text: str) -> float | int:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {must}") from None
+        if not math.isfinite(value) or limit is not None and not limit.holds(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {must}")
+        return value
+
+    parse.__name__ = must
+    return parse
+
+
+POSITIVE_NUMBER = cli_number(float, Limit(0, None, True))  # --epsilon, --count-epsilon, ...
+OPEN_FRACTION = cli_number(float, Limit(0, 1, True, True))  # --count-fraction, --tolerance, ...
+DELTA_NUMBER = cli_number(float, Limit(0, 1, False, True))  # --delta
+AT_LEAST_ONE = cli_number(int, Limit(1))  # --max-contributions, --depth, ...
 
 
 def option_actions(method_cls: Any) -> dict[str, argparse.Action]:

@@ -96,9 +96,14 @@ def test_overspend_fails_before_reading_data(adult_sample, tmp_path, monkeypatch
 
 
 def test_cli_reports_errors_cleanly(tmp_path, capsys):
-    assert main(["synthesize", "nope.csv", "--schema", "adult", "--epsilon", "0",
+    assert main(["synthesize", "nope.csv", "--schema", "adult", "--epsilon", "1", "--rows", "0",
                  "--output", str(tmp_path / "o.csv")]) == 2
-    assert "epsilon (0.0) must be a finite number > 0" in capsys.readouterr().err
+    assert "--rows 0: the row count must be a whole number >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:  # a flag out of range: refused while parsing (H101)
+        main(["synthesize", "nope.csv", "--schema", "adult", "--epsilon", "0",
+              "--output", str(tmp_path / "o.csv")])
+    assert exc.value.code == 2
+    assert "argument --epsilon: '0' is not a finite number > 0" in capsys.readouterr().err
 
 
 def test_privacy_id_bounds_contributions(tmp_path):
