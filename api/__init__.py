@@ -29,6 +29,7 @@ from beamsynth import (
     _beam_import,  # noqa: F401  (first: Beam without its import warning)
     _csv_header_fix,  # noqa: F401  (Beam's ReadFromCsv endless on a 0-byte file)
     _json_sample_fix,  # noqa: F401  (Beam's ReadFromJson fails when built on no records)
+    _row_by_name_fix,  # noqa: F401  (Beam's DataFrame reads zip columns by position)
 )
 from beamsynth.pipelines.job import (
     SBHG,
