@@ -56,7 +56,11 @@ DEFAULT_WARN_REJECTED = 0.05
 """Share of rejected rows above which the console prints a warning (``--warn-rejected``)."""
 
 
-_VALUE = re.compile(r"value (?:'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|\S+)")
+# A reason's value: a whole quoted repr, else everything up to the reason's last " is " (a repr
+# cut short by the encoders, 60 or 80 characters without its closing quote or brace, holds
+# spaces: matching it only up to the first one put the rest of the value on the console; H100),
+# else one word.
+_VALUE = re.compile(r"value (?:'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|.*(?= is )|\S+)")
 _POSITION = re.compile(r"(line|column|char|bytes|row) \d+(-\d+)?")
 _DETAIL = re.compile(r"(alphabet: |length )\S.*?(?=$| exceeds)")
 

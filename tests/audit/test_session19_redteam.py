@@ -78,3 +78,33 @@ def test_read_from_json_reads_every_chunk_by_field_name(tmp_path: Path) -> None:
         assert_that(rows, equal_to([(20, "north"), (21, "north"), (33, "east"), (34, "south"),
                                     (35, "south"), (None, "west"), (40, "west")]))
 
+
+# -- 2. The CLI's console summary of dead letters names no value (b214fff's reasons) ---------------
+def test_console_summary_of_reasons_strips_long_values() -> None:
+    """``--warn-rejected``'s console summary (stderr, never released) groups dead letters by
+    reason with the value cut out (``_normalize``). A value longer than a reason shows (its repr
+    cut to 60 or 80 characters, so without its closing quote or brace) matched only up to its
+    first space: ``value … smith 1970-01-02 alice smit... is outside ...`` put the rest of a
+    record's value on the console. Every reason with such a value, the out-of-domain one with
+    b214fff's way out included, is now printed without any of it."""
+    import numpy as np
+
+    from beamsynth.pipelines.cli.console import _normalize
+    from beamsynth.schemas.schema import load_schema
+    from beamsynth.transforms.inputs import KeyLayout, _nested_reason
+
+    secret = "alice smith 1970-01-02 " * 4
+    schema = load_schema({"name": "s19", "columns": [
+        {"name": "race", "type": "categorical",
+         "domain": {"kind": "categorical", "values": ["White", "Black"]}},
+        {"name": "age", "type": "integer", "domain": {"kind": "integer", "low": 0, "high": 99}}]})
+    raw = {"race": np.array([secret, "White", "White"], dtype=object),
+           "age": np.array(["30", secret, "x " + secret], dtype=object)}
+    _, bad = schema.encode_columns(raw, 3)
+    reasons = [reason for _, reason in bad]
+    reasons.append(_nested_reason(KeyLayout(schema), {"race": {"name": secret}, "age": 3}))
+    assert len(reasons) == 4 and all("smith" in r for r in reasons)
+    for reason in reasons:
+        shown = _normalize(reason)
+        assert "smith" not in shown and "alice" not in shown and "1970" not in shown, shown
+        assert shown.startswith(("column 'race': value …", "column 'age': value …")), shown
