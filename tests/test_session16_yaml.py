@@ -22,13 +22,8 @@ yaml_main = pytest.importorskip(
 import apache_beam as beam  # noqa: E402
 import yaml  # noqa: E402
 
-from tests.yaml_helpers import build, json_lines, provider, run_yaml  # noqa: E402
+from tests.yaml_helpers import SHOP_SCHEMA, build, json_lines, provider, run_yaml  # noqa: E402
 
-_SCHEMA = {"name": "shop", "privacy_id": "customer", "columns": [
-    {"name": "age", "type": "integer",
-     "domain": {"kind": "integer", "low": 18, "high": 90, "edges": [18, 30, 45, 60, 91]}},
-    {"name": "region", "type": "categorical",
-     "domain": {"kind": "categorical", "values": ["north", "south", "east", "west"]}}]}
 _ROWS = [{"customer": 1, "age": 30, "region": "north"}, {"customer": 2, "age": 50, "region": "east"}]
 
 
@@ -36,7 +31,7 @@ def _spec(step: str, config: dict, tmp_path) -> dict:
     return {"providers": [{"include": provider()}], "pipeline": {"transforms": [
         {"type": "Create", "name": "In", "config": {"elements": _ROWS}},
         {"type": step, "name": "S", "input": "In",
-         "config": {"schema": _SCHEMA, "epsilon": 0.5, "manifest": str(tmp_path / "m.json"),
+         "config": {"schema": SHOP_SCHEMA, "epsilon": 0.5, "manifest": str(tmp_path / "m.json"),
                     **config}}]}}
 
 
@@ -92,7 +87,7 @@ def test_missing_privacy_id_field_is_warned_when_built(tmp_path, caplog, step, c
                                                        words) -> None:
     """Was silent: ``privacy_id: custmer`` ran, every one of 404 rows went to the error output
     (``required field 'custmer' is missing``) and the release spent its ε on no record."""
-    schema = {k: v for k, v in _SCHEMA.items() if k != "privacy_id"}  # the step names the id
+    schema = {k: v for k, v in SHOP_SCHEMA.items() if k != "privacy_id"}  # the step names the id
     with caplog.at_level(logging.WARNING):
         _build(_spec(step, {"schema": schema, **config}, tmp_path))
     assert words in caplog.text, caplog.text
@@ -149,7 +144,7 @@ def test_windowed_example_counts_rows_without_a_usable_time(tmp_path) -> None:
     (tmp_path / "ev.csv").write_text("customer,age,region,ts\n1,30,north,10\n2,40,south,3700\n"
                                      "3,50,east,\n4,60,west,abc\n5,33,north,20\n",
                                      encoding="utf-8")
-    (tmp_path / "s.yaml").write_text(yaml.safe_dump(_SCHEMA), encoding="utf-8")
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(SHOP_SCHEMA), encoding="utf-8")
     example = resources.files("beamsynth.pipelines") / "windowed_counts.yaml"
     variables = {"input": str(tmp_path / "ev.csv"), "output": str(tmp_path / "ev"),
                  "schema": str(tmp_path / "s.yaml"), "ts": "ts", "start": 0, "end": 10800}
@@ -200,7 +195,7 @@ def test_overspend_names_each_steps_total(tmp_path) -> None:
     spec = {"providers": [{"include": provider()}], "pipeline": {"transforms": [
         {"type": "Create", "name": "In", "config": {"elements": _ROWS}},
         *[{"type": t, "name": n, "input": "In",
-           "config": {"schema": _SCHEMA, "epsilon": e, **budget, **extra,
+           "config": {"schema": SHOP_SCHEMA, "epsilon": e, **budget, **extra,
                       "manifest": str(tmp_path / f"{n}.json")}}
           for t, n, e, extra in [("BeamsynthSynthesize", "Synth", 0.5, {"method": "privbayes"}),
                                  ("BeamsynthCount", "Count", 0.1, {}),

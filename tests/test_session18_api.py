@@ -14,20 +14,14 @@ from apache_beam.testing.util import assert_that, equal_to
 
 import beamsynth as bs
 from beamsynth.runners.local import LocalDirectRunner
+from tests.yaml_helpers import SHOP_SCHEMA, write_schema
 
 yaml = pytest.importorskip("yaml")
 
-_SCHEMA = {"name": "shop", "privacy_id": "customer", "columns": [
-    {"name": "age", "type": "integer",
-     "domain": {"kind": "integer", "low": 18, "high": 90, "edges": [18, 30, 45, 60, 91]}},
-    {"name": "region", "type": "categorical",
-     "domain": {"kind": "categorical", "values": ["north", "south", "east", "west"]}}]}
 
 
 def _schema_file(folder: Path, **changes) -> Path:
-    path = folder / "shop.yaml"
-    path.write_text(yaml.safe_dump({**_SCHEMA, **changes}), encoding="utf-8")
-    return path
+    return write_schema(folder, {**SHOP_SCHEMA, **changes}, "shop.yaml")
 
 
 # -- 1. Beam's ReadFromJson on a file without records reads no rows -------------------------------
@@ -283,9 +277,9 @@ def test_refinement_picks_are_recorded_parsed_and_stated_with_their_spends() -> 
     ``details.privbayes.refine.picks`` next to the refinement's ε per pick and per table."""
     from types import SimpleNamespace
 
+    from beamsynth.pipelines.io.metrics import run_counters
     from beamsynth.pipelines.methods.privbayes import (
         _choice_items,
-        _prefixed_counters,
         refine_picks,
         with_refine_picks,
     )
@@ -315,7 +309,7 @@ def test_refinement_picks_are_recorded_parsed_and_stated_with_their_spends() -> 
                             committed=9, attempted=9)
     result = SimpleNamespace(metrics=lambda: SimpleNamespace(
         query=lambda f: {"counters": [counter, other]}))
-    assert _prefixed_counters(result, "privbayes_refine_pick_") == {names[0]: 1}
+    assert run_counters(result, prefix="privbayes_refine_pick_") == {names[0]: 1}
 
 
 @pytest.mark.slow

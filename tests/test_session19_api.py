@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import apache_beam as beam
 import pytest
@@ -78,3 +79,34 @@ def test_cli_numeric_flags_are_refused_naming_the_flag(tmp_path: Path, capsys, c
     err = capsys.readouterr().err
     assert f"argument {flag}: '{value}' is not a " in err, err
     assert "missing.csv" not in err and list(tmp_path.iterdir()) == []
+
+
+# -- 4. one reader of a run's beamsynth counters ------------------------------------------------
+def _result(*counters: tuple[str, int | None, int]) -> SimpleNamespace:
+    found = [SimpleNamespace(key=SimpleNamespace(metric=SimpleNamespace(name=name)),
+                             committed=committed, attempted=attempted)
+             for name, committed, attempted in counters]
+    return SimpleNamespace(metrics=lambda: SimpleNamespace(query=lambda f: {"counters": [
+        c for c in found if not f.names or c.key.metric.name in f.names]}))
+
+
+def test_run_counters_is_the_one_reader_of_a_runs_counters() -> None:
+    """``synthesize.counter_value``, PrivBayes' refinement picks and the CLI's
+    ``--fail-on-rejected`` pre-pass each repeated the metrics query and the committed/attempted
+    fallback (three copies); they now read ``pipelines/io/metrics.run_counters``: committed where
+    reported, else attempted, summed by name; ``None`` where the runner has no metrics."""
+    from beamsynth.pipelines.io.metrics import run_counters
+    from beamsynth.pipelines.methods.synthesize import counter_value
+
+    pick = 'privbayes_refine_pick_1:["age", "sex"]'
+    result = _result(("rows_read", 7, 9), ("rows_read", None, 2), (pick, 1, 1),
+                     ("rows_rejected_domain", 1, 1))
+    assert run_counters(result) == {"rows_read": 9, pick: 1, "rows_rejected_domain": 1}
+    assert run_counters(result, prefix="privbayes_refine_pick_") == {pick: 1}
+    assert counter_value(result, "rows_read") == 9 and counter_value(result, "rows_late") == 0
+
+    def broken():
+        raise NotImplementedError("no metrics")
+
+    assert run_counters(SimpleNamespace(metrics=broken)) is None
+    assert counter_value(SimpleNamespace(metrics=broken), "rows_read") is None

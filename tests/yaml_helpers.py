@@ -18,9 +18,18 @@ import yaml
 
 from beamsynth.runners.local import LOCAL_DIRECT_RUNNER
 
-__all__ = ["build", "json_lines", "provider", "run_yaml", "write_schema", "write_yaml"]
+__all__ = ["SHOP_SCHEMA", "build", "json_lines", "provider", "run_yaml", "write_schema",
+           "write_yaml"]
 
 Spec = dict | str
+
+# A small schema with a privacy id, an integer binned column and a categorical one (several test
+# modules: YAML steps, the API, audits)
+SHOP_SCHEMA = {"name": "shop", "privacy_id": "customer", "columns": [
+    {"name": "age", "type": "integer",
+     "domain": {"kind": "integer", "low": 18, "high": 90, "edges": [18, 30, 45, 60, 91]}},
+    {"name": "region", "type": "categorical",
+     "domain": {"kind": "categorical", "values": ["north", "south", "east", "west"]}}]}
 
 
 def provider() -> str:

@@ -160,20 +160,18 @@ def count_rejections(build: Callable[[Any], Any], options: Any) -> tuple[int | N
     """(rows read, rows rejected) of a read-and-encode-only pipeline wired by ``build(p)``: the
     ``--fail-on-rejected`` pre-pass. Nothing is measured or written; no budget is spent."""
     import apache_beam as beam
-    from apache_beam.metrics.metric import MetricsFilter
+
+    from beamsynth.pipelines.io.metrics import run_counters
 
     p = beam.Pipeline(options=options)
     build(p)
     result = p.run()
     result.wait_until_finish()
-    try:  # every beamsynth counter of the pass, by name
-        found = result.metrics().query(MetricsFilter().with_namespace("beamsynth"))["counters"]
-    except Exception:  # a runner without metrics
+    totals = run_counters(result)  # every beamsynth counter of the pass, by name
+    if totals is None:  # a runner without metrics
         return None, None
-    totals: Counter = Counter()
-    for c in found:
-        totals[c.key.metric.name] += c.committed if c.committed is not None else c.attempted
-    return totals["rows_read"], totals["rows_rejected_unparseable"] + totals["rows_rejected_domain"]
+    return totals.get("rows_read", 0), (totals.get("rows_rejected_unparseable", 0)
+                                        + totals.get("rows_rejected_domain", 0))
 
 
 # -- command-line options and advice ----------------------------------------------------------------------

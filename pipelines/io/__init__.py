@@ -55,6 +55,7 @@ are used by read; nothing here imports another ``beamsynth.pipelines`` subpackag
   output and the dead-letter merge; :mod:`~beamsynth.pipelines.io.filesystem`: Beam
   ``FileSystems`` helpers (atomic writes);
 * :mod:`~beamsynth.pipelines.io.manifest`: ``build_manifest``, ``manifest_path``;
+* :mod:`~beamsynth.pipelines.io.metrics`: ``run_counters``, a finished run's beamsynth counters;
 * :mod:`~beamsynth.pipelines.io.preflight`: whole-file checks before a run and the operator's
   console counts after it.
 """

@@ -20,6 +20,7 @@ from typing import Any
 
 import apache_beam as beam
 
+from beamsynth.pipelines.io.metrics import run_counters
 from beamsynth.pipelines.methods.options import Limit, whole_or
 from beamsynth.pipelines.methods.registry import Method, register
 from beamsynth.transforms.private import names_of
@@ -40,7 +41,6 @@ from beamsynth.transforms.privbayes import (
 )
 from beamsynth.transforms.privbayes_measure import (
     REFINE_PICK_PREFIX,
-    SIZING_METRICS_NAMESPACE,
     refine_pick_choices,
     sizing_choices,
 )
@@ -278,14 +278,11 @@ class PrivBayesMethod(Method):
         """The run-time size decision (from the DP count; public) and the refinement's picks (DP
         outputs) for :meth:`details`."""
         plan = self._transform.plan
-        self._picks = refine_picks(_prefixed_counters(result, REFINE_PICK_PREFIX))
+        self._picks = refine_picks(run_counters(result, prefix=REFINE_PICK_PREFIX) or {})
         if plan.sizing is None or plan.sizing.rows is not None:
             return
-        from beamsynth.pipelines.methods.synthesize import (
-            counter_value,  # synthesize imports this module
-        )
-
-        counts = {name: counter_value(result, name) or 0 for name in choice_counter_names(plan)}
+        found = run_counters(result) or {}
+        counts = {name: found.get(name, 0) for name in choice_counter_names(plan)}
         self._chosen, self._small, self._refined, self._parented = run_time_choices(plan, counts)
 
     def run_notes(self) -> list[str]:
@@ -433,24 +430,6 @@ def _choice_items(measurement: Any) -> list[tuple[str, int]]:
     pick (a DP output)."""
     return [(name, 1) for name in (*sizing_choices(measurement.sizing),
                                    *refine_pick_choices(measurement))]
-
-
-def _prefixed_counters(result: Any, prefix: str) -> dict[str, int]:
-    """Every beamsynth counter of a finished run whose name starts with ``prefix`` ({} where the
-    runner reports no metrics)."""
-    from apache_beam.metrics.metric import MetricsFilter
-
-    try:
-        found = result.metrics().query(MetricsFilter().with_namespace(SIZING_METRICS_NAMESPACE))
-    except Exception:  # noqa: BLE001 - some runners do not report metrics
-        return {}
-    out: dict[str, int] = {}
-    for c in found["counters"]:
-        name = c.key.metric.name
-        if name.startswith(prefix):
-            value = c.committed if c.committed is not None else c.attempted
-            out[name] = out.get(name, 0) + int(value or 0)
-    return out
 
 
 def refine_picks(counts: Mapping[str, int]) -> list[dict[str, Any]]:

@@ -16,12 +16,12 @@ from typing import Any
 
 import apache_beam as beam
 import pyarrow as pa
-from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beamsynth.pipelines.io.dead_letters import write_rejected
 from beamsynth.pipelines.io.encode import reader_privacy_ids
 from beamsynth.pipelines.io.manifest import build_manifest, manifest_path, write_json_atomic
+from beamsynth.pipelines.io.metrics import run_counters
 from beamsynth.pipelines.io.preflight import check_noise_scales
 from beamsynth.pipelines.io.read import ReadRecords
 from beamsynth.pipelines.io.records import (
@@ -251,12 +251,8 @@ def _count_out(table):
 
 def counter_value(result: Any, name: str) -> int | None:
     """Sum of the beamsynth Beam counter ``name`` in a finished run (None if the runner has none)."""
-    try:
-        res = result.metrics().query(MetricsFilter().with_namespace(METRICS_NAMESPACE).with_name(name))
-        vals = [c.committed if c.committed is not None else c.attempted for c in res["counters"]]
-        return int(sum(vals)) if vals else 0
-    except Exception:  # some runners do not report metrics
-        return None
+    found = run_counters(result, name=name)
+    return None if found is None else found.get(name, 0)
 
 
 def run_synthesis(cfg: SynthesisConfig, pipeline_options: PipelineOptions | None = None,

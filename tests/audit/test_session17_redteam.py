@@ -40,13 +40,7 @@ pytestmark = pytest.mark.audit
 
 yaml = pytest.importorskip("yaml")
 
-from tests.yaml_helpers import json_lines, provider, write_schema  # noqa: E402
-
-_SCHEMA = {"name": "shop", "privacy_id": "customer", "columns": [
-    {"name": "age", "type": "integer",
-     "domain": {"kind": "integer", "low": 18, "high": 90, "edges": [18, 30, 45, 60, 91]}},
-    {"name": "region", "type": "categorical",
-     "domain": {"kind": "categorical", "values": ["north", "south", "east", "west"]}}]}
+from tests.yaml_helpers import SHOP_SCHEMA, json_lines, provider, write_schema  # noqa: E402
 
 
 def _run_yaml(transforms: list[dict]) -> None:
@@ -100,7 +94,7 @@ def test_windowed_example_survives_non_finite_and_huge_times(tmp_path):
     (tmp_path / "ev.csv").write_text("customer,age,region,ts\n1,30,north,10\n2,40,south,3700\n"
                                      "3,50,east,nan\n4,60,west,inf\n6,61,west,1e20\n"
                                      "5,33,north,20\n", encoding="utf-8")
-    schema = write_schema(tmp_path, _SCHEMA, "s.yaml")
+    schema = write_schema(tmp_path, SHOP_SCHEMA, "s.yaml")
     out = tmp_path / "ev"
     _run_yaml(_example_transforms({"input": str(tmp_path / "ev.csv"), "output": str(out),
                                    "schema": str(schema), "ts": "ts", "start": 0,
@@ -121,7 +115,7 @@ def test_yaml_statistics_manifest_states_how_ids_were_read(tmp_path, mode, kind)
     either way (fails on 26a3b8d..db1793e); now ``ids`` is the encoder's mode."""
     from beamsynth.pipelines import yaml_stats
 
-    schema = write_schema(tmp_path, {**_SCHEMA, "privacy_ids": mode}, "shop.yaml")
+    schema = write_schema(tmp_path, {**SHOP_SCHEMA, "privacy_ids": mode}, "shop.yaml")
     big, manifest = 2**53, tmp_path / "m.json"
     extra = {"columns": ["region"]} if kind == "Histogram" else {}
     with beam.Pipeline() as p:
@@ -150,7 +144,7 @@ def test_every_statistics_step_bounds_per_the_rows_id_column(tmp_path, kind):
     ``cust_id``. Checked against a scratch ``_setup`` that drops the step's id (record level)."""
     from beamsynth.pipelines import yaml_stats
 
-    schema = write_schema(tmp_path, _SCHEMA, "shop.yaml")
+    schema = write_schema(tmp_path, SHOP_SCHEMA, "shop.yaml")
     rows = [beam.Row(cust_id=c, age=a, region=r, word=w) for c, a, r, w in (
         ("a", 30, "north", "ab"), ("a", 40, "south", "b"), ("a", 50, "east", "abc"),
         ("b", 31, "west", "c"), ("b", 41, "north", "ca"), ("b", 51, "south", "a"),
@@ -294,7 +288,7 @@ def test_windowed_synthesis_releases_every_declared_window_alike_for_neighbours(
     windows = {"start": 0, "end": 10800, "size": 3600}
     d = [(10 + i, 20 + 3 * i, ("north", "south")[i % 2]) for i in range(8)]
     d += [(3700 + i, 30 + 2 * i, ("east", "west")[i % 2]) for i in range(8)]
-    schema, out = str(write_schema(tmp_path, _SCHEMA, "shop.yaml")), {}
+    schema, out = str(write_schema(tmp_path, SHOP_SCHEMA, "shop.yaml")), {}
     with beam.Pipeline() as p:
         for name, records in (("d", d), ("d1", [*d, (7300, 44, "north")])):
             rows = (p | f"In[{name}]" >> beam.Create(_stamped(records))
