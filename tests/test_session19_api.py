@@ -81,6 +81,24 @@ def test_cli_numeric_flags_are_refused_naming_the_flag(tmp_path: Path, capsys, c
     assert "missing.csv" not in err and list(tmp_path.iterdir()) == []
 
 
+# -- 3. progress lines say their count is partial ------------------------------------------------
+def test_progress_rows_line_says_so_far(capsys) -> None:
+    """The CLI's running row count printed ``synthesize: rows used 20000`` as its last line on
+    Adult's 48,842 rows (the last 1-2-5 milestone passed), which read as the count; each line
+    now says ``so far`` (the total is the manifest's, printed at the end)."""
+    import numpy as np
+
+    from beamsynth.pipelines.methods.progress import RowProgressFn
+    from beamsynth.schemas.schema import EncodedBatch
+
+    fn = RowProgressFn("synthesize")
+    for n in (1, 3, 30_000):
+        list(fn.process(EncodedBatch(np.zeros((n, 1), dtype=np.int32), None)))
+    lines = [x.strip() for x in capsys.readouterr().err.splitlines()]
+    assert lines == ["synthesize: rows used 1 so far", "synthesize: rows used 4 so far",
+                     "synthesize: rows used 30004 so far"]
+
+
 # -- 4. one reader of a run's beamsynth counters ------------------------------------------------
 def _result(*counters: tuple[str, int | None, int]) -> SimpleNamespace:
     found = [SimpleNamespace(key=SimpleNamespace(metric=SimpleNamespace(name=name)),

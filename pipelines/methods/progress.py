@@ -9,7 +9,9 @@ printed when the count passes the next of 1, 2, 5, 10, 20, 50, ... rows, or when
 ``HEARTBEAT_SECONDS`` have passed since the process's last line: a few lines per process however
 many bundles there are. Worker processes (``--runner direct-multi``, Dask, ...) cannot add their
 counts together, so each prints its own, tagged ``[worker PID]``; the exact total is the
-manifest's (the CLI prints it at the end).
+manifest's (the CLI prints it at the end). Each line says ``so far``: the last one printed is
+the last milestone passed, not the total (Adult's 48,842 rows end on ``rows used 20000 so far``;
+before the nineteenth session it read ``rows used 20000``, as if it were the count).
 """
 
 from __future__ import annotations
@@ -79,6 +81,6 @@ class RowProgressFn(beam.DoFn):
             if show:
                 here = (socket.gethostname(), os.getpid())
                 where = "" if here == self._key[:2] else f" [worker {os.getpid()}]"
-                print(f"         {self._label}{where}: rows used {rows}", file=sys.stderr,
-                      flush=True)
+                print(f"         {self._label}{where}: rows used {rows} so far", file=sys.stderr,
+                      flush=True)  # a running count: the exact total is the manifest's
         yield batch

@@ -14,7 +14,7 @@ from tests.pipeline import test_cli_synthesize
 
 adult_sample = test_cli_synthesize.adult_sample  # fixture: 3,000 Adult rows
 
-LINE = re.compile(r"synthesize(?: \[worker (\d+)\])?: rows used (\d+)$")
+LINE = re.compile(r"synthesize(?: \[worker (\d+)\])?: rows used (\d+) so far$")
 
 
 def _synthesize(path: Path, out: Path, runner: str, *extra: str) -> int:
