@@ -41,6 +41,7 @@ import hashlib
 import hmac
 import math
 import os
+import threading
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
@@ -74,6 +75,7 @@ __all__ = [
 ]
 
 _TWO_POW_53 = float(2**53)
+_U11, _U12, _U63 = np.uint64(11), np.uint64(12), np.uint64(63)  # shifts of a word
 _BELOW_ONE = 1.0 - 2.0**-53  # the largest double below 1
 
 
@@ -91,13 +93,51 @@ def child_seed(seed: int, *labels: Hashable) -> int:
     return int.from_bytes(digest[:7], "big")
 
 
+_SCALAR_TYPES = frozenset({str, int, float, bool, bytes, type(None)})  # exact types: unchanged by _plain
+
+
 def _plain(label: Any) -> Any:
     """A label with numpy scalars as Python scalars (so ``np.int64(3)`` and ``3`` name one stream)."""
+    if type(label) is tuple and all(type(x) in _SCALAR_TYPES for x in label):
+        return label  # the common shape (str and int labels): nothing to convert
     if isinstance(label, np.generic):
         return label.item()
     if isinstance(label, tuple):
         return tuple(_plain(x) for x in label)
     return label
+
+
+class _PhiloxEngine(threading.local):
+    """One Philox bit generator per thread, re-keyed for every read (seeded mode only).
+
+    Building a ``np.random.Philox`` costs ~30 µs (it draws OS entropy for a seed sequence it
+    does not use when a key is given), more than most draws; a seeded stream therefore keeps only
+    its key and its position, and each read sets this thread's generator to (key, block counter)
+    and reads on: Philox's words are a pure function of (key, counter), so the words are those of
+    a generator built for the stream (``np.random.Philox(key=...)``) and read from its start. No
+    generator state is shared between streams or threads; a read runs no other Python code
+    between setting the state and drawing.
+    """
+
+    def __init__(self) -> None:
+        self.gen = np.random.Philox(key=0)
+        self.state = self.gen.state  # a template: counter and key arrays are overwritten per read
+        self.counter = self.state["state"]["counter"]
+        self.key = self.state["state"]["key"]
+        self.state["buffer_pos"] = 4  # buffer empty: the next word starts block counter + 1
+
+    def read(self, key: np.ndarray, pos: int, n: int) -> np.ndarray:
+        block, skip = divmod(pos, 4)  # 4 words per Philox block; the counter counts blocks drawn
+        self.counter[:] = 0
+        self.counter[0] = block
+        self.key[:] = key
+        self.gen.state = self.state
+        raw = self.gen.random_raw(skip + n)
+        return raw[skip:] if skip else raw
+
+
+_ENGINE = _PhiloxEngine()
+_MASK64 = (1 << 64) - 1
 
 
 class _KeyedStream:
@@ -205,7 +245,8 @@ class RandomSource:
             _check_seed(seed)
             self._seed = int(seed)
         self._labels = tuple(labels)
-        self._bitgen: np.random.Philox | None = None
+        self._philox_key: np.ndarray | None = None  # seeded: the stream's Philox key, once derived
+        self._pos = 0  # seeded: words read so far
         self._stream: _KeyedStream | None = None
 
     # -- identity ---------------------------------------------------------------------------
@@ -231,8 +272,11 @@ class RandomSource:
 
     def child(self, *labels: Hashable) -> RandomSource:
         """An independent sub-stream identified by ``labels`` appended to this stream's labels."""
-        return RandomSource(seed=self._secret if self._seed is None else self._seed,
-                            labels=self._labels + tuple(labels))
+        out = RandomSource.__new__(RandomSource)  # this stream's seed or secret, already checked
+        out._secret, out._seed = self._secret, self._seed
+        out._labels = self._labels + labels
+        out._philox_key, out._pos, out._stream = None, 0, None
+        return out
 
     def __getstate__(self) -> dict[str, Any]:
         return {"seed": self._seed, "secret": self._secret, "labels": self._labels}
@@ -241,7 +285,8 @@ class RandomSource:
         self._seed = state["seed"]
         self._secret = state["secret"]
         self._labels = state["labels"]
-        self._bitgen = None
+        self._philox_key = None
+        self._pos = 0
         self._stream = None
 
     def __repr__(self) -> str:
@@ -258,10 +303,12 @@ class RandomSource:
             if self._stream is None:
                 self._stream = self._secret.stream(self._labels)
             return np.frombuffer(self._stream.read(8 * n), dtype=np.uint64).copy()
-        if self._bitgen is None:
+        if self._philox_key is None:
             key = _derive_key(self._seed, self._labels)
-            self._bitgen = np.random.Philox(key=key)
-        return self._bitgen.random_raw(n).astype(np.uint64, copy=False)
+            self._philox_key = np.array([key & _MASK64, key >> 64], dtype=np.uint64)
+        out = _ENGINE.read(self._philox_key, self._pos, n)
+        self._pos += n
+        return out
 
     # -- derived uniform draws ---------------------------------------------------------------
     def uniform(self, size: int | tuple[int, ...]) -> np.ndarray:
@@ -273,8 +320,8 @@ class RandomSource:
         word is mapped to the largest double below 1 instead (its mass, 2^-53, is unchanged).
         """
         shape = (size,) if isinstance(size, (int, np.integer)) else tuple(size)
-        n = int(np.prod(shape)) if shape else 1
-        w = self.words(n) >> np.uint64(11)
+        n = int(math.prod(shape))  # 1 for shape ()
+        w = self.words(n) >> _U11
         u = (w.astype(np.float64) + 0.5) / _TWO_POW_53
         return np.minimum(u, _BELOW_ONE).reshape(shape)
 
@@ -355,7 +402,7 @@ def _fine_uniform(rs: RandomSource, n: int) -> np.ndarray:
     (below 2^-1022, probability 2^-1022, it is clamped to the smallest normal).
     """
     k = _trailing_zero_runs(rs, n)
-    f = ((rs.words(n) >> np.uint64(12)).astype(np.float64) + 0.5) / float(2**52)
+    f = ((rs.words(n) >> _U12).astype(np.float64) + 0.5) / float(2**52)
     u = np.ldexp(0.5 + 0.5 * f, -np.minimum(k, 1021).astype(np.int32))
     return np.maximum(u, np.finfo(np.float64).tiny)
 
@@ -388,7 +435,7 @@ def _log_uniform(rs: RandomSource, size: int | tuple[int, ...]) -> np.ndarray:
     u = rs.uniform(size)
     log_u = np.log(u)
     tail = u < 2.0**-_TAIL_BITS
-    m = int(tail.sum())
+    m = int(np.count_nonzero(tail))
     if m:
         log_u[tail] = -_TAIL_BITS * _LN2 - _standard_exponential(rs, m)
     return log_u
@@ -455,7 +502,7 @@ def discrete_gaussian(rs: RandomSource, sigma: float, size: int | tuple[int, ...
     if not (sigma > 0 and math.isfinite(sigma)):
         raise ValueError(f"sigma ({sigma!r}) must be a finite number > 0")
     shape = (size,) if isinstance(size, (int, np.integer)) else tuple(size)
-    n = int(np.prod(shape)) if shape else 1
+    n = int(math.prod(shape))  # 1 for shape ()
     t = math.floor(sigma) + 1
     out = np.zeros(n, dtype=np.int64)
     todo = np.arange(n)
@@ -503,7 +550,7 @@ def gumbel(rs: RandomSource, size: int | tuple[int, ...]) -> np.ndarray:
     about 41 probability exactly 0 instead of about ``e^-gap``.
     """
     shape = (size,) if isinstance(size, (int, np.integer)) else tuple(size)
-    n = int(np.prod(shape)) if shape else 1
+    n = int(math.prod(shape))  # 1 for shape ()
     return (-np.log(_standard_exponential(rs, n))).reshape(shape)
 
 
@@ -518,8 +565,8 @@ def laplace_internal(rs: RandomSource, scale: float, size: int | tuple[int, ...]
     if not (scale > 0 and math.isfinite(scale)):
         raise ValueError(f"scale ({scale!r}) must be a finite number > 0")
     shape = (size,) if isinstance(size, (int, np.integer)) else tuple(size)
-    n = int(np.prod(shape)) if shape else 1
-    sign = np.where(rs.words(n) >> np.uint64(63), 1.0, -1.0)  # the top bit of a fresh word
+    n = int(math.prod(shape))  # 1 for shape ()
+    sign = np.where(rs.words(n) >> _U63, 1.0, -1.0)  # the top bit of a fresh word
     return (sign * scale * _standard_exponential(rs, n)).reshape(shape)
 
 
@@ -692,7 +739,7 @@ def _two_sided_uniform(rs: RandomSource, n: int) -> tuple[np.ndarray, np.ndarray
     """``n`` uniforms ``U`` on (0, 1) as (which half, ``log W``) with ``W = min(U, 1 − U)`` on
     (0, 1/2]: a random bit and ``log W`` from :func:`_log_uniform` (exact, unbounded lower tail),
     so inversion reaches both tails of a law (a 53-bit ``U`` stops 2^-54 from either end)."""
-    upper = (rs.words(n) >> np.uint64(63)).astype(bool)
+    upper = (rs.words(n) >> _U63).astype(bool)
     return upper, _log_uniform(rs, n) - _LN2
 
 
@@ -720,7 +767,7 @@ def poisson(rs: RandomSource, lam: float, size: int | tuple[int, ...]) -> np.nda
     if not (lam >= 0 and math.isfinite(lam)):
         raise ValueError(f"lam ({lam!r}) must be a finite number >= 0")
     shape = (size,) if isinstance(size, (int, np.integer)) else tuple(size)
-    n = int(np.prod(shape)) if shape else 1
+    n = int(math.prod(shape))  # 1 for shape ()
     if lam == 0 or n == 0:
         return np.zeros(shape, dtype=np.int64)
     if lam > _POISSON_CHUNK:
