@@ -128,3 +128,40 @@ def test_run_counters_is_the_one_reader_of_a_runs_counters() -> None:
 
     assert run_counters(SimpleNamespace(metrics=broken)) is None
     assert counter_value(SimpleNamespace(metrics=broken), "rows_read") is None
+
+
+# -- 5. plausible deniability's PrivBayes generator lists its refinement picks ---------------------
+def test_plausible_privbayes_generator_lists_its_refinement_picks() -> None:
+    """``--method plausible`` (generator ``privbayes``, the default) ran PrivBayes' refinement,
+    whose DP picks were recorded (Beam counters) but never reached the manifest (13ff712 listed
+    them for PrivBayes itself). Now the CLI's ``details.model.privbayes.refine.picks`` and the
+    API/YAML manifests (the generator's ``model:`` records) list them with the refinement's ε
+    per pick and per table. (A real plan takes ~10 s to build: the method's run-time part is
+    checked on its own here; the CLI run is in docs/beam-api.md, "Nineteenth session".)"""
+    from beamsynth.pipelines.methods.plausible import (
+        PlausibleMethod,
+        PlausibleRunTime,
+        _model_choice_items,
+    )
+    from beamsynth.transforms.privbayes_measure import refine_pick_choices
+
+    refine = {"epsilon_per_pick": 0.013, "epsilon_per_table": 0.052}
+    pick = 'privbayes_refine_pick_1:["age", "sex"]'
+    picks = [{"pick": 1, "pair": ["age", "sex"], "windows": 1}]
+    method = PlausibleMethod.__new__(PlausibleMethod)  # its run-time part only (no 10 s plan)
+    method._metrics, method.model_plan = {}, {"refine": dict(refine)}
+    method._model_plan = SimpleNamespace(sizing=None)
+    method.collect_metrics(_result((pick, 1, 1), ("plausible_released", 3, 3)))
+    got = method._model_details()["refine"]
+    assert got["picks"] == picks and got["epsilon_per_pick"] == 0.013
+    assert method._metrics["plausible_released"] == 3
+
+    measured = SimpleNamespace(sizing=None, refinement=SimpleNamespace(
+        tables=(SimpleNamespace(names=("age", "sex")),)))
+    assert refine_pick_choices(measured) == (pick,)
+    assert _model_choice_items(measured) == [("model:" + pick, 1)]  # the API/YAML records
+    plan = SimpleNamespace(degree=1, n_columns=2, sizing=None, zcdp=None)
+    details = {"model": {"generator": "privbayes", "privbayes": {"refine": dict(refine)}}}
+    public, _ = PlausibleRunTime(plan)(details, {"released": 3, "model:" + pick: 1})
+    assert public["model"]["privbayes"]["refine"]["picks"] == picks
+

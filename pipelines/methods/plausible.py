@@ -17,11 +17,14 @@ from typing import Any
 import apache_beam as beam
 import pyarrow as pa
 
+from beamsynth.pipelines.io.metrics import run_counters
 from beamsynth.pipelines.methods.options import Limit
 from beamsynth.pipelines.methods.privbayes import (
     PrivBayesRunTime,
     choice_counter_names,
+    refine_picks,
     run_time_choices,
+    with_refine_picks,
     with_run_time_choices,
 )
 from beamsynth.pipelines.methods.registry import Method, register
@@ -49,7 +52,11 @@ from beamsynth.transforms.plausible_privacy import (
     theorem1_guarantee,
 )
 from beamsynth.transforms.plausible_split import OrderReleased, SplitForPlausible
-from beamsynth.transforms.privbayes_measure import sizing_choices
+from beamsynth.transforms.privbayes_measure import (
+    REFINE_PICK_PREFIX,
+    refine_pick_choices,
+    sizing_choices,
+)
 from beamsynth.transforms.synthesis import _CountRowsFn, codes_to_table
 
 __all__ = ["GENERATORS", "PlausibleMethod", "PlausibleSynthesis"]
@@ -559,18 +566,17 @@ class PlausibleMethod(Method):
     def collect_metrics(self, result: Any) -> None:
         names = ["plausible_candidates", "plausible_tested", "plausible_released",
                  f"plausible_rejected_{REJECT_BELOW_K}", f"plausible_rejected_{REJECT_NOISY_THRESHOLD}"]
-        from beamsynth.pipelines.methods.synthesize import (
-            counter_value,  # synthesize imports this module
-        )
-
-        for n in names:
-            value = counter_value(result, n)
-            if value is not None:  # runners without metrics leave the entry out
-                self._metrics[n] = value
+        found = run_counters(result)
+        if found is not None:  # runners without metrics leave the entries out
+            self._metrics.update({n: found.get(n, 0) for n in names})
+        found = found or {}
         plan = self._model_plan  # the PrivBayes generator sized from its own DP count (H72)
         if plan is not None and plan.sizing is not None and plan.sizing.rows is None:
             self._model_choices = run_time_choices(plan, {
-                name: counter_value(result, name) or 0 for name in choice_counter_names(plan)})
+                name: found.get(name, 0) for name in choice_counter_names(plan)})
+        # the generator's refinement picks (DP outputs, as PrivBayes' own: refine.picks)
+        self._model_picks = refine_picks({n: v for n, v in found.items()
+                                          if n.startswith(REFINE_PICK_PREFIX)})
 
     def release_guarantee(self, candidates: int | None = None) -> dict[str, Any]:
         """The release's guarantee: Theorem 1 per invocation of Mechanism 1 (one candidate, released
@@ -648,9 +654,13 @@ class PlausibleMethod(Method):
     def _model_details(self) -> dict[str, Any] | None:
         """The PrivBayes generator's plan details, with its run-time choices after a CLI run."""
         choices = getattr(self, "_model_choices", None)
-        if choices is None or self.model_plan is None:
+        picks = getattr(self, "_model_picks", [])
+        if (choices is None and not picks) or self.model_plan is None:
             return self.model_plan
-        return with_run_time_choices(copy.deepcopy(self.model_plan), self._model_plan, *choices)
+        out = copy.deepcopy(self.model_plan)
+        if choices is not None:
+            with_run_time_choices(out, self._model_plan, *choices)
+        return with_refine_picks(out, picks)
 
     def operational(self) -> dict[str, Any]:
         """Exact diagnostics on private data (not DP): the candidates tested (0 exactly when the
@@ -703,7 +713,8 @@ class PlausibleRunTime:
 
 def _model_choice_items(measurement: Any) -> list[tuple[str, int]]:
     """One window's PrivBayes generator measurement → ``(model:<counter name>, 1)`` per choice."""
-    return [(_MODEL + name, 1) for name in sizing_choices(measurement.sizing)]
+    return [(_MODEL + name, 1) for name in (*sizing_choices(measurement.sizing),
+                                            *refine_pick_choices(measurement))]
 
 
 def _released_items(batch: EncodedBatch) -> tuple[str, int]:
