@@ -479,23 +479,26 @@ def rake_weights(codes: np.ndarray, shape: Sequence[int], targets: Sequence[Rake
         return w
     ones = []  # (column codes, the rows' own 1-way proportions), computed once
     for j in range(codes.shape[1]):
-        counts = np.bincount(codes[:, j], minlength=int(shape[j])).astype(np.float64)
-        ones.append((codes[:, j], counts / counts.sum()))
+        column = np.ascontiguousarray(codes[:, j])  # read 2·iterations times: one contiguous copy
+        counts = np.bincount(column, minlength=int(shape[j])).astype(np.float64)
+        ones.append((column, counts / counts.sum()))
     keyed = [(t.keys(codes), t.proportions.ravel()) for t in targets]
 
-    def update(w: np.ndarray, idx: np.ndarray, prop: np.ndarray) -> np.ndarray:
+    def update(w: np.ndarray, w_sum: float, idx: np.ndarray, prop: np.ndarray) -> tuple[np.ndarray, float]:
+        # w_sum is w.sum(), carried from the step that made w (the same value, summed once)
         cur = np.bincount(idx, weights=w, minlength=prop.size)
-        new = w * np.where(cur > 0, prop * w.sum() / np.maximum(cur, 1e-300), 1.0)[idx]
+        new = w * np.where(cur > 0, prop * w_sum / np.maximum(cur, 1e-300), 1.0)[idx]
         total = new.sum()
         # a target that would zero every row (its support misses all of them) is skipped
-        return new if total > 0 and np.isfinite(total) else w
+        return (new, total) if total > 0 and np.isfinite(total) else (w, w_sum)
 
+    w_sum = w.sum()
     for _ in range(iterations):
         for idx, prop in ones + keyed:
-            w = update(w, idx, prop)
+            w, w_sum = update(w, w_sum, idx, prop)
     if end_on_margins:  # a last sweep: the weights end on the rows' own 1-way margins
         for idx, prop in ones:
-            w = update(w, idx, prop)
+            w, w_sum = update(w, w_sum, idx, prop)
     return w
 
 
