@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
+import copy
+import inspect
+import logging
 import os
+import sys
+import types
 import weakref
 
 import pytest
@@ -46,8 +52,95 @@ def _memoize_dofn_specs() -> None:
         transform_evaluator.get_dofn_specs = get_dofn_specs  # imported by name there
 
 
+# Beam builds a fresh argparse parser and parses the pipeline's flags again each time it asks an
+# options object for a view (PipelineOptions.view_as(cls) runs cls(flags)), and it asks very often
+# while building and running: TypeOptions per type check (typehints.is_consistent_with), per
+# applied transform, per inferred output type. H99, nineteenth session: view_as was 23 % of the
+# samples of test_prefix_pipeline + test_streaming + test_api_late (py-spy, 50 Hz), mostly
+# argparse's add_argument and gettext. What a view parses is a function of the class, the flags,
+# sys.argv (when the flags are None) and BEAM_SERVICE_OVERRIDES (read by CrossLanguageOptions), so
+# the test session parses each such key once with Beam's own class and hands every view a deep
+# copy of the parsed values; the rest is Beam 2.77's view_as line by line (views share the source
+# object's _all_options; values it already holds are kept). A class with its own __init__ or
+# __new__, or flags that are not hashable, go to Beam's view_as unchanged.
+# tests/pipeline/test_beam_overhead.py compares every registered options class's view with Beam's.
+def _memoize_option_views() -> None:
+    from apache_beam.options import pipeline_options
+
+    options_cls = pipeline_options.PipelineOptions
+    beam_view_as = getattr(options_cls.view_as, "__wrapped__", options_cls.view_as)
+    parsed: dict[tuple, tuple[argparse.Namespace, list[str]]] = {}
+
+    def view_as(self, cls):
+        flags = self._flags
+        if cls.__init__ is not options_cls.__init__ or cls.__new__ is not object.__new__:
+            return beam_view_as(self, cls)
+        try:
+            key = (cls, None if flags is None else tuple(flags),
+                   tuple(sys.argv) if flags is None else None,
+                   os.environ.get("BEAM_SERVICE_OVERRIDES"))
+            hit = parsed.get(key)
+        except TypeError:  # flags that are not hashable
+            return beam_view_as(self, cls)
+        if hit is None:
+            first = cls(flags)  # Beam's parse; its errors are raised as before
+            hit = parsed[key] = (copy.deepcopy(first._visible_options),
+                                 first._visible_option_list())
+        namespace, names = hit
+        logging.basicConfig()  # as PipelineOptions.__init__
+        view = object.__new__(cls)
+        view._flags = flags
+        view._visible_options = copy.deepcopy(namespace)
+        for name in names:
+            if name not in self._all_options:
+                self._all_options[name] = getattr(view._visible_options, name)
+        view._all_options = self._all_options
+        return view
+
+    view_as.__wrapped__ = beam_view_as
+    view_as.__doc__ = beam_view_as.__doc__
+    options_cls.view_as = view_as
+
+
+# Beam reads a function's signature (inspect.signature, through typehints.decorators.
+# get_signature) for every DoFn method it wraps: ParDo init, to_runner_api, the direct runner's
+# overrides and evaluators, the bundle processor; DoFns that Beam unpickles are new objects, which
+# the per-DoFn memo above does not know. A signature is a function of the function object (a
+# bound method's is its function's without the first parameter, whatever it is bound to), so the
+# test session keeps Beam's answer per function object (by identity, dropped with the function;
+# inspect.Signature is immutable). Anything but a plain function or a method bound to one goes to
+# Beam's function. tests/pipeline/test_beam_overhead.py compares the memo with Beam's function.
+def _memoize_signatures() -> None:
+    import apache_beam  # noqa: F401 (every module that imports get_signature by name)
+    from apache_beam.typehints import decorators
+
+    beam_get_signature = getattr(decorators.get_signature, "__wrapped__", decorators.get_signature)
+    memo: dict[tuple[int, bool], tuple[weakref.ref, inspect.Signature]] = {}
+
+    def get_signature(func):
+        bound = isinstance(func, types.MethodType)
+        target = func.__func__ if bound else func
+        if not isinstance(target, types.FunctionType):
+            return beam_get_signature(func)
+        key = (id(target), bound)
+        hit = memo.get(key)
+        if hit is None or hit[0]() is not target:
+            signature = beam_get_signature(func)
+            ref = weakref.ref(target, lambda _ref, key=key: memo.pop(key, None))
+            hit = memo[key] = (ref, signature)
+        return hit[1]
+
+    get_signature.__wrapped__ = beam_get_signature
+    for name, module in list(sys.modules.items()):
+        if (name.startswith("apache_beam.")
+                and getattr(module, "get_signature", None) is beam_get_signature):
+            module.get_signature = get_signature  # decorators, core, ptransform, util
+
+
 if os.environ.get("BEAMSYNTH_TEST_BEAM_MEMO", "1") != "0":
     _memoize_dofn_specs()
+    _memoize_option_views()
+    _memoize_signatures()
 
 
 @pytest.fixture(scope="module")
