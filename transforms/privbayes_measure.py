@@ -66,6 +66,7 @@ from beamsynth.transforms.privbayes_structure import (
     family_specs,
 )
 from beamsynth.transforms.refine import RefineMeasurement, measure_refinement
+from beamsynth.transforms.synthesis import norm_sub_probabilities
 
 __all__ = [
     "PrivBayesMeasureFn",
@@ -221,21 +222,48 @@ def _measure_forest(tables: dict[tuple[int, ...], np.ndarray], shape: Sequence[i
     """The small-input model: the private forest (:func:`choose_forest`), then every column's
     1-way table (``forest.one_way_budget``, ∝ √cells) and each chosen edge's 2-way table
     (``forest.pair_budget``, ∝ √cells; with no edge chosen the 1-way tables get it too), all
-    discrete Laplace. Sequential composition: structure + one-way + pairs = the planned ε."""
+    discrete Laplace. Sequential composition: structure + one-way + pairs = the planned ε.
+
+    ``forest.score == "margins"`` (H102): the 1-way tables are released **first** and the
+    structure scored against them (:func:`~beamsynth.transforms.privbayes_sizing.margin_score`,
+    the tables Norm-Sub'd to distributions: post-processing); then the edges' tables (with no
+    edge chosen, a second set of 1-way tables on the pair budget, combined with the first by
+    inverse variance in the fit). Each step's choice depends only on earlier releases, so the
+    total is still their sum (adaptive sequential composition, Dwork & Roth 2014 §3.5)."""
     d = len(shape)
-    structure = choose_forest(tables, shape, plan=forest, rs=rs.child("forest"))
-    fams = [(x, *ps) for x, ps in structure if ps]
-    specs = [(c,) for c in range(d)] + fams
-    exact = [_family_table(tables, s) for s in specs]
-    if fams:
-        budgets = (split_marginal_budget(forest.one_way_budget, [int(shape[c]) for c in range(d)])
-                   + split_marginal_budget(forest.pair_budget, [t.size for t in exact[d:]]))
+    cells = [int(shape[c]) for c in range(d)]
+    one_way = [(c,) for c in range(d)]
+    if forest.score == "margins":
+        released = noisy_marginals([_family_table(tables, s) for s in one_way], specs=one_way,
+                                   names=names,
+                                   budgets=split_marginal_budget(forest.one_way_budget, cells),
+                                   sensitivity=float(forest.max_contributions),
+                                   rs=rs.child("marginals"))
+        margins = dict(enumerate(norm_sub_probabilities(released)))  # released values only
+        structure = choose_forest(tables, shape, plan=forest, rs=rs.child("forest"),
+                                  margins=margins)
+        fams = [(x, *ps) for x, ps in structure if ps]
+        specs = fams or one_way  # no edge chosen: the pair budget on a second set of 1-way tables
+        exact = [_family_table(tables, s) for s in specs]
+        released += noisy_marginals(exact, specs=specs, names=names,
+                                    budgets=split_marginal_budget(forest.pair_budget,
+                                                                  [t.size for t in exact]),
+                                    sensitivity=float(forest.max_contributions),
+                                    rs=rs.child("pairs"))
     else:
-        budgets = split_marginal_budget(
-            PureDP(epsilon=forest.one_way_budget.epsilon + forest.pair_budget.epsilon),
-            [int(shape[c]) for c in range(d)])
-    released = noisy_marginals(exact, specs=specs, names=names, budgets=budgets,
-                               sensitivity=float(forest.max_contributions), rs=rs.child("marginals"))
+        structure = choose_forest(tables, shape, plan=forest, rs=rs.child("forest"))
+        fams = [(x, *ps) for x, ps in structure if ps]
+        specs = one_way + fams
+        exact = [_family_table(tables, s) for s in specs]
+        if fams:
+            budgets = (split_marginal_budget(forest.one_way_budget, cells)
+                       + split_marginal_budget(forest.pair_budget, [t.size for t in exact[d:]]))
+        else:
+            budgets = split_marginal_budget(
+                PureDP(epsilon=forest.one_way_budget.epsilon + forest.pair_budget.epsilon), cells)
+        released = noisy_marginals(exact, specs=specs, names=names, budgets=budgets,
+                                   sensitivity=float(forest.max_contributions),
+                                   rs=rs.child("marginals"))
     if sizing is not None:
         sizing = {**sizing, "forest_edges": len(fams)}
     return PrivBayesMeasurement(tuple((x, tuple(p)) for x, p in structure), released,

@@ -664,7 +664,8 @@ def plan_privbayes(
                              refine_requested=refine_pairs if pairs and degree > 0 else 0,
                              refine_rounds=refine_rounds, refine_countable=countable,
                              band_for_zcdp=privbayes_sizing.BAND_FOR_ZCDP,
-                             refine_down=privbayes_sizing.GAUSSIAN_REFINE_DOWN)
+                             refine_down=privbayes_sizing.GAUSSIAN_REFINE_DOWN,
+                             forest_score=privbayes_sizing.FOREST_SCORE)
         if rows is not None:  # public row count: the size is a build-time decision
             degree = spec.degree(rows)
     if sized and rows is not None and degree == 0 and target is not None:
@@ -987,22 +988,30 @@ def spend_privbayes(accountant: PrivacyAccountant, plan: PrivBayesPlan, prefix: 
         return
     if plan.forest is not None:
         forest = plan.forest
-        accountant.spend(
-            f"{prefix}.structure", forest.structure_budget,
-            mechanism="permute-and-flip on InDif − cells·b over affordable pairs, forest edges",
-            details={"steps": forest.steps, "epsilon_per_step": forest.step_epsilon,
-                     "max_pair_cells": forest.max_pair_cells, "no_edge_score": 0.0,
-                     "sensitivity": INDIF_SENSITIVITY * plan.max_contributions,
-                     "neighbours": "add/remove one privacy unit",
-                     "paper": "PrivBayes §4.4 θ-usefulness (affordable pairs); InDif score "
-                              "(PrivSyn §4); permute-and-flip (McKenna & Sheldon 2020)"})
-        accountant.spend(
-            f"{prefix}.one_way", forest.one_way_budget,
-            mechanism="discrete Laplace on every column's 1-way marginal",
-            details={"tables": plan.n_columns, "sensitivity_per_table": plan.max_contributions,
-                     "split": "ε_i ∝ √cells_i (split_marginal_budget)",
-                     "paper": "consistency with the forest's tables (PriView §4.2) is "
-                              "post-processing"})
+        margins = forest.score == "margins"  # H102: the 1-way tables first, the score against them
+        one_way = (".one_way", forest.one_way_budget, {
+            "mechanism": "discrete Laplace on every column's 1-way marginal"
+                         + (", released before the forest's edges are chosen" if margins else ""),
+            "details": {"tables": plan.n_columns, "sensitivity_per_table": plan.max_contributions,
+                        "split": "ε_i ∝ √cells_i (split_marginal_budget)",
+                        "paper": "consistency with the forest's tables (PriView §4.2) is "
+                                 "post-processing"}})
+        structure = (".structure", forest.structure_budget, {
+            "mechanism": ("permute-and-flip on S − cells·b over affordable pairs, forest edges; "
+                          "S = Σ|n(x,y) − n̂·q_a(x)·q_b(y)| against the released 1-way tables"
+                          if margins else
+                          "permute-and-flip on InDif − cells·b over affordable pairs, forest edges"),
+            "details": {"steps": forest.steps, "epsilon_per_step": forest.step_epsilon,
+                        "max_pair_cells": forest.max_pair_cells, "no_edge_score": 0.0,
+                        "sensitivity": forest.score_sensitivity, "score": forest.score,
+                        "neighbours": "add/remove one privacy unit",
+                        "paper": "PrivBayes §4.4 θ-usefulness (affordable pairs); "
+                                 + ("S: one record moves one cell against a reference of released "
+                                    "values (docs/privbayes.md, H102)" if margins
+                                    else "InDif score (PrivSyn §4)")
+                                 + "; permute-and-flip (McKenna & Sheldon 2020)"}})
+        for step, budget, spend in ((one_way, structure) if margins else (structure, one_way)):
+            accountant.spend(prefix + step, budget, **spend)
         accountant.spend(
             f"{prefix}.marginals", forest.pair_budget,
             mechanism="discrete Laplace on the forest's chosen 2-way marginals",

@@ -60,6 +60,10 @@ __all__ = [
     "FOREST_STRUCTURE_FRACTION",
     "FOREST_THETA",
     "FOREST_MIN_DEPENDENCE",
+    "FOREST_SCORE",
+    "FOREST_SCORES",
+    "MARGIN_SCORE_SENSITIVITY",
+    "margin_score",
     "forest_resolves",
     "NETWORK_THETA",
     "NETWORK_FOREST_THETA",
@@ -102,6 +106,14 @@ FOREST_ONE_WAY_FRACTION = 0.8  # small inputs: share of ε on every column's 1-w
 FOREST_STRUCTURE_FRACTION = 0.1  # ... on choosing the forest's edges (the rest: its 2-way tables)
 FOREST_THETA = 4.0  # usefulness a forest edge's 2-way table needs (n̂·ε_t/(m·cells))
 FOREST_MIN_DEPENDENCE = 0.6  # δ*: a step must resolve a pair this dependent (forest_resolves)
+# The forest's edge score (issue 18, H102): "margins" releases every 1-way table first and scores a
+# pair by its distance from the product of those released margins (margin_score: sensitivity m,
+# a quarter of InDif's 4m), so the steps resolve as before with a quarter of the structure share,
+# and the other three quarters go to the 1-way tables; "indif": InDif on the data's own margins,
+# structure first (the release before H102). Read when the plan is built (NetworkSizing.forest_score)
+FOREST_SCORES = ("indif", "margins")
+FOREST_SCORE = "margins"
+MARGIN_SCORE_SENSITIVITY = 1  # per record: margin_score moves by at most 1 (one cell, fixed reference)
 NETWORK_THETA = 4.5  # PrivBayes keeps a k = 1 network from here (below: the forest model)
 # ... but below this usefulness a resolving forest replaces it (H49, issue 18; zCDP plans too: H53),
 # there with this share of ε on the 1-way tables (the rest less the structure: its 2-way tables).
@@ -167,7 +179,8 @@ def choose_network_degree(rows: float, epsilon: float, shape: Sequence[int], *, 
 
 def band_forest(rows: float, epsilon: float, shape: Sequence[int], *, count_epsilon: float = 0.0,
                 max_contributions: int = 1, max_family_cells: int = MAX_FAMILY_CELLS,
-                forest_theta: float = NETWORK_FOREST_THETA) -> ForestPlan | None:
+                forest_theta: float = NETWORK_FOREST_THETA,
+                score: str = FOREST_SCORE) -> ForestPlan | None:
     """The forest that replaces a ``k = 1`` network which is θ-useful but less than
     ``forest_theta``-useful (issue 18, H49), or ``None`` (keep the network).
 
@@ -196,7 +209,7 @@ def band_forest(rows: float, epsilon: float, shape: Sequence[int], *, count_epsi
     for one_way in (BAND_FOREST_ONE_WAY_FRACTION, FOREST_ONE_WAY_FRACTION):
         forest = plan_forest(rows, epsilon - count_epsilon, shape,
                              max_contributions=max_contributions, max_family_cells=max_family_cells,
-                             one_way_fraction=one_way)
+                             one_way_fraction=one_way, score=score)
         if forest.steps > 0:
             return forest
     return None
@@ -228,6 +241,7 @@ class NetworkSizing:
     band_for_zcdp: bool = True
     refine_down: bool = True
     max_family_cells: int = MAX_FAMILY_CELLS  # the forest's pair cap (plan_forest), as planned
+    forest_score: str = FOREST_SCORE  # the forest's edge score (plan_forest), FOREST_SCORE as planned
 
     def degree(self, rows_hat: float) -> int:
         """The degree for an estimate ``rows_hat`` (public or DP: post-processing).
@@ -251,7 +265,8 @@ class NetworkSizing:
         return band_forest(rows_hat, self.epsilon, self.shape,
                            count_epsilon=0.0 if self.count_budget is None else self.count_budget.epsilon,
                            max_contributions=self.max_contributions,
-                           max_family_cells=self.max_family_cells, forest_theta=self.forest_theta)
+                           max_family_cells=self.max_family_cells, forest_theta=self.forest_theta,
+                           score=self.forest_score)
 
     def small_forest(self, rows_hat: float, epsilon: float) -> ForestPlan:
         """The forest a ``k = 0`` run fits with the model's ``epsilon``: the band's
@@ -263,7 +278,7 @@ class NetworkSizing:
             if band is not None:
                 return band
         return plan_forest(rows_hat, epsilon, self.shape, max_contributions=self.max_contributions,
-                           max_family_cells=self.max_family_cells)
+                           max_family_cells=self.max_family_cells, score=self.forest_score)
 
     def refine_plan(self, rows_hat: float, refine: Any) -> Any:
         """The refinement plan (:class:`~beamsynth.transforms.refine.RefinePlan`) for a DP count
@@ -344,6 +359,11 @@ class NetworkSizing:
             "theta": self.theta, "forest_theta": self.forest_theta
             if self.refine_noise == "laplace" or self.band_for_zcdp else None,
             "max_degree": self.max_degree, "epsilon": self.epsilon,
+            "forest_score": self.forest_score + (
+                ": the forest's 1-way tables are released first and its steps score pairs "
+                "against them (S, Δ = m), the resolution above at a quarter of the structure "
+                "share, the other three quarters on the 1-way tables (H102)"
+                if self.forest_score == "margins" else ": InDif, structure first"),
             "rows_source": "public input row count (CLI --input-rows)" if self.rows is not None
             else "DP count in the measurement step (discrete Laplace, Δ = m)"}
         if self.refine_requested > 0:
@@ -583,6 +603,14 @@ class ForestPlan:
     rows: float = 0.0
     theta: float = FOREST_THETA
     affordable_steps: int = 0  # r of the affordable pairs; steps = 0 if the steps cannot resolve
+    score: str = "indif"  # the edge score (FOREST_SCORES): "margins" releases the 1-way tables first
+
+    @property
+    def score_sensitivity(self) -> float:
+        """Add/remove sensitivity of one step's score: ``4m`` for InDif, ``m`` for
+        :func:`margin_score` against the released 1-way tables."""
+        per_record = MARGIN_SCORE_SENSITIVITY if self.score == "margins" else INDIF_SENSITIVITY
+        return float(per_record * self.max_contributions)
 
     @property
     def step_epsilon(self) -> float:
@@ -607,7 +635,11 @@ class ForestPlan:
                 "epsilon_per_step": self.step_epsilon,
                 "one_way_epsilon": self.one_way_budget.epsilon,
                 "pair_epsilon": 0.0 if self.pair_budget is None else self.pair_budget.epsilon,
-                "score": "InDif − cells·b (permute-and-flip; a 'no edge' candidate scores 0)"}
+                "structure_score": self.score,
+                "score": ("S − cells·b, S = Σ|n(x,y) − n̂·q_a(x)·q_b(y)| against the released 1-way "
+                          "tables q (released first; sensitivity m)" if self.score == "margins"
+                          else "InDif − cells·b (sensitivity 4m)")
+                         + " (permute-and-flip; a 'no edge' candidate scores 0)"}
 
 
 def _forest_edges(pairs: Sequence[tuple[int, int]], d: int) -> int:
@@ -630,7 +662,8 @@ def _forest_edges(pairs: Sequence[tuple[int, int]], d: int) -> int:
 
 def forest_resolves(rows: float, step_epsilon: float, candidates: int, *,
                     max_contributions: int = 1,
-                    min_dependence: float = FOREST_MIN_DEPENDENCE) -> bool:
+                    min_dependence: float = FOREST_MIN_DEPENDENCE,
+                    score_sensitivity: float = INDIF_SENSITIVITY) -> bool:
     """Whether one forest step can single out a strongly dependent pair (issue 18, H35):
     ``rows·δ*·ε_step/(2·Δ) ≥ ln(K + 1)`` with ``Δ = 4m`` (:func:`indif_score`), ``K``
     affordable pairs and the 'no edge' candidate.
@@ -644,11 +677,13 @@ def forest_resolves(rows: float, step_epsilon: float, candidates: int, *,
     (21 columns, affordable pairs of 4–8 cells at 600–1,000 rows) lost to independent marginals
     on TVD1/2/3 with the forest (docs/privbayes.md "Model size from n̂·ε"). A pure function of
     public values (``rows`` public or a DP count: post-processing); spends nothing.
+    ``score_sensitivity``: the score's per-record Δ (InDif's 4; :func:`margin_score`'s 1, whose
+    steps resolve as well with a quarter of the ε).
     """
     if candidates < 1 or not step_epsilon > 0:
         return False
     resolution = (max(float(rows), 0.0) * float(min_dependence) * float(step_epsilon)
-                  / (2 * INDIF_SENSITIVITY * max_contributions))
+                  / (2 * score_sensitivity * max_contributions))
     return resolution >= math.log(candidates + 1)
 
 
@@ -657,7 +692,8 @@ def plan_forest(rows: float, epsilon: float, shape: Sequence[int], *, max_contri
                 structure_fraction: float = FOREST_STRUCTURE_FRACTION,
                 theta: float = FOREST_THETA,
                 max_family_cells: int = MAX_FAMILY_CELLS,
-                min_dependence: float | None = FOREST_MIN_DEPENDENCE) -> ForestPlan:
+                min_dependence: float | None = FOREST_MIN_DEPENDENCE,
+                score: str = FOREST_SCORE) -> ForestPlan:
     """Size the small-input model from public values only (``rows`` public or a DP count).
 
     ``ε`` is split into ``one_way_fraction`` (every column's 1-way table), ``structure_fraction``
@@ -670,7 +706,15 @@ def plan_forest(rows: float, epsilon: float, shape: Sequence[int], *, max_contri
     that resolve a pair of dependence ``min_dependence`` among the affordable ones
     (:func:`forest_resolves`; ``None`` skips the check); else ``steps = 0`` (the independent
     model with the whole ε) and ``affordable_steps`` keeps ``r``.
+
+    ``score`` (:data:`FOREST_SCORES`): with ``"margins"`` the steps score pairs by
+    :func:`margin_score` against the released 1-way tables (sensitivity ``m`` instead of InDif's
+    ``4m``): the same resolution (``ε_step/Δ``, which :func:`forest_resolves` checks at InDif's
+    ``Δ``) then costs a quarter of ``structure_fraction``, and the other three quarters are added to
+    the 1-way tables' budget (issue 18, H102). The steps and the pair budget are the same.
     """
+    if score not in FOREST_SCORES:
+        raise ValueError(f"score ({score!r}) must be one of {FOREST_SCORES}")
     shape = [int(c) for c in shape]
     d, m = len(shape), int(max_contributions)
     eps_s, eps_1 = epsilon * structure_fraction, epsilon * one_way_fraction
@@ -689,13 +733,40 @@ def plan_forest(rows: float, epsilon: float, shape: Sequence[int], *, max_contri
     if steps == 0 or (min_dependence is not None and not forest_resolves(
             rows, eps_s / steps, affordable, max_contributions=m, min_dependence=min_dependence)):
         return ForestPlan(0, 0, None, PureDP(epsilon=float(epsilon)), None, m, float(rows), theta,
-                          affordable_steps=steps)
+                          affordable_steps=steps, score=score)
+    if score == "margins":  # the same resolution ε_step/Δ at Δ = m: a quarter of the share
+        eps_s, eps_1 = (eps_s * MARGIN_SCORE_SENSITIVITY / INDIF_SENSITIVITY,
+                        eps_1 + eps_s * (1 - MARGIN_SCORE_SENSITIVITY / INDIF_SENSITIVITY))
     return ForestPlan(steps, cap(steps), PureDP(epsilon=eps_s), PureDP(epsilon=eps_1),
-                      PureDP(epsilon=eps_2), m, float(rows), theta, affordable_steps=steps)
+                      PureDP(epsilon=eps_2), m, float(rows), theta, affordable_steps=steps,
+                      score=score)
+
+
+def margin_score(joint: np.ndarray, margin_a: np.ndarray, margin_b: np.ndarray,
+                 rows: float) -> float:
+    """``S = Σ |n(x,y) − rows·q_a(x)·q_b(y)|``: the pair's distance from the product of its
+    columns' **released** 1-way distributions ``q_a``, ``q_b`` (Norm-Sub'd noisy tables) at the
+    public or DP row count ``rows`` (issue 18, H102).
+
+    The reference ``rows·q_a ⊗ q_b`` is a function of released values only, so adding or removing
+    one record moves one cell of ``n`` by 1 and ``S`` by at most 1
+    (:data:`MARGIN_SCORE_SENSITIVITY`; ``m`` for a unit of ``m`` records), where InDif, whose
+    reference is the data's own margins, moves by up to 4 (:func:`indif_score`). Noise in ``q``
+    adds about ``rows·(‖q_a − p_a‖₁ + ‖q_b − p_b‖₁)`` to every pair of those columns; it is small
+    against the dependence a step must resolve (``rows·δ*``, :data:`FOREST_MIN_DEPENDENCE`)."""
+    t = np.asarray(joint, dtype=np.float64)
+    if t.ndim != 2:
+        raise ValueError(f"joint must be a 2-d table, got shape {t.shape}")
+    ref = float(rows) * np.outer(np.asarray(margin_a, dtype=np.float64),
+                                 np.asarray(margin_b, dtype=np.float64))
+    if ref.shape != t.shape:
+        raise ValueError(f"margins {ref.shape} do not match the table {t.shape}")
+    return float(np.abs(t - ref).sum())
 
 
 def choose_forest(tables: dict[tuple[int, ...], np.ndarray], shape: Sequence[int], *,
-                  plan: ForestPlan, rs: RandomSource) -> list[tuple[int, tuple[int, ...]]]:
+                  plan: ForestPlan, rs: RandomSource,
+                  margins: dict[int, np.ndarray] | None = None) -> list[tuple[int, tuple[int, ...]]]:
     """Private forest over the affordable pairs (the small-input model's structure).
 
     ``plan.steps`` steps; each picks by permute-and-flip (``plan.step_epsilon``, sensitivity
@@ -706,12 +777,24 @@ def choose_forest(tables: dict[tuple[int, ...], np.ndarray], shape: Sequence[int
     candidate set of a step depends only on earlier outputs). The forest is oriented from its
     lowest-numbered column of each tree (post-processing). Returns ``[(column, parents), ...]``
     in sampling order.
+
+    ``plan.score == "margins"`` (H102): ``margins`` maps every column to its released 1-way
+    distribution and a pair scores ``margin_score(n_ab, q_a, q_b, plan.rows) − cells·b`` with
+    sensitivity ``m`` (:attr:`ForestPlan.score_sensitivity`); the 1-way tables are released
+    before this step (sequential composition, adaptively: Dwork & Roth 2014 §3.5).
     """
     d = len(shape)
     cands = [(a, b) for a, b in itertools.combinations(range(d), 2)
              if shape[a] * shape[b] <= plan.max_pair_cells]
-    scores = {p: indif_score(_family_table(tables, p)) - family_cells(shape, p) * plan.pair_scale
-              for p in cands}
+    if plan.score == "margins":
+        if margins is None:
+            raise ValueError("a 'margins' forest scores against the released 1-way tables: "
+                             "pass margins")
+        raw = {p: margin_score(_family_table(tables, p), margins[p[0]], margins[p[1]], plan.rows)
+               for p in cands}
+    else:
+        raw = {p: indif_score(_family_table(tables, p)) for p in cands}
+    scores = {p: raw[p] - family_cells(shape, p) * plan.pair_scale for p in cands}
     root = list(range(d))
 
     def find(x: int) -> int:
@@ -726,8 +809,7 @@ def choose_forest(tables: dict[tuple[int, ...], np.ndarray], shape: Sequence[int
             break
         pick = permute_and_flip(rs.child("edge", step),
                                 np.asarray([scores[p] for p in open_pairs] + [0.0]),
-                                epsilon=plan.step_epsilon,
-                                sensitivity=INDIF_SENSITIVITY * plan.max_contributions)
+                                epsilon=plan.step_epsilon, sensitivity=plan.score_sensitivity)
         if pick < len(open_pairs):
             a, b = open_pairs[pick]
             edges.append((a, b))

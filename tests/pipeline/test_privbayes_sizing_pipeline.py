@@ -74,9 +74,15 @@ def test_small_public_input_runs_the_forest_model_and_lists_its_spends(tmp_path)
         method="privbayes", rows=50, seed=3, options={"input_rows": 300}),
         PipelineOptions(["--runner=DirectRunner"]))
     spends = {s["step"]: s for s in manifest["release"]["budget"]["spends"]}
-    assert list(spends) == ["privbayes.structure", "privbayes.one_way", "privbayes.marginals"]
-    assert spends["privbayes.one_way"]["epsilon"] == pytest.approx(FOREST_ONE_WAY_FRACTION)
+    # the 1-way tables are released first and the edges scored against them (H102): 3/4 of the
+    # structure share moves to them, the structure's score has sensitivity m
+    assert list(spends) == ["privbayes.one_way", "privbayes.structure", "privbayes.marginals"]
+    assert spends["privbayes.one_way"]["epsilon"] == pytest.approx(FOREST_ONE_WAY_FRACTION + 0.075)
+    assert spends["privbayes.structure"]["details"]["sensitivity"] == 1.0
+    assert manifest["release"]["details"]["method"]["privbayes"]["forest"]["structure_score"] == (
+        "margins")
     assert manifest["release"]["budget"]["spent"]["epsilon"] == pytest.approx(1.0)
     details = manifest["release"]["details"]["method"]["privbayes"]
     assert details["forest"]["steps"] == 1 and details["sizing"]["chosen_degree"] == 0
+    assert details["sizing"]["forest_score"].startswith("margins: ")
     assert len(pd.read_csv(out)) == 50

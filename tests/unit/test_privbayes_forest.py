@@ -1,6 +1,7 @@
 """PrivBayes' small-input model (issue 18): every column's 1-way table plus a private forest of
 affordable 2-way tables, sized from (n̂, ε, declared shape) only."""
 
+import itertools
 import math
 
 import numpy as np
@@ -11,6 +12,7 @@ from beamsynth.transforms.measure import count_marginals
 from beamsynth.transforms.noise import RandomSource
 from beamsynth.transforms.privbayes import (
     FOREST_ONE_WAY_FRACTION,
+    FOREST_SCORE,
     FOREST_STRUCTURE_FRACTION,
     FOREST_THETA,
     NETWORK_THETA,
@@ -45,8 +47,22 @@ def test_plan_forest_shares_and_the_affordable_pair_rule():
     assert plan_forest(rows_for(4, 1) - 2, 1.0, shape).steps == 0
     assert p.structure_budget.epsilon + p.one_way_budget.epsilon + p.pair_budget.epsilon == (
         pytest.approx(1.0))
-    assert p.one_way_budget.epsilon == pytest.approx(FOREST_ONE_WAY_FRACTION)
-    assert p.step_epsilon == pytest.approx(FOREST_STRUCTURE_FRACTION / 2)
+    # the default score (H102) releases the 1-way tables first and scores against them with
+    # sensitivity m: a quarter of the structure share resolves as InDif's did, the rest is 1-way
+    assert p.score == FOREST_SCORE == "margins" and p.score_sensitivity == 1.0
+    assert p.one_way_budget.epsilon == pytest.approx(
+        FOREST_ONE_WAY_FRACTION + 0.75 * FOREST_STRUCTURE_FRACTION)
+    assert p.step_epsilon == pytest.approx(FOREST_STRUCTURE_FRACTION / 4 / 2)
+    old = plan_forest(rows_for(6, 2), 1.0, shape, score="indif")  # the release before H102
+    assert (old.steps, old.max_pair_cells, old.pair_budget) == (p.steps, p.max_pair_cells,
+                                                                p.pair_budget)
+    assert old.one_way_budget.epsilon == pytest.approx(FOREST_ONE_WAY_FRACTION)
+    assert old.step_epsilon == pytest.approx(FOREST_STRUCTURE_FRACTION / 2)
+    assert old.score_sensitivity == 4.0
+    assert old.step_epsilon / old.score_sensitivity == pytest.approx(
+        p.step_epsilon / p.score_sensitivity)  # the same resolution
+    with pytest.raises(ValueError, match=r"score \('gini'\) must be one of"):
+        plan_forest(1000, 1.0, shape, score="gini")
     # more n·ε never gives fewer edges; huge inputs get a spanning tree, tiny ones none
     steps = [plan_forest(n, 1.0, ADULT_SHAPE).steps for n in (0, 300, 1000, 5000, 30000, 10**7)]
     assert steps == sorted(steps) and steps[0] == 0 and steps[-1] == len(ADULT_SHAPE) - 1
@@ -75,11 +91,14 @@ def test_choose_forest_is_a_forest_of_affordable_pairs_and_finds_strong_edges():
     codes = np.stack([a, b, c, d, e], axis=1)
     shape = (2, 2, 3, 3, 40)
     _, _, tables = _tables(codes, shape)
-    plan = plan_forest(n, 50.0, shape)
-    assert plan.steps == 4
-    small = plan.__class__(**{**plan.__dict__, "max_pair_cells": 9})
-    for seed in range(5):
-        order = choose_forest(tables, shape, plan=small, rs=RandomSource(seed=seed))
+    # the default score against released margins (here the exact ones), and InDif (before H102)
+    margins = {c: np.bincount(codes[:, c], minlength=shape[c]) / n for c in range(5)}
+    for score, seed in itertools.product(("margins", "indif"), range(5)):
+        plan = plan_forest(n, 50.0, shape, score=score)
+        assert plan.steps == 4
+        small = plan.__class__(**{**plan.__dict__, "max_pair_cells": 9})
+        order = choose_forest(tables, shape, plan=small, rs=RandomSource(seed=seed),
+                              margins=margins if score == "margins" else None)
         assert sorted(x for x, _ in order) == list(range(5))
         placed = set()
         for x, ps in order:
@@ -96,8 +115,11 @@ def test_forest_is_chosen_for_small_public_inputs_and_spends_exactly_epsilon():
     assert plan.degree == 1  # the pair counts are the candidates
     acc = PrivacyAccountant(total=PureDP(epsilon=1.0))
     spend_privbayes(acc, plan)
-    assert [s.step for s in acc.spends] == ["privbayes.structure", "privbayes.one_way",
+    # the 1-way tables are released before the edges are chosen (H102): spends in that order
+    assert [s.step for s in acc.spends] == ["privbayes.one_way", "privbayes.structure",
                                            "privbayes.marginals"]
+    assert acc.spends[1].details["sensitivity"] == 1.0
+    assert acc.spends[1].details["score"] == "margins"
     assert math.isclose(acc.spent_epsilon, 1.0, rel_tol=1e-9)
     assert plan.details()["forest"]["steps"] == plan.forest.steps
     # a large input keeps the network; a tiny one with no affordable pair is independent
@@ -151,7 +173,9 @@ def test_run_time_fallback_uses_the_forest_when_a_pair_is_affordable():
     assert m.sizing["forest_edges"] == len(edges) <= 1 and all(set(e) == {0, 1} for e in edges)
     # the whole planned ε: structure + 1-way + pair tables (+ the count's share outside)
     spent = sum(t.budget.epsilon for t in m.marginals)
-    assert spent == pytest.approx(model_eps * (1 - FOREST_STRUCTURE_FRACTION))
+    forest = plan_forest(m.sizing["rows_hat"], model_eps, shape)
+    assert spent == pytest.approx(model_eps - forest.structure_budget.epsilon)
+    assert forest.structure_budget.epsilon == pytest.approx(model_eps * FOREST_STRUCTURE_FRACTION / 4)
     assert fit_privbayes(m, shape).sample_codes(10, RandomSource(seed=1)).shape == (10, 4)
 
 
