@@ -134,6 +134,13 @@ def _cell_codes(row: tuple[Any, Any]) -> tuple[int, int]:
 
 
 @functools.lru_cache(maxsize=64)
+def _row_codes(row: tuple[Any, Any], city: str) -> tuple[int, int, int]:
+    """The codes of an added row (colour, age, city): the auditor's knowledge, encoded once (a
+    column's ``encode`` took ~5 ms, called per run by the PrivBayes statistics before)."""
+    return _cell_codes(row) + (int(SCHEMA.columns[2].encode([city])[0][0]),)
+
+
+@functools.lru_cache(maxsize=64)
 def exact_tables(data: Records, specs=SPECS, k: int | None = K) -> tuple[np.ndarray, ...]:
     """Exact marginal counts through the production CombineFn (after bounding to ``k`` if set)."""
     batch = data.encoded()
@@ -652,7 +659,7 @@ def run_privbayes(data: Records, rs: RandomSource) -> Any:
 
 def _privbayes_stat(release: Any, pair: NeighbourPair) -> float:
     """min over the released tables of (noisy − exact on ``smaller``) at the added row's cell."""
-    row = _cell_codes(pair.context["row"]) + (int(SCHEMA.columns[2].encode([pair.context["city"]])[0][0]),)
+    row = _row_codes(pair.context["row"], pair.context["city"])
     batch = pair.smaller.encoded()
     out = []
     for m in release.marginals:
@@ -870,7 +877,7 @@ def gaussian_table_stat(release: Any, pair: NeighbourPair) -> float:
 
 
 def _pb_gaussian_pair(pair: NeighbourPair) -> NeighbourPair:
-    row = _cell_codes(pair.context["row"]) + (int(SCHEMA.columns[2].encode([pair.context["city"]])[0][0]),)
+    row = _row_codes(pair.context["row"], pair.context["city"])
     return NeighbourPair(pair.name, pair.smaller, pair.larger,
                          {**pair.context, "codes": pair.smaller.encoded().codes, "target": row, "m": K})
 
