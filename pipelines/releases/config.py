@@ -108,7 +108,7 @@ RELEASE_CONFIG_SCHEMA: dict[str, Any] = {
                 "method": {"type": "string"},
                 "epsilon": {"type": "number", "exclusiveMinimum": 0},
                 "delta": {"type": "number", "minimum": 0},
-                "rows": {"type": ["integer", "null"], "minimum": 0},
+                "rows": {"type": ["integer", "null"], "minimum": 1},
                 "count_fraction": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
                 "options": {"type": "object"},
                 "columns": {"type": ["array", "object"]},
@@ -337,7 +337,7 @@ def _table(data: Any, i: int, base: Path, unit: tuple[str | None, int], default_
         raise ReleaseConfigError(f"{path}.formats", f"({formats!r}) lists a format twice")
     rows = d.get("rows")
     if rows is not None:
-        rows = _int(rows, f"{path}.rows", low=0)
+        rows = _int(rows, f"{path}.rows", low=1)  # 0 would spend ε for no row (22ef3e3)
     return [TableSpec(
         name=name, source=source, inputs=tuple(inputs), schema=schema, method=method,
         epsilon=_number(d["epsilon"], f"{path}.epsilon", low=0),

@@ -17,6 +17,8 @@ the scratch break it catches.
    rows (a sampled record without ``age``: 50 used vs 0).
 4. Clean: H98's seeded Philox engine (e5839e2) gives every stream its own words, read
    interleaved or from eight threads.
+5. Found and fixed (consistency, nothing spent): a release config's loader and published JSON
+   schema took ``rows: 0``, which 22ef3e3 refuses everywhere else.
 """
 
 from __future__ import annotations
@@ -183,3 +185,29 @@ def test_seeded_streams_read_their_own_words_interleaved_and_in_threads() -> Non
     for t in threads:
         t.join()
     assert all(np.array_equal(threaded[i], expected[i]) for i in range(8))
+
+
+# -- 5. A release config refuses rows: 0 when loaded, as every other front end (22ef3e3) ----------
+def test_release_config_refuses_zero_rows_when_loaded(tmp_path: Path) -> None:
+    """22ef3e3 refuses ``rows=0`` in the API, CLI, YAML and (through ``plan_synthesis``) release
+    plans; the release config's own loader and its published JSON schema still said ``rows``
+    ``>= 0`` (``(5.0) must be an integer >= 0``), so ``rows: 0`` passed the schema an editor
+    checks and failed only when planned. Nothing was spent or read either way."""
+    from beamsynth.pipelines.releases.config import (
+        RELEASE_CONFIG_SCHEMA,
+        ReleaseConfigError,
+        load_release_config,
+    )
+
+    data = tmp_path / "in.csv"
+    data.write_text("age,sex\n30,Male\n", encoding="utf-8")
+    cfg = {"name": "t", "folder": str(tmp_path / "rel-{date}"), "budget": {"epsilon": 1.0},
+           "ledger": {"path": str(tmp_path / "l.sqlite"), "policies": {"src": {"epsilon": 5.0}}},
+           "tables": [{"name": "a", "source": "src", "input": str(data), "schema": "adult",
+                       "epsilon": 0.6, "columns": ["age", "sex"], "rows": 0}],
+           "reports": {"private": False, "public": False}}
+    with pytest.raises(ReleaseConfigError, match=r"tables\[0\]\.rows.*>= 1"):
+        load_release_config(cfg, date="2026-01-01")
+    table = RELEASE_CONFIG_SCHEMA["properties"]["tables"]["items"]["properties"]["rows"]
+    assert table["minimum"] == 1
+    assert not (tmp_path / "l.sqlite").exists()
