@@ -4,6 +4,8 @@ and timers."""
 
 from __future__ import annotations
 
+import base64
+import bz2
 import copy
 import gc
 import inspect
@@ -174,3 +176,21 @@ def test_signatures_are_what_beam_reads_and_are_dropped_with_the_function():
     gc.collect()
     assert decorators.get_signature(make(2)).parameters["v"].default == 2  # a new function
     assert inspect.signature(_plain) == decorators.get_signature(_plain)
+
+
+@MEMO_OFF
+def test_pickled_payloads_are_the_bytes_beam_makes():
+    from apache_beam.internal import cloudpickle_pickler, pickler
+
+    from tests.conftest import _BytesMemo
+
+    assert cloudpickle_pickler.bz2.compress.__wrapped__ is bz2.compress  # set by tests/conftest.py
+    for fn in (_Tally(), _Twice(), _Tally()):
+        expected = base64.b64encode(bz2.compress(cloudpickle_pickler._dumps(fn), compresslevel=9))
+        assert pickler.dumps(fn) == expected == pickler.dumps(fn)  # the second from the memo
+        assert type(pickler.loads(expected)) is type(fn)
+    memo = _BytesMemo(bz2.compress, limit=3_000)
+    texts = [bytes(range(i, 256)) * 4 for i in range(6)]
+    for text in texts * 2:
+        assert memo(text, compresslevel=9) == bz2.compress(text, 9) != memo(text, 1)
+        assert 0 < memo._size <= 3_000 and len(memo._memo) < 6
