@@ -487,7 +487,11 @@ def rake_weights(codes: np.ndarray, shape: Sequence[int], targets: Sequence[Rake
     def update(w: np.ndarray, w_sum: float, idx: np.ndarray, prop: np.ndarray) -> tuple[np.ndarray, float]:
         # w_sum is w.sum(), carried from the step that made w (the same value, summed once)
         cur = np.bincount(idx, weights=w, minlength=prop.size)
-        new = w * np.where(cur > 0, prop * w_sum / np.maximum(cur, 1e-300), 1.0)[idx]
+        factor = prop * w_sum
+        factor /= np.maximum(cur, 1e-300)
+        factor[~(cur > 0)] = 1.0  # cells no row reaches keep their rows' weights
+        new = factor.take(idx)
+        new *= w  # w · factor[idx], in place: the same products, two arrays fewer a step
         total = new.sum()
         # a target that would zero every row (its support misses all of them) is skipped
         return (new, total) if total > 0 and np.isfinite(total) else (w, w_sum)
