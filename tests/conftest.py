@@ -196,19 +196,38 @@ if os.environ.get("BEAMSYNTH_TEST_BEAM_MEMO", "1") != "0":
     _memoize_pickle_compression()
 
 
-@pytest.fixture(scope="module")
-def dask_address():
-    """A local dask.distributed cluster with 2 single-threaded worker processes (one per module)."""
+def _close_dask_clients() -> None:
+    """Close the Clients the DaskRunner opened (one per run, never closed by it)."""
+    import distributed
+
+    for client in list(distributed.client._global_clients.values()):
+        client.close()
+
+
+@pytest.fixture(scope="session")
+def _dask_cluster():
+    """A local dask.distributed cluster with 2 single-threaded worker processes, one per test
+    process: with ``-n 2 --dist loadfile`` at most two start in a run, instead of one per module
+    (each ~1.5 s to start and ~1-2 s to close idle, ~14 s at load 10; H99, nineteenth session).
+    The runner's own cluster (``--runner dask`` without an address, the user's way) is started by
+    tests/pipeline/test_session14_runners.py and test_cli_progress.py."""
     distributed = pytest.importorskip("distributed", reason="pip install 'beamsynth[dask]'")
     cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                                        dashboard_address=None)
     try:
-        yield cluster.scheduler_address
+        yield cluster
     finally:
-        # The DaskRunner opens a Client per run and never closes it; close them before the cluster.
-        for client in list(distributed.client._global_clients.values()):
-            client.close()
+        _close_dask_clients()  # before the cluster
         cluster.close()
+
+
+@pytest.fixture(scope="module")
+def dask_address(_dask_cluster):
+    """The shared cluster's scheduler address; the module's DaskRunner Clients close at its end."""
+    try:
+        yield _dask_cluster.scheduler_address
+    finally:
+        _close_dask_clients()
 
 
 @pytest.fixture(autouse=True, scope="session")
