@@ -13,6 +13,8 @@ from types import SimpleNamespace
 import apache_beam as beam
 import pytest
 
+import beamsynth as bs
+
 
 # -- 1. ReadFromJson(lines=False) on a file without records reads no rows ------------------------
 @pytest.mark.parametrize("text", ["", "\n  \n", "[]"])
@@ -165,3 +167,34 @@ def test_plausible_privbayes_generator_lists_its_refinement_picks() -> None:
     public, _ = PlausibleRunTime(plan)(details, {"released": 3, "model:" + pick: 1})
     assert public["model"]["privbayes"]["refine"]["picks"] == picks
 
+
+
+# -- ninth round: a prefix tree on a stream under Beam's DirectRunner -----------------------------
+def test_prefix_tree_on_a_stream_is_refused_on_the_direct_runner_when_built() -> None:
+    """A TestStream job over declared days (Count, Marginals, Histogram, both synthesizers ran)
+    hung with ``bs.PrefixTree``: Beam's streaming DirectRunner fails a level's side-input lookup
+    on an empty bundle in its executor thread, unreported, and the pipeline never ends. Now the
+    step is refused when applied, nothing spent; a bounded read still builds."""
+    import datetime as dt
+
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.testing.test_stream import TestStream
+
+    utc = dt.timezone.utc
+    days = bs.DeclaredWindows(start=dt.datetime(2024, 1, 1, tzinfo=utc),
+                              end=dt.datetime(2024, 1, 3, tzinfo=utc), size=86_400)
+    schema = bs.load_schema({"name": "t", "columns": [
+        {"name": "kind", "type": "categorical", "domain": {"kind": "categorical", "values": ["a", "b"]}}]})
+    keys = {"name": bs.TextKey(column="name", alphabet="abc", max_length=3)}
+    job = bs.PrivacyJob(epsilon=1.0, seed=1)
+    p = beam.Pipeline(options=PipelineOptions(["--streaming"]))
+    private = p | TestStream().add_elements([{"kind": "a", "name": "ab"}]) | job.private(
+        schema, keys=keys, windows=days)
+    _ = private | bs.Count(epsilon=0.5)
+    with pytest.raises(ValueError, match=r"PrefixTree\[name\]: a prefix tree on an unbounded "
+                                         r"input .*nothing was spent"):
+        _ = private | bs.PrefixTree(key="name", epsilon=0.5, method="improved")
+    assert [s.step for s in job.accountant.spends] == ["Count"]
+    bounded = bs.PrivacyJob(epsilon=1.0, seed=1)
+    rows = beam.Pipeline() | beam.Create([{"kind": "a", "name": "ab"}])
+    _ = rows | bounded.private(schema, keys=keys) | bs.PrefixTree(key="name", epsilon=0.5)

@@ -360,6 +360,28 @@ _PREFIX_OPTIONS = {  # which methods read an option (PrefixTree refuses it for t
     "restore_discount": "it applies to method='improved' only"}
 
 
+_DIRECT_RUNNERS = ("DirectRunner", "SwitchingDirectRunner", "BundleBasedDirectRunner")
+
+
+def _refuse_streaming_direct_runner(label: str, batches: beam.PCollection) -> None:
+    """Refuse a prefix tree on a stream run by Beam's Python DirectRunner, when built and before
+    anything is spent: each level reads the level before as a per-window side input, and that
+    runner (Beam 2.77, streaming) fails the side-input lookup of a bundle without elements
+    (``'NoneType' object has no attribute 'max_timestamp'`` in its executor thread, which is
+    not reported) and the pipeline then never finishes (H101: a TestStream job over declared
+    days hung, twice; Count, Marginals, Histogram and the synthesizers ran)."""
+    if batches.is_bounded:
+        return
+    names = {c.__name__ for c in type(batches.pipeline.runner).__mro__}
+    if names & set(_DIRECT_RUNNERS):
+        raise ValueError(
+            f"{label}: a prefix tree on an unbounded input (a stream) does not run on Beam's "
+            "DirectRunner: each level reads the one before as a side input, whose lookup that "
+            "runner fails on an empty bundle, and the pipeline never ends (nothing was spent); "
+            "run it on Flink, Spark or Dataflow, or release the tree from a bounded read of the "
+            "same records (docs/streaming.md)")
+
+
 class PrefixTree(PrivateTransform):
     """ε-DP prefix tree and synthetic keys of a declared text, spatial or hierarchy key (seed 003).
 
@@ -429,6 +451,7 @@ class PrefixTree(PrivateTransform):
                              f"job.private(schema, keys={{{self._key!r}: bs.TextKey(...)}}) "
                              f"(declared: {sorted(keys)})")
         codec: KeyCodec = keys[self._key]
+        _refuse_streaming_direct_runner(self.label, private.exact_batches())
         kw: dict[str, Any] = {"codec": codec, "budget": self._budget,
                               "max_contributions": private.max_contributions,
                               "seed": private.job.step_seed(self.label), "label": "Levels"}
