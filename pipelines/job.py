@@ -251,7 +251,10 @@ class IndependentSynthesis(Synthesize):
     """:class:`Synthesize` with ``method="independent"``: noisy 1-way marginals of every column
     (discrete Laplace, ε split equally; CatHist for open columns), fitted by Norm-Sub and sampled
     balanced (each cell ⌊N·p⌋ or ⌈N·p⌉ of the N rows, columns shuffled independently; both
-    post-processing); ``options={"independent_sampling": "iid"}`` draws i.i.d. rows instead."""
+    post-processing); ``options={"independent_sampling": "iid"}`` draws i.i.d. rows instead.
+    Guarantee: ε-DP (pure, δ unused) for adding or removing one privacy unit (its
+    ``max_contributions`` records): ε on the tables, plus the DP row count's share when ``rows``
+    is None (basic composition)."""
 
     method_name = "independent"
 
@@ -259,14 +262,18 @@ class IndependentSynthesis(Synthesize):
 class PrivBayes(Synthesize):
     """:class:`Synthesize` with ``method="privbayes"``: a private Bayesian network from noisy
     marginals (seed 004; docs/privbayes.md), pure ε-DP; with ``delta > 0`` and
-    ``options={"pb_noise": "gaussian"}`` discrete Gaussian tables under zCDP, converted to (ε, δ)."""
+    ``options={"pb_noise": "gaussian"}`` discrete Gaussian tables under zCDP, converted to (ε, δ).
+    Guarantee: for adding or removing one privacy unit (its ``max_contributions`` records), ε-DP,
+    or (ε, δ)-DP in the zCDP mode; the manifest's ``noise_mode`` says which ran."""
 
     method_name = "privbayes"
 
 
 class SBHG(Synthesize):
     """:class:`Synthesize` with ``method="sbhg"``: hashed full conditionals released by
-    stability-based histograms, Gibbs-sampled (seed 002; docs/sbhg.md); needs ``delta > 0``."""
+    stability-based histograms, Gibbs-sampled (seed 002; docs/sbhg.md); needs ``delta > 0``.
+    Guarantee: (ε, δ)-DP for adding or removing one privacy unit (its ``max_contributions``
+    records); sampling is post-processing."""
 
     method_name = "sbhg"
 
@@ -274,7 +281,10 @@ class SBHG(Synthesize):
 class PlausibleDeniability(Synthesize):
     """:class:`Synthesize` with ``method="plausible"``: seed-based candidates released through the
     randomized plausible-deniability test (seed 001; docs/plausible.md); needs a public ``rows``
-    and ``delta > 0``."""
+    and ``delta > 0``. Guarantee: (ε, δ)-DP for adding or removing one privacy unit: the model's
+    ε plus Theorem 1 per candidate composed over the public bound on the Poisson(``rows``)
+    candidates (refused when built if that does not fit ε, δ; the manifest's
+    ``release_guarantee`` states each part)."""
 
     method_name = "plausible"
 

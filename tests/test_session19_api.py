@@ -198,3 +198,15 @@ def test_prefix_tree_on_a_stream_is_refused_on_the_direct_runner_when_built() ->
     bounded = bs.PrivacyJob(epsilon=1.0, seed=1)
     rows = beam.Pipeline() | beam.Create([{"kind": "a", "name": "ab"}])
     _ = rows | bounded.private(schema, keys=keys) | bs.PrefixTree(key="name", epsilon=0.5)
+
+
+def test_help_of_every_named_synthesizer_states_its_guarantee() -> None:
+    """``help(bs.SBHG)``, ``help(bs.IndependentSynthesis)``, ``help(bs.PlausibleDeniability)`` and
+    ``help(bs.PrivBayes)`` named their mechanism but not their guarantee for adding or removing
+    one privacy unit (rule 2), which ``help(bs.Count)`` and the other statistics state."""
+    import inspect
+
+    for name, dp in (("IndependentSynthesis", "ε-DP"), ("PrivBayes", "ε-DP"), ("SBHG", "(ε, δ)-DP"),
+                     ("PlausibleDeniability", "(ε, δ)-DP")):
+        doc = " ".join(inspect.getdoc(getattr(bs, name)).split())
+        assert "Guarantee:" in doc and dp in doc and "adding or removing one privacy unit" in doc, name
