@@ -92,7 +92,8 @@ from beamsynth.transforms.budget import (
     as_budget,
 )
 from beamsynth.transforms.conventions import display_items
-from beamsynth.transforms.inputs import record_position
+from beamsynth.transforms.frame_fields import declare_fields
+from beamsynth.transforms.inputs import RowFields, record_position
 from beamsynth.transforms.measure import combine_globally
 from beamsynth.transforms.private import (
     WindowRowsFn,
@@ -154,7 +155,7 @@ def _as_dict(row: Any) -> Optional[dict]:  # noqa: UP045
     if isinstance(row, dict):
         return row
     as_dict = getattr(row, "_asdict", None)
-    return dict(as_dict()) if callable(as_dict) else None
+    return RowFields(as_dict()) if callable(as_dict) else None  # H103
 
 
 _RowPlan = tuple[tuple[str, bool, tuple[str, ...], bool, bool], ...]
@@ -195,7 +196,9 @@ def _judge_row(schema: Schema, d: dict, position_field: Optional[str] = None,  #
         if stamped and _is_timestamp(v):  # pandas' JSON reader's date columns: judged as
             out[name] = v  # job.private does (Column.encode: the declared value; rule 6, H55)
     if schema.extra_columns == "reject":
-        extra = [str(k) for k in d if k not in used and k != position_field]
+        typed = isinstance(d, RowFields)  # a DataFrame read's rows: a sampled key null elsewhere
+        extra = [str(k) for k, v in d.items()
+                 if k not in used and k != position_field and not (typed and v is None)]
         if extra:
             return None, f"undeclared field(s) {extra} and the schema says extra_columns: reject"
     return out, None
@@ -765,6 +768,10 @@ def check_step_fields(pcoll: Any, schema: Schema, name: str,
     keys naming a field (``privacy_id``, ``position_field``), each warned about with the nearest
     field when no input row carries it (H84: ``privacy_id: custmer`` sent every row to the error
     output without a word)."""
+    # rows of a Beam DataFrame read (ReadFromJson, ReadFromCsv) get every declared field, whatever
+    # Beam sampled when built (one sampled record decided every row's fields; H103)
+    declare_fields(pcoll, [c.name for c in schema.columns] + [schema.privacy_id or ""]
+                   + [f for f in (named or {}).values() if f])
     fields = getattr(pcoll.element_type, "_fields", None)
     if not isinstance(pcoll.element_type, RowTypeConstraint) or not fields:
         return

@@ -63,6 +63,7 @@ __all__ = [
     "EncodeElements",
     "EncodeStats",
     "KeyLayout",
+    "RowFields",
     "encode_elements",
     "record_position",
     "reject_elements",
@@ -142,13 +143,27 @@ def _short_json(value: Any) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+class RowFields(dict):
+    """A typed row's fields (``beam.Row``, named tuple): its type gives every row every field, so
+    a null undeclared field is no field the row carries (``extra_columns: reject`` ignores it)."""
+
+
 def _as_mapping(element: Any) -> Mapping[str, Any] | None:
     if isinstance(element, Mapping):
         return element
     asdict = getattr(element, "_asdict", None)  # beam.Row, named tuples (Beam DataFrames)
     if callable(asdict):
-        return asdict()
+        return RowFields(asdict())
     return None
+
+
+def _undeclared(record: Mapping[str, Any], declared: set[Any]) -> list[Any]:
+    """A record's undeclared fields (``extra_columns: reject``). A typed row's null field is none:
+    a DataFrame read gives every row the fields its sample had (one record's key is a field, null,
+    in every other row; H103), and a row type cannot tell a null from an absent field."""
+    typed = isinstance(record, RowFields)
+    return sorted((k for k, v in record.items()
+                   if k not in declared and not (typed and v is None)), key=str)
 
 
 def wanted_fields(layout: KeyLayout) -> list[str]:
@@ -363,7 +378,7 @@ def _encode_records(layout: KeyLayout, records: list[Mapping[str, Any]],
         declared = set(names) | {avro_field_name(x) for x in names} | {position_field}
         already = set(reasons)
         for i, r in enumerate(records):
-            extra = sorted(k for k in r if k not in declared)
+            extra = _undeclared(r, declared)
             if extra and i not in reasons:
                 reasons[i] = f"undeclared field(s) {extra} and the schema says extra_columns: reject"
         batch = _drop_rows(batch, reasons, already, n)

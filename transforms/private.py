@@ -73,6 +73,7 @@ from beamsynth.transforms.budget import (
 )
 from beamsynth.transforms.conventions import NotAPCollectionError, display_items, typed_boundary
 from beamsynth.transforms.conventions import keywords_checked as _keywords_checked
+from beamsynth.transforms.frame_fields import dataframe_read_behind, declare_fields
 from beamsynth.transforms.inputs import (
     DEAD_LETTER_TYPE,
     DEFAULT_BATCH_ROWS,
@@ -769,10 +770,12 @@ class MakePrivate(beam.PTransform):
         """Beam's check of ``INPUT_TYPES``, plus schema'd rows typed as generated NamedTuples
         (``ReadFromParquet(as_rows=True)``, ``to_pcollection``), which are no ``beam.Row``
         subclass to Beam but are read by field name like one."""
+        behind = self._declare_read_fields(pvalueish)
         hint = getattr(pvalueish, "element_type", None)
         self._check_declared_hint(hint)
         if _may_hold_records(hint):  # incl. named tuples and a type beam.Create inferred
-            self._check_fields(hint)
+            if behind <= 0:  # behind a user step, the rows' fields may be a sample's
+                self._check_fields(hint)
             return
         try:
             super().type_check_inputs(pvalueish)
@@ -789,6 +792,27 @@ class MakePrivate(beam.PTransform):
                 "named tuples) and pyarrow Tables/RecordBatches: parse each element first, e.g. "
                 "beam.Map(json.loads) for JSON lines or a csv parse to dicts (docs/beam-api.md, "
                 "'Inputs')")
+
+    def _declare_read_fields(self, pvalueish: Any) -> int:
+        """Rows of a Beam DataFrame read (``ReadFromJson``, ``ReadFromCsv``, ...) get every field
+        this step reads, whatever Beam sampled when built (:mod:`~beamsynth.transforms.frame_fields`);
+        a DataFrame read behind other steps gets a warning, the same whatever was sampled. Returns
+        how many steps behind the read is (-1: none)."""
+        behind = dataframe_read_behind(pvalueish)
+        if behind == 0:
+            names = wanted_fields(self._layout) + ([self._position] if self._position else [])
+            declare_fields(pvalueish, names)
+        elif behind > 0 and not getattr(self, "_warned_read", False):
+            self._warned_read = True
+            _LOG.warning(
+                "%s", f"{self.label}: its input comes from a Beam DataFrame read (beam.io."
+                "ReadFromJson, ReadFromCsv, to_pcollection) through other steps; Beam types that "
+                "read's rows from a sample taken when the pipeline is built (for ReadFromJson the "
+                "first records of the first file), so one record there can decide which fields "
+                "every row has, and job.private declares the read's fields only when applied to "
+                "its output directly: apply job.private to the read and transform after it, or "
+                "read with beam.io.ReadFromText + json.loads (docs/beam-api.md, 'Inputs')")
+        return behind
 
     def _check_declared_hint(self, hint: Any) -> None:
         """``job.private(schema).with_input_types(T)``: Beam refuses an input inconsistent with a
@@ -955,6 +979,7 @@ class MakePrivate(beam.PTransform):
 
     @typed_boundary  # typed at the public step, not at each inner one
     def expand(self, elements):
+        self._declare_read_fields(elements)  # also here: Beam skips type_check_inputs unless checking
         declared = self._declared(elements)
         self._check_runner(elements, declared)
         self._check_one_job(elements.pipeline)

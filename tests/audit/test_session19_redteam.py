@@ -13,8 +13,11 @@ the scratch break it catches.
    positional argument``). Rows are now made from each chunk's columns by name.
 2. Found and fixed: ``--warn-rejected``'s console summary showed part of a long value (a repr the
    encoders cut without its closing quote matched only to its first space).
-3. Open (strict xfail): one record in the file Beam samples decides the fields of every file's
-   rows (a sampled record without ``age``: 50 used vs 0).
+3. Found and fixed (H103): one record in the file Beam samples decided the fields of every
+   file's rows (a sampled record without ``age``: 50 used vs 0; under ``extra_columns: reject`` a
+   sampled undeclared key rejected every row). ``job.private`` (and Beam YAML's steps) applied to
+   a DataFrame read give its rows every declared field; a typed row's null undeclared field is no
+   field.
 4. Clean: H98's seeded Philox engine (e5839e2) gives every stream its own words, read
    interleaved or from eight threads.
 5. Found and fixed (consistency, nothing spent): a release config's loader and published JSON
@@ -118,33 +121,153 @@ def test_console_summary_of_reasons_strips_long_values() -> None:
         assert shown.startswith(("column 'race': value …", "column 'age': value …")), shown
 
 
-# -- 3. Open: the sampled file's keys decide the fields of every file (Beam's sample) --------------
-@pytest.mark.xfail(strict=True, reason="open (H100): Beam types every file's rows from the first "
-                   "chunk of the first matched file with a record; docs/audits.md, Nineteenth session")
-def test_one_record_in_the_sampled_file_does_not_decide_the_fields(tmp_path: Path) -> None:
-    """D: the file Beam samples (the first its match lists) is empty, so the sample is ``b``'s
-    first chunk (``age, region``); D + 1: it holds one record without ``age``, so the rows of
-    every file have no ``age`` field and ``job.private`` rejects all 51 (measured: 50 used vs 0).
-    A build-time warning names the missing column. Built only (0.1 s); the fields must be the
-    same on both sides."""
+# -- 3. Found and fixed (H103): the sampled file's keys decided the fields of every file ---------
+_AGE_REGION = {"name": "s19", "columns": [
+    {"name": "age", "type": "integer", "domain": {"kind": "integer", "low": 0, "high": 99}},
+    {"name": "region", "type": "categorical",
+     "domain": {"kind": "categorical", "values": ["north", "south", "east", "west"]}}]}
+
+
+def _sampled_first(tmp_path: Path, suffix: str = "jsonl") -> Path:
+    """An empty file that Beam's match lists first in ``tmp_path`` (Beam samples the first file
+    its match lists: directory order on a local disk, not the name order)."""
     from apache_beam.io.filesystems import FileSystems
 
-    _jsonl(tmp_path / "zb.jsonl", [{"age": 30 + i, "region": "south"} for i in range(5)])
-    def listed_first(path: Path) -> bool:  # Beam samples the first file the match lists
+    for k in range(500):
+        path = tmp_path / f"a{k}.{suffix}"
         path.write_text("")
-        if FileSystems.match([str(tmp_path / "*.jsonl")])[0].metadata_list[0].path == str(path):
-            return True
+        if FileSystems.match([str(tmp_path / f"*.{suffix}")])[0].metadata_list[0].path == str(path):
+            return path
         path.unlink()
-        return False
+    raise AssertionError("no file name listed first")  # pragma: no cover
 
-    first = next(f for f in (tmp_path / f"a{k}.jsonl" for k in range(500)) if listed_first(f))
-    fields = []
+
+def test_one_record_in_the_sampled_file_does_not_decide_the_fields(tmp_path: Path) -> None:
+    """D: the file Beam samples (the first its match lists) is empty, so the sample is ``zb``'s
+    first chunk (``age, region``); D + 1: it holds one record without ``age``, so Beam's rows of
+    every file had no ``age`` field and ``job.private`` rejected all 51 (measured: 50 used vs 0;
+    a build-time warning named the missing column). Since H103 ``job.private``, applied to the
+    read, gives the read's rows every declared field (``Optional[Any]``) whatever was sampled:
+    the fields it reads are the same on both sides. Built only (0.4 s); the slow test below runs
+    the pair on direct and direct-multi."""
+    import beamsynth as bs
+
+    _jsonl(tmp_path / "zb.jsonl", [{"age": 30 + i, "region": "south"} for i in range(5)])
+    first = _sampled_first(tmp_path)
+    sampled, read = [], []
     for records in ([], [{"region": "west"}]):
         _jsonl(first, records)
         rows = beam.Pipeline() | beam.io.ReadFromJson(str(tmp_path / "*.jsonl"), lines=True)
-        fields.append([name for name, _ in rows.element_type._fields])
-    assert fields[0] == ["age", "region"]
-    assert fields[1] == fields[0], fields
+        sampled.append([name for name, _ in rows.element_type._fields])
+        _ = rows | bs.PrivacyJob(epsilon=1.0, seed=1).private(bs.load_schema(_AGE_REGION))
+        read.append(sorted(rows.element_type._fields, key=repr))
+    assert sampled == [["age", "region"], ["region"]]  # Beam's own sample still differs
+    assert read[0] == read[1], read
+    assert [name for name, _ in read[0]] == ["age", "region"]
+
+
+def _write_records(path: Path, records: list[dict], lines: bool) -> None:
+    if lines:
+        _jsonl(path, records)
+    else:  # one JSON array per file; a file without records is empty (149060c)
+        path.write_text(json.dumps(records) if records else "", encoding="utf-8")
+
+
+def _count_through_read(folder: Path, runner: str, lines: bool, schema: dict) -> tuple[dict, str]:
+    """``beam.io.ReadFromJson(glob)`` → ``job.private(schema)`` → ``bs.Count`` (seed 3): the
+    manifest's counts of the source and the released count's text."""
+    import beamsynth as bs
+
+    job, out = bs.PrivacyJob(epsilon=1.0, seed=3), folder / "out"
+    opts = bs.pipeline_options(["--runner", runner])
+    with beam.Pipeline(options=opts) as p:
+        rows = p | beam.io.ReadFromJson(str(folder / "*.json"), lines=lines)
+        private = rows | job.private(bs.load_schema(schema), source="in")
+        (private | bs.Count(epsilon=1.0) | beam.Map(lambda r: json.dumps(r._asdict()))
+         | beam.io.WriteToText(str(out / "count"), shard_name_template=""))
+        p | bs.WriteManifest(job=job, path=str(out / "m.json"))
+    manifest = json.loads((out / "m.json").read_text(encoding="utf-8"))
+    return manifest["operational"]["sources"]["in"], (out / "count").read_text(encoding="utf-8")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("runner", "lines", "added", "reject"), [
+    ("direct", True, {"region": "west"}, False),
+    ("direct-multi", True, {"region": "west"}, False),
+    ("direct", False, {"region": "west"}, False),
+    ("direct-multi", False, {"region": "west"}, False),
+    ("direct", True, {"zz": 1, "age": 40, "region": "west"}, True)])
+def test_one_sampled_record_changes_the_used_records_by_itself(
+        tmp_path: Path, runner: str, lines: bool, added: dict, reject: bool) -> None:
+    """The neighbour pair through the real path (two runs a case: 25-44 s on direct, 138-156 s
+    on direct-multi at load 14-19; the default test above, built only, and
+    ``test_undeclared_null_field_of_a_row_is_no_field`` cover the behaviour): D, the
+    sampled file empty and ``zb`` 50 records → used 50; D + 1, one record in the sampled file.
+    Before H103: ``{"region": "west"}`` made every row lack ``age`` (used 0, rejected 51, count
+    0 instead of 50), and under ``extra_columns: reject`` a sampled undeclared key ``zz`` (null
+    in every other row) rejected all 51. Now D + 1 uses D's 50 and the release bytes are equal
+    (``{"region": "west"}`` itself is rejected: no ``age``; the ``zz`` record too, under
+    ``reject``)."""
+    schema = {**_AGE_REGION, "extra_columns": "reject"} if reject else _AGE_REGION
+    results = []
+    for records in ([], [added]):
+        folder = tmp_path / f"d{len(records)}"
+        folder.mkdir()
+        _write_records(folder / "zb.json", [{"age": 30 + i, "region": "south"} for i in range(50)],
+                       lines)
+        _write_records(_sampled_first(folder, "json"), records, lines)
+        results.append(_count_through_read(folder, runner, lines, schema))
+    (d, d_count), (d1, d1_count) = results
+    assert (d["read"], d["used"], d["rejected"]) == (50, 50, 0)
+    assert (d1["read"], d1["used"], d1["rejected"]) == (51, 50, 1), d1
+    assert d1_count == d_count, (d_count, d1_count)
+
+
+def test_a_dataframe_read_behind_a_user_step_warns_whatever_was_sampled(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """``read | beam.Filter(...) | job.private(...)``: the read's rows cannot be retyped behind a
+    user step, so ``job.private`` warns when built. Before H103 it warned only when the sample
+    lacked a declared column (``its input rows have fields ['region'] and lack 'age'``): the log
+    said what the sampled record held. Now the same warning on both sides, naming no field.
+    Built only (0.5 s)."""
+    import logging
+
+    import beamsynth as bs
+
+    _jsonl(tmp_path / "zb.jsonl", [{"age": 30 + i, "region": "south"} for i in range(5)])
+    first = _sampled_first(tmp_path)
+    said = []
+    for records in ([], [{"region": "west"}]):
+        _jsonl(first, records)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="beamsynth"):
+            rows = beam.Pipeline() | beam.io.ReadFromJson(str(tmp_path / "*.jsonl"), lines=True)
+            _ = (rows | beam.Filter(lambda r: True)
+                 | bs.PrivacyJob(epsilon=1.0, seed=1).private(bs.load_schema(_AGE_REGION)))
+        said.append([r.getMessage() for r in caplog.records if "MakePrivate" in r.getMessage()])
+    assert said[0] == said[1], said
+    assert len(said[0]) == 1 and "Beam DataFrame read" in said[0][0]
+    assert "region" not in said[0][0] and "'age'" not in said[0][0]
+
+
+def test_undeclared_null_field_of_a_row_is_no_field() -> None:
+    """``extra_columns: reject`` (H103): a DataFrame read gives every row the fields its sample
+    had, so a typed row's undeclared field that is null is no field it carries (one sampled
+    record ``{"zz": 1, ...}`` made every other row carry ``zz=None`` and rejected all of them);
+    a dict's own key, null or not, and a row's non-null undeclared field still reject their
+    element. The same rule in Beam YAML's steps."""
+    from beamsynth.pipelines.yaml_transforms import _as_dict, _judge_row
+    from beamsynth.schemas.schema import load_schema
+    from beamsynth.transforms.inputs import KeyLayout, encode_elements
+
+    schema = load_schema({**_AGE_REGION, "extra_columns": "reject"})
+    elements = [beam.Row(age=30, region="south", zz=None), beam.Row(age=31, region="south", zz=1),
+                {"age": 32, "region": "south", "zz": None}, {"age": 33, "region": "south"}]
+    batches, dead = encode_elements(KeyLayout(schema), elements, source="s")
+    assert sum(len(b) for b in batches) == 2
+    assert sorted(json.loads(d.element)["age"] for d in dead) == [31, 32]
+    judged = [_judge_row(schema, _as_dict(e))[1] is None for e in elements]
+    assert judged == [True, False, False, True]
 
 
 # -- 4. Clean: H98's seeded Philox engine (e5839e2) reads each stream's own words -----------------
