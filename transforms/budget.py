@@ -28,6 +28,7 @@ __all__ = [
     "Spend",
     "DELTA_WARN_ABOVE",
     "as_budget",
+    "MAX_ROWS",
     "check_rows",
     "warn_large_delta",
     "zcdp_approx",
@@ -78,9 +79,12 @@ def warn_large_delta(delta: float) -> None:
                      delta, DELTA_WARN_ABOVE)
 
 
+MAX_ROWS = 10**10  # requested synthetic rows per release: 200,000 shards of 50,000 planned when built
+
+
 def check_rows(rows: Any, *, shown: str | None = None) -> int | None:
     """A requested synthetic row count: ``None`` (a DP count of the records sets it) or a whole
-    number ≥ 1. ``0`` is refused: it would spend the synthesizer's ε for no released row.
+    number in [1, ``MAX_ROWS``]. ``0`` is refused: it would spend the synthesizer's ε for no released row.
     ``shown``: the setting as the caller wrote it (``--rows 0``, ``rows: 0``; default
     ``rows=0``), which the message echoes."""
     if rows is None:
@@ -93,6 +97,10 @@ def check_rows(rows: Any, *, shown: str | None = None) -> int | None:
         raise ValueError(f"{shown}: the row count must be a whole number >= 1, or unset for a DP "
                          "count of the records (a synthesizer asked for no row would spend its ε "
                          "for nothing)")
+    if rows > MAX_ROWS:
+        raise ValueError(f"{shown}: at most {MAX_ROWS:,} synthetic rows per release (the sampling "
+                         "shards are planned when the pipeline is built); release a larger table "
+                         "as several releases, each with its own budget")
     return rows
 
 
