@@ -221,3 +221,21 @@ def test_help_of_every_named_synthesizer_states_its_guarantee() -> None:
                      ("PlausibleDeniability", "(ε, δ)-DP")):
         doc = " ".join(inspect.getdoc(getattr(bs, name)).split())
         assert "Guarantee:" in doc and dp in doc and "adding or removing one privacy unit" in doc, name
+
+
+def test_cli_count_options_with_public_rows_are_warned_about(tmp_path: Path, capsys) -> None:
+    """``--rows 5 --count-epsilon 0.1`` (or ``--count-fraction 0.2``) ran without a word: no DP
+    count is made with a public row count, so the option was silently unused (the API refuses
+    ``count_fraction`` with ``rows``). Now the CLI warns, naming the flag, before anything is
+    read (here the input does not exist: exit 2 after the warning)."""
+    from beamsynth.pipelines.cli.main import main
+
+    for flag, value in (("--count-epsilon", "0.1"), ("--count-fraction", "0.2")):
+        assert main(["synthesize", str(tmp_path / "missing.csv"), "--schema", "adult",
+                     "--epsilon", "1", "--rows", "5", flag, value,
+                     "--output", str(tmp_path / "o.csv")]) == 2
+        err = capsys.readouterr().err
+        assert f"warning: {flag} is not used with --rows 5" in err, err
+    assert main(["synthesize", str(tmp_path / "missing.csv"), "--schema", "adult", "--epsilon",
+                 "1", "--rows", "5", "--output", str(tmp_path / "o.csv")]) == 2
+    assert "is not used with --rows" not in capsys.readouterr().err

@@ -45,6 +45,8 @@ from beamsynth.schemas.schema import load_schema
 
 __all__ = ["add_parser", "pipeline_options"]
 
+COUNT_FRACTION = SynthesisConfig.count_fraction  # --count-fraction's default
+
 
 def pipeline_options(beam_args: list[str]) -> PipelineOptions:
     """Beam options from the arguments the CLI did not consume (runner presets apply here)."""
@@ -72,8 +74,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rows", type=int, default=None,
                    help="rows to synthesize (default: a DP estimate of the input size, which "
                         "spends --count-fraction of ε)")
-    p.add_argument("--count-fraction", type=OPEN_FRACTION, default=0.05,
-                   help="share of ε for the DP row count when --rows is not given (default 0.05)")
+    p.add_argument("--count-fraction", type=OPEN_FRACTION, default=COUNT_FRACTION,
+                   help="share of ε for the DP row count when --rows is not given (default "
+                        f"{COUNT_FRACTION:g})")
     p.add_argument("--count-epsilon", type=POSITIVE_NUMBER, default=None,
                    help="absolute ε for the DP row count (instead of --count-fraction)")
     p.add_argument("--privacy-id", default=None, help="column identifying a privacy unit")
@@ -109,6 +112,13 @@ def _run(args: argparse.Namespace, beam_args: list[str]) -> int:
     for flag, owners in options_for_other_methods(args.method, vars(args)).items():
         print(f"beamsynth synthesize: warning: {flag} is not used by --method {args.method} "
               f"(it is an option of --method {' / '.join(owners)})", file=sys.stderr)
+    if args.rows is not None:  # a public row count: no DP count is made (H101)
+        for flag, given in (("--count-epsilon", args.count_epsilon is not None),
+                            ("--count-fraction", args.count_fraction != COUNT_FRACTION)):
+            if given:
+                print(f"beamsynth synthesize: warning: {flag} is not used with --rows "
+                      f"{args.rows} (a public row count: no DP count of the records is made, "
+                      "and none of ε is spent on one)", file=sys.stderr)
     pid_schema = schema if args.privacy_id is None else dataclasses.replace(schema, privacy_id=args.privacy_id)
     # options, spends and noise scales are refused before any input file is opened
     check_noise_scales(plan_synthesis(cfg).accountant.spends)
