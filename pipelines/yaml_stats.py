@@ -221,7 +221,7 @@ class _StatsStep(beam.PTransform):
     def expand(self, pcoll):
         name = f"{self.kind} {self.label!r}"
         check_step_windows(pcoll, self._windows, name)
-        check_step_fields(pcoll, self._schema, name, {"privacy_id": self._unit.id_column})
+        pcoll = check_step_fields(pcoll, self._schema, name, {"privacy_id": self._unit.id_column})
         if self._manifest is not None and (not pcoll.is_bounded or (
                 self._windows is not None and self._windows.declared_end is None)):
             raise ValueError(f"{name}: manifest needs a bounded input and declared windows with "

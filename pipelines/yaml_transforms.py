@@ -92,7 +92,7 @@ from beamsynth.transforms.budget import (
     as_budget,
 )
 from beamsynth.transforms.conventions import display_items
-from beamsynth.transforms.frame_fields import declare_fields
+from beamsynth.transforms.frame_fields import with_declared_fields
 from beamsynth.transforms.inputs import RowFields, record_position
 from beamsynth.transforms.measure import combine_globally
 from beamsynth.transforms.private import (
@@ -759,8 +759,10 @@ def check_step_windows(pcoll: Any, windows: Optional[DeclaredWindows], name: str
 
 
 def check_step_fields(pcoll: Any, schema: Schema, name: str,
-                      named: Optional[dict[str, Optional[str]]] = None) -> None:  # noqa: UP045
-    """Warn (when built) about typed rows that carry none of the declared columns (the parse
+                      named: Optional[dict[str, Optional[str]]] = None) -> Any:  # noqa: UP045
+    """The rows the step reads (``pcoll``, or a DataFrame read's rows with every declared field:
+    :func:`~beamsynth.transforms.frame_fields.with_declared_fields`; call it inside ``expand``).
+    Warn (when built) about typed rows that carry none of the declared columns (the parse
     step forgotten: ``ReadFromText`` gives ``Row(line)``): every row would be an error row and
     the release learned from no record. A warning, not a refusal: ``ReadFromJson`` infers the
     rows' type from the records, so a refusal would make whether a release happens depend on
@@ -768,13 +770,13 @@ def check_step_fields(pcoll: Any, schema: Schema, name: str,
     keys naming a field (``privacy_id``, ``position_field``), each warned about with the nearest
     field when no input row carries it (H84: ``privacy_id: custmer`` sent every row to the error
     output without a word)."""
-    # rows of a Beam DataFrame read (ReadFromJson, ReadFromCsv) get every declared field, whatever
-    # Beam sampled when built (one sampled record decided every row's fields; H103)
-    declare_fields(pcoll, [c.name for c in schema.columns] + [schema.privacy_id or ""]
-                   + [f for f in (named or {}).values() if f])
+    # rows of a Beam DataFrame read (ReadFromJson, ReadFromCsv) are read with every declared
+    # field, whatever Beam sampled when built (one sampled record decided every row's fields; H103)
+    pcoll = with_declared_fields(pcoll, [c.name for c in schema.columns] + [schema.privacy_id or ""]
+                                 + [f for f in (named or {}).values() if f])
     fields = getattr(pcoll.element_type, "_fields", None)
     if not isinstance(pcoll.element_type, RowTypeConstraint) or not fields:
-        return
+        return pcoll
     declared = [c.name for c in schema.columns]
     known = {n for c in declared for n in (c, avro_field_name(c))}
     names = [f[0] for f in fields]
@@ -795,6 +797,7 @@ def check_step_fields(pcoll: Any, schema: Schema, name: str,
             f"{', ...' if len(declared) > 6 else ''}), so no row carries a declared value; parse "
             "the records first (ReadFromCsv, ReadFromJson, ReadFromParquet, or MapToFields "
             "after ReadFromText) so each column is a field")
+    return pcoll
 
 
 #: the rows of a step's ``error_handling`` output (private: raw rows with reasons)
@@ -896,9 +899,9 @@ class Synthesize(beam.PTransform):
 
     def expand(self, pcoll):
         check_step_windows(pcoll, self._windows, f"{STEP} {self.label!r}")
-        check_step_fields(pcoll, self._plan.schema, f"{STEP} {self.label!r}",
-                          {"privacy_id": self._plan.schema.privacy_id,
-                           "position_field": self._position})
+        pcoll = check_step_fields(pcoll, self._plan.schema, f"{STEP} {self.label!r}",
+                                  {"privacy_id": self._plan.schema.privacy_id,
+                                   "position_field": self._position})
         ledger = self._register(pcoll.pipeline)  # raises when the pipeline's steps overspend
         plan, cfg, schema = self._plan, self._plan.config, self._plan.schema
         outside = None

@@ -8,26 +8,29 @@ record carries is no field of any row of any file; a sampled record without ``ag
 row of every file lack ``age``, so one record moved every other record to the dead letters
 (rules 6, 7; docs/audits.md, "Nineteenth session", H100 found it, H103 fixed it).
 
-:func:`declare_fields` (``job.private`` calls it when built, before it reads the input's type)
-gives that step's rows every field ``job.private`` reads, whatever was sampled: each declared
-field (declared columns, privacy id, key columns, the position field) is typed
-``Optional[Any]`` (the value pandas read for that record, null where its chunk lacks the column:
-``api/_row_by_name_fix.py`` gives each field its column by name), and the sampled fields no
-schema declares keep Beam's types. Only the row type and the step's row converter change (no
-data is read); other consumers of the same rows see the added fields, null where unread.
+:func:`with_declared_fields` (``job.private`` and Beam YAML's beamsynth steps apply it when
+built) makes the rows they read again from the same frames (the rows step's input), typed with
+every field they read, whatever was sampled: each declared field (declared columns, privacy id,
+key columns, the position field) is typed ``Optional[Any]`` (the value pandas read for that
+record, null where its chunk lacks the column: ``api/_row_by_name_fix.py`` gives each field its
+column by name); the sampled fields no schema declares keep Beam's types. No data is read when
+built, and Beam's own rows are left as they are (a step of the user's that batches them, e.g.
+``WriteToJson``, was built for their type: changing it in place failed such a run).
 
 A Beam DataFrame read behind other steps (``read | beam.Filter(...) | job.private(...)``) cannot
 be retyped (a user step may depend on the fields it was built with): :func:`dataframe_read_behind`
 finds it, and ``job.private`` warns when built, the same words whatever was sampled.
 """
 
-from __future__ import annotations
 
 import keyword
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Optional
 
-__all__ = ["dataframe_read_behind", "declare_fields", "rows_step"]
+import apache_beam as beam
+import pandas as pd
+
+__all__ = ["dataframe_read_behind", "declared_row_type", "rows_step", "with_declared_fields"]
 
 _MAX_STEPS_BACK = 20  # how far dataframe_read_behind walks back through single-input steps
 
@@ -70,31 +73,48 @@ def _field_name(name: Any) -> bool:
             and not name.startswith("_"))
 
 
-def declare_fields(pcoll: Any, names: Sequence[str]) -> bool:
-    """Give the rows of a DataFrame read's rows step (``pcoll``'s producer) every name of
-    ``names`` as a field typed ``Optional[Any]`` (names that cannot be a row field, e.g.
-    ``education-num``, are left out); the other fields keep their order and types. True when the
-    type changed. Build time only: reads the graph, never data; idempotent."""
-    applied = rows_step(pcoll)
-    if applied is None:
-        return False
-    import pandas as pd
-    from apache_beam.typehints.batch import BatchConverter
+def declared_row_type(pcoll: Any, names: Sequence[str]) -> Any:
+    """The row type :func:`with_declared_fields` gives ``pcoll`` when a DataFrame read's rows step
+    made it (else None): ``pcoll``'s fields in their order, those in ``names`` typed
+    ``Optional[Any]``, then the names it lacks (names that cannot be a row field, e.g.
+    ``education-num``, are left out). Build time only: reads the graph, never data."""
     from apache_beam.typehints.row_type import RowTypeConstraint
 
-    old = pcoll.element_type
-    if not isinstance(old, RowTypeConstraint):
-        return False
+    old, step = getattr(pcoll, "element_type", None), rows_step(pcoll)
+    if step is None or not isinstance(old, RowTypeConstraint) or \
+            getattr(step.transform.fn, "_include_indexes", False):  # index fields: Beam's rows
+        return None
     wanted = {n for n in names if _field_name(n)}
     declared = Optional[Any]  # noqa: UP045 (a Beam type hint)
     fields = [(n, declared if n in wanted else t) for n, t in old._fields]
     have = {n for n, _ in fields}
     fields += [(n, declared) for n in dict.fromkeys(names) if n in wanted and n not in have]
-    if fields == list(old._fields):
-        return False
-    new = RowTypeConstraint.from_fields(fields, field_options=dict(old._field_options) or None)
-    fn = applied.transform.fn
-    fn.output_batch_converter = BatchConverter.from_typehints(element_type=new,
-                                                              batch_type=pd.DataFrame)
-    pcoll.element_type = new
-    return True
+    return RowTypeConstraint.from_fields(fields)
+
+
+class _DeclaredRowsFn(beam.DoFn):
+    """The frames of a DataFrame read → rows of a declared type (Beam's ``DataFrameToRowsFn``
+    with another output type: the frame's columns become fields by name, a missing one null)."""
+
+    def __init__(self, row_type: Any) -> None:
+        self._row_type = row_type
+
+    @beam.DoFn.yields_batches
+    def process(self, element: pd.DataFrame) -> Iterable[pd.DataFrame]:
+        yield element  # each chunk as pandas read it; the batch converter makes the rows
+
+    def infer_output_type(self, input_element_type: Any) -> Any:
+        return self._row_type
+
+
+def with_declared_fields(pcoll: Any, names: Sequence[str], label: str = "DeclaredFields") -> Any:
+    """Inside an ``expand``: rows of a DataFrame read's rows step (``pcoll``'s producer) made
+    again from the same frames with every name of ``names`` a field (:func:`declared_row_type`),
+    whatever Beam sampled; any other ``pcoll`` as it is. Beam's own rows (``pcoll``) are not
+    changed: other steps reading them keep their type."""
+    row_type = declared_row_type(pcoll, names)
+    if row_type is None:
+        return pcoll
+    (frames,) = rows_step(pcoll).main_inputs.values()
+    return frames | label >> beam.ParDo(_DeclaredRowsFn(row_type))
+    # rows of row_type, one per record of each frame

@@ -73,7 +73,11 @@ from beamsynth.transforms.budget import (
 )
 from beamsynth.transforms.conventions import NotAPCollectionError, display_items, typed_boundary
 from beamsynth.transforms.conventions import keywords_checked as _keywords_checked
-from beamsynth.transforms.frame_fields import dataframe_read_behind, declare_fields
+from beamsynth.transforms.frame_fields import (
+    dataframe_read_behind,
+    declared_row_type,
+    with_declared_fields,
+)
 from beamsynth.transforms.inputs import (
     DEAD_LETTER_TYPE,
     DEFAULT_BATCH_ROWS,
@@ -770,12 +774,13 @@ class MakePrivate(beam.PTransform):
         """Beam's check of ``INPUT_TYPES``, plus schema'd rows typed as generated NamedTuples
         (``ReadFromParquet(as_rows=True)``, ``to_pcollection``), which are no ``beam.Row``
         subclass to Beam but are read by field name like one."""
-        behind = self._declare_read_fields(pvalueish)
+        behind = self._warn_read_behind(pvalueish)
         hint = getattr(pvalueish, "element_type", None)
         self._check_declared_hint(hint)
         if _may_hold_records(hint):  # incl. named tuples and a type beam.Create inferred
             if behind <= 0:  # behind a user step, the rows' fields may be a sample's
-                self._check_fields(hint)
+                # a DataFrame read's rows are read with every declared field (expand)
+                self._check_fields(declared_row_type(pvalueish, self._read_names()) or hint)
             return
         try:
             super().type_check_inputs(pvalueish)
@@ -793,16 +798,17 @@ class MakePrivate(beam.PTransform):
                 "beam.Map(json.loads) for JSON lines or a csv parse to dicts (docs/beam-api.md, "
                 "'Inputs')")
 
-    def _declare_read_fields(self, pvalueish: Any) -> int:
-        """Rows of a Beam DataFrame read (``ReadFromJson``, ``ReadFromCsv``, ...) get every field
-        this step reads, whatever Beam sampled when built (:mod:`~beamsynth.transforms.frame_fields`);
-        a DataFrame read behind other steps gets a warning, the same whatever was sampled. Returns
-        how many steps behind the read is (-1: none)."""
+    def _read_names(self) -> list[str]:
+        return wanted_fields(self._layout) + ([self._position] if self._position else [])
+
+    def _warn_read_behind(self, pvalueish: Any) -> int:
+        """Rows of a Beam DataFrame read (``ReadFromJson``, ``ReadFromCsv``, ...) are read with
+        every field this step reads, whatever Beam sampled when built (``expand``,
+        :mod:`~beamsynth.transforms.frame_fields`); a DataFrame read behind other steps gets a
+        warning, the same whatever was sampled. Returns how many steps behind the read is (-1:
+        none)."""
         behind = dataframe_read_behind(pvalueish)
-        if behind == 0:
-            names = wanted_fields(self._layout) + ([self._position] if self._position else [])
-            declare_fields(pvalueish, names)
-        elif behind > 0 and not getattr(self, "_warned_read", False):
+        if behind > 0 and not getattr(self, "_warned_read", False):
             self._warned_read = True
             _LOG.warning(
                 "%s", f"{self.label}: its input comes from a Beam DataFrame read (beam.io."
@@ -979,7 +985,9 @@ class MakePrivate(beam.PTransform):
 
     @typed_boundary  # typed at the public step, not at each inner one
     def expand(self, elements):
-        self._declare_read_fields(elements)  # also here: Beam skips type_check_inputs unless checking
+        self._warn_read_behind(elements)  # also here: Beam skips type_check_inputs unless checking
+        elements = with_declared_fields(elements, self._read_names())
+        # a DataFrame read's rows, every declared field a field (H103); any other input as is
         declared = self._declared(elements)
         self._check_runner(elements, declared)
         self._check_one_job(elements.pipeline)
