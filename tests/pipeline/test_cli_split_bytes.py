@@ -78,10 +78,15 @@ def test_max_record_lines_reads_quoted_line_breaks_as_one_record(tmp_path, capsy
     assert (m["rows_read"], m["rows_used"], m["rows_rejected"]) == (400, 266, 134)  # not in the domain
     unit = manifest["release"]["privacy_unit"]
     assert unit["csv_max_record_lines"] == 3 and unit["csv_records_one_record_may_change"] == 3
-    assert _synth(src, tmp_path / "bad.csv", 0, "--max-record-lines", "0") != 0
-    assert "max_record_lines (0) must be an int in [1, 1000]" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:  # refused while parsing, in the flag's words (6e69db5)
+        _synth(src, tmp_path / "bad.csv", 0, "--max-record-lines", "0")
+    assert exc.value.code == 2
+    assert "argument --max-record-lines: '0' is not a whole number in [1, 1000]" in capsys.readouterr().err
 
 
 def test_negative_split_bytes_is_refused(dirty_csv, tmp_path, capsys):
-    assert _synth(dirty_csv, tmp_path / "o.csv", -1) != 0
-    assert "split_bytes (-1)" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:  # refused while parsing, in the flag's words (6e69db5)
+        _synth(dirty_csv, tmp_path / "o.csv", -1)
+    assert exc.value.code == 2
+    assert "argument --split-bytes: '-1' is not a whole number >= 0" in capsys.readouterr().err
+    assert not (tmp_path / "o.csv").exists()
