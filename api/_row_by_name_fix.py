@@ -59,3 +59,76 @@ def install() -> bool:
 
 
 install()
+
+
+# -- a chunk without one of the sampled columns --------------------------------------------------
+# Beam's ``ReadViaPandas`` (``beam.io.ReadFromJson``/``ReadFromCsv``) turns every sampled object
+# column into text with ``df[col].astype(StringDtype)``, evaluated on each chunk: a chunk that lacks
+# the column (a one-record file or chunk without that key, a CSV file whose header lacks it) raised
+# ``KeyError`` in the workers and failed the whole run, so one record decided whether anything was
+# released (rules 7, 8; lead, nineteenth session: a JSON file holding one ``{"sex": "Male"}``
+# beside the Adult records failed the run with ``KeyError: 'workclass'``). Each chunk the read
+# makes now carries every sampled column, null where it lacks one, before any of Beam's per-chunk
+# expressions runs; its other columns stay (``job.private`` reads declared ones by name).
+
+def _columns_of(frame: Any) -> list[Any] | None:
+    expr = getattr(frame, "_expr", None)
+    try:
+        return list(expr.proxy().columns)
+    except Exception:  # noqa: BLE001 - not a DataFrame read's frame: leave Beam's behaviour
+        return None
+
+
+def _remember_columns(expand: Any) -> Any:
+    @functools.wraps(expand)
+    def expand_and_remember(self: Any, root: Any) -> Any:
+        frame = expand(self, root)
+        columns = _columns_of(frame)
+        pcoll = getattr(getattr(frame, "_expr", None), "_reference", None)
+        fn = getattr(getattr(getattr(pcoll, "producer", None), "transform", None), "fn", None)
+        if columns is not None and fn is not None and hasattr(fn, "beamsynth_columns"):
+            fn.beamsynth_columns = columns
+        return frame
+
+    return expand_and_remember
+
+
+def _with_every_column(process: Any) -> Any:
+    @functools.wraps(process)  # Beam reads the signature (RestrictionParam) through __wrapped__
+    def process_with_every_column(self: Any, *args: Any, **kwargs: Any) -> Any:
+        columns = getattr(self, "beamsynth_columns", None)
+        for frame in process(self, *args, **kwargs):
+            if columns and hasattr(frame, "columns"):
+                for name in columns:
+                    if name not in frame.columns:
+                        frame[name] = None
+            yield frame
+
+    return process_with_every_column
+
+
+def install_sampled_columns() -> bool:
+    """Give every chunk of a DataFrame read the sampled columns (null where it lacks one) once
+    per process; False when this Beam has no such read."""
+    try:
+        from apache_beam.dataframe import io as dataframe_io
+    except ImportError:  # pragma: no cover - a Beam without its DataFrame API
+        return False
+    fn_cls = getattr(dataframe_io, "_ReadFromPandasDoFn", None)
+    read_cls = getattr(dataframe_io, "_ReadFromPandas", None)
+    if fn_cls is None or read_cls is None or not hasattr(fn_cls, "process"):
+        return False
+    if not getattr(fn_cls.process, "beamsynth_wrapped", False):
+        fn_cls.beamsynth_columns = None
+        wrapped = _with_every_column(fn_cls.process)
+        wrapped.beamsynth_wrapped = True
+        fn_cls.process = wrapped
+    if not getattr(read_cls.expand, "beamsynth_columns_wrapped", False):
+        wrapped = _remember_columns(read_cls.expand)
+        wrapped.beamsynth_columns_wrapped = True
+        wrapped.beamsynth_wrapped = getattr(read_cls.expand, "beamsynth_wrapped", False)
+        read_cls.expand = wrapped
+    return True
+
+
+install_sampled_columns()
