@@ -93,7 +93,7 @@ from beamsynth.transforms.budget import (
 )
 from beamsynth.transforms.conventions import display_items
 from beamsynth.transforms.frame_fields import with_declared_fields
-from beamsynth.transforms.inputs import RowFields, record_position
+from beamsynth.transforms.inputs import RowFields, record_position, undeclared_fields
 from beamsynth.transforms.measure import combine_globally
 from beamsynth.transforms.private import (
     WindowRowsFn,
@@ -196,9 +196,7 @@ def _judge_row(schema: Schema, d: dict, position_field: Optional[str] = None,  #
         if stamped and _is_timestamp(v):  # pandas' JSON reader's date columns: judged as
             out[name] = v  # job.private does (Column.encode: the declared value; rule 6, H55)
     if schema.extra_columns == "reject":
-        typed = isinstance(d, RowFields)  # a DataFrame read's rows: a sampled key null elsewhere
-        extra = [str(k) for k, v in d.items()
-                 if k not in used and k != position_field and not (typed and v is None)]
+        extra = [str(k) for k in undeclared_fields(d, {*used, position_field})]  # the API's rule
         if extra:
             return None, f"undeclared field(s) {extra} and the schema says extra_columns: reject"
     return out, None

@@ -66,6 +66,7 @@ __all__ = [
     "RowFields",
     "encode_elements",
     "record_position",
+    "undeclared_fields",
     "reject_elements",
     "wanted_fields",
 ]
@@ -157,7 +158,7 @@ def _as_mapping(element: Any) -> Mapping[str, Any] | None:
     return None
 
 
-def _undeclared(record: Mapping[str, Any], declared: set[Any]) -> list[Any]:
+def undeclared_fields(record: Mapping[str, Any], declared: set[Any]) -> list[Any]:
     """A record's undeclared fields (``extra_columns: reject``). A typed row's null field is none:
     a DataFrame read gives every row the fields its sample had (one record's key is a field, null,
     in every other row; H103), and a row type cannot tell a null from an absent field."""
@@ -378,7 +379,7 @@ def _encode_records(layout: KeyLayout, records: list[Mapping[str, Any]],
         declared = set(names) | {avro_field_name(x) for x in names} | {position_field}
         already = set(reasons)
         for i, r in enumerate(records):
-            extra = _undeclared(r, declared)
+            extra = undeclared_fields(r, declared)
             if extra and i not in reasons:
                 reasons[i] = f"undeclared field(s) {extra} and the schema says extra_columns: reject"
         batch = _drop_rows(batch, reasons, already, n)
